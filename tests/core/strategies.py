@@ -1,0 +1,60 @@
+"""Hypothesis strategies and a brute-force oracle shared by the core tests."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from hypothesis import strategies as st
+
+from vpipe_lab.core.costmodel import CostModel
+from vpipe_lab.core.model import Cluster, LayerCost, ModelProfile, Plan, Policy
+
+
+@st.composite
+def layers(draw: st.DrawFn, min_layers: int = 1, max_layers: int = 6) -> ModelProfile:
+    n = draw(st.integers(min_layers, max_layers))
+    out = []
+    for i in range(n):
+        act = draw(st.integers(1, 100)) * 1000
+        out.append(LayerCost(
+            f"l{i}",
+            forward_s=draw(st.floats(0.1, 2.0)),
+            backward_s=draw(st.floats(0.1, 4.0)),
+            activation_bytes=act,
+            input_bytes=draw(st.integers(0, act // 1000)) * 1000,
+            output_bytes=draw(st.integers(1, 50)) * 100,
+            param_bytes=draw(st.integers(1, 30)) * 1000,
+            optimizer_bytes=draw(st.integers(0, 30)) * 1000,
+        ))
+    return ModelProfile(tuple(out))
+
+
+@st.composite
+def problems(draw: st.DrawFn, max_layers: int = 6, max_stages: int = 3) -> tuple[ModelProfile, Cluster, int, str]:
+    """A profile, a cluster under some memory pressure, micro-batches and a schedule."""
+    profile = draw(layers(2, max_layers))
+    k = draw(st.integers(1, min(max_stages, len(profile))))
+    m = draw(st.integers(1, 5))
+    schedule = draw(st.sampled_from(["1f1b", "gpipe"]))
+    probe = CostModel(profile, Cluster(k, 10**12, 1e3, 1e4), m, schedule)
+    keep_all = max(probe.keep_all_bytes(s, 0, len(profile)) for s in range(k))
+    memory = max(1, int(keep_all * draw(st.floats(0.15, 1.2)) / k))
+    cluster = Cluster(k, memory, draw(st.sampled_from([1e3, 1e4, 1e5])), 1e4,
+                      shared_link=draw(st.booleans()))
+    return profile, cluster, m, schedule
+
+
+def exhaustive(profile: ModelProfile, cluster: Cluster, m: int, schedule: str) -> tuple[float, Plan | None]:
+    """The best feasible plan by enumerating every partition and every per-layer policy."""
+    cm = CostModel(profile, cluster, m, schedule)
+    n, k = len(profile), cluster.stages
+    best, best_plan = math.inf, None
+    for cuts in itertools.combinations(range(1, n), k - 1):
+        bounds = (0, *cuts, n)
+        for policies in itertools.product(list(Policy), repeat=n):
+            plan = Plan(bounds, policies, m, schedule)
+            est = cm.estimate(plan)
+            if est.feasible and est.iteration_s < best:
+                best, best_plan = est.iteration_s, plan
+    return best, best_plan

@@ -1,0 +1,106 @@
+import math
+
+from hypothesis import given, settings
+
+from tests.core.strategies import layers
+from vpipe_lab.core.costmodel import CostModel, estimate, iteration_time, policy_overhead
+from vpipe_lab.core.model import Cluster, LayerCost, ModelProfile, Plan, Policy
+
+L = LayerCost
+
+
+def two_layer_profile() -> ModelProfile:
+    return ModelProfile((
+        L("a", 1.0, 2.0, activation_bytes=1000, input_bytes=100, output_bytes=10, param_bytes=7, optimizer_bytes=3),
+        L("b", 2.0, 4.0, activation_bytes=500, input_bytes=10, output_bytes=20, param_bytes=5, optimizer_bytes=0),
+    ))
+
+
+def test_memory_by_policy_matches_the_formula() -> None:
+    profile = two_layer_profile()
+    cluster = Cluster(1, 10**9, swap_bandwidth=1000.0, link_bandwidth=1e9)
+    m = 4
+    static = (2 * 7 + 3) + (2 * 5 + 0)
+    for pa, pb, resident, swap_buffer in [
+        ("keep", "keep", m * (1000 + 500), 0),
+        ("recompute", "keep", m * (100 + 500), 0),
+        ("swap", "keep", m * 500, 1000),
+        ("swap", "recompute", m * 10, 1000),
+    ]:
+        est = estimate(Plan((0, 2), (pa, pb), m, "gpipe"), profile, cluster)
+        assert est.static_bytes == (static,)
+        assert est.peak_bytes == (static + resident + swap_buffer,), (pa, pb)
+        if pa == "swap":
+            assert est.host_bytes == ((m - 1) * 1000,)
+
+
+def test_time_by_policy() -> None:
+    profile = two_layer_profile()
+    cluster = Cluster(1, 10**9, swap_bandwidth=100.0, link_bandwidth=1e9)
+    keep = estimate(Plan((0, 2), "kk", 1), profile, cluster)
+    assert keep.stage_s == (9.0,)
+    rec = estimate(Plan((0, 2), "rk", 1), profile, cluster)
+    assert rec.stage_s == (10.0,) and rec.recompute_s == (1.0,)
+    # 1000 swap bytes at 100 B/s take 10 s; 9 s of compute hide 9 of them.
+    swap = estimate(Plan((0, 2), "sk", 1), profile, cluster)
+    assert math.isclose(swap.stage_s[0], 10.0) and math.isclose(swap.swap_exposed_s[0], 1.0)
+    # Recompute lengthens the backward, which hides more of the swap.
+    both = estimate(Plan((0, 2), "sr", 1), profile, cluster)
+    assert math.isclose(both.stage_s[0], 9.0 + max(2.0, 10.0 - 9.0))
+
+
+def test_shared_link_eats_into_the_swap_budget() -> None:
+    profile = two_layer_profile()
+    plan = Plan((0, 1, 2), "sk", 1)
+    free = estimate(plan, profile, Cluster(2, 10**9, 100.0, 10.0, shared_link=False))
+    shared = estimate(plan, profile, Cluster(2, 10**9, 100.0, 10.0, shared_link=True))
+    assert shared.swap_exposed_s[0] > free.swap_exposed_s[0]
+
+
+def test_inflight_per_schedule() -> None:
+    profile = ModelProfile(tuple(L(f"l{i}", 1, 1, 10, 1, 1, 1) for i in range(4)))
+    cluster = Cluster(4, 10**9, 1e9, 1e9)
+    assert CostModel(profile, cluster, 8, "gpipe").inflight(3) == 8
+    assert [CostModel(profile, cluster, 8, "1f1b").inflight(s) for s in range(4)] == [4, 3, 2, 1]
+    assert [CostModel(profile, cluster, 2, "1f1b").inflight(s) for s in range(4)] == [2, 2, 2, 1]
+
+
+def test_equal_stages_closed_form_and_bubble() -> None:
+    k, m = 4, 6
+    profile = ModelProfile(tuple(L(f"l{i}", 1.0, 2.0, 10, 1, 1, 1) for i in range(k)))
+    cluster = Cluster(k, 10**9, 1e9, 1e30)
+    for schedule in ("gpipe", "1f1b"):
+        est = estimate(Plan.from_counts([1] * k, m, schedule), profile, cluster)
+        assert math.isclose(est.iteration_s, (m + k - 1) * 3.0)
+        assert math.isclose(est.bubble_fraction, (k - 1) / (m + k - 1))
+
+
+def test_iteration_time_gpipe_uses_separate_maxima() -> None:
+    assert iteration_time([1, 3], [3, 1], 3, "1f1b") == 8 + 2 * 4
+    assert iteration_time([1, 3], [3, 1], 3, "gpipe") == 8 + 2 * (3 + 3)
+
+
+def test_policy_overhead() -> None:
+    assert policy_overhead(2.0, 0, 5.0, 1.0) == 2.0
+    assert policy_overhead(0.0, 10, 5.0, 1.0) == 5.0
+    assert policy_overhead(6.0, 10, 5.0, 1.0) == 6.0
+
+
+def test_over_budget_and_feasible() -> None:
+    profile = two_layer_profile()
+    est = estimate(Plan((0, 2), "kk", 4), profile, Cluster(1, 100, 1e9, 1e9))
+    assert not est.feasible and est.over_budget[0] == est.peak_bytes[0] - 100
+
+
+@settings(max_examples=60, deadline=None)
+@given(layers(2, 7))
+def test_lower_bound_is_below_every_plan(profile: ModelProfile) -> None:
+    k = min(3, len(profile))
+    cluster = Cluster(k, 10**12, 1e6, 1e6)
+    for schedule in ("gpipe", "1f1b"):
+        cm = CostModel(profile, cluster, 4, schedule)
+        q, r = divmod(len(profile), k)
+        for policies in ("k" * len(profile), "r" * len(profile), "s" * len(profile)):
+            plan = Plan.from_counts([q + (s < r) for s in range(k)], 4, schedule).with_policies(
+                [Policy.parse(c) for c in policies])
+            assert cm.lower_bound_s() <= cm.estimate(plan).iteration_s + 1e-9

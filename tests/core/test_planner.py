@@ -1,0 +1,131 @@
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from tests.core.strategies import exhaustive, problems
+from vpipe_lab.core.costmodel import CostModel, estimate
+from vpipe_lab.core.errors import InfeasiblePlan, PlanError
+from vpipe_lab.core.model import Cluster, ModelProfile, Plan, Policy
+from vpipe_lab.core.partition import balanced
+from vpipe_lab.core.planner import METHODS, plan, search
+from vpipe_lab.core.refine import StageOracle, score
+from vpipe_lab.core.workloads import cluster, pressured_cluster, random_chain, workload
+
+Case = tuple[ModelProfile, Cluster, int, str]
+
+
+def run(case: Case, method: str) -> Plan | None:
+    profile, cl, m, schedule = case
+    try:
+        return plan(profile, cl, microbatches=m, schedule=schedule, method=method)
+    except InfeasiblePlan:
+        return None
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+def test_every_plan_covers_all_layers_contiguously(case: Case) -> None:
+    profile, cl, m, schedule = case
+    for method in METHODS:
+        p = run(case, method)
+        if p is None:
+            continue
+        p.validate(len(profile), cl.stages)
+        owned = [i for s in range(p.stages) for i in p.layers_of(s)]
+        assert owned == list(range(len(profile)))
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+def test_feasible_plans_respect_every_budget(case: Case) -> None:
+    profile, cl, m, schedule = case
+    for method in ("gpipe", "pipedream", "vpipe", "optimal"):
+        p = run(case, method)
+        if p is not None:  # these methods raise rather than return a plan that does not fit
+            est = estimate(p, profile, cl)
+            assert est.feasible and all(pk <= b for pk, b in zip(est.peak_bytes, est.budget_bytes))
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+def test_vpipe_is_never_worse_than_its_start(case: Case) -> None:
+    profile, cl, m, schedule = case
+    cm = CostModel(profile, cl, m, schedule)
+    start = balanced([f + b for f, b in zip(cm.fwd, cm.bwd)], cl.stages)
+    start_score = score(cm, StageOracle(cm), start)
+    p = run(case, "vpipe")
+    if p is None:
+        assert start_score[0] > 0  # vPipe only gives up where its start did not fit either
+        return
+    assert score(cm, StageOracle(cm), p.boundaries) <= start_score
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_layers=6))
+def test_optimal_matches_exhaustive_search_and_beats_every_method(case: Case) -> None:
+    profile, cl, m, schedule = case
+    best, _ = exhaustive(profile, cl, m, schedule)
+    result = None
+    try:
+        result = search(profile, cl, microbatches=m, schedule=schedule, method="optimal")
+    except InfeasiblePlan:
+        assert math.isinf(best)
+        return
+    assert result.proven_optimal
+    assert math.isclose(result.estimate.iteration_s, best, rel_tol=1e-9)
+    assert math.isclose(result.lower_bound_s, best, rel_tol=1e-9)
+    for method in METHODS:
+        p = run(case, method)
+        if p is not None:
+            est = estimate(p, profile, cl)
+            if est.feasible:
+                assert result.estimate.iteration_s <= est.iteration_s * (1 + 1e-9), method
+
+
+def test_methods_on_a_paper_workload() -> None:
+    profile = workload("bert-48")
+    cl = cluster("rtx2080ti", 8)
+    results = {m: search(profile, cl, microbatches=16, method=m) for m in ("gpipe", "pipedream", "vpipe", "optimal")}
+    t = {m: r.estimate.iteration_s for m, r in results.items()}
+    assert t["optimal"] <= t["vpipe"] < t["pipedream"] < t["gpipe"]
+    assert results["optimal"].proven_optimal
+    assert not estimate(plan(profile, cl, microbatches=16, method="uniform"), profile, cl).feasible
+    # vPipe relieves the early stages, where 1F1B holds the most micro-batches (the paper's observation).
+    pols = results["vpipe"].plan.policies
+    per_stage = [sum(p is not Policy.KEEP for p in pols[r.start:r.stop]) for r in map(results["vpipe"].plan.layers_of,
+                                                                                      range(8))]
+    assert per_stage[0] >= per_stage[-1]
+
+
+def test_refinement_from_current_reports_moves() -> None:
+    profile = random_chain(48, seed=3)
+    cl = pressured_cluster(profile, 4, 8, pressure=0.9)
+    current = Plan.from_counts([20, 4, 4, 20], 8)
+    result = search(profile, cl, microbatches=8, method="vpipe", current=current)
+    assert result.moves and all(abs(mv.src - mv.dst) >= 1 for mv in result.moves)
+    assert {mv.layer for mv in result.moves} == {
+        i for i in range(48) if current.stage_of(i) != result.plan.stage_of(i)}
+    assert result.estimate.iteration_s < estimate(current.with_policies(result.plan.policies), profile, cl).iteration_s \
+        or not estimate(current, profile, cl).feasible
+
+
+def test_infeasible_names_stage_bytes_and_remedies() -> None:
+    profile = workload("bert-24")
+    cl = cluster("rtx2080ti", 2, memory_bytes=2 * 2**30)
+    with pytest.raises(InfeasiblePlan) as err:
+        plan(profile, cl, microbatches=4, method="pipedream")
+    assert err.value.missing_bytes > 0 and "stage" in str(err.value) and "vpipe" in str(err.value)
+    with pytest.raises(InfeasiblePlan) as err2:
+        plan(profile, cluster("rtx2080ti", 2, memory_bytes=2**20), microbatches=4, method="optimal")
+    assert "more stages" in str(err2.value) and err2.value.stage in (0, 1)
+
+
+def test_bad_method_and_stage_count() -> None:
+    profile = random_chain(4)
+    with pytest.raises(PlanError, match="unknown planning method 'magic'"):
+        plan(profile, Cluster(2, 10**12, 1e9, 1e9), microbatches=2, method="magic")
+    with pytest.raises(PlanError, match="cannot split 4 layers into 5 stages"):
+        plan(profile, Cluster(5, 10**12, 1e9, 1e9), microbatches=2)
+    with pytest.raises(PlanError, match="microbatches"):
+        plan(profile, Cluster(2, 10**12, 1e9, 1e9), microbatches=0)

@@ -1,0 +1,89 @@
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vpipe_lab.core.costmodel import estimate
+from vpipe_lab.core.errors import ScheduleError
+from vpipe_lab.core.model import Cluster, LayerCost, ModelProfile, Plan
+from vpipe_lab.core.schedule import Schedule, gpipe, one_f_one_b
+from vpipe_lab.core.simulator import run_schedule, simulate
+
+FREE = dict(swap_bandwidth=1e12, link_bandwidth=1e30)
+
+
+def equal(k: int, per_stage: int = 1, fwd: float = 1.0, bwd: float = 1.0) -> ModelProfile:
+    return ModelProfile(tuple(LayerCost(f"l{i}", fwd, bwd, 10, 1, 1, 1) for i in range(k * per_stage)))
+
+
+def test_gpipe_staircase() -> None:
+    t = simulate(Plan.from_counts([1, 1, 1], 4, "gpipe"), equal(3), Cluster(3, 10**9, **FREE))
+    assert t.format_ascii(1.0) == "\n".join([
+        "0: F0 F1 F2 F3 .. .. .. .. B0 B1 B2 B3",
+        "1: .. F0 F1 F2 F3 .. .. B0 B1 B2 B3 ..",
+        "2: .. .. F0 F1 F2 F3 B0 B1 B2 B3 .. ..",
+    ])
+
+
+def test_1f1b_staircase() -> None:
+    t = simulate(Plan.from_counts([1, 1, 1], 4, "1f1b"), equal(3), Cluster(3, 10**9, **FREE))
+    assert t.format_ascii(1.0) == "\n".join([
+        "0: F0 F1 F2 .. .. B0 F3 B1 .. B2 .. B3",
+        "1: .. F0 F1 .. B0 F2 B1 F3 B2 .. B3 ..",
+        "2: .. .. F0 B0 F1 B1 F2 B2 F3 B3 .. ..",
+    ])
+
+
+@settings(max_examples=40, deadline=None)
+@given(k=st.integers(1, 6), m=st.integers(1, 9), per=st.integers(1, 3), fwd=st.floats(0.1, 3), bwd=st.floats(0.1, 3),
+       schedule=st.sampled_from(["gpipe", "1f1b"]))
+def test_equal_stages_take_m_plus_k_minus_1_stage_times(k: int, m: int, per: int, fwd: float, bwd: float,
+                                                        schedule: str) -> None:
+    profile = equal(k, per, fwd, bwd)
+    plan = Plan.from_counts([per] * k, m, schedule)
+    t = simulate(plan, profile, Cluster(k, 10**9, **FREE))
+    expected = (m + k - 1) * per * (fwd + bwd)
+    assert math.isclose(t.iteration_s, expected, rel_tol=1e-9)
+    assert math.isclose(estimate(plan, profile, Cluster(k, 10**9, **FREE)).iteration_s, expected, rel_tol=1e-9)
+
+
+def test_communication_adds_send_spans_and_time() -> None:
+    profile = ModelProfile(tuple(LayerCost(f"l{i}", 1.0, 1.0, 10, 100, 100, 1) for i in range(2)))
+    plan = Plan.from_counts([1, 1], 2, "1f1b")
+    t = simulate(plan, profile, Cluster(2, 10**9, 1e12, link_bandwidth=100.0))
+    sends = t.select(kind="send")
+    assert len(sends) == 4 and all(math.isclose(s.duration_s, 1.0) for s in sends)
+    assert t.iteration_s > simulate(plan, profile, Cluster(2, 10**9, **FREE)).iteration_s
+
+
+def test_swap_in_that_cannot_hide_delays_the_backward() -> None:
+    profile = ModelProfile((LayerCost("a", 1.0, 1.0, activation_bytes=1000, input_bytes=1, output_bytes=1,
+                                      param_bytes=1),))
+    keep = simulate(Plan((0, 1), "k", 2, "gpipe"), profile, Cluster(1, 10**9, 1e12, 1e12))
+    slow = simulate(Plan((0, 1), "s", 2, "gpipe"), profile, Cluster(1, 10**9, 100.0, 1e12))
+    fast = simulate(Plan((0, 1), "s", 2, "gpipe"), profile, Cluster(1, 10**9, 1e9, 1e12))
+    assert math.isclose(fast.iteration_s, keep.iteration_s, rel_tol=1e-6)
+    assert slow.iteration_s > keep.iteration_s + 10
+    assert len(slow.select(kind={"swap_out", "swap_in"})) == 4
+
+
+def test_recompute_spans_come_before_backward() -> None:
+    profile = equal(1, 2)
+    t = simulate(Plan((0, 2), "rk", 1, "1f1b"), profile, Cluster(1, 10**9, **FREE))
+    rec = t.select(kind="recompute").spans[0]
+    back = t.select(kind="backward").spans[0]
+    assert rec.layer == 0 and rec.end_s <= back.start_s and math.isclose(t.iteration_s, 5.0)
+
+
+def test_deadlock_is_reported() -> None:
+    rows = ["0F0 0SF0 0RB0 0B0 0F1 0SF1 0RB1 0B1", "1RF0 1F0 1RF1 1F1 1B0 1SB0 1B1 1SB1"]
+    with pytest.raises(ScheduleError, match="deadlocks"):
+        run_schedule(Schedule.parse(rows, 1), lambda a: 1.0)
+
+
+def test_generated_schedules_never_deadlock() -> None:
+    for k in range(1, 6):
+        for m in range(1, 7):
+            for make in (gpipe, one_f_one_b):
+                run_schedule(make(k, m), lambda a: 1.0)

@@ -1,0 +1,54 @@
+import json
+
+import pytest
+
+from vpipe_lab.core.errors import ProfileError
+from vpipe_lab.core.timeline import Span, Timeline
+
+
+def sample() -> Timeline:
+    return Timeline((
+        Span(0, "forward", 0, None, 0.0, 1.0),
+        Span(0, "swap_out", 0, 3, 1.0, 1.5),
+        Span(1, "recv", 0, None, 0.0, 1.2),
+        Span(1, "forward", 0, None, 1.2, 2.0),
+        Span(0, "backward", 0, None, 3.0, 4.0),
+    ))
+
+
+def test_basic_queries() -> None:
+    t = sample()
+    assert t.stages == 2 and t.iteration_s == 4.0
+    assert t.busy_s(0) == 2.0
+    assert len(t.select(stage=0)) == 3 and len(t.select(kind={"forward", "backward"})) == 3
+    assert t.shift(1.0).start_s == 1.0
+
+
+def test_idle_fills_compute_gaps_only() -> None:
+    idle = sample().with_idle().select(kind="idle")
+    assert [(s.stage, s.start_s, s.end_s) for s in idle] == [(0, 1.0, 3.0)]
+
+
+def test_json_and_pandas_round_trip() -> None:
+    t = sample()
+    assert Timeline.from_json(t.to_json()) == t
+    frame = t.to_pandas()
+    assert list(frame.columns)[:7] == ["stage", "kind", "microbatch", "layer", "start_s", "end_s", "iteration"]
+    assert frame["duration_s"].sum() == pytest.approx(sum(s.duration_s for s in t))
+
+
+def test_chrome_trace_is_valid_trace_event_json() -> None:
+    trace = sample().to_chrome_trace()
+    text = json.dumps(trace)
+    doc = json.loads(text)
+    events = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert len(events) == 5
+    swap = next(e for e in events if e["cat"] == "swap_out")
+    assert swap["tid"] == 1 and swap["ts"] == pytest.approx(1e6) and swap["dur"] == pytest.approx(0.5e6)
+    names = {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {"stage 0", "stage 1"}
+
+
+def test_unknown_kind_is_rejected() -> None:
+    with pytest.raises(ProfileError, match="span kind 'compute'"):
+        Timeline((Span(0, "compute", 0, None, 0, 1),))

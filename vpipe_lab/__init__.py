@@ -1,0 +1,73 @@
+"""vpipe_lab: vPipe's online planner and live layer migration as an interactive pipeline-parallel tuning lab."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vpipe_lab.core import (
+    KINDS,
+    METHODS,
+    Action,
+    Cluster,
+    CostModel,
+    Estimate,
+    InfeasiblePlan,
+    LayerCost,
+    LayerMove,
+    ModelProfile,
+    Op,
+    Plan,
+    PlanError,
+    PlanResult,
+    Policy,
+    ProfileError,
+    Schedule,
+    ScheduleError,
+    Span,
+    Timeline,
+    VpipeError,
+    estimate,
+    for_plan,
+    layer_moves,
+    plan,
+    search,
+    simulate,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "KINDS", "METHODS", "Action", "Cluster", "CostModel", "Estimate", "InfeasiblePlan", "LayerCost", "LayerMove",
+    "ModelProfile", "Op", "Plan", "PlanError", "PlanResult", "Policy", "ProfileError", "Schedule", "ScheduleError",
+    "Span", "Timeline", "VpipeError", "__version__", "estimate", "for_plan", "layer_moves", "plan", "search",
+    "simulate",
+]
+
+# The process-side API is imported on first use, so `import vpipe_lab` stays light (no sockets, no torch).
+_LAZY = {
+    "launch": "vpipe_lab.control.session",
+    "attach": "vpipe_lab.control.session",
+    "Session": "vpipe_lab.control.session",
+    "WorkerError": "vpipe_lab.control.errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'vpipe_lab' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """`%load_ext vpipe_lab` registers the %vpipe magics."""
+    from vpipe_lab.jupyter.magics import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    from vpipe_lab.jupyter.magics import unload_ipython_extension as unload
+
+    unload(ipython)

@@ -1,0 +1,152 @@
+"""The `vpipe-lab` command: plan and simulate from the shell, run a pipeline, open the lab, serve a worker."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from vpipe_lab.core import workloads
+from vpipe_lab.core.costmodel import estimate
+from vpipe_lab.core.errors import VpipeError
+from vpipe_lab.core.model import Cluster, ModelProfile, Plan
+from vpipe_lab.core.planner import METHODS, search
+from vpipe_lab.core.report import human_time, plan_table
+
+log = logging.getLogger("vpipe_lab.cli")
+
+
+class CliError(Exception):
+    """A bad command line or input file; printed as one line, never a traceback."""
+
+
+def _parse_bytes(text: str) -> int:
+    units = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    try:
+        if t and t[-1] in units:
+            return int(float(t[:-1]) * units[t[-1]])
+        return int(float(t))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: write bytes or e.g. 10GiB, 512MiB") from None
+
+
+def _load_profile(source: str, device: str, microbatch_size: int | None) -> ModelProfile:
+    if source in workloads.WORKLOADS:
+        return workloads.workload(source, device=device, microbatch_size=microbatch_size)
+    if not Path(source).exists():
+        raise CliError(
+            f"{source!r} is neither a profile file nor a bundled workload; bundled: {', '.join(workloads.WORKLOADS)}"
+        )
+    return ModelProfile.from_json(Path(source))
+
+
+def _cluster(args: argparse.Namespace) -> Cluster:
+    if args.cluster:
+        cluster = Cluster.from_json(Path(args.cluster))
+        if cluster.stages != args.stages:
+            raise CliError(f"--stages {args.stages} disagrees with {args.cluster}, which has {cluster.stages} stages")
+        return cluster
+    return workloads.cluster(args.device, args.stages, memory_bytes=args.memory)
+
+
+def _add_planning_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("profile", help=f"profile JSON file, or a bundled workload: {', '.join(workloads.WORKLOADS)}")
+    p.add_argument("--stages", "-k", type=int, required=True, help="pipeline stages (one device each)")
+    p.add_argument("--microbatches", "-m", type=int, required=True, help="micro-batches per mini-batch")
+    p.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b")
+    p.add_argument("--method", choices=METHODS, default="vpipe")
+    p.add_argument("--device", choices=sorted(workloads.DEVICES), default="rtx2080ti",
+                   help="device preset for the cluster and for bundled workloads")
+    p.add_argument("--memory", type=_parse_bytes, default=None, help="memory budget per stage (e.g. 8GiB)")
+    p.add_argument("--cluster", help="cluster JSON file instead of a device preset")
+    p.add_argument("--microbatch-size", type=int, default=None, help="samples per micro-batch (bundled workloads)")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    profile = _load_profile(args.profile, args.device, args.microbatch_size)
+    cluster = _cluster(args)
+    result = search(profile, cluster, microbatches=args.microbatches, schedule=args.schedule, method=args.method)
+    print(f"{profile.name or args.profile}: {len(profile)} layers on {cluster.name or f'{cluster.stages} stages'}, "
+          f"method {args.method}")
+    print(plan_table(result.plan, result.estimate, profile))
+    bound = "proven optimal" if result.proven_optimal else f"lower bound {human_time(result.lower_bound_s)}"
+    print(f"{bound}; within {result.gap:.2%} of the bound")
+    if args.output:
+        Path(args.output).write_text(result.plan.to_json(indent=1))
+        print(f"plan written to {args.output}")
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from vpipe_lab.core.simulator import simulate
+
+    profile = _load_profile(args.profile, args.device, args.microbatch_size)
+    cluster = _cluster(args)
+    if args.plan:
+        plan = Plan.from_json(Path(args.plan)).validate(len(profile), cluster.stages)
+    else:
+        plan = search(profile, cluster, microbatches=args.microbatches, schedule=args.schedule,
+                      method=args.method).plan
+    est = estimate(plan, profile, cluster)
+    timeline = simulate(plan, profile, cluster)
+    print(plan_table(plan, est, profile))
+    print(f"simulated iteration: {human_time(timeline.iteration_s)} (cost model: {human_time(est.iteration_s)})")
+    if args.trace:
+        timeline.save_chrome_trace(args.trace)
+        print(f"Chrome trace written to {args.trace} (open it in https://ui.perfetto.dev)")
+    if args.html:
+        try:
+            from vpipe_lab.jupyter.figures import gantt_figure, memory_figure, memory_values, save_html
+        except ImportError as exc:
+            raise CliError(f"--html needs plotly ({exc}); pip install 'vpipe_lab[jupyter]'") from None
+        gantt = gantt_figure(timeline, title=f"simulated {plan.schedule} iteration: {human_time(timeline.iteration_s)}")
+        mem = memory_figure(plan.stages, est.budget_bytes, title="predicted memory per stage")
+        values = memory_values(est.static_bytes, est.activation_bytes, est.peak_bytes, est.host_bytes)
+        for trace, ys in zip((mem.data[0], mem.data[1], mem.data[2], mem.data[4]), values):
+            trace.y = ys
+        save_html([gantt, mem], args.html, title=f"{profile.name or args.profile}: simulated pipeline",
+                  intro=plan_table(plan, est, profile))
+        print(f"timeline written to {args.html}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vpipe-lab", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("plan", help="plan a profile: partition and per-layer keep/swap/recompute")
+    _add_planning_args(p)
+    p.add_argument("-o", "--output", help="write the plan as JSON")
+    p.set_defaults(func=cmd_plan)
+    p = sub.add_parser("simulate", help="simulate a plan's iteration; write a Gantt chart and a Chrome trace")
+    _add_planning_args(p)
+    p.add_argument("--plan", help="plan JSON (default: plan with --method)")
+    p.add_argument("--html", help="write an interactive plotly timeline here")
+    p.add_argument("--trace", help="write a Chrome-trace JSON here (Perfetto)")
+    p.set_defaults(func=cmd_simulate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    try:
+        return int(args.func(args))
+    except (VpipeError, CliError) as exc:
+        print(f"vpipe-lab: error: {exc}", file=sys.stderr)
+        return 2
+    except json.JSONDecodeError as exc:
+        print(f"vpipe-lab: error: bad JSON: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("vpipe-lab: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Processes and messages: the launcher, the authenticated channel and the Session (no torch here)."""

@@ -1,0 +1,228 @@
+"""The cost model: per-stage time and peak memory of a plan, and the pipeline's iteration time.
+
+Per micro-batch, stage ``s`` owning layers ``lo:hi`` takes
+
+    forward  = sum(forward_s) + send of its output to stage s+1
+    backward = sum(backward_s) + recompute (forward_s of recomputed layers) + exposed swap + send of the input
+               gradient to stage s-1
+
+where swap transfers hide under the stage's compute: ``exposed = max(0, swap_bytes / swap_bandwidth - hide - recompute)``
+with ``hide`` the stage's compute time (less its boundary traffic when that shares the swap link). Peak memory is
+
+    static (parameters + gradients + optimizer state)
+    + inflight * (activation_bytes of kept layers + input_bytes of recomputed layers)
+    + activation_bytes of swapped layers for the one micro-batch being computed (the rest live on the host)
+
+with ``inflight = M`` for GPipe and ``min(M, K - s)`` for 1F1B. The iteration takes
+``sum(T) + (M - 1) * max(T)`` for 1F1B and ``sum(T) + (M - 1) * (max(F) + max(B))`` for GPipe, which both reduce
+to ``(M + K - 1) * T`` for equal stages and free communication.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+
+from vpipe_lab.core.errors import PlanError
+from vpipe_lab.core.model import SCHEDULES, Cluster, Estimate, ModelProfile, Plan, Policy
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Time per micro-batch and memory of one stage under one set of policies."""
+
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    swap_exposed_s: float
+    comm_s: float
+    static_bytes: int
+    activation_bytes: int
+    swap_buffer_bytes: int
+    host_bytes: int
+    inflight: int
+
+    @property
+    def total_s(self) -> float:
+        return self.forward_s + self.backward_s
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.static_bytes + self.activation_bytes + self.swap_buffer_bytes
+
+
+def policy_overhead(recompute_s: float, swap_bytes: int, hide_s: float, bandwidth: float) -> float:
+    """Extra backward time of a stage's memory plan: recompute plus the swap transfer time not hidden by compute."""
+    if swap_bytes <= 0:
+        return recompute_s
+    return max(recompute_s, swap_bytes / bandwidth - hide_s)
+
+
+def iteration_time(forward: Sequence[float], backward: Sequence[float], microbatches: int, schedule: str) -> float:
+    """Iteration time of a synchronous pipeline from per-stage forward and backward time per micro-batch."""
+    total = [f + b for f, b in zip(forward, backward)]
+    if schedule == "gpipe":
+        return sum(total) + (microbatches - 1) * (max(forward) + max(backward))
+    return sum(total) + (microbatches - 1) * max(total)
+
+
+class CostModel:
+    """Prefix sums over a profile for O(1) stage queries; the single source of costs for planners and estimates."""
+
+    def __init__(self, profile: ModelProfile, cluster: Cluster, microbatches: int, schedule: str = "1f1b") -> None:
+        if schedule not in SCHEDULES:
+            raise PlanError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
+        if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+            raise PlanError(f"microbatches must be a whole number >= 1, got {microbatches!r}")
+        self.profile = profile
+        self.cluster = cluster
+        self.microbatches = microbatches
+        self.schedule = schedule
+        self.stages = cluster.stages
+        layers = profile.layers
+        self.num_layers = len(layers)
+        self.fwd = [x.forward_s for x in layers]
+        self.bwd = [x.backward_s for x in layers]
+        self.act = [x.activation_bytes for x in layers]
+        self.inp = [x.input_bytes for x in layers]
+        self.out = [x.output_bytes for x in layers]
+        self._pf = [0.0, *accumulate(self.fwd)]
+        self._pb = [0.0, *accumulate(self.bwd)]
+        self.compute_prefix = [0.0, *accumulate(f + b for f, b in zip(self.fwd, self.bwd))]
+        self._pa = [0, *accumulate(self.act)]
+        self._ps = [0, *accumulate(x.static_bytes for x in layers)]
+        self.total_compute_s = self.compute_prefix[-1]
+
+    # --- O(1) stage queries -------------------------------------------------------------------------------------
+    def inflight(self, stage: int) -> int:
+        """Micro-batches whose activations a stage holds at its peak."""
+        if self.schedule == "gpipe":
+            return self.microbatches
+        return min(self.microbatches, self.stages - stage)
+
+    def budget(self, stage: int) -> int:
+        return self.cluster.budgets[stage]
+
+    def compute_s(self, lo: int, hi: int) -> float:
+        """Forward plus backward compute of layers lo:hi: a lower bound on the stage's time, monotone in the range."""
+        return self.compute_prefix[hi] - self.compute_prefix[lo]
+
+    def forward_compute_s(self, lo: int, hi: int) -> float:
+        return self._pf[hi] - self._pf[lo]
+
+    def backward_compute_s(self, lo: int, hi: int) -> float:
+        return self._pb[hi] - self._pb[lo]
+
+    def static_bytes(self, lo: int, hi: int) -> int:
+        return self._ps[hi] - self._ps[lo]
+
+    def activation_sum(self, lo: int, hi: int) -> int:
+        return self._pa[hi] - self._pa[lo]
+
+    def send_forward_s(self, stage: int, hi: int) -> float:
+        if stage >= self.stages - 1:
+            return 0.0
+        return self.cluster.link_latency_s + self.out[hi - 1] / self.cluster.link_bandwidth
+
+    def send_backward_s(self, stage: int, lo: int) -> float:
+        if stage <= 0:
+            return 0.0
+        return self.cluster.link_latency_s + self.inp[lo] / self.cluster.link_bandwidth
+
+    def boundary_bytes(self, stage: int, lo: int, hi: int) -> int:
+        """Bytes a stage sends and receives per micro-batch (activations both ways, gradients both ways)."""
+        total = 0
+        if stage > 0:
+            total += 2 * self.inp[lo]
+        if stage < self.stages - 1:
+            total += 2 * self.out[hi - 1]
+        return total
+
+    def hide_s(self, stage: int, lo: int, hi: int) -> float:
+        """Compute time per micro-batch under which swap transfers can hide."""
+        hide = self.compute_s(lo, hi)
+        if self.cluster.shared_link:
+            hide -= self.boundary_bytes(stage, lo, hi) / self.cluster.swap_bandwidth
+        return max(0.0, hide)
+
+    def keep_all_bytes(self, stage: int, lo: int, hi: int) -> int:
+        """Peak memory of the stage with every layer kept."""
+        return self.static_bytes(lo, hi) + self.inflight(stage) * self.activation_sum(lo, hi)
+
+    def base_times(self, stage: int, lo: int, hi: int) -> tuple[float, float]:
+        """Forward and backward time per micro-batch with every layer kept (communication included)."""
+        return (
+            self.forward_compute_s(lo, hi) + self.send_forward_s(stage, hi),
+            self.backward_compute_s(lo, hi) + self.send_backward_s(stage, lo),
+        )
+
+    # --- full evaluation ----------------------------------------------------------------------------------------
+    def stage_cost(self, stage: int, lo: int, hi: int, policies: Sequence[Policy]) -> StageCost:
+        """Cost of layers lo:hi on ``stage`` with ``policies`` (indexed by global layer)."""
+        n = self.inflight(stage)
+        resident = 0
+        swapped = 0
+        recompute = 0.0
+        for i in range(lo, hi):
+            policy = policies[i]
+            if policy is Policy.KEEP:
+                resident += self.act[i]
+            elif policy is Policy.RECOMPUTE:
+                resident += self.inp[i]
+                recompute += self.fwd[i]
+            else:
+                swapped += self.act[i]
+        extra = policy_overhead(recompute, swapped, self.hide_s(stage, lo, hi), self.cluster.swap_bandwidth)
+        fwd, bwd = self.base_times(stage, lo, hi)
+        return StageCost(
+            forward_s=fwd,
+            backward_s=bwd + extra,
+            recompute_s=recompute,
+            swap_exposed_s=extra - recompute,
+            comm_s=self.send_forward_s(stage, hi) + self.send_backward_s(stage, lo),
+            static_bytes=self.static_bytes(lo, hi),
+            activation_bytes=n * resident,
+            swap_buffer_bytes=swapped,
+            host_bytes=max(0, n - 1) * swapped,
+            inflight=n,
+        )
+
+    def estimate(self, plan: Plan) -> Estimate:
+        plan.validate(self.num_layers, self.stages)
+        if plan.microbatches != self.microbatches or plan.schedule != self.schedule:
+            return CostModel(self.profile, self.cluster, plan.microbatches, plan.schedule).estimate(plan)
+        costs = [self.stage_cost(s, plan.boundaries[s], plan.boundaries[s + 1], plan.policies) for s in range(self.stages)]
+        fwd = tuple(c.forward_s for c in costs)
+        bwd = tuple(c.backward_s for c in costs)
+        it = iteration_time(fwd, bwd, self.microbatches, self.schedule)
+        busy = sum(c.total_s for c in costs) * self.microbatches
+        peaks = tuple(c.peak_bytes for c in costs)
+        budgets = self.cluster.budgets
+        return Estimate(
+            iteration_s=it,
+            stage_s=tuple(c.total_s for c in costs),
+            peak_bytes=peaks,
+            budget_bytes=budgets,
+            bubble_fraction=(1.0 - busy / (self.stages * it)) if it > 0 else 0.0,
+            feasible=all(p <= b for p, b in zip(peaks, budgets)),
+            forward_s=fwd,
+            backward_s=bwd,
+            recompute_s=tuple(c.recompute_s for c in costs),
+            swap_exposed_s=tuple(c.swap_exposed_s for c in costs),
+            comm_s=tuple(c.comm_s for c in costs),
+            static_bytes=tuple(c.static_bytes for c in costs),
+            activation_bytes=tuple(c.activation_bytes + c.swap_buffer_bytes for c in costs),
+            host_bytes=tuple(c.host_bytes for c in costs),
+            inflight=tuple(c.inflight for c in costs),
+        )
+
+    def lower_bound_s(self) -> float:
+        """A bound no plan beats: every stage is at least the largest layer and the average stage, all compute runs."""
+        largest = max(f + b for f, b in zip(self.fwd, self.bwd))
+        return self.total_compute_s + (self.microbatches - 1) * max(largest, self.total_compute_s / self.stages)
+
+
+def estimate(plan: Plan, profile: ModelProfile, cluster: Cluster) -> Estimate:
+    """The cost model's estimate of ``plan`` on ``cluster``."""
+    return CostModel(profile, cluster, plan.microbatches, plan.schedule).estimate(plan)

@@ -1,0 +1,56 @@
+"""Layer moves between two partitions, the bytes they carry and how long the transfer takes under the cost model."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from vpipe_lab.core.model import Cluster, ModelProfile
+
+
+@dataclass(frozen=True, order=True)
+class LayerMove:
+    """Layer ``layer`` leaves stage ``src`` for stage ``dst``."""
+
+    layer: int
+    src: int
+    dst: int
+
+    def __str__(self) -> str:
+        return f"layer {self.layer}: stage {self.src} -> {self.dst}"
+
+
+def owners(boundaries: Sequence[int]) -> list[int]:
+    """The stage of every layer."""
+    out: list[int] = []
+    for s in range(len(boundaries) - 1):
+        out.extend([s] * (boundaries[s + 1] - boundaries[s]))
+    return out
+
+
+def layer_moves(old: Sequence[int], new: Sequence[int]) -> tuple[LayerMove, ...]:
+    """Every layer whose stage differs between two partitions of the same layers and stages."""
+    if old[-1] != new[-1] or len(old) != len(new):
+        raise ValueError(
+            f"partitions {list(old)} and {list(new)} differ in layers or stages; migration moves layers between the "
+            "same stages, so both need the same first and last boundary and the same number of stages"
+        )
+    return tuple(LayerMove(i, a, b) for i, (a, b) in enumerate(zip(owners(old), owners(new))) if a != b)
+
+
+def moved_bytes(moves: Sequence[LayerMove], profile: ModelProfile) -> int:
+    """Parameters and optimizer state of the moving layers; gradients are zero at an iteration boundary."""
+    return sum(profile.layers[m.layer].param_bytes + profile.layers[m.layer].optimizer_bytes for m in moves)
+
+
+def migration_time_s(moves: Sequence[LayerMove], profile: ModelProfile, cluster: Cluster) -> float:
+    """Transfer time if every stage sends and receives at link bandwidth, all stages at once."""
+    if not moves:
+        return 0.0
+    load: dict[int, int] = {}
+    for m in moves:
+        size = profile.layers[m.layer].param_bytes + profile.layers[m.layer].optimizer_bytes
+        load[m.src] = load.get(m.src, 0) + size
+        load[m.dst] = load.get(m.dst, 0) + size
+    pairs = {(m.src, m.dst) for m in moves}
+    return cluster.link_latency_s * len(pairs) + max(load.values()) / cluster.link_bandwidth

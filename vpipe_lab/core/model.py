@@ -1,0 +1,478 @@
+"""Core values: layer costs, model profiles, clusters, policies and plans, all frozen and JSON round-trippable."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from vpipe_lab.core.errors import PlanError, ProfileError
+
+SCHEMA_VERSION = 1
+SCHEDULES = ("gpipe", "1f1b")
+
+
+class Policy(str, Enum):
+    """Where a layer's saved activations live between its forward and its backward."""
+
+    KEEP = "keep"
+    SWAP = "swap"
+    RECOMPUTE = "recompute"
+
+    @classmethod
+    def parse(cls, value: Any) -> Policy:
+        """Accept a Policy, its value or a unique prefix ("k", "s", "r"), case-insensitive."""
+        if isinstance(value, Policy):
+            return value
+        text = str(value).strip().lower()
+        matches = [p for p in cls if p.value.startswith(text)] if text else []
+        if len(matches) != 1:
+            raise PlanError(f"unknown policy {value!r}: use one of 'keep', 'swap', 'recompute'")
+        return matches[0]
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _number(doc: Mapping[str, Any], key: str, where: str, *, integer: bool = False, default: Any = None) -> Any:
+    """Read a finite non-negative number from ``doc[key]``; errors name the field path and the fix."""
+    if key not in doc:
+        if default is not None:
+            return default
+        raise ProfileError(f"{where}.{key} is missing: add it as a non-negative number")
+    value = doc[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProfileError(f"{where}.{key} must be a number, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ProfileError(f"{where}.{key} must be finite and >= 0, got {value!r}")
+    if integer:
+        if int(value) != value:
+            raise ProfileError(f"{where}.{key} counts bytes and must be a whole number, got {value!r}")
+        return int(value)
+    return float(value)
+
+
+def _check_nonneg(owner: str, **values: float) -> None:
+    for key, value in values.items():
+        if not math.isfinite(value) or value < 0:
+            raise ProfileError(f"{owner}.{key} must be finite and >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One partition unit (a layer or a block) and its costs per micro-batch.
+
+    ``activation_bytes`` is what the layer saves for backward (held while kept), ``input_bytes`` what recompute holds
+    instead, ``output_bytes`` what crosses a stage boundary after it.
+    """
+
+    name: str
+    forward_s: float
+    backward_s: float
+    activation_bytes: int
+    input_bytes: int
+    output_bytes: int
+    param_bytes: int
+    optimizer_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        _check_nonneg(
+            f"layer {self.name!r}",
+            forward_s=self.forward_s,
+            backward_s=self.backward_s,
+            activation_bytes=self.activation_bytes,
+            input_bytes=self.input_bytes,
+            output_bytes=self.output_bytes,
+            param_bytes=self.param_bytes,
+            optimizer_bytes=self.optimizer_bytes,
+        )
+
+    @property
+    def compute_s(self) -> float:
+        return self.forward_s + self.backward_s
+
+    @property
+    def static_bytes(self) -> int:
+        """Parameters, their gradients and optimizer state: what the layer costs wherever it lives."""
+        return 2 * self.param_bytes + self.optimizer_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "forward_s": self.forward_s,
+            "backward_s": self.backward_s,
+            "activation_bytes": self.activation_bytes,
+            "input_bytes": self.input_bytes,
+            "output_bytes": self.output_bytes,
+            "param_bytes": self.param_bytes,
+            "optimizer_bytes": self.optimizer_bytes,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Any, where: str = "layer") -> LayerCost:
+        if not isinstance(doc, Mapping):
+            raise ProfileError(f"{where} must be an object with forward_s, backward_s, ... fields, got {doc!r}")
+        name = doc.get("name", where)
+        if not isinstance(name, str):
+            raise ProfileError(f"{where}.name must be a string, got {name!r}")
+        return cls(
+            name=name,
+            forward_s=_number(doc, "forward_s", where),
+            backward_s=_number(doc, "backward_s", where),
+            activation_bytes=_number(doc, "activation_bytes", where, integer=True),
+            input_bytes=_number(doc, "input_bytes", where, integer=True),
+            output_bytes=_number(doc, "output_bytes", where, integer=True),
+            param_bytes=_number(doc, "param_bytes", where, integer=True),
+            optimizer_bytes=_number(doc, "optimizer_bytes", where, integer=True, default=0),
+        )
+
+
+def _load_doc(text_or_path: str | Path, what: str) -> Any:
+    if isinstance(text_or_path, Path) or not str(text_or_path).lstrip().startswith("{"):
+        path = Path(text_or_path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ProfileError(f"cannot read {what} file {str(path)!r}: {exc.strerror}") from None
+    else:
+        text = str(text_or_path)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"{what} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
+
+
+def _check_kind(doc: Any, kind: str) -> Mapping[str, Any]:
+    if not isinstance(doc, Mapping):
+        raise ProfileError(f"a {kind} document must be a JSON object, got {type(doc).__name__}")
+    found = doc.get("kind", kind)
+    if found != kind:
+        raise ProfileError(f"expected a {kind} document but 'kind' is {found!r}")
+    version = doc.get("version", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION:
+        raise ProfileError(f"{kind} schema version {version!r} is not supported: this vpipe_lab reads {SCHEMA_VERSION}")
+    return doc
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """The partition units of a model in order, with their measured or analytic costs."""
+
+    layers: tuple[LayerCost, ...]
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(self.layers))
+        if not self.layers:
+            raise ProfileError("a profile needs at least one layer: 'layers' is empty")
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(layer.name for layer in self.layers)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "profile",
+            "version": SCHEMA_VERSION,
+            "name": self.name,
+            "layers": [layer.to_dict() for layer in self.layers],
+        }
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> ModelProfile:
+        doc = _check_kind(doc, "profile")
+        layers = doc.get("layers")
+        if not isinstance(layers, list) or not layers:
+            raise ProfileError("profile.layers must be a non-empty list of layer objects")
+        return cls(
+            layers=tuple(LayerCost.from_dict(item, f"layers[{i}]") for i, item in enumerate(layers)),
+            name=str(doc.get("name", "")),
+        )
+
+    @classmethod
+    def from_json(cls, text_or_path: str | Path) -> ModelProfile:
+        return cls.from_dict(_load_doc(text_or_path, "profile"))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json())
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The pipeline's devices: one per stage, each with a memory budget, and the links between them.
+
+    ``swap_bandwidth`` is host<->device bytes/s per direction (PCIe); ``link_bandwidth`` is bytes/s between
+    neighbouring stages. ``shared_link`` says inter-stage traffic crosses the same link as swaps (no NVLink), so it
+    eats into the budget that hides swap transfers.
+    """
+
+    stages: int
+    memory_bytes: int | tuple[int, ...]
+    swap_bandwidth: float
+    link_bandwidth: float
+    link_latency_s: float = 0.0
+    shared_link: bool = False
+    name: str = ""
+    budgets: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stages, bool) or not isinstance(self.stages, int) or self.stages < 1:
+            raise ProfileError(f"cluster.stages must be a whole number >= 1, got {self.stages!r}")
+        memory = self.memory_bytes
+        if isinstance(memory, (list, tuple)):
+            memory = tuple(int(m) for m in memory)
+            object.__setattr__(self, "memory_bytes", memory)
+            if len(memory) != self.stages:
+                raise ProfileError(
+                    f"cluster.memory_bytes has {len(memory)} entries for {self.stages} stages: "
+                    "give one number, or one per stage"
+                )
+            budgets = memory
+        else:
+            budgets = (int(memory),) * self.stages
+        for i, budget in enumerate(budgets):
+            if budget <= 0:
+                raise ProfileError(f"cluster.memory_bytes for stage {i} must be > 0, got {budget}")
+        object.__setattr__(self, "budgets", budgets)
+        if not (self.swap_bandwidth > 0 and math.isfinite(self.swap_bandwidth)):
+            raise ProfileError(f"cluster.swap_bandwidth must be a positive number of bytes/s, got {self.swap_bandwidth!r}")
+        if not (self.link_bandwidth > 0 and math.isfinite(self.link_bandwidth)):
+            raise ProfileError(f"cluster.link_bandwidth must be a positive number of bytes/s, got {self.link_bandwidth!r}")
+        _check_nonneg("cluster", link_latency_s=self.link_latency_s)
+
+    def with_stages(self, stages: int) -> Cluster:
+        """The same devices, ``stages`` of them (a per-stage memory list must then be given again)."""
+        if isinstance(self.memory_bytes, tuple):
+            raise ProfileError("this cluster has per-stage memory; build a new Cluster with one entry per stage")
+        return Cluster(
+            stages, self.memory_bytes, self.swap_bandwidth, self.link_bandwidth,
+            self.link_latency_s, self.shared_link, self.name,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "cluster",
+            "version": SCHEMA_VERSION,
+            "name": self.name,
+            "stages": self.stages,
+            "memory_bytes": list(self.memory_bytes) if isinstance(self.memory_bytes, tuple) else self.memory_bytes,
+            "swap_bandwidth": self.swap_bandwidth,
+            "link_bandwidth": self.link_bandwidth,
+            "link_latency_s": self.link_latency_s,
+            "shared_link": self.shared_link,
+        }
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> Cluster:
+        doc = _check_kind(doc, "cluster")
+        stages = doc.get("stages")
+        if isinstance(stages, bool) or not isinstance(stages, int):
+            raise ProfileError(f"cluster.stages must be a whole number, got {stages!r}")
+        memory = doc.get("memory_bytes")
+        if isinstance(memory, list):
+            mem: int | tuple[int, ...] = tuple(
+                _number({"memory_bytes": m}, "memory_bytes", f"cluster.memory_bytes[{i}]", integer=True)
+                for i, m in enumerate(memory)
+            )
+        else:
+            mem = _number(doc, "memory_bytes", "cluster", integer=True)
+        return cls(
+            stages=stages,
+            memory_bytes=mem,
+            swap_bandwidth=_number(doc, "swap_bandwidth", "cluster"),
+            link_bandwidth=_number(doc, "link_bandwidth", "cluster"),
+            link_latency_s=_number(doc, "link_latency_s", "cluster", default=0.0),
+            shared_link=bool(doc.get("shared_link", False)),
+            name=str(doc.get("name", "")),
+        )
+
+    @classmethod
+    def from_json(cls, text_or_path: str | Path) -> Cluster:
+        return cls.from_dict(_load_doc(text_or_path, "cluster"))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A partition of the layers into stages plus one memory policy per layer, for a schedule and micro-batch count.
+
+    ``boundaries`` has ``stages + 1`` increasing entries from 0 to the number of layers; stage ``s`` owns layers
+    ``boundaries[s]:boundaries[s+1]``.
+    """
+
+    boundaries: tuple[int, ...]
+    policies: tuple[Policy, ...]
+    microbatches: int
+    schedule: str = "1f1b"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "boundaries", tuple(int(b) for b in self.boundaries))
+        object.__setattr__(self, "policies", tuple(Policy.parse(p) for p in self.policies))
+
+    @property
+    def stages(self) -> int:
+        return len(self.boundaries) - 1
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.policies)
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        """Layers per stage."""
+        return tuple(b - a for a, b in zip(self.boundaries, self.boundaries[1:]))
+
+    def layers_of(self, stage: int) -> range:
+        return range(self.boundaries[stage], self.boundaries[stage + 1])
+
+    def stage_of(self, layer: int) -> int:
+        for s in range(self.stages):
+            if self.boundaries[s] <= layer < self.boundaries[s + 1]:
+                return s
+        raise PlanError(f"layer {layer} is outside this plan's {self.num_layers} layers")
+
+    def validate(self, num_layers: int | None = None, stages: int | None = None) -> Plan:
+        """Check the plan's shape; raise PlanError naming what is wrong and how to fix it. Returns self."""
+        b = self.boundaries
+        if len(b) < 2:
+            raise PlanError(f"boundaries {list(b)} must have stages + 1 >= 2 entries, e.g. [0, {self.num_layers}]")
+        n = self.num_layers if num_layers is None else num_layers
+        if len(self.policies) != n:
+            raise PlanError(f"the plan has {len(self.policies)} policies for {n} layers: give one policy per layer")
+        if b[0] != 0 or b[-1] != n:
+            raise PlanError(f"boundaries {list(b)} must start at 0 and end at the number of layers ({n})")
+        for s in range(len(b) - 1):
+            if b[s + 1] <= b[s]:
+                raise PlanError(
+                    f"boundaries {list(b)} give stage {s} no layers ({b[s]}..{b[s + 1]}): "
+                    "boundaries must be strictly increasing so every stage owns at least one layer"
+                )
+        if stages is not None and self.stages != stages:
+            raise PlanError(f"the plan has {self.stages} stages but the pipeline has {stages}: give {stages + 1} boundaries")
+        if isinstance(self.microbatches, bool) or not isinstance(self.microbatches, int) or self.microbatches < 1:
+            raise PlanError(f"microbatches must be a whole number >= 1, got {self.microbatches!r}")
+        if self.schedule not in SCHEDULES:
+            raise PlanError(f"unknown schedule {self.schedule!r}: use one of {', '.join(SCHEDULES)}")
+        return self
+
+    def with_boundaries(self, boundaries: Sequence[int]) -> Plan:
+        return Plan(tuple(boundaries), self.policies, self.microbatches, self.schedule)
+
+    def with_policies(self, changes: Mapping[int, Policy | str] | Sequence[Policy | str]) -> Plan:
+        """A copy with some policies changed: a mapping {layer: policy}, or a full sequence."""
+        if isinstance(changes, Mapping):
+            policies = list(self.policies)
+            for layer, policy in changes.items():
+                if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < len(policies):
+                    raise PlanError(f"layer {layer!r} does not exist: layers are 0..{len(policies) - 1}")
+                policies[layer] = Policy.parse(policy)
+            return Plan(self.boundaries, tuple(policies), self.microbatches, self.schedule)
+        return Plan(self.boundaries, tuple(Policy.parse(p) for p in changes), self.microbatches, self.schedule)
+
+    def replace(self, *, microbatches: int | None = None, schedule: str | None = None) -> Plan:
+        return Plan(
+            self.boundaries, self.policies,
+            self.microbatches if microbatches is None else microbatches,
+            self.schedule if schedule is None else schedule,
+        )
+
+    @classmethod
+    def from_counts(
+        cls, counts: Iterable[int], microbatches: int, schedule: str = "1f1b", policy: Policy | str = Policy.KEEP
+    ) -> Plan:
+        bounds = [0]
+        for c in counts:
+            bounds.append(bounds[-1] + int(c))
+        return cls(tuple(bounds), (Policy.parse(policy),) * bounds[-1], microbatches, schedule)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "plan",
+            "version": SCHEMA_VERSION,
+            "boundaries": list(self.boundaries),
+            "policies": [p.value for p in self.policies],
+            "microbatches": self.microbatches,
+            "schedule": self.schedule,
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> Plan:
+        doc = _check_kind(doc, "plan")
+        for key in ("boundaries", "policies", "microbatches"):
+            if key not in doc:
+                raise ProfileError(f"plan.{key} is missing")
+        bounds, policies = doc["boundaries"], doc["policies"]
+        if not isinstance(bounds, list) or not all(isinstance(b, int) and not isinstance(b, bool) for b in bounds):
+            raise ProfileError(f"plan.boundaries must be a list of whole numbers, got {bounds!r}")
+        if not isinstance(policies, list):
+            raise ProfileError(f"plan.policies must be a list of 'keep'/'swap'/'recompute', got {policies!r}")
+        try:
+            plan = cls(tuple(bounds), tuple(Policy.parse(p) for p in policies), doc["microbatches"],
+                       str(doc.get("schedule", "1f1b")))
+        except PlanError as exc:
+            raise ProfileError(f"plan: {exc}") from None
+        try:
+            return plan.validate()
+        except PlanError as exc:
+            raise ProfileError(f"plan: {exc}") from None
+
+    @classmethod
+    def from_json(cls, text_or_path: str | Path) -> Plan:
+        return cls.from_dict(_load_doc(text_or_path, "plan"))
+
+    def describe(self) -> str:
+        """One line: layers per stage and the non-keep policies."""
+        parts = []
+        for s in range(self.stages):
+            rng = self.layers_of(s)
+            tags = "".join(p.value[0].upper() for p in self.policies[rng.start:rng.stop])
+            parts.append(f"[{rng.start}:{rng.stop}]{tags}")
+        return f"{self.schedule} M={self.microbatches} " + " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The cost model's verdict on a plan: iteration time, per-stage time per micro-batch and peak memory."""
+
+    iteration_s: float
+    stage_s: tuple[float, ...]
+    peak_bytes: tuple[int, ...]
+    budget_bytes: tuple[int, ...]
+    bubble_fraction: float
+    feasible: bool
+    forward_s: tuple[float, ...] = ()
+    backward_s: tuple[float, ...] = ()
+    recompute_s: tuple[float, ...] = ()
+    swap_exposed_s: tuple[float, ...] = ()
+    comm_s: tuple[float, ...] = ()
+    static_bytes: tuple[int, ...] = ()
+    activation_bytes: tuple[int, ...] = ()
+    host_bytes: tuple[int, ...] = ()
+    inflight: tuple[int, ...] = ()
+
+    @property
+    def bottleneck(self) -> int:
+        return max(range(len(self.stage_s)), key=lambda s: self.stage_s[s])
+
+    @property
+    def over_budget(self) -> tuple[int, ...]:
+        """Bytes over budget per stage (0 where it fits)."""
+        return tuple(max(0, p - b) for p, b in zip(self.peak_bytes, self.budget_bytes))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}

@@ -1,0 +1,244 @@
+"""Planners: uniform, balanced, gpipe, pipedream, vpipe (the paper's online search) and optimal (exact with a bound)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from vpipe_lab.core.costmodel import CostModel
+from vpipe_lab.core.errors import InfeasiblePlan, PlanError
+from vpipe_lab.core.migration import LayerMove, layer_moves
+from vpipe_lab.core.model import Cluster, Estimate, ModelProfile, Plan, Policy
+from vpipe_lab.core.partition import Objective, balanced, check_fits, pareto_dp, uniform
+from vpipe_lab.core.policy import StageProblem, exact
+from vpipe_lab.core.refine import vpipe_search
+
+METHODS = ("uniform", "balanced", "gpipe", "pipedream", "vpipe", "optimal")
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A plan with its estimate and how it was found.
+
+    ``lower_bound_s`` is an iteration time no plan beats under the cost model; for ``optimal`` with ``proven`` it
+    equals the plan's own time. ``moves`` are the layer moves from ``current`` when one was given.
+    """
+
+    plan: Plan
+    estimate: Estimate
+    method: str
+    lower_bound_s: float
+    proven_optimal: bool
+    moves: tuple[LayerMove, ...]
+    evaluations: int
+
+    @property
+    def gap(self) -> float:
+        """How far the plan may be from the best possible, as a fraction of the bound."""
+        return self.estimate.iteration_s / self.lower_bound_s - 1.0 if self.lower_bound_s > 0 else 0.0
+
+
+def _suggestions(cm: CostModel, stage: int) -> tuple[str, ...]:
+    return (
+        "swap or recompute more layers (method='vpipe' or 'optimal')",
+        f"more stages (stages={cm.stages + 1}) to spread the layers",
+        f"smaller micro-batches (more than {cm.microbatches} per mini-batch, so each holds fewer activations)",
+        f"a larger memory budget for stage {stage}",
+    )
+
+
+def _raise_infeasible(cm: CostModel, bounds: tuple[int, ...], policies: tuple[Policy, ...], method: str,
+                      missing: dict[int, int] | None = None) -> None:
+    if missing is None:
+        est = cm.estimate(Plan(bounds, policies, cm.microbatches, cm.schedule))
+        missing = {s: o for s, o in enumerate(est.over_budget) if o > 0}
+    stage = max(missing, key=lambda s: missing[s])
+    detail = ", ".join(f"stage {s} lacks {b:,} bytes" for s, b in sorted(missing.items()))
+    raise InfeasiblePlan(
+        f"method {method!r} found no plan that fits: {detail} (layers {bounds[stage]}:{bounds[stage + 1]}, "
+        f"budget {cm.budget(stage):,} bytes).",
+        stage=stage,
+        missing_bytes=missing[stage],
+        suggestions=_suggestions(cm, stage) if method != "pipedream" else (
+            "method='vpipe' to swap or recompute activations, which PipeDream does not do",
+            *_suggestions(cm, stage)[1:],
+        ),
+    )
+
+
+def _pipedream(cm: CostModel) -> tuple[tuple[int, ...], int]:
+    """Min-bottleneck partition with every activation kept (PipeDream's straight-pipeline planner)."""
+    def stage_fn(s: int, lo: int, hi: int) -> tuple[float, float] | None:
+        if cm.keep_all_bytes(s, lo, hi) > cm.budget(s):
+            return None
+        return cm.base_times(s, lo, hi)
+
+    keep = (Policy.KEEP,) * cm.num_layers
+    seed = _keep_cover(cm)
+    upper = math.inf
+    if seed is not None:
+        upper = max(sum(cm.base_times(s, seed[s], seed[s + 1])) for s in range(cm.stages)) * (1 + 1e-9)
+    result = pareto_dp(cm.num_layers, cm.stages, stage_fn, cm.compute_prefix, Objective("bottleneck"), upper)
+    if result.boundaries is None:
+        # Report against the best partition that ignores memory, which is what PipeDream would try to run.
+        bounds = balanced([f + b for f, b in zip(cm.fwd, cm.bwd)], cm.stages)
+        _raise_infeasible(cm, bounds, keep, "pipedream")
+    assert result.boundaries is not None
+    return result.boundaries, result.transitions
+
+
+def _keep_cover(cm: CostModel) -> tuple[int, ...] | None:
+    """A feasible everything-kept partition with a small bottleneck, to bound PipeDream's exact search: bisect on the
+    stage-time cap, filling each stage as far as both the cap and its memory allow."""
+    n, k = cm.num_layers, cm.stages
+
+    def cover(cap: float) -> tuple[int, ...] | None:
+        bounds = [0]
+        for s in range(k):
+            lo = bounds[-1]
+            last = n if s == k - 1 else n - (k - s - 1)
+            hi = lo + 1 if s < k - 1 else n
+            while hi < last and sum(cm.base_times(s, lo, hi + 1)) <= cap and \
+                    cm.keep_all_bytes(s, lo, hi + 1) <= cm.budget(s):
+                hi += 1
+            if hi > last or sum(cm.base_times(s, lo, hi)) > cap or cm.keep_all_bytes(s, lo, hi) > cm.budget(s):
+                return None
+            bounds.append(hi)
+        return tuple(bounds)
+
+    low, high = 0.0, cm.total_compute_s + sum(cm.send_forward_s(0, i + 1) for i in range(n)) * 2 + 1.0
+    best = cover(high)
+    if best is None:
+        return None
+    for _ in range(60):
+        mid = (low + high) / 2
+        found = cover(mid)
+        if found is None:
+            low = mid
+        else:
+            best, high = found, mid
+    return best
+
+
+class _ExactStages:
+    """Stage oracle of the exact planner: branch-and-bound memory plans, cached across stages that look alike."""
+
+    def __init__(self, cm: CostModel, node_limit: int) -> None:
+        self.cm = cm
+        self.node_limit = node_limit
+        self.cache: dict[tuple[int, ...], tuple[float, float, tuple[Policy, ...]] | None] = {}
+        self.proven = True
+        self.cap = math.inf
+
+    def solve(self, s: int, lo: int, hi: int) -> tuple[float, float, tuple[Policy, ...]] | None:
+        cm = self.cm
+        key = (cm.inflight(s), cm.budget(s), s == 0, s == cm.stages - 1, lo, hi)
+        if key in self.cache:
+            return self.cache[key]
+        fwd, bwd = cm.base_times(s, lo, hi)
+        if cm.keep_all_bytes(s, lo, hi) <= cm.budget(s):
+            kept = (fwd, bwd, (Policy.KEEP,) * (hi - lo))
+            self.cache[key] = kept
+            return kept
+        problem = StageProblem.of(cm, s, lo, hi)
+        solution = exact(problem, cutoff=self.cap - fwd - bwd, node_limit=self.node_limit)
+        if solution is not None and not solution.proven:
+            self.proven = False
+        result = None if solution is None else (fwd, bwd + solution.extra_s, solution.policies)
+        self.cache[key] = result
+        return result
+
+    def __call__(self, s: int, lo: int, hi: int) -> tuple[float, float] | None:
+        found = self.solve(s, lo, hi)
+        return None if found is None else (found[0], found[1])
+
+
+def search(
+    profile: ModelProfile,
+    cluster: Cluster,
+    *,
+    microbatches: int,
+    schedule: str = "1f1b",
+    method: str = "vpipe",
+    current: Plan | None = None,
+    node_limit: int = 200_000,
+) -> PlanResult:
+    """Plan ``profile`` on ``cluster`` with ``method`` and report the estimate, a lower bound and the layer moves."""
+    if method not in METHODS:
+        raise PlanError(f"unknown planning method {method!r}: use one of {', '.join(METHODS)}")
+    cm = CostModel(profile, cluster, microbatches, schedule)
+    n, k = cm.num_layers, cm.stages
+    check_fits(n, k)
+    if current is not None:
+        current.validate(n, k)
+    keep = (Policy.KEEP,) * n
+    evaluations = 0
+    proven = False
+    lower = cm.lower_bound_s()
+    if method == "uniform":
+        bounds, policies = uniform(n, k), keep
+    elif method == "balanced":
+        bounds, policies = balanced([f + b for f, b in zip(cm.fwd, cm.bwd)], k), keep
+    elif method == "gpipe":
+        bounds, policies = uniform(n, k), (Policy.RECOMPUTE,) * n
+        est = cm.estimate(Plan(bounds, policies, microbatches, schedule))
+        if not est.feasible:
+            _raise_infeasible(cm, bounds, policies, method)
+    elif method == "pipedream":
+        bounds, evaluations = _pipedream(cm)
+        policies = keep
+    else:
+        start = current.boundaries if current is not None else balanced([f + b for f, b in zip(cm.fwd, cm.bwd)], k)
+        bounds, policies, oracle = vpipe_search(cm, start)
+        evaluations = oracle.evaluations
+        stuck = {s: ev.deficit for s in range(k) if (ev := oracle(s, bounds[s], bounds[s + 1])).deficit > 0}
+        if method == "optimal":
+            found, policies, proven, lower, evals = _optimal(cm, bounds, policies, feasible=not stuck,
+                                                             node_limit=node_limit)
+            evaluations += evals
+            if found is None:
+                _raise_infeasible(cm, tuple(start), keep, method, stuck or {0: 1})
+            assert found is not None
+            bounds = found
+        elif stuck:
+            _raise_infeasible(cm, bounds, policies, method, stuck)
+    assert bounds is not None
+    plan = Plan(bounds, policies, microbatches, schedule)
+    est = cm.estimate(plan)
+    moves = layer_moves(current.boundaries, bounds) if current is not None else ()
+    return PlanResult(plan, est, method, lower if not proven else est.iteration_s, proven, moves, evaluations)
+
+
+def _optimal(cm: CostModel, bounds: tuple[int, ...], policies: tuple[Policy, ...], *, feasible: bool, node_limit: int
+             ) -> tuple[tuple[int, ...] | None, tuple[Policy, ...], bool, float, int]:
+    """Exact search seeded with vPipe's plan as the bound to beat; returns (bounds, policies, proven, bound, work)."""
+    upper = cm.estimate(Plan(bounds, policies, cm.microbatches, cm.schedule)).iteration_s if feasible else math.inf
+    objective = Objective(cm.schedule, cm.microbatches)
+    stages = _ExactStages(cm, node_limit)
+    stages.cap = objective.stage_cap(upper, cm.total_compute_s)
+    # Accept only strict improvements beyond rounding, so the seed stands when nothing is really better.
+    result = pareto_dp(cm.num_layers, cm.stages, stages, cm.compute_prefix, objective, upper * (1 - 1e-12))
+    lower = cm.lower_bound_s()
+    if result.boundaries is None:
+        if not feasible:
+            return None, policies, False, lower, result.transitions
+        return bounds, policies, stages.proven, lower, result.transitions
+    new_policies: list[Policy] = []
+    for s in range(cm.stages):
+        found = stages.solve(s, result.boundaries[s], result.boundaries[s + 1])
+        assert found is not None
+        new_policies.extend(found[2])
+    return result.boundaries, tuple(new_policies), stages.proven, lower, result.transitions
+
+
+def plan(
+    profile: ModelProfile,
+    cluster: Cluster,
+    *,
+    microbatches: int,
+    schedule: str = "1f1b",
+    method: str = "vpipe",
+    current: Plan | None = None,
+) -> Plan:
+    """The plan ``method`` finds for ``profile`` on ``cluster`` (see ``search`` for the estimate and the bound)."""
+    return search(profile, cluster, microbatches=microbatches, schedule=schedule, method=method, current=current).plan

@@ -1,0 +1,59 @@
+"""Plain-text reports of plans and estimates, shared by the CLI, the magics and reprs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from vpipe_lab.core.model import Estimate, ModelProfile, Plan, Policy
+
+
+def human_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def human_time(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+def _policy_summary(policies: Sequence[Policy]) -> str:
+    swap = sum(p is Policy.SWAP for p in policies)
+    rec = sum(p is Policy.RECOMPUTE for p in policies)
+    parts = [f"{len(policies) - swap - rec} keep"]
+    if swap:
+        parts.append(f"{swap} swap")
+    if rec:
+        parts.append(f"{rec} recompute")
+    return ", ".join(parts)
+
+
+def plan_table(plan: Plan, est: Estimate, profile: ModelProfile | None = None) -> str:
+    """One row per stage: layers, policies, time per micro-batch, peak memory against the budget."""
+    rows = [("stage", "layers", "policies", "time/mb", "peak memory", "budget", "")]
+    for s in range(plan.stages):
+        rng = plan.layers_of(s)
+        names = ""
+        if profile is not None:
+            first, last = profile.layers[rng.start].name, profile.layers[rng.stop - 1].name
+            names = f" ({first}..{last})" if rng.stop - rng.start > 1 else f" ({first})"
+        over = est.peak_bytes[s] > est.budget_bytes[s]
+        rows.append((
+            str(s), f"{rng.start}:{rng.stop}{names}", _policy_summary(plan.policies[rng.start:rng.stop]),
+            human_time(est.stage_s[s]), human_bytes(est.peak_bytes[s]), human_bytes(est.budget_bytes[s]),
+            "OVER BUDGET" if over else ("bottleneck" if s == est.bottleneck else ""),
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append("")
+    lines.append(
+        f"{plan.schedule}, {plan.microbatches} micro-batches: iteration {human_time(est.iteration_s)}, "
+        f"bubble {est.bubble_fraction:.1%}, {'fits' if est.feasible else 'DOES NOT FIT'} in memory"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,171 @@
+"""Timelines of pipeline work, measured or simulated: spans per stage, to pandas and to Chrome-trace JSON (Perfetto)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from vpipe_lab.core.errors import ProfileError
+
+KINDS = ("forward", "backward", "recompute", "swap_out", "swap_in", "send", "recv", "idle", "migrate")
+# Work that runs beside the compute stream (copy engines), drawn on a lane of its own.
+ASYNC_KINDS = frozenset({"swap_out", "swap_in"})
+
+
+@dataclass(frozen=True)
+class Span:
+    """One piece of work: ``kind`` on ``stage`` for ``microbatch`` (and ``layer`` where it is per layer)."""
+
+    stage: int
+    kind: str
+    microbatch: int
+    layer: int | None
+    start_s: float
+    end_s: float
+    iteration: int = 0
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Spans from one or more iterations, on one clock (seconds)."""
+
+    spans: tuple[Span, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "spans", tuple(self.spans))
+        for span in self.spans:
+            if span.kind not in KINDS:
+                raise ProfileError(f"span kind {span.kind!r} is not one of {', '.join(KINDS)}")
+
+    def __iter__(self) -> Iterator[Span]:
+        return iter(self.spans)
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    def __add__(self, other: Timeline) -> Timeline:
+        return Timeline(self.spans + other.spans)
+
+    @property
+    def stages(self) -> int:
+        return 1 + max((s.stage for s in self.spans), default=-1)
+
+    @property
+    def start_s(self) -> float:
+        return min((s.start_s for s in self.spans), default=0.0)
+
+    @property
+    def end_s(self) -> float:
+        return max((s.end_s for s in self.spans), default=0.0)
+
+    @property
+    def iteration_s(self) -> float:
+        """Wall time from the first span's start to the last span's end."""
+        return self.end_s - self.start_s
+
+    def select(self, *, stage: int | None = None, kind: str | Iterable[str] | None = None,
+               iteration: int | None = None) -> Timeline:
+        kinds = {kind} if isinstance(kind, str) else (set(kind) if kind is not None else None)
+        return Timeline(tuple(
+            s for s in self.spans
+            if (stage is None or s.stage == stage) and (kinds is None or s.kind in kinds)
+            and (iteration is None or s.iteration == iteration)
+        ))
+
+    def shift(self, dt: float) -> Timeline:
+        return Timeline(tuple(replace(s, start_s=s.start_s + dt, end_s=s.end_s + dt) for s in self.spans))
+
+    def busy_s(self, stage: int) -> float:
+        """Time the stage's compute stream spends on forward, backward and recompute."""
+        return sum(s.duration_s for s in self.spans
+                   if s.stage == stage and s.kind in ("forward", "backward", "recompute"))
+
+    def with_idle(self) -> Timeline:
+        """Adds ``idle`` spans for the gaps in each stage's compute lane between its first and last span."""
+        extra: list[Span] = []
+        for stage in range(self.stages):
+            lane = sorted((s for s in self.spans if s.stage == stage and s.kind not in ASYNC_KINDS and s.kind != "idle"),
+                          key=lambda s: s.start_s)
+            cursor = None
+            for s in lane:
+                if cursor is not None and s.start_s > cursor + 1e-12:
+                    extra.append(Span(stage, "idle", s.microbatch, None, cursor, s.start_s, s.iteration))
+                cursor = s.end_s if cursor is None else max(cursor, s.end_s)
+        return Timeline(self.spans + tuple(extra))
+
+    # --- export -------------------------------------------------------------------------------------------------
+    def to_records(self) -> list[dict[str, Any]]:
+        return [asdict(s) for s in self.spans]
+
+    def to_pandas(self) -> Any:
+        """A DataFrame with one row per span (needs pandas)."""
+        import pandas as pd  # optional dependency: the core itself stays stdlib-only
+
+        columns = ["stage", "kind", "microbatch", "layer", "start_s", "end_s", "iteration"]
+        frame = pd.DataFrame(self.to_records(), columns=columns)
+        frame["duration_s"] = frame["end_s"] - frame["start_s"]
+        return frame
+
+    def to_json(self) -> str:
+        return json.dumps({"kind": "timeline", "version": 1, "spans": self.to_records()})
+
+    @classmethod
+    def from_records(cls, records: Sequence[dict[str, Any]]) -> Timeline:
+        try:
+            return cls(tuple(Span(**r) for r in records))
+        except TypeError as exc:
+            raise ProfileError(f"a timeline record has the wrong fields: {exc}") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> Timeline:
+        doc = json.loads(text)
+        return cls.from_records(doc["spans"] if isinstance(doc, dict) else doc)
+
+    def to_chrome_trace(self, name: str = "vpipe_lab") -> dict[str, Any]:
+        """Chrome trace-event JSON (opens in Perfetto or chrome://tracing): a process per stage, compute and copy lanes."""
+        events: list[dict[str, Any]] = []
+        for stage in range(self.stages):
+            events.append({"ph": "M", "name": "process_name", "pid": stage, "tid": 0, "args": {"name": f"stage {stage}"}})
+            events.append({"ph": "M", "name": "thread_name", "pid": stage, "tid": 0, "args": {"name": "compute"}})
+            events.append({"ph": "M", "name": "thread_name", "pid": stage, "tid": 1, "args": {"name": "copy"}})
+        origin = self.start_s
+        for s in self.spans:
+            label = f"{s.kind} mb{s.microbatch}" + (f" L{s.layer}" if s.layer is not None else "")
+            events.append({
+                "ph": "X", "name": label, "cat": s.kind, "pid": s.stage, "tid": 1 if s.kind in ASYNC_KINDS else 0,
+                "ts": (s.start_s - origin) * 1e6, "dur": max(0.0, s.duration_s) * 1e6,
+                "args": {"microbatch": s.microbatch, "layer": s.layer, "iteration": s.iteration},
+            })
+        return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"source": name}}
+
+    def save_chrome_trace(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_chrome_trace()))
+
+    def format_ascii(self, slot_s: float, kinds: Iterable[str] = ("forward", "backward")) -> str:
+        """One row per stage, one column per ``slot_s``: F/B and the micro-batch, '..' where the stage waits.
+
+        Meant for unit durations, where it shows a schedule's staircase literally.
+        """
+        wanted = set(kinds)
+        origin = self.start_s
+        slots = round(self.iteration_s / slot_s)
+        rows = []
+        for stage in range(self.stages):
+            cells = [".."] * slots
+            for s in self.spans:
+                if s.stage != stage or s.kind not in wanted:
+                    continue
+                first = round((s.start_s - origin) / slot_s)
+                last = round((s.end_s - origin) / slot_s)
+                for c in range(first, last):
+                    cells[c] = ("F" if s.kind == "forward" else "B" if s.kind == "backward" else s.kind[0].upper()) + \
+                        str(s.microbatch)
+            rows.append(f"{stage}: " + " ".join(cells))
+        return "\n".join(rows)

@@ -1,0 +1,1 @@
+"""Stage workers: torch execution of the schedule IR, swap, recompute, migration, profiling."""
