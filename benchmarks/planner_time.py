@@ -55,7 +55,8 @@ def main() -> None:
                 cluster = pressured_cluster(profile, k, 2 * k, pressure=pressure)
                 cells, proven = [], ""
                 for method in METHODS:
-                    secs, out = timed(lambda: search(profile, cluster, microbatches=2 * k, method=method), args.repeats)
+                    secs, out = timed(lambda p=profile, c=cluster, k=k, m=method: search(p, c, microbatches=2 * k, method=m),
+                                      args.repeats)
                     tag = " (no fit)" if isinstance(out, InfeasiblePlan) or not out.estimate.feasible else ""
                     cells.append(f"{secs * 1e3:.1f} ms{tag}")
                     if method == "optimal" and not isinstance(out, InfeasiblePlan):
@@ -72,9 +73,10 @@ def main() -> None:
             cluster = pressured_cluster(profile, k, 2 * k, pressure=pressure)
             current = search(profile, cluster, microbatches=2 * k, method="vpipe").plan
             slow = drifted(profile, 1.5, 5)
-            t_ref, res = timed(lambda: search(slow, cluster, microbatches=2 * k, method="vpipe", current=current),
-                               args.repeats)
-            t_new, _ = timed(lambda: search(slow, cluster, microbatches=2 * k, method="vpipe"), args.repeats)
+            t_ref, res = timed(lambda s=slow, c=cluster, k=k, cur=current: search(
+                s, c, microbatches=2 * k, method="vpipe", current=cur), args.repeats)
+            t_new, _ = timed(lambda s=slow, c=cluster, k=k: search(s, c, microbatches=2 * k, method="vpipe"),
+                             args.repeats)
             print(f"| {n} | {k} | {pressure:.0%} | {t_ref * 1e3:.1f} ms | {t_new * 1e3:.1f} ms | {len(res.moves)} |")
 
 

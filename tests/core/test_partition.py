@@ -30,7 +30,7 @@ def brute_min_max(times: list[float], k: int) -> float:
 def test_balanced_is_min_max(times: list[float], k: int) -> None:
     k = min(k, len(times))
     b = balanced(times, k)
-    assert b[0] == 0 and b[-1] == len(times) and all(x < y for x, y in zip(b, b[1:]))
+    assert b[0] == 0 and b[-1] == len(times) and all(x < y for x, y in itertools.pairwise(b))
     got = max(sum(times[b[i]:b[i + 1]]) for i in range(k))
     assert math.isclose(got, brute_min_max(times, k), rel_tol=1e-9)
 

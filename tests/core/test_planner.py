@@ -26,7 +26,7 @@ def run(case: Case, method: str) -> Plan | None:
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_every_plan_covers_all_layers_contiguously(case: Case) -> None:
-    profile, cl, m, schedule = case
+    profile, cl, _, _ = case
     for method in METHODS:
         p = run(case, method)
         if p is None:
@@ -39,7 +39,7 @@ def test_every_plan_covers_all_layers_contiguously(case: Case) -> None:
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_feasible_plans_respect_every_budget(case: Case) -> None:
-    profile, cl, m, schedule = case
+    profile, cl, _, _ = case
     for method in ("gpipe", "pipedream", "vpipe", "optimal"):
         p = run(case, method)
         if p is not None:  # these methods raise rather than return a plan that does not fit

@@ -1,3 +1,5 @@
+import itertools
+
 from vpipe_lab.core.costmodel import CostModel
 from vpipe_lab.core.model import Cluster, LayerCost, ModelProfile
 from vpipe_lab.core.refine import StageOracle, _candidates, score, vpipe_search
@@ -10,7 +12,7 @@ def test_candidates_are_adjacent_moves() -> None:
     oracle = StageOracle(cm)
     bounds = (0, 4, 8, 12)
     for cand in _candidates(oracle, bounds, 1):
-        assert cand[0] == 0 and cand[-1] == 12 and all(a < b for a, b in zip(cand, cand[1:]))
+        assert cand[0] == 0 and cand[-1] == 12 and all(a < b for a, b in itertools.pairwise(cand))
         assert cand != bounds
 
 

@@ -6,7 +6,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ SCHEMA_VERSION = 1
 SCHEDULES = ("gpipe", "1f1b")
 
 
-class Policy(str, Enum):
+class Policy(StrEnum):
     """Where a layer's saved activations live between its forward and its backward."""
 
     KEEP = "keep"

@@ -10,13 +10,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from vpipe_lab.core.errors import ScheduleError
 from vpipe_lab.core.model import Plan, Policy
 
 
-class Op(str, Enum):
+class Op(StrEnum):
     F = "F"
     B = "B"
     SEND_F = "SF"
