@@ -1,0 +1,49 @@
+"""Errors a Session raises about its workers."""
+
+from __future__ import annotations
+
+from vpipe_lab.core.errors import VpipeError
+from vpipe_lab.core.report import human_bytes
+
+
+class WorkerError(VpipeError):
+    """A worker failed (exception, killed, out of memory); the others were stopped. Names the stage and the cause."""
+
+    def __init__(self, stage: int, cause: str, *, traceback: str = "", log_tail: str = "", exit_code: int | None = None
+                 ) -> None:
+        self.stage, self.cause, self.traceback, self.log_tail, self.exit_code = stage, cause, traceback, log_tail, exit_code
+        text = f"stage {stage} failed: {cause}"
+        if traceback:
+            text += "\n--- traceback of stage %d ---\n%s" % (stage, traceback.rstrip())
+        elif log_tail:
+            text += "\n--- last lines of stage %d's log ---\n%s" % (stage, log_tail.rstrip())
+        super().__init__(text)
+
+
+class BudgetError(VpipeError):
+    """A stage went over its memory budget; that iteration was dropped on every stage and training is paused."""
+
+    def __init__(self, stage: int, used: int, budget: int, layers: list[tuple[int, int]], iteration: int) -> None:
+        self.stage, self.used, self.budget, self.layers, self.iteration = stage, used, budget, layers, iteration
+        over = used - budget
+        picks, freed = [], 0
+        for layer, nbytes in layers:
+            if freed >= over:
+                break
+            picks.append(layer)
+            freed += nbytes
+        if picks and freed >= over:
+            hint = (f"swap or recompute layer(s) {', '.join(map(str, picks))} (they hold {human_bytes(freed)} of "
+                    f"activations), e.g. session.set_policy({{{picks[0]}: 'recompute'}})")
+        else:
+            hint = (f"its kept activations hold only {human_bytes(freed)}, so swap or recompute cannot close the gap: "
+                    f"move layers to another stage (session.set_partition(...)) or raise the budget")
+        super().__init__(
+            f"stage {stage} needs {human_bytes(used)} but its budget is {human_bytes(budget)} "
+            f"({human_bytes(over)} over) at iteration {iteration}; the iteration was dropped on every stage and "
+            f"training is paused with no state changed. To fix: {hint}; then session.resume()."
+        )
+
+
+class SessionClosed(VpipeError):
+    """The session was stopped; start a new one with launch()."""

@@ -1,0 +1,39 @@
+"""The job description the controller writes for its workers (pure data, JSON on disk next to the pickled callables)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class JobSpec:
+    session_id: str
+    key: str
+    address: str  # the controller's ZeroMQ endpoint
+    master_addr: str
+    master_port: int
+    stages: int
+    microbatches: int
+    schedule: str = "1f1b"
+    device: str = "auto"
+    seed: int = 0
+    plan: dict[str, Any] | None = None
+    memory_budget: list[int] | None = None
+    telemetry: bool = True
+    timeout_s: float = 120.0
+    threads: int = 1
+    callables_path: str | None = None  # cloudpickle of user callables; written by the controller, never a socket
+    examples: dict[str, str] = field(default_factory=dict)  # role -> bundled example name
+    start_iteration: int = 0
+    resume_path: str | None = None
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=1))
+        path.chmod(0o600)  # it holds the session key
+
+    @classmethod
+    def load(cls, path: Path) -> JobSpec:
+        return cls(**json.loads(path.read_text()))

@@ -1,0 +1,434 @@
+"""``launch()`` and the ``Session``: start stage workers in the background and drive them from Python or a notebook.
+
+The Session holds no tensors and needs no torch: workers talk to each other directly (torch.distributed) and to the
+Session over an authenticated ZeroMQ channel. Commands go to rank 0, which broadcasts them to every rank at the next
+iteration boundary; the Session learns from rank 0's acknowledgement at which iteration a command took effect.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import shutil
+import socket
+import tempfile
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from vpipe_lab.control import protocol as P
+from vpipe_lab.control.channel import Hub
+from vpipe_lab.control.errors import BudgetError, SessionClosed, WorkerError
+from vpipe_lab.control.jobspec import JobSpec
+from vpipe_lab.control.launcher import Launcher, reap_stale
+from vpipe_lab.control.metrics import Metrics, spans_from_wire
+from vpipe_lab.core.errors import PlanError
+from vpipe_lab.core.model import SCHEDULES, LayerCost, ModelProfile, Plan
+
+log = logging.getLogger(__name__)
+SESSIONS: weakref.WeakSet[Session] = weakref.WeakSet()
+EventCallback = Callable[[dict[str, Any]], None]
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class Session:
+    """A running pipeline. Every method is safe to call while training goes on in the background."""
+
+    def __init__(self, spec: JobSpec, hub: Hub, launcher: Launcher | None, job_dir: Path | None) -> None:
+        self.spec = spec
+        self.stages = spec.stages
+        self._hub = hub
+        self._launcher = launcher
+        self._job_dir = job_dir
+        self._cond = threading.Condition()
+        self._ids = itertools.count(1)
+        self._ready: dict[int, dict[str, Any]] = {}
+        self._acks: dict[int, dict[str, Any]] = {}
+        self._replies: dict[int, list[P.Message]] = {}
+        self._partial: dict[int, dict[int, dict[str, Any]]] = {}
+        self._callbacks: list[EventCallback] = []
+        self._fatal: WorkerError | None = None
+        self._budget: BudgetError | None = None
+        self._closed = False
+        self._stopping = False
+        self.metrics = Metrics()
+        self._iteration = spec.start_iteration
+        self._target: int | None = spec.start_iteration
+        self._plan: Plan | None = None
+        self.plan_version = 0
+        self.names: list[str] = []
+        self._pending_events: list[dict[str, Any]] = []
+        hub._on_message = self._handle
+        self._monitor = threading.Thread(target=self._watch, name="vpipe-monitor", daemon=True)
+        self._monitor.start()
+        SESSIONS.add(self)
+
+    # --- messages from workers (hub thread) ---------------------------------------------------------------------
+    def _handle(self, msg: P.Message) -> None:
+        body = msg.body
+        with self._cond:
+            if msg.type == P.READY:
+                self._ready[int(body["rank"])] = body
+            elif msg.type == P.ITERATION:
+                self._on_iteration(body)
+            elif msg.type == P.ACK:
+                self._acks[int(body.get("id") or 0)] = body
+            elif msg.type in (P.LAYERS, P.TENSORS, P.MIGRATED):
+                self._replies.setdefault(int(body.get("id") or 0), []).append(msg)
+            elif msg.type == P.ERROR:
+                self._on_error(body)
+            self._cond.notify_all()
+        event = {"type": msg.type, **body} if msg.type in (P.ERROR, P.ACK) else None
+        if event:
+            self._emit(event)
+
+    def _on_iteration(self, body: dict[str, Any]) -> None:
+        it = int(body["iteration"])
+        parts = self._partial.setdefault(it, {})
+        parts[int(body["stage"])] = body
+        if len(parts) < self.stages:
+            return
+        del self._partial[it]
+        ranks = [parts[s] for s in range(self.stages)]
+        start, end = min(b["start"] for b in ranks), max(b["end"] for b in ranks)
+        losses = ranks[-1]["losses"]
+        record = {
+            "iteration": it, "loss": sum(losses) / len(losses) if losses else float("nan"),
+            "time_s": end - start, "start_s": start, "end_s": end,
+            "samples": ranks[0].get("samples"), "microbatches": ranks[0].get("microbatches"),
+            "plan_version": ranks[0].get("plan_version", 0),
+        }
+        if record["samples"]:
+            record["samples_per_s"] = record["samples"] / record["time_s"] if record["time_s"] > 0 else float("nan")
+        spans = [s for b in ranks for s in spans_from_wire(int(b["stage"]), it, b.get("spans", []))]
+        memory = [{"iteration": it, "stage": int(b["stage"]), **b["memory"]} for b in ranks]
+        self.metrics.add(record, spans, memory)
+        self._iteration = max(self._iteration, it + 1)
+        self._pending_events.append({"type": "iteration", **record, "spans": spans, "memory": memory})
+
+    def _on_error(self, body: dict[str, Any]) -> None:
+        stage = int(body.get("stage", -1))
+        if body.get("kind") == "budget":
+            self._budget = BudgetError(stage, int(body["used"]), int(body["budget"]),
+                                       [tuple(x) for x in body.get("layers", [])], int(body.get("iteration", -1)))
+            return
+        if self._fatal is None and not self._stopping:
+            tail = self._launcher.workers[stage].tail() if self._launcher and 0 <= stage < len(
+                self._launcher.workers) else ""
+            self._fatal = WorkerError(stage, str(body.get("cause", "unknown error")),
+                                      traceback=str(body.get("traceback", "")), log_tail=tail)
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        for cb in list(self._callbacks):
+            try:
+                cb(event)
+            except Exception:  # a broken callback must not take the session down with it
+                log.exception("an on_event callback raised; it stays registered")
+
+    def _watch(self) -> None:
+        """Monitor thread: deliver events, notice dead workers within ~0.1 s, stop the others on any failure."""
+        while not self._closed:
+            with self._cond:
+                events, self._pending_events = self._pending_events, []
+            for ev in events:
+                self._emit(ev)
+            if self._launcher is not None and not self._stopping:
+                dead = [(w, rc) for w, rc in self._launcher.exited() if rc != 0 or not self._stopping]
+                if dead and self._fatal is None:
+                    time.sleep(0.3)  # the worker's own error report, if it sent one, is the better cause
+                    with self._cond:
+                        if self._fatal is None and not self._stopping:
+                            w, rc = dead[0]
+                            cause = (f"the worker process was killed by signal {-rc}" if rc < 0 else
+                                     f"the worker process exited with code {rc}")
+                            if rc in (-9, 137):
+                                cause += " (SIGKILL: out of memory, or killed from outside)"
+                            self._fatal = WorkerError(w.rank, cause, log_tail=w.tail(), exit_code=rc)
+                        self._cond.notify_all()
+            if self._fatal is not None and self._launcher is not None and self._launcher.alive():
+                log.error("%s; stopping the other workers", str(self._fatal).splitlines()[0])
+                self._launcher.terminate(timeout=2.0)
+                self._emit({"type": "error", "stage": self._fatal.stage, "cause": self._fatal.cause})
+            time.sleep(0.05)
+
+    # --- helpers -----------------------------------------------------------------------------------------------
+    def _check(self) -> None:
+        if self._fatal is not None:
+            raise self._fatal
+        if self._closed:
+            raise SessionClosed("this session was stopped; start a new one with vpipe_lab.launch()")
+        if self._budget is not None:
+            err, self._budget = self._budget, None
+            raise err
+
+    def _command(self, kind: str, body: dict[str, Any] | None = None, timeout: float | None = None,
+                 wait: bool = True) -> dict[str, Any]:
+        self._check()
+        cid = next(self._ids)
+        self._hub.send("rank0", P.Message(kind, body={"id": cid, **(body or {})}))
+        if not wait:
+            return {}
+        deadline = time.monotonic() + (timeout if timeout is not None else self.spec.timeout_s)
+        with self._cond:
+            while cid not in self._acks:
+                if self._fatal is not None:
+                    raise self._fatal
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"rank 0 did not acknowledge {kind!r} within the timeout; it acts at the next "
+                                       f"iteration boundary, so a long iteration delays it")
+                self._cond.wait(min(left, 0.1))
+            return self._acks.pop(cid)
+
+    def _gather(self, kind: str, body: dict[str, Any] | None = None, timeout: float | None = None) -> list[P.Message]:
+        """A command every rank answers; returns the answers ordered by rank."""
+        self._check()
+        cid = next(self._ids)
+        self._hub.send("rank0", P.Message(kind, body={"id": cid, **(body or {})}))
+        deadline = time.monotonic() + (timeout if timeout is not None else self.spec.timeout_s)
+        with self._cond:
+            while len(self._replies.get(cid, [])) < self.stages:
+                if self._fatal is not None:
+                    raise self._fatal
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"not every stage answered {kind!r} within the timeout")
+                self._cond.wait(min(left, 0.1))
+            replies = self._replies.pop(cid)
+        return sorted(replies, key=lambda m: int(m.body["rank"]))
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while len(self._ready) < self.stages:
+                if self._fatal is not None:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = sorted(set(range(self.stages)) - set(self._ready))
+                    self._fatal = WorkerError(missing[0], f"stages {missing} did not start within {timeout:.0f} s")
+                    break
+                self._cond.wait(min(left, 0.1))
+        if self._fatal is not None:
+            err = self._fatal
+            self.stop()
+            raise err
+        first = self._ready[0]
+        self._plan = Plan.from_dict(first["plan"])
+        self.names = list(first["names"])
+        self._iteration = int(first.get("iteration", self._iteration))
+        self._target = self._iteration
+
+    # --- public API -------------------------------------------------------------------------------------------
+    @property
+    def iteration(self) -> int:
+        """Iterations completed so far."""
+        return self._iteration
+
+    @property
+    def plan(self) -> Plan:
+        assert self._plan is not None
+        return self._plan
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.names)
+
+    @property
+    def running(self) -> bool:
+        return not self._closed and self._fatal is None and (self._target is None or self._iteration < self._target)
+
+    def on_event(self, callback: EventCallback) -> Callable[[], None]:
+        """Call ``callback(event)`` (from a background thread) for every iteration, error and ack; returns an
+        unsubscribe function. Iteration events carry the iteration's spans and per-stage memory."""
+        self._callbacks.append(callback)
+        return lambda: self._callbacks.remove(callback) if callback in self._callbacks else None
+
+    def run(self, iterations: int | None = None) -> int | None:
+        """Train ``iterations`` more iterations (None: until stopped) in the background; returns the target."""
+        if iterations is not None and (isinstance(iterations, bool) or not isinstance(iterations, int)
+                                       or iterations < 0):
+            raise ValueError(f"iterations must be a whole number >= 0 or None, got {iterations!r}")
+        ack = self._command(P.RUN, {"iterations": iterations})
+        self._target = ack.get("target")
+        return self._target
+
+    def wait(self, iteration: int | None = None, timeout: float | None = None) -> int:
+        """Block until ``iteration`` iterations are done (default: the target of the last run()); returns the count."""
+        goal = iteration if iteration is not None else self._target
+        if goal is None:
+            raise ValueError("run() was asked to train until stopped: give wait() an iteration to wait for")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._iteration < goal:
+                self._check()
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"iteration {goal} not reached within {timeout} s (at {self._iteration})")
+                self._cond.wait(0.1)
+        self._check()
+        return self._iteration
+
+    def pause(self) -> int:
+        """Pause at the next iteration boundary; returns the iteration it paused before."""
+        return int(self._command(P.PAUSE)["iteration"])
+
+    def resume(self) -> int:
+        return int(self._command(P.RESUME)["iteration"])
+
+    def profile(self, reset: bool = False) -> ModelProfile:
+        """Every layer's measured costs per micro-batch (averaged over the iterations since the last reset)."""
+        layers: dict[int, LayerCost] = {}
+        for msg in self._gather(P.PROFILE, {"reset": reset}):
+            for doc in msg.body["layers"]:
+                layers[int(doc["index"])] = LayerCost.from_dict(doc, f"layer {doc['index']}")
+        return ModelProfile(tuple(layers[i] for i in sorted(layers)), name="measured")
+
+    def state_dict(self, timeout: float | None = None) -> Any:
+        """The whole model's state_dict, gathered from every stage (keys as in the plain nn.Sequential)."""
+        from vpipe_lab.control.tensorwire import rebuild
+
+        out: dict[str, Any] = {}
+        for msg in self._gather(P.STATE, {}, timeout):
+            out.update(rebuild(msg.body["tensors"], list(msg.buffers)))
+        return dict(sorted(out.items(), key=lambda kv: (int(kv[0].split(".")[0]), kv[0])))
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the workers (gracefully, then SIGTERM, then SIGKILL) and release everything. Idempotent."""
+        if self._closed:
+            return
+        self._stopping = True
+        if self._launcher is not None:
+            if self._fatal is None and self._launcher.alive():
+                try:
+                    self._hub.send("rank0", P.Message(P.STOP, body={"id": next(self._ids)}))
+                except Exception:  # the hub may already be gone; the signals below still work
+                    pass
+                self._launcher.wait(timeout / 2)
+            self._launcher.terminate(timeout=timeout / 2)
+        self._closed = True
+        self._monitor.join(timeout=2)
+        self._hub.close()
+        if self._job_dir is not None and self._fatal is None:
+            shutil.rmtree(self._job_dir, ignore_errors=True)
+
+    close = stop
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._closed else "failed" if self._fatal else "running" if self.running else "idle"
+        plan = self._plan.describe() if self._plan else "?"
+        return f"<vpipe_lab.Session {state}: {self.stages} stages, iteration {self._iteration}, plan {plan}>"
+
+
+def _budgets(memory_budget: int | Sequence[int] | None, stages: int) -> list[int] | None:
+    if memory_budget is None:
+        return None
+    if isinstance(memory_budget, int) and not isinstance(memory_budget, bool):
+        return [memory_budget] * stages
+    budgets = list(memory_budget)
+    if len(budgets) != stages or not all(isinstance(b, int) and b > 0 for b in budgets):
+        raise ValueError(f"memory_budget must be bytes per stage: one positive int or {stages} of them, "
+                         f"got {memory_budget!r}")
+    return budgets
+
+
+def launch(
+    model: Any,
+    data: Any = None,
+    *,
+    stages: int,
+    microbatches: int,
+    schedule: str = "1f1b",
+    loss: Any = None,
+    optimizer: Any = None,
+    device: str = "auto",
+    memory_budget: int | Sequence[int] | None = None,
+    plan: Plan | None = None,
+    seed: int = 0,
+    telemetry: bool = True,
+    timeout: float = 120.0,
+    threads: int = 1,
+    start_timeout: float = 120.0,
+    host: str = "127.0.0.1",
+) -> Session:
+    """Start one worker process per stage and return the Session once every stage is ready (training not started).
+
+    ``model`` is an ``nn.Sequential``, a zero-argument callable returning one (built in each worker after
+    ``torch.manual_seed(seed)``), or a bundled example name; ``data(iteration) -> (inputs, targets)`` is
+    deterministic per iteration, or a bundled example name (default: the model's, when the model is one).
+    """
+    from vpipe_lab import examples
+
+    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+        raise ValueError(f"stages must be a whole number >= 1, got {stages!r}")
+    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+        raise ValueError(f"microbatches must be a whole number >= 1, got {microbatches!r}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"unknown device {device!r}: use 'auto', 'cpu' or 'cuda'")
+    if plan is not None:
+        plan = plan.validate(stages=stages)
+        if plan.microbatches != microbatches or plan.schedule != schedule:
+            raise PlanError(f"the plan is for {plan.schedule} with {plan.microbatches} micro-batches but the session "
+                            f"runs {schedule} with {microbatches}; make them agree")
+    named: dict[str, str] = {}
+    user: dict[str, Any] = {}
+    for role, value in (("model", model), ("data", data), ("loss", loss), ("optimizer", optimizer)):
+        if isinstance(value, str):
+            examples.get(value)  # fails early with the list of names
+            named[role] = value
+        elif value is not None:
+            user[role] = value
+    if isinstance(model, str):  # a bundled model brings its own data, loss and optimizer unless given
+        for role in ("data", "loss", "optimizer"):
+            if role not in named and role not in user:
+                named[role] = model
+    if "data" not in named and "data" not in user:
+        raise ValueError("no data: pass data(iteration) -> (inputs, targets), or a bundled example name")
+    reap_stale()
+    job_dir = Path(tempfile.mkdtemp(prefix="vpipe-lab-"))
+    session_id = uuid.uuid4().hex[:12]
+    callables_path = None
+    if user:
+        import cloudpickle
+
+        callables_path = job_dir / "callables.pkl"
+        with open(callables_path, "wb") as fh:
+            cloudpickle.dump(user, fh)
+        callables_path.chmod(0o600)
+    key = P.new_key()
+    hub = Hub(key, host)
+    spec = JobSpec(
+        session_id=session_id, key=key, address=hub.address, master_addr=host, master_port=_free_port(host),
+        stages=stages, microbatches=microbatches, schedule=schedule, device=device, seed=seed,
+        plan=plan.to_dict() if plan is not None else None, memory_budget=_budgets(memory_budget, stages),
+        telemetry=telemetry, timeout_s=timeout, threads=threads,
+        callables_path=str(callables_path) if callables_path else None, examples=named,
+    )
+    spec_path = job_dir / "job.json"
+    spec.save(spec_path)
+    launcher = Launcher(session_id, job_dir)
+    session = Session(spec, hub, launcher, job_dir)
+    try:
+        for rank in range(stages):
+            launcher.spawn(rank, ["--config", str(spec_path), "--rank", str(rank)])
+    except Exception:
+        session.stop()
+        raise
+    session._wait_ready(start_timeout)
+    return session

@@ -1,0 +1,118 @@
+"""Point-to-point transfers between neighbouring stages and the small collectives of the iteration boundary.
+
+Activations and gradients go directly between workers with plain ``isend``/``irecv`` (see PITFALLS.md), each
+preceded by a fixed-size header of shapes and dtypes so a receiver needs no prior knowledge of them. Every wait has
+the process group's timeout. Control blobs cross as JSON in uint8 tensors: nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+TAG_FORWARD, TAG_BACKWARD, TAG_MIGRATE = 1, 2, 3
+MAX_TENSORS = 8
+_DIMS = 8
+_SLOT = 3 + _DIMS
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16,
+          torch.int8, torch.uint8, torch.bool]
+_CODE = {dt: i for i, dt in enumerate(DTYPES)}
+
+
+class CommError(RuntimeError):
+    """A transfer between stages failed or timed out."""
+
+
+def as_tensors(value: Any) -> tuple[torch.Tensor, ...]:
+    if isinstance(value, torch.Tensor):
+        return (value,)
+    if isinstance(value, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in value):
+        return tuple(value)
+    raise CommError(f"a stage boundary can carry a tensor or a tuple of tensors, not {type(value).__name__}")
+
+
+class Peer:
+    """Transfers for one rank, on ``device`` (CPU for gloo, the stage's GPU for NCCL)."""
+
+    def __init__(self, rank: int, world: int, device: torch.device, timeout_s: float) -> None:
+        self.rank = rank
+        self.world = world
+        self.device = device
+        self.timeout = timedelta(seconds=timeout_s)
+        # Sends in flight, with the tensors they read: 1F1B has neighbours sending to each other at once (activations
+        # one way, gradients the other), so a send must not wait for the receiver before the next action runs.
+        self._pending: list[tuple[Any, list[torch.Tensor], str]] = []
+
+    def _wait(self, work: Any, what: str) -> None:
+        try:
+            work.wait(self.timeout)
+        except RuntimeError as exc:
+            raise CommError(f"rank {self.rank}: {what} failed or timed out after {self.timeout}: {exc}") from None
+
+    def send(self, value: Any, dst: int, tag: int) -> None:
+        tensors = as_tensors(value)
+        if len(tensors) > MAX_TENSORS:
+            raise CommError(f"a boundary carries at most {MAX_TENSORS} tensors, this one {len(tensors)}")
+        header = torch.zeros(1 + MAX_TENSORS * _SLOT, dtype=torch.int64)
+        header[0] = len(tensors)
+        for i, t in enumerate(tensors):
+            if t.dim() > _DIMS or t.dtype not in _CODE:
+                raise CommError(f"cannot send a {t.dim()}-d {t.dtype} tensor between stages")
+            base = 1 + i * _SLOT
+            header[base] = _CODE[t.dtype]
+            header[base + 1] = int(t.requires_grad)
+            header[base + 2] = t.dim()
+            header[base + 3:base + 3 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
+        header = header.to(self.device)
+        payload = [t.detach().to(self.device).contiguous() for t in tensors]
+        keep = [header, *payload]
+        what = f"send to rank {dst}"
+        self._pending.append((dist.isend(header, dst, tag=tag), keep, what))
+        for p in payload:
+            self._pending.append((dist.isend(p, dst, tag=tag), keep, what))
+
+    def flush(self) -> None:
+        """Wait for every send in flight (end of an iteration, before a migration)."""
+        pending, self._pending = self._pending, []
+        for work, _, what in pending:
+            self._wait(work, what)
+
+    def recv(self, src: int, tag: int) -> tuple[torch.Tensor, ...]:
+        header = torch.zeros(1 + MAX_TENSORS * _SLOT, dtype=torch.int64, device=self.device)
+        self._wait(dist.irecv(header, src, tag=tag), f"receive from rank {src}")
+        header = header.cpu()
+        out = []
+        for i in range(int(header[0])):
+            base = 1 + i * _SLOT
+            shape = [int(x) for x in header[base + 3:base + 3 + int(header[base + 2])]]
+            t = torch.empty(shape, dtype=DTYPES[int(header[base])], device=self.device)
+            self._wait(dist.irecv(t, src, tag=tag), f"receive from rank {src}")
+            out.append(t)
+        return tuple(out)
+
+    def broadcast_json(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src`` sends ``obj`` as JSON to every rank; everyone returns it."""
+        length = torch.zeros(1, dtype=torch.int64, device=self.device)
+        data = b""
+        if self.rank == src:
+            data = json.dumps(obj).encode()
+            length[0] = len(data)
+        self._wait(dist.broadcast(length, src, async_op=True), "boundary broadcast")
+        buf = torch.empty(int(length.item()), dtype=torch.uint8, device=self.device)
+        if self.rank == src:
+            buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        self._wait(dist.broadcast(buf, src, async_op=True), "boundary broadcast")
+        return obj if self.rank == src else json.loads(bytes(buf.cpu().numpy()))
+
+    def all_max(self, values: Sequence[float]) -> list[float]:
+        t = torch.tensor(list(values), dtype=torch.float64, device=self.device)
+        self._wait(dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True), "boundary all-reduce")
+        return [float(x) for x in t.cpu()]
+
+    def barrier(self) -> None:
+        self.all_max([0.0])

@@ -1,0 +1,170 @@
+"""Runs one iteration of a stage: walks its row of the core schedule IR, timing every action onto a span.
+
+Micro-batches are ``torch.chunk`` of the mini-batch along dim 0; each micro-batch's loss is scaled by 1/M, so the
+gradients are those of the mean of the per-micro-batch losses and a pipelined step equals a plain full-batch step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vpipe_lab.core.model import Plan
+from vpipe_lab.core.schedule import Op, Schedule, for_plan
+from vpipe_lab.runtime.comm import TAG_BACKWARD, TAG_FORWARD, Peer
+from vpipe_lab.runtime.device import Clock, Placement, synchronize
+from vpipe_lab.runtime.stage import Stage, tensors_of
+
+LossFn = Callable[[Any, Any], torch.Tensor]
+
+_KIND = {
+    Op.F: "forward", Op.B: "backward", Op.RECOMPUTE: "recompute", Op.SEND_F: "send", Op.SEND_B: "send",
+    Op.RECV_F: "recv", Op.RECV_B: "recv", Op.SWAP_OUT: "swap_out", Op.SWAP_IN: "swap_in",
+}
+
+
+def default_loss(output: Any, target: Any) -> torch.Tensor:
+    """Cross-entropy for integer targets (over the last dimension), mean squared error otherwise."""
+    if isinstance(target, torch.Tensor) and not target.is_floating_point():
+        return torch.nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+    return torch.nn.functional.mse_loss(output, target)
+
+
+def split(batch: Any, microbatches: int, what: str) -> list[Any]:
+    """``torch.chunk`` along dim 0 (of every tensor in a tuple), insisting on exactly ``microbatches`` chunks."""
+    if isinstance(batch, (tuple, list)):
+        parts = [split(b, microbatches, what) for b in batch]
+        return [type(batch)(p[i] for p in parts) for i in range(microbatches)]
+    if not isinstance(batch, torch.Tensor):
+        raise TypeError(f"the {what} must be a tensor or a tuple of tensors, not {type(batch).__name__}")
+    chunks = torch.chunk(batch, microbatches, dim=0)
+    if len(chunks) != microbatches:
+        raise ValueError(f"the {what} has batch size {batch.shape[0]}, which cannot be split into {microbatches} "
+                         f"micro-batches: use a batch of at least {microbatches} or fewer micro-batches")
+    return list(chunks)
+
+
+def to_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, (tuple, list)):
+        return type(value)(to_device(v, device) for v in value)
+    return value
+
+
+@dataclass
+class BudgetViolation:
+    stage: int
+    used_bytes: int
+    budget_bytes: int
+    layers: list[tuple[int, int]]  # (layer, resident bytes) of kept layers, largest first
+
+
+@dataclass
+class IterationResult:
+    iteration: int
+    start_s: float
+    end_s: float
+    losses: list[float] = field(default_factory=list)
+    spans: list[tuple[str, int, int | None, float, float]] = field(default_factory=list)
+    violation: BudgetViolation | None = None
+
+
+class Executor:
+    """Executes a stage's schedule for each iteration."""
+
+    def __init__(self, rank: int, world: int, stage: Stage, peer: Peer, placement: Placement, clock: Clock,
+                 loss_fn: LossFn, budget: int | None = None, record_spans: bool = True) -> None:
+        self.rank, self.world = rank, world
+        self.stage, self.peer, self.placement, self.clock = stage, peer, placement, clock
+        self.loss_fn = loss_fn
+        self.budget = budget
+        self.record_spans = record_spans
+        self._schedule: tuple[Plan, Schedule] | None = None
+
+    def schedule(self, plan: Plan) -> Schedule:
+        if self._schedule is None or self._schedule[0] != plan:
+            self._schedule = (plan, for_plan(plan))
+        return self._schedule[1]
+
+    def _timer(self) -> float:
+        synchronize(self.placement)
+        return self.clock.now()
+
+    def _check_budget(self, result: IterationResult) -> None:
+        if self.budget is None or result.violation is not None:
+            return
+        static = sum(self.stage.static_bytes().values())
+        used = static + self.stage.ledger.current
+        if used > self.budget:
+            per_layer = self.stage.ledger.by_layer_peak(self.stage.owned)
+            kept = sorted(((i, b) for i, b in per_layer.items() if self.stage.layers[i].policy.value == "keep"),
+                          key=lambda x: -x[1])
+            result.violation = BudgetViolation(self.rank, used, self.budget, kept)
+
+    def run(self, iteration: int, plan: Plan, batch: tuple[Any, Any] | None) -> IterationResult:
+        rank, last = self.rank, self.rank == self.world - 1
+        m = plan.microbatches
+        stage = self.stage
+        stage.loss_scale = 1.0 / m
+        stage.ledger.reset_peaks()
+        inputs = targets = None
+        if batch is not None:
+            if rank == 0:
+                inputs = split(batch[0], m, "inputs")
+            if last:
+                targets = split(batch[1], m, "targets")
+        owned = stage.owned
+        received: dict[int, Any] = {}
+        outputs: dict[int, Any] = {}
+        grads_out: dict[int, tuple[torch.Tensor, ...]] = {}
+        grads_in: dict[int, tuple[torch.Tensor, ...]] = {}
+        now = self._timer
+        result = IterationResult(iteration, now(), 0.0)
+        for action in self.schedule(plan).stages[rank]:
+            op, mb = action.op, action.microbatch
+            start = now()
+            if op is Op.RECV_F:
+                got = self.peer.recv(rank - 1, TAG_FORWARD)
+                received[mb] = got[0] if len(got) == 1 else got
+            elif op is Op.F:
+                x = received.pop(mb) if rank > 0 else to_device(inputs[mb], self.placement.device)  # type: ignore[index]
+                for index in owned:
+                    x = stage.forward(iteration, mb, index, x, now)
+                    self._check_budget(result)
+                if last:
+                    target = to_device(targets[mb], self.placement.device)  # type: ignore[index]
+                    result.losses.append(stage.attach_loss(mb, owned[-1], x, self.loss_fn, target))
+                else:
+                    outputs[mb] = x
+            elif op is Op.SEND_F:
+                self.peer.send(outputs.pop(mb), rank + 1, TAG_FORWARD)
+            elif op is Op.SWAP_OUT:
+                if action.layer in stage.layers:
+                    stage.swap.swap_out(mb, action.layer)
+            elif op is Op.SWAP_IN:
+                if action.layer in stage.layers:
+                    stage.swap.swap_in(mb, action.layer)
+            elif op is Op.RECV_B:
+                grads_out[mb] = self.peer.recv(rank + 1, TAG_BACKWARD)
+            elif op is Op.RECOMPUTE:
+                if action.layer in stage.layers:
+                    stage.rematerialise(mb, action.layer, now)
+                    self._check_budget(result)
+            elif op is Op.B:
+                grads: tuple[torch.Tensor, ...] | None = None if last else grads_out.pop(mb)
+                for index in reversed(owned):
+                    grads = stage.backward(mb, index, grads, now)
+                if rank > 0:
+                    grads_in[mb] = grads  # type: ignore[assignment]
+            elif op is Op.SEND_B:
+                self.peer.send(grads_in.pop(mb), rank - 1, TAG_BACKWARD)
+            if self.record_spans:
+                result.spans.append((_KIND[op], mb, action.layer, start, now()))
+        self.peer.flush()
+        result.end_s = now()
+        return result
+

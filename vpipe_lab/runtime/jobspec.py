@@ -1,0 +1,41 @@
+"""The worker's view of the job: the spec, and the user's callables rebuilt from the controller's file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from vpipe_lab import examples
+from vpipe_lab.control.jobspec import JobSpec
+
+__all__ = ["Callables", "JobSpec", "load_callables"]
+
+
+@dataclass
+class Callables:
+    model: Any
+    data: Any
+    loss: Any
+    optimizer: Any
+
+
+def load_callables(spec: JobSpec) -> Callables:
+    """User callables from the pickle the controller wrote (a local file, never a socket), else the bundled ones."""
+    user: dict[str, Any] = {}
+    if spec.callables_path:
+        with open(Path(spec.callables_path), "rb") as fh:
+            user = cloudpickle.load(fh)
+    found: dict[str, Any] = {}
+    for role in ("model", "data", "loss", "optimizer"):
+        if role in user and user[role] is not None:
+            found[role] = user[role]
+        elif role in spec.examples:
+            found[role] = getattr(examples.get(spec.examples[role]), role)
+        else:
+            found[role] = None
+    if found["model"] is None or found["data"] is None:
+        raise ValueError("the job has no model or no data function: give both, or a bundled example name")
+    return Callables(**found)

@@ -1,0 +1,85 @@
+"""What a stage holds, measured from its real tensors: parameters, gradients, optimizer state and activations."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    return t.untyped_storage().nbytes()
+
+
+def module_param_bytes(module: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def module_grad_bytes(module: torch.nn.Module) -> int:
+    return sum(p.grad.numel() * p.grad.element_size() for p in module.parameters() if p.grad is not None)
+
+
+def optimizer_bytes(optimizer: torch.optim.Optimizer | None) -> int:
+    if optimizer is None:
+        return 0
+    total = 0
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                total += value.numel() * value.element_size()
+    return total
+
+
+@dataclass
+class Ledger:
+    """Activation bytes per (micro-batch, layer), resident on the device or moved to the host store.
+
+    Counted per layer by distinct storage, parameters excluded: the same quantity the profiler reports as a layer's
+    ``activation_bytes``, so measured and predicted residency compare like for like.
+    """
+
+    device: dict[tuple[int, int], int] = field(default_factory=dict)
+    host: dict[tuple[int, int], int] = field(default_factory=dict)
+    current: int = 0
+    peak: int = 0
+    host_current: int = 0
+    host_peak: int = 0
+
+    def add(self, mb: int, layer: int, nbytes: int) -> None:
+        key = (mb, layer)
+        self.device[key] = self.device.get(key, 0) + nbytes
+        self.current += nbytes
+        self.peak = max(self.peak, self.current)
+
+    def to_host(self, mb: int, layer: int, nbytes: int) -> None:
+        key = (mb, layer)
+        self.device[key] = self.device.get(key, 0) - nbytes
+        self.current -= nbytes
+        self.host[key] = self.host.get(key, 0) + nbytes
+        self.host_current += nbytes
+        self.host_peak = max(self.host_peak, self.host_current)
+
+    def to_device(self, mb: int, layer: int, nbytes: int) -> None:
+        key = (mb, layer)
+        self.host[key] = self.host.get(key, 0) - nbytes
+        self.host_current -= nbytes
+        self.add(mb, layer, nbytes)
+
+    def release(self, mb: int, layer: int) -> None:
+        key = (mb, layer)
+        self.current -= self.device.pop(key, 0)
+        self.host_current -= self.host.pop(key, 0)
+
+    def reset_peaks(self) -> None:
+        self.peak = self.current
+        self.host_peak = self.host_current
+
+    def by_layer_peak(self, layers: Iterable[int]) -> dict[int, int]:
+        """Current device bytes per layer, summed over micro-batches."""
+        wanted = set(layers)
+        out: dict[int, int] = {}
+        for (_, layer), n in self.device.items():
+            if layer in wanted:
+                out[layer] = out.get(layer, 0) + n
+        return out

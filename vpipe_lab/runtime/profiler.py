@@ -1,0 +1,36 @@
+"""The online profiler: every layer's measured costs per micro-batch, as the ``LayerCost`` the planners take.
+
+Nothing extra runs: the stage times each layer's forward and backward and measures what it saves for backward while
+it trains (see ``stage.Stage``). A recomputed layer's saved bytes are measured when it is rematerialised; its
+forward time is the no-grad forward, a slight underestimate of a kept forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vpipe_lab.runtime.memory import module_param_bytes, optimizer_bytes
+from vpipe_lab.runtime.stage import Stage
+
+
+def layer_costs(stage: Stage) -> list[dict[str, Any]]:
+    """One ``LayerCost`` document (plus its global index) per owned layer, averaged since the last reset."""
+    out = []
+    for index in stage.owned:
+        layer = stage.layers[index]
+        st = layer.stats
+        params = module_param_bytes(layer.module)
+        opt = optimizer_bytes(layer.optimizer)
+        out.append({
+            "index": index,
+            "name": f"{index}:{type(layer.module).__name__}",
+            "forward_s": st.forward_s / st.forwards if st.forwards else 0.0,
+            "backward_s": st.backward_s / st.backwards if st.backwards else 0.0,
+            "activation_bytes": int(st.activation_bytes),
+            "input_bytes": int(st.input_bytes),
+            "output_bytes": int(st.output_bytes),
+            "param_bytes": int(params),
+            "optimizer_bytes": int(opt),
+            "samples": st.forwards,
+        })
+    return out

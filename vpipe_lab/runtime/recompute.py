@@ -1,0 +1,64 @@
+"""Explicit activation recompute: forward without saving, rematerialise the layer's graph right before its backward.
+
+This is what ``torch.utils.checkpoint`` does, made explicit so the schedule's RECOMPUTE step is a real, timed step
+the executor places (and the timeline shows) instead of happening somewhere inside the backward. RNG state is
+captured before the first forward and restored for the second, so dropout draws the same mask and results match.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+def leafify(value: Any) -> tuple[Any, tuple[torch.Tensor, ...]]:
+    """The same structure (tensor, or tuple/list of them) with floating tensors replaced by fresh leaves that require
+    grad; also returns those leaves in order."""
+    if isinstance(value, torch.Tensor):
+        leaf = value.detach().requires_grad_(value.is_floating_point())
+        return leaf, (leaf,) if leaf.requires_grad else ()
+    if isinstance(value, (tuple, list)):
+        parts = [leafify(v) for v in value]
+        return type(value)(p[0] for p in parts), tuple(t for p in parts for t in p[1])
+    return value, ()
+
+
+def detach(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, (tuple, list)):
+        return type(value)(detach(v) for v in value)
+    return value
+
+
+@dataclass
+class Saved:
+    """What a recomputed layer keeps between forward and backward: its input and the RNG state before it ran."""
+
+    inputs: Any
+    cpu_rng: torch.Tensor
+    cuda_rng: torch.Tensor | None
+    device: torch.device
+
+
+def forward_without_saving(layer: torch.nn.Module, x: Any, device: torch.device) -> tuple[Any, Saved]:
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    with torch.no_grad():
+        out = layer(x)
+    return out, Saved(detach(x), cpu_rng, cuda_rng, device)
+
+
+def rematerialise(layer: torch.nn.Module, saved: Saved) -> tuple[tuple[torch.Tensor, ...], Any]:
+    """Run the layer again with autograd on fresh leaves of its saved input; returns (leaves, output)."""
+    x, leaves = leafify(saved.inputs)
+    devices = [saved.device] if saved.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices, device_type=saved.device.type if devices else "cuda"):
+        torch.set_rng_state(saved.cpu_rng)
+        if saved.cuda_rng is not None:
+            torch.cuda.set_rng_state(saved.cuda_rng, saved.device)
+        with torch.enable_grad():
+            out = layer(x)
+    return leaves, out

@@ -1,0 +1,284 @@
+"""A stage worker process: ``python -m vpipe_lab.runtime.worker --config job.json --rank R``.
+
+At every iteration boundary rank 0 broadcasts the controller's pending commands to all ranks (as JSON), so a change
+takes effect at the same iteration everywhere. Each rank reports its spans, memory and loss to the controller after
+every iteration; any exception is reported with the stage and its traceback before the process exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from queue import Empty
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from vpipe_lab.control import protocol as P
+from vpipe_lab.control.channel import Link
+from vpipe_lab.core.model import Plan, Policy
+from vpipe_lab.core.partition import uniform
+from vpipe_lab.core.timeline import KINDS
+from vpipe_lab.runtime import profiler
+from vpipe_lab.runtime.comm import Peer
+from vpipe_lab.runtime.device import Clock, select
+from vpipe_lab.runtime.executor import Executor, IterationResult, default_loss
+from vpipe_lab.runtime.jobspec import JobSpec, load_callables
+from vpipe_lab.runtime.stage import Stage
+from vpipe_lab.runtime.tensors import pack_state
+
+log = logging.getLogger("vpipe_lab.worker")
+
+
+def watch_parent(fd: int) -> None:
+    """Exit as soon as the controller is gone: the pipe's write end closes when its process dies, however it dies."""
+    def run() -> None:
+        try:
+            while os.read(fd, 1):
+                pass
+        except OSError:
+            pass
+        log.error("the controller process is gone; exiting")
+        os._exit(3)
+
+    threading.Thread(target=run, name="vpipe-parent-watch", daemon=True).start()
+
+
+@dataclass
+class Control:
+    """Where this rank stands: the iteration it runs next and what the controller asked for."""
+
+    iteration: int = 0
+    target: int | None = 0  # run until this iteration (None: until stopped)
+    paused: bool = False
+    stopping: bool = False
+    plan_version: int = 0
+    pending: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def active(self) -> bool:
+        return not self.paused and not self.stopping and (self.target is None or self.iteration < self.target)
+
+
+class Worker:
+    def __init__(self, spec: JobSpec, rank: int, world: int, link: Link, local_rank: int, local_world: int) -> None:
+        self.spec, self.rank, self.world, self.link = spec, rank, world, link
+        self.last = rank == world - 1
+        self.placement = select(spec.device, local_rank, local_world)
+        self.clock = Clock(0.0)
+        self.ctl = Control(iteration=spec.start_iteration)
+        fns = load_callables(spec)
+        self.model_fn, self.data_fn = fns.model, fns.data
+        self.loss_fn = fns.loss or default_loss
+        torch.manual_seed(spec.seed)
+        model = self.model_fn() if callable(self.model_fn) and not isinstance(self.model_fn, torch.nn.Module) \
+            else self.model_fn
+        if not isinstance(model, torch.nn.Sequential):
+            raise TypeError(f"the model must be an nn.Sequential (its children are the partition units), "
+                            f"but the factory returned {type(model).__name__}; wrap your layers in nn.Sequential")
+        self.num_layers = len(model)
+        if self.num_layers < world:
+            raise ValueError(f"the model has {self.num_layers} layers but the pipeline has {world} stages: every "
+                             f"stage needs at least one layer; use at most {self.num_layers} stages")
+        self.names = [f"{i}:{type(m).__name__}" for i, m in enumerate(model)]
+        self.plan = self._initial_plan()
+        self.stage = Stage(self.placement.device, fns.optimizer, spec.seed)
+        for i in self.plan.layers_of(rank):
+            self.stage.add_layer(i, model[i])
+        self.stage.set_policies({i: self.plan.policies[i] for i in self.stage.owned})
+        del model
+        self.peer = Peer(rank, world, self.placement.device if self.placement.is_cuda else torch.device("cpu"),
+                         spec.timeout_s)
+        budget = spec.memory_budget[rank] if spec.memory_budget else None
+        self.executor = Executor(rank, world, self.stage, self.peer, self.placement, self.clock, self.loss_fn, budget,
+                                 record_spans=spec.telemetry)
+
+    def _initial_plan(self) -> Plan:
+        if self.spec.plan is not None:
+            plan = Plan.from_dict(self.spec.plan)
+            return plan.replace(microbatches=plan.microbatches).validate(self.num_layers, self.world)
+        return Plan(uniform(self.num_layers, self.world), (Policy.KEEP,) * self.num_layers, self.spec.microbatches,
+                    self.spec.schedule).validate(self.num_layers, self.world)
+
+    # --- the control loop -----------------------------------------------------------------------------------------
+    def send(self, kind: str, body: dict[str, Any], buffers: list[Any] | None = None) -> None:
+        self.link.send(P.Message(kind, body=body, buffers=buffers or []))
+
+    def boundary(self) -> None:
+        """Every rank learns the same commands here, at the same iteration."""
+        blob = None
+        if self.rank == 0:
+            cmds = []
+            wait = 0.0 if self.ctl.active else 0.2
+            deadline = time.monotonic() + wait
+            while True:
+                try:
+                    msg = self.link.inbox.get(timeout=max(0.0, deadline - time.monotonic()))
+                    cmds.append({"type": msg.type, **msg.body})
+                    deadline = 0.0  # got something: drain the rest without waiting
+                except Empty:
+                    break
+            blob = {"cmds": cmds, "iteration": self.ctl.iteration}
+        blob = self.peer.broadcast_json(blob)
+        for cmd in blob["cmds"]:
+            self.apply(cmd)
+
+    def ack(self, cmd: dict[str, Any], **extra: Any) -> None:
+        if self.rank == 0:
+            self.send(P.ACK, {"id": cmd.get("id"), "type": cmd["type"], "iteration": self.ctl.iteration, **extra})
+
+    def apply(self, cmd: dict[str, Any]) -> None:
+        kind = cmd["type"]
+        if kind == P.RUN:
+            n = cmd.get("iterations")
+            self.ctl.target = None if n is None else self.ctl.iteration + int(n)
+            self.ctl.paused = False
+            self.ack(cmd, target=self.ctl.target)
+        elif kind == P.PAUSE:
+            self.ctl.paused = True
+            self.ack(cmd)
+        elif kind == P.RESUME:
+            self.ctl.paused = False
+            self.ack(cmd)
+        elif kind == P.STOP:
+            self.ctl.stopping = True
+            self.ack(cmd)
+        elif kind == P.PROFILE:
+            self.send(P.LAYERS, {"id": cmd.get("id"), "rank": self.rank, "layers": profiler.layer_costs(self.stage)})
+            if cmd.get("reset"):
+                self.stage.reset_stats()
+        elif kind == P.STATE:
+            meta, buffers = pack_state(self.stage, optimizer=bool(cmd.get("optimizer")))
+            self.send(P.TENSORS, {"id": cmd.get("id"), "rank": self.rank, "tensors": meta}, buffers)
+        elif kind == P.PING:
+            self.ack(cmd)
+        else:
+            self.handle_extra(cmd)
+
+    def handle_extra(self, cmd: dict[str, Any]) -> None:
+        raise ValueError(f"rank {self.rank} got an unknown command {cmd['type']!r}")
+
+    def loop(self) -> None:
+        while True:
+            self.boundary()
+            if self.ctl.stopping:
+                return
+            if not self.ctl.active:
+                continue
+            self.iteration()
+
+    def iteration(self) -> None:
+        it = self.ctl.iteration
+        batch = self.data_fn(it) if (self.rank == 0 or self.last) else None
+        result = self.executor.run(it, self.plan, batch)
+        self.samples = _batch_size(batch[0]) if batch is not None and self.rank == 0 else None
+        failed = self.peer.all_max([1.0 if result.violation else 0.0])[0] > 0
+        memory = self.memory_snapshot()
+        if failed:
+            # Someone went over its budget: drop this iteration on every rank, so no parameter or optimizer state
+            # changes, and wait for the controller (the same iteration runs again after resume).
+            self.stage.discard()
+            self.ctl.paused = True
+            if result.violation is not None:
+                v = result.violation
+                self.send(P.ERROR, {"kind": "budget", "stage": self.rank, "iteration": it, "used": v.used_bytes,
+                                    "budget": v.budget_bytes, "layers": v.layers, "memory": memory})
+            return
+        self.stage.step()
+        self.ctl.iteration += 1
+        self.report(result, memory)
+
+    def memory_snapshot(self) -> dict[str, Any]:
+        static = self.stage.static_bytes()
+        ledger = self.stage.ledger
+        snap: dict[str, Any] = {**static, "activations": ledger.peak, "host": ledger.host_peak,
+                                "peak": sum(static.values()) + ledger.peak,
+                                "budget": self.executor.budget}
+        if self.placement.is_cuda:
+            snap["cuda_allocated"] = torch.cuda.memory_allocated(self.placement.device)
+            snap["cuda_peak"] = torch.cuda.max_memory_allocated(self.placement.device)
+            torch.cuda.reset_peak_memory_stats(self.placement.device)
+        return snap
+
+    def report(self, result: IterationResult, memory: dict[str, Any]) -> None:
+        spans = [[KINDS.index(k), mb, -1 if layer is None else layer, s, e] for k, mb, layer, s, e in result.spans]
+        self.send(P.ITERATION, {
+            "iteration": result.iteration, "stage": self.rank, "start": result.start_s, "end": result.end_s,
+            "losses": result.losses, "plan_version": self.ctl.plan_version, "memory": memory, "spans": spans,
+            "microbatches": self.plan.microbatches, "samples": self.samples,
+        })
+
+
+def _batch_size(inputs: Any) -> int | None:
+    first = inputs[0] if isinstance(inputs, (tuple, list)) and inputs else inputs
+    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() > 0 else None
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m vpipe_lab.runtime.worker")
+    ap.add_argument("--config", required=True, help="job spec JSON written by the controller")
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--parent-fd", type=int, default=-1, help="pipe whose EOF means the controller died")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s rank{args.rank} %(levelname)s %(name)s: %(message)s")
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>` dumps every thread's stack
+    if args.parent_fd >= 0:
+        watch_parent(args.parent_fd)
+    spec = JobSpec.load(Path(args.config))
+    return run(spec, args.rank, spec.stages, args.rank, spec.stages)
+
+
+def run(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: int,
+        worker_cls: type[Worker] | None = None) -> int:
+    torch.set_num_threads(spec.threads)
+    link = Link(spec.address, spec.key, f"rank{rank}")
+    link.send(P.Message(P.HELLO, body={"rank": rank, "pid": os.getpid(), "host": socket.gethostname()}))
+    try:
+        log.info("joining the process group at %s:%d as rank %d of %d", spec.master_addr, spec.master_port, rank, world)
+        placement = select(spec.device, local_rank, local_world)
+        dist.init_process_group(placement.backend, init_method=f"tcp://{spec.master_addr}:{spec.master_port}",
+                                rank=rank, world_size=world, timeout=timedelta(seconds=spec.timeout_s))
+        worker = (worker_cls or Worker)(spec, rank, world, link, local_rank, local_world)
+        worker.peer.barrier()
+        link.send(P.Message(P.READY, body={
+            "rank": rank, "layers": worker.num_layers, "names": worker.names, "plan": worker.plan.to_dict(),
+            "device": str(worker.placement.device), "backend": worker.placement.backend,
+            "iteration": worker.ctl.iteration}))
+        worker.loop()
+        log.info("stopped cleanly")
+        return 0
+    except BaseException as exc:  # report anything, even KeyboardInterrupt, with the stage it happened on
+        cause = f"{type(exc).__name__}: {exc}"
+        log.error("stage %d failed: %s", rank, cause)
+        link.send(P.Message(P.ERROR, body={"kind": "exception", "stage": rank, "cause": cause,
+                                           "traceback": traceback.format_exc()}))
+        return 1
+    finally:
+        link.close()
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # the group may be broken by the failure we are reporting
+                pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())
