@@ -128,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", help="write an interactive plotly timeline here")
     p.add_argument("--trace", help="write a Chrome-trace JSON here (Perfetto)")
     p.set_defaults(func=cmd_simulate)
+    from vpipe_lab import cli_runtime  # the commands that start processes live apart from the planning ones
+
+    cli_runtime.add_commands(sub)
     return parser
 
 
@@ -137,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     try:
         return int(args.func(args))
-    except (VpipeError, CliError) as exc:
+    except (VpipeError, CliError, ValueError, TimeoutError) as exc:
         print(f"vpipe-lab: error: {exc}", file=sys.stderr)
         return 2
     except json.JSONDecodeError as exc:

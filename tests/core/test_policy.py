@@ -66,7 +66,7 @@ def test_exact_matches_brute_force_and_beats_greedy(case: tuple[CostModel, Stage
 
 def test_greedy_swaps_largest_first_while_hidden() -> None:
     layers = (LayerCost("small", 1.0, 2.0, 100, 10, 1, 1), LayerCost("big", 1.0, 2.0, 1000, 10, 1, 1))
-    cm = CostModel(ModelProfile(layers), Cluster(1, 4 * 100 + 1000 + 4 + 100, 1e6, 1e9), 4, "gpipe")
+    cm = CostModel(ModelProfile(layers), Cluster(1, 4 * 100 + 2 * 1000 + 4 + 100, 1e6, 1e9), 4, "gpipe")
     sol = greedy(StageProblem.of(cm, 0, 0, 2))
     assert sol is not None and sol.policies == (Policy.KEEP, Policy.SWAP) and sol.extra_s == 0.0
 

@@ -14,9 +14,9 @@ class WorkerError(VpipeError):
         self.stage, self.cause, self.traceback, self.log_tail, self.exit_code = stage, cause, traceback, log_tail, exit_code
         text = f"stage {stage} failed: {cause}"
         if traceback:
-            text += "\n--- traceback of stage %d ---\n%s" % (stage, traceback.rstrip())
+            text += f"\n--- traceback of stage {stage} ---\n{traceback.rstrip()}"
         elif log_tail:
-            text += "\n--- last lines of stage %d's log ---\n%s" % (stage, log_tail.rstrip())
+            text += f"\n--- last lines of stage {stage}'s log ---\n{log_tail.rstrip()}"
         super().__init__(text)
 
 

@@ -27,7 +27,7 @@ from vpipe_lab.control.jobspec import JobSpec
 from vpipe_lab.control.launcher import Launcher, reap_stale
 from vpipe_lab.control.metrics import Metrics, spans_from_wire
 from vpipe_lab.core.errors import PlanError
-from vpipe_lab.core.model import SCHEDULES, LayerCost, ModelProfile, Plan
+from vpipe_lab.core.model import SCHEDULES, Cluster, LayerCost, ModelProfile, Plan
 
 log = logging.getLogger(__name__)
 SESSIONS: weakref.WeakSet[Session] = weakref.WeakSet()
@@ -67,6 +67,8 @@ class Session:
         self.plan_version = 0
         self.names: list[str] = []
         self._pending_events: list[dict[str, Any]] = []
+        self._reports: dict[int, dict[str, Any]] = {}  # stage -> its error report
+        self._trouble_since = 0.0
         hub._on_message = self._handle
         self._monitor = threading.Thread(target=self._watch, name="vpipe-monitor", daemon=True)
         self._monitor.start()
@@ -121,11 +123,9 @@ class Session:
             self._budget = BudgetError(stage, int(body["used"]), int(body["budget"]),
                                        [tuple(x) for x in body.get("layers", [])], int(body.get("iteration", -1)))
             return
-        if self._fatal is None and not self._stopping:
-            tail = self._launcher.workers[stage].tail() if self._launcher and 0 <= stage < len(
-                self._launcher.workers) else ""
-            self._fatal = WorkerError(stage, str(body.get("cause", "unknown error")),
-                                      traceback=str(body.get("traceback", "")), log_tail=tail)
+        if not self._stopping:
+            self._reports[stage] = body
+            self._trouble_since = self._trouble_since or time.monotonic()
 
     def _emit(self, event: dict[str, Any]) -> None:
         for cb in list(self._callbacks):
@@ -141,24 +141,43 @@ class Session:
                 events, self._pending_events = self._pending_events, []
             for ev in events:
                 self._emit(ev)
-            if self._launcher is not None and not self._stopping:
-                dead = [(w, rc) for w, rc in self._launcher.exited() if rc != 0 or not self._stopping]
-                if dead and self._fatal is None:
-                    time.sleep(0.3)  # the worker's own error report, if it sent one, is the better cause
+            if self._launcher is not None and not self._stopping and self._fatal is None:
+                if any(rc != 0 for _, rc in self._launcher.exited()):
+                    self._trouble_since = self._trouble_since or time.monotonic()
+                # Gather evidence for a moment: a killed stage makes its neighbours fail too, and the root cause
+                # (the stage that died or raised first-hand) should be what the user reads.
+                if self._trouble_since and time.monotonic() - self._trouble_since > 0.5:
                     with self._cond:
-                        if self._fatal is None and not self._stopping:
-                            w, rc = dead[0]
-                            cause = (f"the worker process was killed by signal {-rc}" if rc < 0 else
-                                     f"the worker process exited with code {rc}")
-                            if rc in (-9, 137):
-                                cause += " (SIGKILL: out of memory, or killed from outside)"
-                            self._fatal = WorkerError(w.rank, cause, log_tail=w.tail(), exit_code=rc)
+                        self._fatal = self._root_cause()
                         self._cond.notify_all()
             if self._fatal is not None and self._launcher is not None and self._launcher.alive():
                 log.error("%s; stopping the other workers", str(self._fatal).splitlines()[0])
                 self._launcher.terminate(timeout=2.0)
                 self._emit({"type": "error", "stage": self._fatal.stage, "cause": self._fatal.cause})
             time.sleep(0.05)
+
+    def _root_cause(self) -> WorkerError:
+        """A stage's own exception beats a stage that died without a word, which beats a broken connection."""
+        workers = {w.rank: w for w in self._launcher.workers} if self._launcher else {}
+
+        def tail(stage: int) -> str:
+            return workers[stage].tail() if stage in workers else ""
+
+        own = {s: b for s, b in self._reports.items() if not str(b.get("cause", "")).startswith("CommError")}
+        if own:
+            stage = min(own)
+            return WorkerError(stage, str(own[stage].get("cause")), traceback=str(own[stage].get("traceback", "")),
+                               log_tail=tail(stage))
+        dead = [(w, rc) for w, rc in (self._launcher.exited() if self._launcher else []) if w.rank not in self._reports]
+        if dead:
+            w, rc = dead[0]
+            cause = f"the worker process was killed by signal {-rc}" if rc < 0 else f"the worker process exited with code {rc}"
+            if rc == -9:
+                cause += " (SIGKILL: out of memory, or killed from outside)"
+            return WorkerError(w.rank, cause, log_tail=w.tail(), exit_code=rc)
+        stage = min(self._reports)
+        body = self._reports[stage]
+        return WorkerError(stage, str(body.get("cause")), traceback=str(body.get("traceback", "")), log_tail=tail(stage))
 
     # --- helpers -----------------------------------------------------------------------------------------------
     def _check(self) -> None:
@@ -246,6 +265,22 @@ class Session:
     @property
     def running(self) -> bool:
         return not self._closed and self._fatal is None and (self._target is None or self._iteration < self._target)
+
+    def cluster(self) -> Cluster:
+        """The running hardware as the planners see it: the stage budgets (or this machine's memory split evenly),
+        and the slowest measured host-copy and stage-to-stage bandwidths."""
+        ready = [self._ready[r] for r in sorted(self._ready)]
+        swap = min(float(b.get("swap_bandwidth", 1e10)) for b in ready)
+        link = min(float(b.get("link_bandwidth", 1e10)) for b in ready)
+        latency = max(float(b.get("link_latency_s", 0.0)) for b in ready) / 2  # probes time a round trip
+        if self.spec.memory_budget:
+            budgets: int | tuple[int, ...] = tuple(self.spec.memory_budget)
+        else:
+            import psutil  # only to size a default budget; the Session itself needs nothing beyond the stdlib + zmq
+
+            budgets = int(psutil.virtual_memory().total // self.stages)
+        return Cluster(self.stages, budgets, swap, link if link != float("inf") else 1e12, latency, False,
+                       f"{self.stages} x {ready[0].get('device', '?')} (measured)")
 
     def on_event(self, callback: EventCallback) -> Callable[[], None]:
         """Call ``callback(event)`` (from a background thread) for every iteration, error and ack; returns an

@@ -11,7 +11,8 @@ with ``hide`` the stage's compute time (less its boundary traffic when that shar
 
     static (parameters + gradients + optimizer state)
     + inflight * (activation_bytes of kept layers + input_bytes of recomputed layers)
-    + activation_bytes of swapped layers for the one micro-batch being computed (the rest live on the host)
+    + min(inflight, 2) * activation_bytes of swapped layers (the micro-batch being computed and the one being
+      prefetched for its backward, which the schedule issues one compute step early; the rest live on the host)
 
 with ``inflight = M`` for GPipe and ``min(M, K - s)`` for 1F1B. The iteration takes
 ``sum(T) + (M - 1) * max(T)`` for 1F1B and ``sum(T) + (M - 1) * (max(F) + max(B))`` for GPipe, which both reduce
@@ -57,6 +58,11 @@ def policy_overhead(recompute_s: float, swap_bytes: int, hide_s: float, bandwidt
     if swap_bytes <= 0:
         return recompute_s
     return max(recompute_s, swap_bytes / bandwidth - hide_s)
+
+
+def swap_buffers(inflight: int) -> int:
+    """Micro-batches of a swapped layer resident at once: one being computed, one prefetched for its backward."""
+    return min(inflight, 2)
 
 
 def iteration_time(forward: Sequence[float], backward: Sequence[float], microbatches: int, schedule: str) -> float:
@@ -183,8 +189,8 @@ class CostModel:
             comm_s=self.send_forward_s(stage, hi) + self.send_backward_s(stage, lo),
             static_bytes=self.static_bytes(lo, hi),
             activation_bytes=n * resident,
-            swap_buffer_bytes=swapped,
-            host_bytes=max(0, n - 1) * swapped,
+            swap_buffer_bytes=swap_buffers(n) * swapped,
+            host_bytes=(n - swap_buffers(n)) * swapped,
             inflight=n,
         )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from vpipe_lab.core.costmodel import CostModel, policy_overhead
+from vpipe_lab.core.costmodel import CostModel, policy_overhead, swap_buffers
 from vpipe_lab.core.model import Policy
 
 _K, _S, _R = Policy.KEEP, Policy.SWAP, Policy.RECOMPUTE
@@ -35,8 +35,8 @@ class StageProblem:
 
     def __post_init__(self) -> None:
         n = self.inflight
-        # Swapping frees every in-flight micro-batch but the one being computed; recompute keeps only the input.
-        object.__setattr__(self, "swap_save", tuple((n - 1) * a for a in self.activation))
+        # Swapping frees every in-flight micro-batch but the transfer buffers; recompute keeps only the input.
+        object.__setattr__(self, "swap_save", tuple((n - swap_buffers(n)) * a for a in self.activation))
         object.__setattr__(self, "rec_save", tuple(
             n * (a - x) if a > x else 0 for a, x in zip(self.activation, self.inputs)))
 
@@ -201,7 +201,7 @@ class _Search:
         or swap can offer (a layer may count for both, which only loosens the bound)."""
         p = self.p
         cur = policy_overhead(rho, sigma, p.hide_s, p.bandwidth)
-        swap_rate = p.inflight - 1
+        swap_rate = p.inflight - swap_buffers(p.inflight)
         free_swap = max(0.0, p.bandwidth * (p.hide_s + cur) - sigma)
         remaining_f = remaining - swap_rate * min(self.rest_act[j], free_swap) - self.free_rec[j]
         remaining_f -= self.best_rate[j] * (cur - rho)

@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from vpipe_lab.core.costmodel import CostModel
+from vpipe_lab.core.costmodel import CostModel, swap_buffers
 from vpipe_lab.core.model import Policy
 from vpipe_lab.core.partition import Objective
 from vpipe_lab.core.policy import StageProblem, StageSolution, greedy
@@ -48,7 +48,7 @@ class StageOracle:
         if solution is None:
             n = problem.inflight
             floor = cm.static_bytes(lo, hi) + sum(
-                min(n * a, a if n > 1 else n * a, n * x) for a, x in zip(problem.activation, problem.inputs)
+                min(n * a, swap_buffers(n) * a, n * x) for a, x in zip(problem.activation, problem.inputs)
             )
             result = StageEval(fwd, math.inf, None, max(1, floor - cm.budget(stage)))
         else:

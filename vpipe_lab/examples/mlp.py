@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
@@ -12,7 +14,7 @@ BATCH = 32
 def model() -> nn.Sequential:
     """Ten Linear+ReLU blocks (the last one plain Linear): partition units of very different cost."""
     blocks: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(WIDTHS, WIDTHS[1:])):
+    for i, (a, b) in enumerate(itertools.pairwise(WIDTHS)):
         last = i == len(WIDTHS) - 2
         blocks.append(nn.Linear(a, b) if last else nn.Sequential(nn.Linear(a, b), nn.ReLU()))
     return nn.Sequential(*blocks)

@@ -16,7 +16,7 @@ from vpipe_lab.core.model import Plan
 from vpipe_lab.core.schedule import Op, Schedule, for_plan
 from vpipe_lab.runtime.comm import TAG_BACKWARD, TAG_FORWARD, Peer
 from vpipe_lab.runtime.device import Clock, Placement, synchronize
-from vpipe_lab.runtime.stage import Stage, tensors_of
+from vpipe_lab.runtime.stage import Stage
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
@@ -126,6 +126,8 @@ class Executor:
         result = IterationResult(iteration, now(), 0.0)
         for action in self.schedule(plan).stages[rank]:
             op, mb = action.op, action.microbatch
+            if op in (Op.RECV_B, Op.RECOMPUTE, Op.B):
+                stage.ledger.in_backward = True  # from here on, working sets of the backward phase
             start = now()
             if op is Op.RECV_F:
                 got = self.peer.recv(rank - 1, TAG_FORWARD)
@@ -137,7 +139,7 @@ class Executor:
                     self._check_budget(result)
                 if last:
                     target = to_device(targets[mb], self.placement.device)  # type: ignore[index]
-                    result.losses.append(stage.attach_loss(mb, owned[-1], x, self.loss_fn, target))
+                    result.losses.append(stage.attach_loss(mb, owned[-1], x, self.loss_fn, target, now))
                 else:
                     outputs[mb] = x
             elif op is Op.SEND_F:

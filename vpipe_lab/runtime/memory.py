@@ -9,7 +9,8 @@ import torch
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
-    return t.untyped_storage().nbytes()
+    """Bytes of the tensor's own elements (not of a larger storage it may view)."""
+    return t.numel() * t.element_size()
 
 
 def module_param_bytes(module: torch.nn.Module) -> int:
@@ -45,12 +46,18 @@ class Ledger:
     peak: int = 0
     host_current: int = 0
     host_peak: int = 0
+    # Peak before the iteration's first backward: what in-flight micro-batches hold between forward and backward,
+    # which is what the cost model predicts (working sets of recompute and backward come on top).
+    resident_peak: int = 0
+    in_backward: bool = False
 
     def add(self, mb: int, layer: int, nbytes: int) -> None:
         key = (mb, layer)
         self.device[key] = self.device.get(key, 0) + nbytes
         self.current += nbytes
         self.peak = max(self.peak, self.current)
+        if not self.in_backward:
+            self.resident_peak = max(self.resident_peak, self.current)
 
     def to_host(self, mb: int, layer: int, nbytes: int) -> None:
         key = (mb, layer)
@@ -72,8 +79,9 @@ class Ledger:
         self.host_current -= self.host.pop(key, 0)
 
     def reset_peaks(self) -> None:
-        self.peak = self.current
+        self.peak = self.resident_peak = self.current
         self.host_peak = self.host_current
+        self.in_backward = False
 
     def by_layer_peak(self, layers: Iterable[int]) -> dict[int, int]:
         """Current device bytes per layer, summed over micro-batches."""

@@ -46,15 +46,18 @@ class SwapEngine:
     @contextmanager
     def recording(self, mb: int, layer: int) -> Iterator[None]:
         """Run a layer's forward with its saved tensors registered under (mb, layer)."""
-        seen: set[int] = set()
+        seen: set[tuple[int, int, tuple[int, ...], tuple[int, ...]]] = set()
         handles = self.handles.setdefault((mb, layer), [])
 
         def pack(t: torch.Tensor) -> Any:
             ptr = t.untyped_storage().data_ptr()
             if ptr in self.param_storages or t.device != self.device:
                 return t
-            nbytes = 0 if ptr in seen else tensor_bytes(t)  # each storage counts once per layer
-            seen.add(ptr)
+            # A tensor's own bytes (a micro-batch chunk is a view of the whole batch); the same view saved twice by
+            # one layer counts once.
+            view = (ptr, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+            nbytes = 0 if view in seen else tensor_bytes(t)
+            seen.add(view)
             handle = Handle(t, nbytes)
             handles.append(handle)
             self.ledger.add(mb, layer, nbytes)

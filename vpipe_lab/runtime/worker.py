@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import json
 import logging
 import os
 import signal
@@ -204,7 +203,8 @@ class Worker:
     def memory_snapshot(self) -> dict[str, Any]:
         static = self.stage.static_bytes()
         ledger = self.stage.ledger
-        snap: dict[str, Any] = {**static, "activations": ledger.peak, "host": ledger.host_peak,
+        snap: dict[str, Any] = {**static, "activations": ledger.peak, "resident": ledger.resident_peak,
+                                "host": ledger.host_peak,
                                 "peak": sum(static.values()) + ledger.peak,
                                 "budget": self.executor.budget}
         if self.placement.is_cuda:
@@ -220,6 +220,54 @@ class Worker:
             "losses": result.losses, "plan_version": self.ctl.plan_version, "memory": memory, "spans": spans,
             "microbatches": self.plan.microbatches, "samples": self.samples,
         })
+
+
+def probe_bandwidth(worker: Worker, nbytes: int = 8 << 20) -> dict[str, float]:
+    """Measure this rank's host-copy (swap) bandwidth and its link to the next rank, for the planners' Cluster."""
+    device = worker.placement.device
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        if worker.placement.is_cuda:
+            host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+            host.copy_(src, non_blocking=True)
+            torch.cuda.synchronize(device)
+        else:
+            src.clone()
+        times.append(time.perf_counter() - start)
+    swap = nbytes / max(min(times), 1e-9)
+    link = float("inf")
+    if worker.world > 1:
+        from vpipe_lab.runtime.comm import TAG_MIGRATE
+
+        nxt, prv = (worker.rank + 1) % worker.world, (worker.rank - 1) % worker.world
+        best = float("inf")
+        for _ in range(2):
+            worker.peer.barrier()
+            start = time.perf_counter()
+            worker.peer.send(src, nxt, TAG_MIGRATE)
+            worker.peer.recv(prv, TAG_MIGRATE)
+            worker.peer.flush()
+            best = min(best, time.perf_counter() - start)
+        link = nbytes / max(best, 1e-9)
+        # Latency: a stage-boundary transfer is a header and a payload message; time a small one each way.
+        tiny = torch.zeros(4, device=device)
+        rtts = []
+        for _ in range(5):
+            worker.peer.barrier()
+            start = time.perf_counter()
+            if worker.rank % 2 == 0 and nxt != worker.rank:
+                worker.peer.send(tiny, nxt, TAG_MIGRATE)
+                worker.peer.recv(nxt, TAG_MIGRATE)
+            elif worker.rank % 2 == 1:
+                worker.peer.recv(prv, TAG_MIGRATE)
+                worker.peer.send(tiny, prv, TAG_MIGRATE)
+            worker.peer.flush()
+            rtts.append(time.perf_counter() - start)
+        latency = min(rtts)  # a round trip of one header+payload each way = one transfer's latency, twice
+        return {"swap_bandwidth": swap, "link_bandwidth": link, "link_latency_s": latency}
+    return {"swap_bandwidth": swap, "link_bandwidth": link, "link_latency_s": 0.0}
 
 
 def _batch_size(inputs: Any) -> int | None:
@@ -258,7 +306,8 @@ def run(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: int,
                                 rank=rank, world_size=world, timeout=timedelta(seconds=spec.timeout_s))
         worker = (worker_cls or Worker)(spec, rank, world, link, local_rank, local_world)
         worker.peer.barrier()
-        link.send(P.Message(P.READY, body={
+        bandwidth = probe_bandwidth(worker)
+        link.send(P.Message(P.READY, body={**bandwidth,
             "rank": rank, "layers": worker.num_layers, "names": worker.names, "plan": worker.plan.to_dict(),
             "device": str(worker.placement.device), "backend": worker.placement.backend,
             "iteration": worker.ctl.iteration}))

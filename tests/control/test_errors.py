@@ -1,0 +1,13 @@
+from vpipe_lab.control.errors import BudgetError, WorkerError
+
+
+def test_worker_error_names_stage_and_cause() -> None:
+    err = WorkerError(1, "ValueError: bad", traceback="Traceback...\nValueError: bad")
+    assert str(err).startswith("stage 1 failed: ValueError: bad") and "traceback of stage 1" in str(err)
+
+
+def test_budget_error_suggests_layers_or_repartition() -> None:
+    fixable = BudgetError(0, used=1100, budget=1000, layers=[(3, 80), (1, 50)], iteration=4)
+    assert "layer(s) 3, 1" in str(fixable) and "set_policy({3: 'recompute'})" in str(fixable)
+    static = BudgetError(0, used=5000, budget=1000, layers=[(3, 80)], iteration=4)
+    assert "set_partition" in str(static)

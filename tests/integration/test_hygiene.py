@@ -1,0 +1,79 @@
+"""Nothing outlives a Session, a failed worker, or the process that started the workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+import vpipe_lab
+from vpipe_lab.control.errors import WorkerError
+
+pytestmark = pytest.mark.slow
+
+
+def gone(pids: list[int], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_stop_leaves_no_process() -> None:
+    s = vpipe_lab.launch("mlp", stages=2, microbatches=2, device="cpu", timeout=30)
+    pids = [w.pid for w in s._launcher.workers]
+    s.run()
+    s.wait(2, timeout=60)
+    s.stop()
+    assert gone(pids)
+    s.stop()  # idempotent
+
+
+def test_a_killed_worker_is_reported_and_the_others_stopped() -> None:
+    s = vpipe_lab.launch("mlp", stages=2, microbatches=2, device="cpu", timeout=30)
+    pids = [w.pid for w in s._launcher.workers]
+    try:
+        s.run()
+        s.wait(2, timeout=60)
+        t0 = time.monotonic()
+        os.kill(pids[1], signal.SIGKILL)
+        with pytest.raises(WorkerError) as err:
+            s.wait(10**6, timeout=30)
+        assert time.monotonic() - t0 < 5  # reported within seconds
+        assert err.value.stage == 1 and "signal 9" in str(err.value)
+        assert gone(pids)
+        with pytest.raises(WorkerError):  # and it stays failed
+            s.run(1)
+    finally:
+        s.stop()
+
+
+SCRIPT = """
+import sys, time, vpipe_lab
+s = vpipe_lab.launch("mlp", stages=2, microbatches=2, device="cpu", timeout=30)
+s.run()
+print(" ".join(str(w.pid) for w in s._launcher.workers), flush=True)
+time.sleep(300)
+"""
+
+
+def test_workers_exit_when_their_parent_is_killed() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        pids = [int(p) for p in line.split()]
+        assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
+        proc.send_signal(signal.SIGKILL)  # no atexit, no cleanup: only the pipe tells the workers
+        proc.wait(timeout=10)
+        assert gone(pids, timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -1,0 +1,53 @@
+"""The Session API against real workers: background training, pause/resume, events, profile, state."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import vpipe_lab
+from vpipe_lab import ModelProfile, plan
+from vpipe_lab.control.errors import SessionClosed
+from vpipe_lab.core.model import Cluster
+
+pytestmark = pytest.mark.slow
+
+
+def test_background_training_pause_resume_events_profile() -> None:
+    events: list[dict] = []
+    lock = threading.Lock()
+    with vpipe_lab.launch("gpt-tiny", stages=2, microbatches=4, device="cpu", timeout=60) as s:
+        s.on_event(lambda e: (lock.acquire(), events.append(e), lock.release()))
+        assert s.iteration == 0 and s.num_layers == 8
+        t0 = time.monotonic()
+        target = s.run(40)
+        assert target == 40 and time.monotonic() - t0 < 5  # run() returns at once
+        s.wait(3, timeout=60)
+        paused_at = s.pause()
+        time.sleep(1.0)
+        assert s.iteration == paused_at  # nothing ran while paused
+        s.resume()
+        s.wait(8, timeout=60)
+        s.pause()
+        df = s.metrics.iterations
+        assert list(df["iteration"]) == list(range(len(df)))
+        assert df["loss"].iloc[-1] < df["loss"].iloc[0]  # the GPT learns
+        assert (df["samples_per_s"] > 0).all()
+        timeline = s.metrics.timeline(1)
+        assert {sp.stage for sp in timeline} == {0, 1}
+        assert {"forward", "backward", "send", "recv"} <= {sp.kind for sp in timeline}
+        mem = s.metrics.memory
+        assert set(mem["stage"]) == {0, 1} and (mem["params"] > 0).all() and (mem["activations"] > 0).all()
+        profile = s.profile()
+        assert isinstance(profile, ModelProfile) and len(profile) == 8
+        assert all(x.forward_s > 0 and x.backward_s > 0 and x.activation_bytes > 0 for x in profile.layers)
+        # The measured profile is what the planners take.
+        p = plan(profile, Cluster(2, 10**12, 1e9, 1e9), microbatches=4, method="vpipe")
+        assert p.num_layers == 8
+    iteration_events = [e for e in events if e["type"] == "iteration"]
+    assert len(iteration_events) >= 8 and iteration_events[0]["spans"] and iteration_events[0]["memory"]
+    with pytest.raises(SessionClosed):
+        s.run(1)
+    assert "stopped" in repr(s)

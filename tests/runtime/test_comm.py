@@ -1,0 +1,73 @@
+"""Point-to-point transfers and boundary collectives between two real gloo ranks on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from vpipe_lab.runtime.comm import TAG_BACKWARD, TAG_FORWARD, CommError, Peer, as_tensors
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ranks(rank: int, port: int, out: dict) -> None:  # type: ignore[type-arg]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=30))
+    peer = Peer(rank, 2, torch.device("cpu"), 30)
+    if rank == 0:
+        # Both neighbours send before either receives: the 1F1B pattern that deadlocks with blocking sends.
+        peer.send((torch.arange(6.0).reshape(2, 3).requires_grad_(), torch.tensor([1, 2], dtype=torch.int64)), 1,
+                  TAG_FORWARD)
+        got = peer.recv(1, TAG_BACKWARD)
+        peer.flush()
+        out[0] = [t.tolist() for t in got] + [peer.broadcast_json({"cmds": ["go"]})] + [peer.all_max([1.0, 5.0])]
+    else:
+        peer.send(torch.full((2,), 7.0, dtype=torch.bfloat16), 0, TAG_BACKWARD)
+        got = peer.recv(0, TAG_FORWARD)
+        peer.flush()
+        out[1] = [t.tolist() for t in got] + [got[0].dtype == torch.float32, got[1].dtype == torch.int64] + \
+            [peer.broadcast_json(None)] + [peer.all_max([3.0, 2.0])]
+    dist.destroy_process_group()
+
+
+def test_two_ranks_exchange_tuples_dtypes_json_and_maxima() -> None:
+    ctx = mp.get_context("spawn")
+    out = ctx.Manager().dict()
+    port = _port()
+    procs = [ctx.Process(target=_ranks, args=(r, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=90)
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.kill()
+    assert not alive, "a rank hung"
+    assert all(p.exitcode == 0 for p in procs)
+    assert out[0][0] == [7.0, 7.0] and out[0][1] == {"cmds": ["go"]} and out[0][2] == [3.0, 5.0]
+    assert out[1][0] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] and out[1][1] == [1, 2]
+    assert out[1][2] and out[1][3] and out[1][4] == {"cmds": ["go"]} and out[1][5] == [3.0, 5.0]
+
+
+def test_as_tensors_rejects_other_values() -> None:
+    assert len(as_tensors((torch.zeros(1), torch.ones(2)))) == 2
+    with pytest.raises(CommError, match="tensor or a tuple of tensors"):
+        as_tensors({"x": torch.zeros(1)})
+
+
+def test_unsupported_tensor_is_refused_before_sending() -> None:
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    peer = Peer(0, 2, torch.device("cpu"), 5)
+    with pytest.raises(CommError, match="9-d"):
+        peer.send(torch.zeros([1] * 9), 1, TAG_FORWARD)

@@ -1,0 +1,56 @@
+"""One-stage pipelines run in-process (no communication), against plain full-batch training."""
+
+import pytest
+import torch
+
+from tests.runtime import reference
+from vpipe_lab.core.model import Plan
+from vpipe_lab.examples import mlp
+from vpipe_lab.runtime.comm import Peer
+from vpipe_lab.runtime.device import Clock, Placement
+from vpipe_lab.runtime.executor import Executor, default_loss, split
+from vpipe_lab.runtime.stage import Stage
+
+
+def executor(policies: str, schedule: str, budget: int | None = None) -> tuple[Executor, Plan]:
+    torch.manual_seed(0)
+    model = mlp.model()
+    stage = Stage(torch.device("cpu"), mlp.optimizer, seed=0)
+    for i, layer in enumerate(model):
+        stage.add_layer(i, layer)
+    plan = Plan((0, 10), tuple(policies), 4, schedule)
+    stage.set_policies(dict(enumerate(plan.policies)))
+    placement = Placement(torch.device("cpu"), "gloo")
+    return Executor(0, 1, stage, Peer(0, 1, torch.device("cpu"), 5), placement, Clock(), mlp.loss, budget), plan
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_single_stage_matches_plain_training(schedule: str) -> None:
+    ex, plan = executor("ksrksrksrk", schedule)
+    losses = []
+    for it in range(2):
+        result = ex.run(it, plan, mlp.data(it))
+        losses.append(sum(result.losses) / 4)
+        ex.stage.step()
+    model, ref = reference.train(mlp.model, mlp.data, mlp.loss, mlp.optimizer, iterations=2, microbatches=4)
+    assert losses == pytest.approx(ref, rel=1e-6)
+    for i, layer in enumerate(model):
+        for a, b in zip(ex.stage.layers[i].module.parameters(), layer.parameters()):
+            torch.testing.assert_close(a, b)
+    kinds = {k for k, *_ in result.spans}
+    assert {"forward", "backward", "recompute", "swap_out", "swap_in"} <= kinds
+
+
+def test_budget_violation_names_kept_layers() -> None:
+    ex, plan = executor("kkkkkkkkkk", "gpipe", budget=1)
+    result = ex.run(0, plan, mlp.data(0))
+    assert result.violation is not None and result.violation.stage == 0 and result.violation.layers
+
+
+def test_split_and_default_loss() -> None:
+    assert len(split((torch.zeros(8, 2), torch.zeros(8)), 4, "inputs")) == 4
+    with pytest.raises(ValueError, match="batch size 3, which cannot be split into 4"):
+        split(torch.zeros(3, 2), 4, "inputs")
+    logits = torch.zeros(2, 5, 7)
+    assert default_loss(logits, torch.zeros(2, 5, dtype=torch.long)).item() == pytest.approx(torch.log(torch.tensor(7.)).item())
+    assert default_loss(torch.ones(3), torch.zeros(3)).item() == 1.0
