@@ -35,7 +35,7 @@ def test_more_stages_than_layers() -> None:
 
 
 def test_model_that_is_not_sequential() -> None:
-    with pytest.raises(WorkerError, match="must be an nn.Sequential"):
+    with pytest.raises(WorkerError, match=r"must be an nn\.Sequential"):
         vpipe_lab.launch(not_sequential, data4, stages=2, microbatches=2, device="cpu", timeout=30)
 
 

@@ -29,7 +29,12 @@ def test_background_training_pause_resume_events_profile() -> None:
         time.sleep(1.0)
         assert s.iteration == paused_at  # nothing ran while paused
         s.resume()
-        s.wait(8, timeout=60)
+        s.wait(6, timeout=60)
+        switched = s.set_telemetry(False)
+        s.wait(switched + 2, timeout=60)
+        assert not [sp for sp in s.metrics.timeline() if sp.iteration > switched]
+        s.set_telemetry(True)
+        s.wait(switched + 5, timeout=60)
         s.pause()
         df = s.metrics.iterations
         assert list(df["iteration"]) == list(range(len(df)))

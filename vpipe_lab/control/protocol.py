@@ -18,8 +18,8 @@ from typing import Any
 VERSION = 1
 
 # Commands: controller -> rank 0 (which broadcasts them to every rank at an iteration boundary).
-RUN, PAUSE, RESUME, STOP, APPLY, PROFILE, STATE, SAVE, PING, MODEL = (
-    "run", "pause", "resume", "stop", "apply", "profile", "state", "save", "ping", "model")
+RUN, PAUSE, RESUME, STOP, APPLY, PROFILE, STATE, SAVE, PING, MODEL, TELEMETRY = (
+    "run", "pause", "resume", "stop", "apply", "profile", "state", "save", "ping", "model", "telemetry")
 # Events: workers -> controller.
 HELLO, READY, ITERATION, SPANS, MEMORY, LAYERS, ERROR, ACK, HEARTBEAT, PONG, TENSORS, MIGRATED = (
     "hello", "ready", "iteration", "spans", "memory", "layers", "error", "ack", "heartbeat", "pong", "tensors",

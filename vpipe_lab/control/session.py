@@ -319,6 +319,11 @@ class Session:
     def resume(self) -> int:
         return int(self._command(P.RESUME)["iteration"])
 
+    def set_telemetry(self, spans: bool) -> int:
+        """Stream per-action spans (for timelines) or not, from the next iteration; returns that iteration.
+        Iteration summaries and memory are always reported."""
+        return int(self._command(P.TELEMETRY, {"spans": bool(spans)})["iteration"])
+
     def profile(self, reset: bool = False) -> ModelProfile:
         """Every layer's measured costs per micro-batch (averaged over the iterations since the last reset)."""
         layers: dict[int, LayerCost] = {}

@@ -135,7 +135,7 @@ class Executor:
             elif op is Op.F:
                 x = received.pop(mb) if rank > 0 else to_device(inputs[mb], self.placement.device)  # type: ignore[index]
                 for index in owned:
-                    x = stage.forward(iteration, mb, index, x, now)
+                    x = stage.forward(iteration, mb, index, x, now, input_grad=rank > 0 or index != owned[0])
                     self._check_budget(result)
                 if last:
                     target = to_device(targets[mb], self.placement.device)  # type: ignore[index]

@@ -13,14 +13,14 @@ from typing import Any
 import torch
 
 
-def leafify(value: Any) -> tuple[Any, tuple[torch.Tensor, ...]]:
+def leafify(value: Any, grad: bool = True) -> tuple[Any, tuple[torch.Tensor, ...]]:
     """The same structure (tensor, or tuple/list of them) with floating tensors replaced by fresh leaves that require
-    grad; also returns those leaves in order."""
+    grad (unless ``grad`` is False: data at the pipeline's start); also returns those leaves in order."""
     if isinstance(value, torch.Tensor):
-        leaf = value.detach().requires_grad_(value.is_floating_point())
+        leaf = value.detach().requires_grad_(grad and value.is_floating_point())
         return leaf, (leaf,) if leaf.requires_grad else ()
     if isinstance(value, (tuple, list)):
-        parts = [leafify(v) for v in value]
+        parts = [leafify(v, grad) for v in value]
         return type(value)(p[0] for p in parts), tuple(t for p in parts for t in p[1])
     return value, ()
 
@@ -41,19 +41,21 @@ class Saved:
     cpu_rng: torch.Tensor
     cuda_rng: torch.Tensor | None
     device: torch.device
+    grad: bool = True
 
 
-def forward_without_saving(layer: torch.nn.Module, x: Any, device: torch.device) -> tuple[Any, Saved]:
+def forward_without_saving(layer: torch.nn.Module, x: Any, device: torch.device, grad: bool = True
+                           ) -> tuple[Any, Saved]:
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     with torch.no_grad():
         out = layer(x)
-    return out, Saved(detach(x), cpu_rng, cuda_rng, device)
+    return out, Saved(detach(x), cpu_rng, cuda_rng, device, grad)
 
 
 def rematerialise(layer: torch.nn.Module, saved: Saved) -> tuple[tuple[torch.Tensor, ...], Any]:
     """Run the layer again with autograd on fresh leaves of its saved input; returns (leaves, output)."""
-    x, leaves = leafify(saved.inputs)
+    x, leaves = leafify(saved.inputs, saved.grad)
     devices = [saved.device] if saved.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices, device_type=saved.device.type if devices else "cuda"):
         torch.set_rng_state(saved.cpu_rng)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import json
 import logging
 import os
 import signal
@@ -116,9 +117,11 @@ class Worker:
     def send(self, kind: str, body: dict[str, Any], buffers: list[Any] | None = None) -> None:
         self.link.send(P.Message(kind, body=body, buffers=buffers or []))
 
-    def boundary(self) -> None:
-        """Every rank learns the same commands here, at the same iteration."""
-        blob = None
+    def boundary(self, violated: bool) -> tuple[list[dict[str, Any]], bool]:
+        """Every rank learns here, at the same iteration, whether any rank went over its budget in the iteration
+        just run and which commands to apply. One all-reduce in the common case (no commands); the commands' JSON
+        follows as a broadcast only when rank 0 has some."""
+        blob = b""
         if self.rank == 0:
             cmds = []
             wait = 0.0 if self.ctl.active else 0.2
@@ -130,10 +133,12 @@ class Worker:
                     deadline = 0.0  # got something: drain the rest without waiting
                 except Empty:
                     break
-            blob = {"cmds": cmds, "iteration": self.ctl.iteration}
-        blob = self.peer.broadcast_json(blob)
-        for cmd in blob["cmds"]:
-            self.apply(cmd)
+            blob = json.dumps(cmds).encode() if cmds else b""
+        flag, size = self.peer.all_max([1.0 if violated else 0.0, float(len(blob))])
+        commands: list[dict[str, Any]] = []
+        if size > 0:
+            commands = self.peer.broadcast_json(json.loads(blob) if self.rank == 0 else None)
+        return commands, flag > 0
 
     def ack(self, cmd: dict[str, Any], **extra: Any) -> None:
         if self.rank == 0:
@@ -164,6 +169,9 @@ class Worker:
             self.send(P.TENSORS, {"id": cmd.get("id"), "rank": self.rank, "tensors": meta}, buffers)
         elif kind == P.PING:
             self.ack(cmd)
+        elif kind == P.TELEMETRY:
+            self.executor.record_spans = bool(cmd.get("spans", True))
+            self.ack(cmd)
         else:
             self.handle_extra(cmd)
 
@@ -171,30 +179,37 @@ class Worker:
         raise ValueError(f"rank {self.rank} got an unknown command {cmd['type']!r}")
 
     def loop(self) -> None:
+        result: IterationResult | None = None
         while True:
-            self.boundary()
+            commands, failed = self.boundary(result is not None and result.violation is not None)
+            if result is not None:
+                self.finish(result, failed)
+                result = None
+            for cmd in commands:
+                self.apply(cmd)
             if self.ctl.stopping:
                 return
-            if not self.ctl.active:
-                continue
-            self.iteration()
+            if self.ctl.active:
+                result = self.iteration()
 
-    def iteration(self) -> None:
+    def iteration(self) -> IterationResult:
         it = self.ctl.iteration
         batch = self.data_fn(it) if (self.rank == 0 or self.last) else None
-        result = self.executor.run(it, self.plan, batch)
         self.samples = _batch_size(batch[0]) if batch is not None and self.rank == 0 else None
-        failed = self.peer.all_max([1.0 if result.violation else 0.0])[0] > 0
+        return self.executor.run(it, self.plan, batch)
+
+    def finish(self, result: IterationResult, failed: bool) -> None:
+        """Step, or (when any rank went over its budget) drop the iteration on every rank and pause."""
         memory = self.memory_snapshot()
         if failed:
-            # Someone went over its budget: drop this iteration on every rank, so no parameter or optimizer state
-            # changes, and wait for the controller (the same iteration runs again after resume).
+            # No parameter or optimizer state changes; the same iteration runs again after resume.
             self.stage.discard()
             self.ctl.paused = True
             if result.violation is not None:
                 v = result.violation
-                self.send(P.ERROR, {"kind": "budget", "stage": self.rank, "iteration": it, "used": v.used_bytes,
-                                    "budget": v.budget_bytes, "layers": v.layers, "memory": memory})
+                self.send(P.ERROR, {"kind": "budget", "stage": self.rank, "iteration": result.iteration,
+                                    "used": v.used_bytes, "budget": v.budget_bytes, "layers": v.layers,
+                                    "memory": memory})
             return
         self.stage.step()
         self.ctl.iteration += 1

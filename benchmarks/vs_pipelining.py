@@ -1,0 +1,128 @@
+"""Throughput of vpipe_lab against torch.distributed.pipelining, side by side in one run (2 CPU ranks, gloo).
+
+    python benchmarks/vs_pipelining.py [--iterations 30] [--rounds 3]
+
+Same model, partition (uniform), schedule, micro-batches, optimizer and data; one thread per rank. Both sides are
+timed over whole iterations (pipeline, optimizer step and data) from the first timed iteration's start to the last
+one's end; the runs alternate (torch, vpipe, torch, vpipe, ...) so machine noise hits both alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import vpipe_lab
+from vpipe_lab import Plan
+from vpipe_lab.examples import get
+
+WARMUP = 3
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _torch_rank(rank: int, port: int, name: str, schedule: str, m: int, iterations: int, bounds: tuple[int, ...],
+                out: dict) -> None:  # type: ignore[type-arg]
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    torch.set_num_threads(1)
+    ex = get(name)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=300))
+    torch.manual_seed(0)
+    model = ex.model()
+    sub = torch.nn.Sequential(*list(model)[bounds[rank]:bounds[rank + 1]])
+    x0, _ = ex.data(0)
+    example = torch.chunk(x0, m)[0]
+    if rank == 1:  # the second stage's input is the first stage's output
+
+        with torch.no_grad():
+            h = torch.chunk(x0, m)[0]
+            for layer in list(model)[:bounds[1]]:
+                h = layer(h)
+        example = h
+    stage = PipelineStage(sub, rank, 2, torch.device("cpu"), input_args=example)
+    make = Schedule1F1B if schedule == "1f1b" else ScheduleGPipe
+    sched = make(stage, m, loss_fn=ex.loss)
+    opt = ex.optimizer(sub.parameters())
+    dist.barrier()
+    start = 0.0
+    for it in range(WARMUP + iterations):
+        if it == WARMUP:
+            dist.barrier()
+            start = time.perf_counter()
+        x, y = ex.data(it)
+        if rank == 0:
+            sched.step(x)
+        else:
+            sched.step(target=y, losses=[])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    dist.barrier()
+    out[rank] = time.perf_counter() - start
+    dist.destroy_process_group()
+
+
+def torch_pipelining(name: str, schedule: str, m: int, iterations: int, bounds: tuple[int, ...]) -> float:
+    """Seconds per iteration of torch.distributed.pipelining."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Manager().dict()
+    port = _port()
+    procs = [ctx.Process(target=_torch_rank, args=(r, port, name, schedule, m, iterations, bounds, out))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=900)
+        if p.is_alive():
+            p.kill()
+            raise RuntimeError("torch.distributed.pipelining run hung")
+    return max(out.values()) / iterations
+
+
+def vpipe(name: str, schedule: str, m: int, iterations: int, bounds: tuple[int, ...], telemetry: bool = True) -> float:
+    """Seconds per iteration of vpipe_lab, from the first timed iteration's start to the last one's end."""
+    n = bounds[-1]
+    plan = Plan(bounds, ("keep",) * n, m, schedule)
+    with vpipe_lab.launch(name, stages=2, microbatches=m, schedule=schedule, plan=plan, device="cpu",
+                          telemetry=telemetry, timeout=300) as s:
+        s.run(WARMUP + iterations)
+        s.wait(timeout=1800)
+        frame = s.metrics.iterations
+    timed = frame[frame["iteration"] >= WARMUP]
+    return float(timed["end_s"].max() - timed["start_s"].min()) / iterations
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--iterations", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    print("| model | schedule | M | torch.distributed.pipelining (ms/it) | vpipe_lab (ms/it) | throughput ratio |")
+    print("|---|---|---|---|---|---|")
+    for name, bounds in (("gpt-tiny", (0, 4, 8)), ("mlp", (0, 5, 10))):
+        for schedule in ("1f1b", "gpipe"):
+            m = 4
+            ts, vs = [], []
+            for _ in range(args.rounds):
+                ts.append(torch_pipelining(name, schedule, m, args.iterations, bounds))
+                vs.append(vpipe(name, schedule, m, args.iterations, bounds))
+            t, v = statistics.median(ts), statistics.median(vs)
+            print(f"| {name} | {schedule} | {m} | {1e3 * t:.1f} | {1e3 * v:.1f} | {t / v:.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
