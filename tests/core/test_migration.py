@@ -22,3 +22,12 @@ def test_bytes_and_time() -> None:
     cluster = Cluster(2, 10**9, 1e9, link_bandwidth=100.0, link_latency_s=0.5)
     assert migration_time_s(moves, profile, cluster) == pytest.approx(0.5 + 3.0)
     assert migration_time_s((), profile, cluster) == 0.0
+
+
+def test_match_layers_follows_insertions_removals_and_replacements() -> None:
+    from vpipe_lab.core.migration import match_layers
+
+    assert match_layers(["a", "b", "c"], ["a", "b", "c"]) == {0: 0, 1: 1, 2: 2}
+    assert match_layers(["a", "b", "c"], ["a", "x", "b", "c"]) == {0: 0, 1: None, 2: 1, 3: 2}
+    assert match_layers(["a", "b", "c"], ["a", "c"]) == {0: 0, 1: 2}
+    assert match_layers(["a", "b", "b", "c"], ["a", "b", "y", "b", "c"]) == {0: 0, 1: 1, 2: None, 3: 2, 4: 3}

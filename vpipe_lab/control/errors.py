@@ -9,10 +9,14 @@ from vpipe_lab.core.report import human_bytes
 class WorkerError(VpipeError):
     """A worker failed (exception, killed, out of memory); the others were stopped. Names the stage and the cause."""
 
-    def __init__(self, stage: int, cause: str, *, traceback: str = "", log_tail: str = "", exit_code: int | None = None
-                 ) -> None:
+    def __init__(self, stage: int, cause: str, *, traceback: str = "", log_tail: str = "", exit_code: int | None = None,
+                 checkpoint: str | None = None) -> None:
         self.stage, self.cause, self.traceback, self.log_tail, self.exit_code = stage, cause, traceback, log_tail, exit_code
+        self.checkpoint = checkpoint
         text = f"stage {stage} failed: {cause}"
+        if checkpoint:
+            text += (f"\nIt failed during a live migration. The last consistent state (from just before the migration) "
+                     f"is saved at {checkpoint}: resume with vpipe_lab.launch(..., resume={checkpoint!r}).")
         if traceback:
             text += f"\n--- traceback of stage {stage} ---\n{traceback.rstrip()}"
         elif log_tail:

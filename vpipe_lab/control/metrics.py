@@ -25,6 +25,11 @@ class Metrics:
             if spans:
                 self._spans.append((iteration["iteration"], spans))
 
+    def add_spans(self, spans: list[Span]) -> None:
+        """Spans outside an iteration (migrations), kept with the iteration they precede."""
+        with self._lock:
+            self._spans.append((spans[0].iteration if spans else -1, spans))
+
     def records(self) -> list[dict[str, Any]]:
         with self._lock:
             return list(self._iterations)

@@ -22,12 +22,16 @@ from typing import Any
 
 from vpipe_lab.control import protocol as P
 from vpipe_lab.control.channel import Hub
+from vpipe_lab.control.checkpoint import Manifest
 from vpipe_lab.control.errors import BudgetError, SessionClosed, WorkerError
 from vpipe_lab.control.jobspec import JobSpec
 from vpipe_lab.control.launcher import Launcher, reap_stale
+from vpipe_lab.control.live import LiveMixin
 from vpipe_lab.control.metrics import Metrics, spans_from_wire
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.model import SCHEDULES, Cluster, LayerCost, ModelProfile, Plan
+from vpipe_lab.core.partition import uniform
+from vpipe_lab.core.timeline import Span
 
 log = logging.getLogger(__name__)
 SESSIONS: weakref.WeakSet[Session] = weakref.WeakSet()
@@ -40,7 +44,7 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-class Session:
+class Session(LiveMixin):
     """A running pipeline. Every method is safe to call while training goes on in the background."""
 
     def __init__(self, spec: JobSpec, hub: Hub, launcher: Launcher | None, job_dir: Path | None) -> None:
@@ -68,6 +72,13 @@ class Session:
         self.names: list[str] = []
         self._pending_events: list[dict[str, Any]] = []
         self._reports: dict[int, dict[str, Any]] = {}  # stage -> its error report
+        self._refusals: dict[int, dict[str, Any]] = {}  # plan version -> a stage's refusal to take layers
+        self._apply_lock = threading.Lock()
+        self._migrating: int | None = None
+        self.last_checkpoint: Path | None = None
+        self.last_migration: dict[str, Any] | None = None
+        self.last_mapping: dict[int, int | None] | None = None
+        self._autoplan: Any = None
         self._trouble_since = 0.0
         hub._on_message = self._handle
         self._monitor = threading.Thread(target=self._watch, name="vpipe-monitor", daemon=True)
@@ -84,8 +95,13 @@ class Session:
                 self._on_iteration(body)
             elif msg.type == P.ACK:
                 self._acks[int(body.get("id") or 0)] = body
-            elif msg.type in (P.LAYERS, P.TENSORS, P.MIGRATED):
+            elif msg.type in (P.LAYERS, P.TENSORS):
                 self._replies.setdefault(int(body.get("id") or 0), []).append(msg)
+            elif msg.type == P.MIGRATED:
+                start, end = body["span"]
+                span = Span(int(body["rank"]), "migrate", -1, None, float(start), float(end), int(body["iteration"]))
+                self.metrics.add_spans([span])
+                self._pending_events.append({"type": "migrated", **body})
             elif msg.type == P.ERROR:
                 self._on_error(body)
             self._cond.notify_all()
@@ -119,6 +135,9 @@ class Session:
 
     def _on_error(self, body: dict[str, Any]) -> None:
         stage = int(body.get("stage", -1))
+        if body.get("kind") == "migration":
+            self._refusals[int(body.get("version", 0))] = body
+            return
         if body.get("kind") == "budget":
             self._budget = BudgetError(stage, int(body["used"]), int(body["budget"]),
                                        [tuple(x) for x in body.get("layers", [])], int(body.get("iteration", -1)))
@@ -163,21 +182,27 @@ class Session:
         def tail(stage: int) -> str:
             return workers[stage].tail() if stage in workers else ""
 
+        ckpt = None
+        if self._migrating is not None and self._job_dir is not None:
+            path = self._job_dir / "checkpoints" / f"plan-v{self._migrating}"
+            ckpt = str(path) if (path / "manifest.json").exists() else (
+                str(self.last_checkpoint) if self.last_checkpoint else None)
         own = {s: b for s, b in self._reports.items() if not str(b.get("cause", "")).startswith("CommError")}
         if own:
             stage = min(own)
             return WorkerError(stage, str(own[stage].get("cause")), traceback=str(own[stage].get("traceback", "")),
-                               log_tail=tail(stage))
+                               log_tail=tail(stage), checkpoint=ckpt)
         dead = [(w, rc) for w, rc in (self._launcher.exited() if self._launcher else []) if w.rank not in self._reports]
         if dead:
             w, rc = dead[0]
             cause = f"the worker process was killed by signal {-rc}" if rc < 0 else f"the worker process exited with code {rc}"
             if rc == -9:
                 cause += " (SIGKILL: out of memory, or killed from outside)"
-            return WorkerError(w.rank, cause, log_tail=w.tail(), exit_code=rc)
+            return WorkerError(w.rank, cause, log_tail=w.tail(), exit_code=rc, checkpoint=ckpt)
         stage = min(self._reports)
         body = self._reports[stage]
-        return WorkerError(stage, str(body.get("cause")), traceback=str(body.get("traceback", "")), log_tail=tail(stage))
+        return WorkerError(stage, str(body.get("cause")), traceback=str(body.get("traceback", "")), log_tail=tail(stage),
+                           checkpoint=ckpt)
 
     # --- helpers -----------------------------------------------------------------------------------------------
     def _check(self) -> None:
@@ -346,6 +371,8 @@ class Session:
         if self._closed:
             return
         self._stopping = True
+        if self._autoplan is not None:
+            self._autoplan.stop()
         if self._launcher is not None:
             if self._fatal is None and self._launcher.alive():
                 try:
@@ -404,12 +431,16 @@ def launch(
     threads: int = 1,
     start_timeout: float = 120.0,
     host: str = "127.0.0.1",
+    resume: str | Path | None = None,
+    auto_replan: bool | dict[str, Any] = False,
 ) -> Session:
     """Start one worker process per stage and return the Session once every stage is ready (training not started).
 
     ``model`` is an ``nn.Sequential``, a zero-argument callable returning one (built in each worker after
     ``torch.manual_seed(seed)``), or a bundled example name; ``data(iteration) -> (inputs, targets)`` is
     deterministic per iteration, or a bundled example name (default: the model's, when the model is one).
+    ``resume`` restores a ``Session.save()`` checkpoint (parameters, optimizer state, plan unless ``plan`` is given,
+    iteration); ``auto_replan`` turns on vPipe's online replanning (True, or the options of ``Session.auto_replan``).
     """
     from vpipe_lab import examples
 
@@ -421,6 +452,15 @@ def launch(
         raise ValueError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"unknown device {device!r}: use 'auto', 'cpu' or 'cuda'")
+    manifest = None
+    if resume is not None:
+        manifest = Manifest.read(resume)
+        if plan is None:
+            saved = Plan.from_dict(manifest.plan)
+            # Layers are saved one file each, so a checkpoint resumes onto another stage count too.
+            plan = saved if saved.stages == stages else Plan(uniform(manifest.num_layers, stages), saved.policies,
+                                                              saved.microbatches, saved.schedule)
+            plan = plan.replace(microbatches=microbatches, schedule=schedule)
     if plan is not None:
         plan = plan.validate(stages=stages)
         if plan.microbatches != microbatches or plan.schedule != schedule:
@@ -459,6 +499,8 @@ def launch(
         plan=plan.to_dict() if plan is not None else None, memory_budget=_budgets(memory_budget, stages),
         telemetry=telemetry, timeout_s=timeout, threads=threads,
         callables_path=str(callables_path) if callables_path else None, examples=named,
+        start_iteration=manifest.iteration if manifest else 0,
+        resume_path=str(Path(resume).absolute()) if resume is not None else None,
     )
     spec_path = job_dir / "job.json"
     spec.save(spec_path)
@@ -471,4 +513,8 @@ def launch(
         session.stop()
         raise
     session._wait_ready(start_timeout)
+    if manifest is not None:
+        session.plan_version = manifest.plan_version
+    if auto_replan:
+        session.auto_replan(**(auto_replan if isinstance(auto_replan, dict) else {}))
     return session

@@ -2,7 +2,7 @@
 
 from vpipe_lab.core.costmodel import CostModel, estimate
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError, ProfileError, ScheduleError, VpipeError
-from vpipe_lab.core.migration import LayerMove, layer_moves, migration_time_s, moved_bytes
+from vpipe_lab.core.migration import LayerMove, layer_moves, match_layers, migration_time_s, moved_bytes
 from vpipe_lab.core.model import Cluster, Estimate, LayerCost, ModelProfile, Plan, Policy
 from vpipe_lab.core.planner import METHODS, PlanResult, plan, search
 from vpipe_lab.core.schedule import Action, Op, Schedule, for_plan, gpipe, one_f_one_b
@@ -10,8 +10,36 @@ from vpipe_lab.core.simulator import simulate
 from vpipe_lab.core.timeline import KINDS, Span, Timeline
 
 __all__ = [
-    "KINDS", "METHODS", "Action", "Cluster", "CostModel", "Estimate", "InfeasiblePlan", "LayerCost", "LayerMove",
-    "ModelProfile", "Op", "Plan", "PlanError", "PlanResult", "Policy", "ProfileError", "Schedule", "ScheduleError",
-    "Span", "Timeline", "VpipeError", "estimate", "for_plan", "gpipe", "layer_moves", "migration_time_s",
-    "moved_bytes", "one_f_one_b", "plan", "search", "simulate",
+    "KINDS",
+    "METHODS",
+    "Action",
+    "Cluster",
+    "CostModel",
+    "Estimate",
+    "InfeasiblePlan",
+    "LayerCost",
+    "LayerMove",
+    "ModelProfile",
+    "Op",
+    "Plan",
+    "PlanError",
+    "PlanResult",
+    "Policy",
+    "ProfileError",
+    "Schedule",
+    "ScheduleError",
+    "Span",
+    "Timeline",
+    "VpipeError",
+    "estimate",
+    "for_plan",
+    "gpipe",
+    "layer_moves",
+    "match_layers",
+    "migration_time_s",
+    "moved_bytes",
+    "one_f_one_b",
+    "plan",
+    "search",
+    "simulate",
 ]

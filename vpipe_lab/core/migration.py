@@ -54,3 +54,27 @@ def migration_time_s(moves: Sequence[LayerMove], profile: ModelProfile, cluster:
         load[m.dst] = load.get(m.dst, 0) + size
     pairs = {(m.src, m.dst) for m in moves}
     return cluster.link_latency_s * len(pairs) + max(load.values()) / cluster.link_bandwidth
+
+
+def match_layers(old: Sequence[str], new: Sequence[str]) -> dict[int, int | None]:
+    """For each layer of a changed model, the old layer whose state it keeps (None: a new layer).
+
+    Layers are matched by signature (e.g. class and parameter shapes) along a longest common subsequence, so layers
+    inserted, removed or replaced anywhere leave every other layer matched to itself, in order.
+    """
+    n, m = len(old), len(new)
+    best = [[0] * (m + 1) for _ in range(n + 1)]
+    for i in range(n - 1, -1, -1):
+        for j in range(m - 1, -1, -1):
+            best[i][j] = best[i + 1][j + 1] + 1 if old[i] == new[j] else max(best[i + 1][j], best[i][j + 1])
+    mapping: dict[int, int | None] = dict.fromkeys(range(m))
+    i = j = 0
+    while i < n and j < m:
+        if old[i] == new[j]:
+            mapping[j] = i
+            i, j = i + 1, j + 1
+        elif best[i + 1][j] >= best[i][j + 1]:
+            i += 1
+        else:
+            j += 1
+    return mapping

@@ -1,4 +1,8 @@
-"""An MLP with deliberately uneven layer widths, so a uniform partition is unbalanced, and its data."""
+"""An MLP with deliberately uneven layer widths, so a uniform partition is unbalanced, and its data.
+
+The wide layers sit in the first half: split evenly by layer count over 2 stages, stage 0 gets ~20x the work of
+stage 1, which is what vPipe's replanning should notice and fix.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import itertools
 import torch
 from torch import nn
 
-WIDTHS = (64, 256, 1024, 1024, 128, 512, 2048, 256, 256, 64, 16)
+WIDTHS = (64, 256, 1024, 2048, 2048, 1024, 256, 256, 128, 64, 16)
 BATCH = 32
 
 

@@ -114,5 +114,17 @@ class Peer:
         self._wait(dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True), "boundary all-reduce")
         return [float(x) for x in t.cpu()]
 
+    def all_sum(self, values: Sequence[float]) -> list[float]:
+        t = torch.tensor(list(values), dtype=torch.float64, device=self.device)
+        self._wait(dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=True), "all-reduce")
+        return [float(x) for x in t.cpu()]
+
+    def send_json(self, obj: Any, dst: int, tag: int) -> None:
+        data = json.dumps(obj).encode()
+        self.send(torch.frombuffer(bytearray(data), dtype=torch.uint8), dst, tag)
+
+    def recv_json(self, src: int, tag: int) -> Any:
+        return json.loads(bytes(self.recv(src, tag)[0].cpu().numpy()))
+
     def barrier(self) -> None:
         self.all_max([0.0])

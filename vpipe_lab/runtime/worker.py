@@ -272,15 +272,16 @@ def probe_bandwidth(worker: Worker, nbytes: int = 8 << 20) -> dict[str, float]:
         for _ in range(5):
             worker.peer.barrier()
             start = time.perf_counter()
-            if worker.rank % 2 == 0 and nxt != worker.rank:
-                worker.peer.send(tiny, nxt, TAG_MIGRATE)
-                worker.peer.recv(nxt, TAG_MIGRATE)
+            # Pairs (0, 1), (2, 3), ...: the even rank pings, the odd one answers; an odd world leaves one out.
+            if worker.rank % 2 == 0 and worker.rank + 1 < worker.world:
+                worker.peer.send(tiny, worker.rank + 1, TAG_MIGRATE)
+                worker.peer.recv(worker.rank + 1, TAG_MIGRATE)
             elif worker.rank % 2 == 1:
-                worker.peer.recv(prv, TAG_MIGRATE)
-                worker.peer.send(tiny, prv, TAG_MIGRATE)
+                worker.peer.recv(worker.rank - 1, TAG_MIGRATE)
+                worker.peer.send(tiny, worker.rank - 1, TAG_MIGRATE)
             worker.peer.flush()
             rtts.append(time.perf_counter() - start)
-        latency = min(rtts)  # a round trip of one header+payload each way = one transfer's latency, twice
+        latency = min(rtts) if worker.rank + 1 < worker.world or worker.rank % 2 else 0.0  # one transfer each way
         return {"swap_bandwidth": swap, "link_bandwidth": link, "link_latency_s": latency}
     return {"swap_bandwidth": swap, "link_bandwidth": link, "link_latency_s": 0.0}
 
@@ -319,7 +320,9 @@ def run(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: int,
         placement = select(spec.device, local_rank, local_world)
         dist.init_process_group(placement.backend, init_method=f"tcp://{spec.master_addr}:{spec.master_port}",
                                 rank=rank, world_size=world, timeout=timedelta(seconds=spec.timeout_s))
-        worker = (worker_cls or Worker)(spec, rank, world, link, local_rank, local_world)
+        from vpipe_lab.runtime.migrate import MigratingWorker  # it builds on Worker, so it is imported here
+
+        worker = (worker_cls or MigratingWorker)(spec, rank, world, link, local_rank, local_world)
         worker.peer.barrier()
         bandwidth = probe_bandwidth(worker)
         link.send(P.Message(P.READY, body={**bandwidth,

@@ -1,0 +1,158 @@
+"""Live reconfiguration: plan changes at an agreed iteration, live layer migration, save/resume, failures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import vpipe_lab
+from vpipe_lab import InfeasiblePlan, Plan, PlanError
+from vpipe_lab.control.errors import WorkerError
+from vpipe_lab.examples import mlp
+
+pytestmark = pytest.mark.slow
+
+K3 = Plan((0, 4, 7, 10), ("keep",) * 10, 4, "1f1b")
+
+
+@pytest.fixture(scope="module")
+def reference() -> tuple[dict[str, torch.Tensor], list[float]]:
+    """Six iterations on three stages, no reconfiguration."""
+    with vpipe_lab.launch("mlp", stages=3, microbatches=4, plan=K3, device="cpu", timeout=60) as s:
+        s.run(6)
+        s.wait(timeout=120)
+        return s.state_dict(), list(s.metrics.iterations["loss"])
+
+
+def test_migrations_leave_training_bit_for_bit_unchanged(reference: tuple[dict, list]) -> None:  # type: ignore[type-arg]
+    expected, losses = reference
+    with vpipe_lab.launch("mlp", stages=3, microbatches=4, plan=K3, device="cpu", timeout=60) as s:
+        s.run(2)
+        s.wait(timeout=60)
+        # Several layers across several stages: 4,5,6 leave stage 1 for stage 0; 7 joins stage 1.
+        at = s.set_partition((0, 7, 8, 10))
+        assert at == 2 and s.plan.boundaries == (0, 7, 8, 10)
+        assert s.last_migration["moves"] == 4 and s.last_migration["moved_bytes"] > 0
+        s.run(2)
+        s.wait(timeout=60)
+        # Layers travel back and further: 1..6 to stage 1 and 2, stage 2 takes 5 layers.
+        assert s.set_partition((0, 1, 5, 10)) == 4
+        s.run(2)
+        s.wait(timeout=60)
+        got = s.state_dict()
+        frame = s.metrics.iterations
+        migrate_spans = [sp for sp in s.metrics.timeline() if sp.kind == "migrate"]
+    assert list(frame["plan_version"]) == [0, 0, 1, 1, 2, 2]
+    assert list(frame["loss"]) == losses  # exactly, not approximately
+    assert list(got) == list(expected)
+    for key in expected:
+        assert torch.equal(got[key], expected[key]), key
+    assert {sp.stage for sp in migrate_spans} == {0, 1, 2}
+
+
+def test_save_and_resume_onto_another_partition(reference: tuple[dict, list], tmp_path: Path) -> None:  # type: ignore[type-arg]
+    expected, losses = reference
+    with vpipe_lab.launch("mlp", stages=3, microbatches=4, plan=K3, device="cpu", timeout=60) as s:
+        s.run(3)
+        s.wait(timeout=60)
+        path = s.save(tmp_path / "ckpt")
+    assert (path / "manifest.json").exists() and len(list(path.glob("layer-*.pt"))) == 10
+    with vpipe_lab.launch("mlp", stages=2, microbatches=4, device="cpu", resume=path, timeout=60) as s:
+        assert s.iteration == 3 and s.plan.stages == 2
+        s.run(3)
+        s.wait(timeout=60)
+        got = s.state_dict()
+        resumed_losses = list(s.metrics.iterations["loss"])
+    assert resumed_losses == losses[3:]
+    for key in expected:
+        assert torch.equal(got[key], expected[key]), key
+
+
+def test_invalid_or_oversized_plans_change_nothing() -> None:
+    budgets = [160 << 20, 16 << 20]  # stage 1 has little room to take more layers
+    with vpipe_lab.launch("mlp", stages=2, microbatches=4, device="cpu", memory_budget=budgets, timeout=60) as s:
+        s.run(2)
+        s.wait(timeout=60)
+        before = s.plan
+        with pytest.raises(PlanError, match="must start at 0"):
+            s.apply(before.with_boundaries((1, 5, 10)))
+        with pytest.raises(PlanError, match="layer 42 does not exist"):
+            s.set_policy({42: "swap"})
+        big = before.with_boundaries((0, 1, 10))  # stage 1 would take the wide layers (~100 MB with SGD momentum)
+        with pytest.raises(InfeasiblePlan, match="stage 1 would need"):
+            s.apply(big)
+        with pytest.raises(InfeasiblePlan, match="refused"):
+            s.apply(big, force=True)  # the receiving stage checks its memory itself before anything moves
+        assert s.plan == before and s.plan_version == 0
+        s.run(2)
+        s.wait(timeout=60)  # training goes on
+        assert list(s.metrics.iterations["plan_version"]) == [0, 0, 0, 0]
+
+
+def test_a_worker_dying_during_a_migration_loses_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VPIPE_LAB_FAULT", "migrate:0")  # stage 0 dies halfway through sending its layers
+    s = vpipe_lab.launch("mlp", stages=2, microbatches=4, device="cpu", timeout=30)
+    try:
+        s.run(3)
+        s.wait(timeout=60)
+        before = s.state_dict()
+        with pytest.raises(WorkerError) as err:
+            s.set_partition((0, 3, 10))
+        assert err.value.stage == 0 and err.value.checkpoint and "resume" in str(err.value)
+        checkpoint = err.value.checkpoint
+    finally:
+        s.stop()
+    monkeypatch.delenv("VPIPE_LAB_FAULT")
+    with vpipe_lab.launch("mlp", stages=2, microbatches=4, device="cpu", resume=checkpoint, timeout=60) as r:
+        assert r.iteration == 3 and r.plan.boundaries == (0, 5, 10)  # the plan from before the migration
+        after = r.state_dict()
+    for key in before:
+        assert torch.equal(after[key], before[key]), key
+
+
+def test_replan_and_automatic_replanning_rebalance_the_uneven_mlp() -> None:
+    with vpipe_lab.launch("mlp", stages=2, microbatches=4, device="cpu", timeout=60) as s:  # uniform: [0:5][5:10]
+        s.run(3)
+        s.wait(timeout=60)
+        found = s.replan()
+        assert found.gain > 0.05 and found.moves and found.applied_at is None and found.migration_s > 0
+        assert s.plan.counts == (5, 5)  # only reported
+        planner = s.auto_replan(every=3, horizon=50)
+        s.run(12)
+        s.wait(timeout=120)
+        applied = [d for d in planner.decisions if d.applied_at is not None]
+        assert applied and s.plan.counts[0] < 5
+        assert s.metrics.iterations["plan_version"].iloc[-1] >= 1
+
+
+def bigger_mlp() -> torch.nn.Sequential:
+    """The NAS step: a new block inserted after block 1 (same widths around it), the rest unchanged."""
+    blocks = list(mlp.model())
+    extra = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU())
+    return torch.nn.Sequential(*blocks[:2], extra, *blocks[2:])
+
+
+def test_the_model_can_change_between_iterations() -> None:
+    with vpipe_lab.launch("mlp", stages=2, microbatches=4, device="cpu", timeout=60) as s:
+        s.run(3)
+        s.wait(timeout=60)
+        old = s.state_dict()
+        # The default even split puts the new block on the already heavy stage 0: vPipe has to rebalance.
+        at = s.set_model(bigger_mlp)
+        assert at == 3 and s.num_layers == 11 and s.plan.counts == (6, 5)
+        assert s.last_mapping == {0: 0, 1: 1, 2: None, **{j: j - 1 for j in range(3, 11)}}
+        new = s.state_dict()
+        for key, value in old.items():  # trained layers kept their state, one index further on after the insert
+            index, name = key.split(".", 1)
+            j = int(index) + (1 if int(index) >= 2 else 0)
+            assert torch.equal(new[f"{j}.{name}"], value)
+        s.run(3)
+        s.wait(timeout=60)
+        found = s.replan(apply=True)
+        assert found.gain > 0.05 and found.applied_at == 6 and s.plan.counts[0] < 6
+        s.run(2)
+        s.wait(timeout=60)
+        frame = s.metrics.iterations
+        assert len(frame) == 8 and frame["loss"].notna().all() and frame["plan_version"].iloc[-1] == 2

@@ -1,0 +1,198 @@
+"""Changing a running pipeline: plans, partitions, policies, the model itself; saving; vPipe's online replanning.
+
+Every change is validated here first (a bad plan raises and changes nothing), then sent to rank 0, which applies it
+on every rank at the next iteration boundary; the call returns the iteration from which it is in effect.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from vpipe_lab.control import protocol as P
+from vpipe_lab.control.checkpoint import Manifest
+from vpipe_lab.core.costmodel import estimate
+from vpipe_lab.core.errors import InfeasiblePlan, PlanError
+from vpipe_lab.core.migration import LayerMove, layer_moves, migration_time_s, moved_bytes
+from vpipe_lab.core.model import Cluster, ModelProfile, Plan, Policy
+from vpipe_lab.core.planner import search
+from vpipe_lab.core.report import human_bytes
+
+if TYPE_CHECKING:
+    from vpipe_lab.control.session import Session
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Replan:
+    """What online replanning found: the plan, its predicted gain per iteration and the layer moves it takes."""
+
+    plan: Plan
+    current_s: float  # the running plan's iteration time under the measured profile
+    predicted_s: float  # the new plan's
+    moves: tuple[LayerMove, ...]
+    migration_s: float  # predicted transfer time of the moves
+    moved_bytes: int
+    applied_at: int | None = None
+    profile: ModelProfile | None = field(default=None, repr=False)
+
+    @property
+    def gain_s(self) -> float:
+        return self.current_s - self.predicted_s
+
+    @property
+    def gain(self) -> float:
+        return self.gain_s / self.current_s if self.current_s > 0 else 0.0
+
+
+class LiveMixin:
+    """The reconfiguration half of ``Session`` (see session.py for the rest)."""
+
+    _apply_lock: threading.Lock
+    _autoplan: Any
+    last_checkpoint: Path | None
+    _migrating: int | None
+
+    # --- plans --------------------------------------------------------------------------------------------------
+    def apply(self: Session, plan: Plan, *, force: bool = False, checkpoint: bool = True,
+              timeout: float | None = None) -> int:
+        """Run ``plan`` from the next iteration boundary, migrating layers live; returns that iteration.
+
+        Raises PlanError (an invalid plan) or InfeasiblePlan (its estimate exceeds a stage's memory budget, unless
+        ``force``) and then changes nothing. With ``checkpoint`` the state before a migration is saved first, so a
+        worker dying during the move loses nothing (``WorkerError.checkpoint`` says where it is).
+        """
+        self._check()
+        plan = plan.validate(self.num_layers, self.stages)
+        if not force and self.spec.memory_budget:
+            est = estimate(plan, self.profile(), self.cluster())
+            over = {s: o for s, o in enumerate(est.over_budget) if o > 0}
+            if over:
+                stage = max(over, key=over.__getitem__)
+                raise InfeasiblePlan(
+                    f"the plan's estimate exceeds the memory budget: stage {stage} would need "
+                    f"{human_bytes(est.peak_bytes[stage])} of {human_bytes(est.budget_bytes[stage])}; nothing changed "
+                    f"(apply(plan, force=True) to run it anyway)",
+                    stage=stage, missing_bytes=over[stage],
+                    suggestions=("swap or recompute more of that stage's layers", "move layers off that stage"))
+        with self._apply_lock:
+            version = self.plan_version + 1
+            moves = layer_moves(self.plan.boundaries, plan.boundaries)
+            path = None
+            if checkpoint and moves and self._job_dir is not None:
+                path = self._job_dir / "checkpoints" / f"plan-v{version}"
+            self._migrating = version if moves else None
+            try:
+                ack = self._command(P.APPLY, {"plan": plan.to_dict(), "version": version,
+                                              "checkpoint": str(path) if path else None}, timeout=timeout)
+            finally:
+                self._migrating = None
+            if not ack.get("ok", False):
+                refusal = self._refusals.pop(version, None)
+                detail = (f": stage {refusal['stage']} would need {human_bytes(refusal['needed'])} of its "
+                          f"{human_bytes(refusal['budget'])}" if refusal else "")
+                raise InfeasiblePlan(f"the migration was refused{detail}; nothing moved",
+                                     stage=int(refusal["stage"]) if refusal else -1,
+                                     missing_bytes=int(refusal["needed"] - refusal["budget"]) if refusal else 0)
+            if path is not None:
+                self._keep_checkpoint(path)
+            self._plan = plan
+            self.plan_version = version
+            self.last_migration = {"version": version, "iteration": ack["iteration"], "moves": len(moves),
+                                   "moved_bytes": ack.get("moved_bytes", 0), "pause_s": ack.get("pause_s", 0.0)}
+            self._pending_events.append({"type": "plan", "plan": plan, "version": version, **self.last_migration})
+            return int(ack["iteration"])
+
+    def set_partition(self: Session, boundaries: Sequence[int], **kw: Any) -> int:
+        """Move the stage boundaries (layers migrate live); returns the iteration it takes effect."""
+        return self.apply(self.plan.with_boundaries(boundaries), **kw)
+
+    def set_policy(self: Session, policies: Mapping[int, Policy | str], **kw: Any) -> int:
+        """Change layers' keep/swap/recompute policies, e.g. ``{3: "swap", 4: "recompute"}``."""
+        return self.apply(self.plan.with_policies(dict(policies)), **kw)
+
+    def _keep_checkpoint(self: Session, path: Path) -> None:
+        """Only the newest automatic checkpoint is kept."""
+        if self.last_checkpoint is not None and self.last_checkpoint != path and \
+                self._job_dir is not None and self._job_dir in self.last_checkpoint.parents:
+            shutil.rmtree(self.last_checkpoint, ignore_errors=True)
+        self.last_checkpoint = path
+
+    # --- state ----------------------------------------------------------------------------------------------------
+    def save(self: Session, path: str | Path, timeout: float | None = None) -> Path:
+        """Write parameters, optimizer state, plan and iteration (one file per layer plus a manifest) at the next
+        iteration boundary; ``launch(..., resume=path)`` restores them onto any partition."""
+        target = Path(path).absolute()
+        self._command(P.SAVE, {"path": str(target)}, timeout=timeout)
+        Manifest.read(target)  # complete, or this raises
+        return target
+
+    # --- the model itself (neural architecture search) ---------------------------------------------------------------
+    def set_model(self: Session, factory: Callable[[], Any], *, plan: Plan | None = None,
+                  mapping: Mapping[int, int | None] | None = None, timeout: float | None = None) -> int:
+        """Switch to the model ``factory()`` builds, from the next iteration. Layers of the new model keep the trained
+        state of the old layers they match (by class and parameter shapes, in order; or ``mapping`` new -> old),
+        new layers start fresh, and layers move between stages as the plan (default: an even split) requires."""
+        import cloudpickle
+
+        self._check()
+        if self._job_dir is None:
+            raise PlanError("set_model needs a session started by launch(), which owns a job directory")
+        with self._apply_lock:
+            version = self.plan_version + 1
+            path = self._job_dir / f"model-v{version}.pkl"
+            with open(path, "wb") as fh:
+                cloudpickle.dump(factory, fh)
+            path.chmod(0o600)
+            body = {"path": str(path), "version": version, "plan": plan.to_dict() if plan else None,
+                    "mapping": {str(j): i for j, i in mapping.items()} if mapping is not None else None}
+            ack = self._command(P.MODEL, body, timeout=timeout)
+            if not ack.get("ok", False):
+                raise InfeasiblePlan("the new model's layers do not fit where they would go; nothing changed",
+                                     stage=-1, missing_bytes=0)
+            self._plan = Plan.from_dict(ack["plan"])
+            self.names = list(ack["names"])
+            self.plan_version = version
+            self.last_mapping = {int(j): i for j, i in ack["mapping"].items()}
+            self._pending_events.append({"type": "model", "version": version, "plan": self._plan,
+                                         "iteration": ack["iteration"], "layers": len(self.names)})
+            return int(ack["iteration"])
+
+    # --- vPipe's online planner ------------------------------------------------------------------------------------
+    def auto_replan(self: Session, enabled: bool = True, **options: Any) -> Any:
+        """Let vPipe replan on its own (periodically, on drift, on low memory headroom) and apply a new plan only
+        when its predicted gain outweighs the migration; returns the replanner (its ``decisions`` list)."""
+        from vpipe_lab.control.autoplan import AutoReplanner
+
+        if self._autoplan is not None:
+            self._autoplan.stop()
+            self._autoplan = None
+        if enabled:
+            self._autoplan = AutoReplanner(self, **options)
+        return self._autoplan
+
+    def replan(self: Session, method: str = "vpipe", *, apply: bool = False, cluster: Cluster | None = None,
+               profile: ModelProfile | None = None) -> Replan:
+        """Profile the running model, plan it from the current plan, and report the predicted gain and the moves;
+        ``apply=True`` also applies the new plan (if it differs)."""
+        profile = profile or self.profile()
+        cluster = cluster or self.cluster()
+        current = self.plan
+        result = search(profile, cluster, microbatches=current.microbatches, schedule=current.schedule,
+                        method=method, current=current)
+        now = estimate(current, profile, cluster).iteration_s
+        moves = result.moves
+        found = Replan(result.plan, now, result.estimate.iteration_s, moves,
+                       migration_time_s(moves, profile, cluster), moved_bytes(moves, profile), None, profile)
+        if apply and result.plan != current:
+            at = self.apply(result.plan)
+            found = Replan(found.plan, found.current_s, found.predicted_s, found.moves, found.migration_s,
+                           found.moved_bytes, at, profile)
+        return found
+
