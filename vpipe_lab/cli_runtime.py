@@ -107,7 +107,44 @@ def write_report(path: str, session: Any, timeline: Any, frame: Any, memory: Any
     save_html([gantt, mem, loss], path, title="vpipe_lab run report", intro=plan_table(session.plan, est, profile))
 
 
+def find_tutorials() -> Path:
+    """The tutorials: ./notebooks, the source checkout this package runs from, or the copy shipped in the wheel
+    (copied to ~/vpipe-lab-tutorials, so they can be edited and saved)."""
+    import shutil
+
+    for candidate in (Path.cwd() / "notebooks", Path(__file__).resolve().parents[1] / "notebooks"):
+        if (candidate / "01_quickstart.ipynb").exists():
+            return candidate
+    shipped = Path(__file__).resolve().parent / "_notebooks"
+    if not (shipped / "01_quickstart.ipynb").exists():
+        raise FileNotFoundError("the tutorials are neither in ./notebooks nor in the installed package")
+    target = Path.home() / "vpipe-lab-tutorials"
+    if not target.exists():
+        shutil.copytree(shipped, target)
+    return target
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    """Open JupyterLab on the quickstart tutorial."""
+    import os
+    import subprocess
+
+    notebooks = find_tutorials()
+    command = [sys.executable, "-m", "jupyter", "lab", str(notebooks / "01_quickstart.ipynb"),
+               f"--ServerApp.root_dir={notebooks}", f"--ServerApp.port={args.port}"]
+    if os.geteuid() == 0:
+        command.append("--allow-root")  # JupyterLab refuses root without it (containers often run as root)
+    if args.no_browser:
+        command.append("--no-browser")
+    print("starting:", " ".join(command), file=sys.stderr)
+    return subprocess.call(command)
+
+
 def add_commands(sub: Any) -> None:
+    lab = sub.add_parser("lab", help="open JupyterLab on the quickstart tutorial")
+    lab.add_argument("--port", type=int, default=8888)
+    lab.add_argument("--no-browser", action="store_true")
+    lab.set_defaults(func=cmd_lab)
     p = sub.add_parser("run", help="train a bundled example in a pipeline of worker processes")
     p.add_argument("--model", default="gpt-tiny", help="bundled example: mlp or gpt-tiny")
     p.add_argument("--stages", "-k", type=int, default=2)

@@ -36,6 +36,7 @@ class BudgetError(VpipeError):
                 break
             picks.append(layer)
             freed += nbytes
+        self.suggested = picks if freed >= over else []
         if picks and freed >= over:
             hint = (f"swap or recompute layer(s) {', '.join(map(str, picks))} (they hold {human_bytes(freed)} of "
                     f"activations), e.g. session.set_policy({{{picks[0]}: 'recompute'}})")

@@ -158,6 +158,7 @@ class LiveMixin:
                                      stage=-1, missing_bytes=0)
             self._plan = Plan.from_dict(ack["plan"])
             self.names = list(ack["names"])
+            self._profile_cache.clear()  # layer indices now mean other layers
             self.plan_version = version
             self.last_mapping = {int(j): i for j, i in ack["mapping"].items()}
             self._pending_events.append({"type": "model", "version": version, "plan": self._plan,

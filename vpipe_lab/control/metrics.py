@@ -45,7 +45,11 @@ class Metrics:
     def timeline(self, last: int | None = None) -> Timeline:
         """Measured spans of the last ``last`` iterations kept (all kept ones by default), on one clock."""
         with self._lock:
-            chunks = list(self._spans)[-last:] if last else list(self._spans)
+            chunks = list(self._spans)
+        if last:
+            # The last `last` iterations, with the migrations that preceded them (kept under the same number).
+            wanted = set(sorted({it for it, _ in chunks})[-last:])
+            chunks = [c for c in chunks if c[0] in wanted]
         return Timeline(tuple(s for _, spans in chunks for s in spans))
 
     @property

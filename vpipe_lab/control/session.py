@@ -79,6 +79,7 @@ class Session(LiveMixin):
         self.last_migration: dict[str, Any] | None = None
         self.last_mapping: dict[int, int | None] | None = None
         self._autoplan: Any = None
+        self._profile_cache: dict[int, LayerCost] = {}  # last measurement of each layer that had samples
         self._trouble_since = 0.0
         hub._on_message = self._handle
         self._monitor = threading.Thread(target=self._watch, name="vpipe-monitor", daemon=True)
@@ -187,7 +188,12 @@ class Session(LiveMixin):
             path = self._job_dir / "checkpoints" / f"plan-v{self._migrating}"
             ckpt = str(path) if (path / "manifest.json").exists() else (
                 str(self.last_checkpoint) if self.last_checkpoint else None)
-        own = {s: b for s, b in self._reports.items() if not str(b.get("cause", "")).startswith("CommError")}
+        def secondhand(body: dict[str, Any]) -> bool:  # a broken connection: the effect of another stage's failure
+            cause = str(body.get("cause", ""))
+            return cause.startswith("CommError") or any(
+                text in cause for text in ("Connection reset by peer", "Connection closed by peer", "Broken pipe"))
+
+        own = {s: b for s, b in self._reports.items() if not secondhand(b)}
         if own:
             stage = min(own)
             return WorkerError(stage, str(own[stage].get("cause")), traceback=str(own[stage].get("traceback", "")),
@@ -354,7 +360,17 @@ class Session(LiveMixin):
         layers: dict[int, LayerCost] = {}
         for msg in self._gather(P.PROFILE, {"reset": reset}):
             for doc in msg.body["layers"]:
-                layers[int(doc["index"])] = LayerCost.from_dict(doc, f"layer {doc['index']}")
+                index = int(doc["index"])
+                cost = LayerCost.from_dict(doc, f"layer {index}")
+                cached = self._profile_cache.get(index)
+                if doc.get("samples", 0) == 0 and cached is not None and cached.name == cost.name:
+                    # Not run since it moved or the plan changed: its last measurement is the best we know.
+                    cost = LayerCost(cost.name, cached.forward_s, cached.backward_s,
+                                     max(cost.activation_bytes, cached.activation_bytes), cached.input_bytes,
+                                     cached.output_bytes, cost.param_bytes, cost.optimizer_bytes or cached.optimizer_bytes)
+                elif doc.get("samples", 0) > 0:
+                    self._profile_cache[index] = cost
+                layers[index] = cost
         return ModelProfile(tuple(layers[i] for i in sorted(layers)), name="measured")
 
     def state_dict(self, timeout: float | None = None) -> Any:

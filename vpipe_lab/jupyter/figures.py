@@ -1,13 +1,12 @@
 """Plotly figures of timelines and memory, shared by the live dashboard, the CLI's HTML reports and the notebooks.
 
-The Gantt chart draws every kind of span as one thick ``scattergl`` line with NaN gaps: a handful of traces whatever
-the number of spans, which is far cheaper to update than one bar per span (see PITFALLS.md). Measured and simulated
-timelines go through the same code.
+The Gantt chart draws every kind of span as one thick ``scattergl`` line broken by gaps (None, which plotly draws as
+a gap and, unlike NaN, is valid JSON on the widget channel): a handful of traces whatever the number of spans, far
+cheaper to update than one bar per span (see PITFALLS.md). Measured and simulated timelines go through the same code.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,8 +32,8 @@ def gantt_data(timeline: Timeline, *, origin: float | None = None, unit: float =
         y = lane(s.stage, s.kind)
         label = (f"{s.kind} it{s.iteration} mb{s.microbatch}" + (f" L{s.layer}" if s.layer is not None else "")
                  + f" {1e3 * s.duration_s:.2f} ms")
-        d["x"].extend(((s.start_s - start) * unit, (s.end_s - start) * unit, math.nan))
-        d["y"].extend((y, y, math.nan))
+        d["x"].extend(((s.start_s - start) * unit, (s.end_s - start) * unit, None))
+        d["y"].extend((y, y, None))
         d["text"].extend((label, label, ""))
     return data
 

@@ -36,6 +36,20 @@ def as_tensors(value: Any) -> tuple[torch.Tensor, ...]:
     raise CommError(f"a stage boundary can carry a tensor or a tuple of tensors, not {type(value).__name__}")
 
 
+def _posted(what: str, rank: int) -> Any:
+    """Run a torch.distributed call, turning gloo's errors (raised when posting, too) into CommError."""
+    class _Guard:
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+            if isinstance(exc, RuntimeError) and not isinstance(exc, CommError):
+                raise CommError(f"rank {rank}: {what} failed: {exc}") from None
+            return False
+
+    return _Guard()
+
+
 class Peer:
     """Transfers for one rank, on ``device`` (CPU for gloo, the stage's GPU for NCCL)."""
 
@@ -72,9 +86,10 @@ class Peer:
         payload = [t.detach().to(self.device).contiguous() for t in tensors]
         keep = [header, *payload]
         what = f"send to rank {dst}"
-        self._pending.append((dist.isend(header, dst, tag=tag), keep, what))
-        for p in payload:
-            self._pending.append((dist.isend(p, dst, tag=tag), keep, what))
+        with _posted(what, self.rank):
+            self._pending.append((dist.isend(header, dst, tag=tag), keep, what))
+            for p in payload:
+                self._pending.append((dist.isend(p, dst, tag=tag), keep, what))
 
     def flush(self) -> None:
         """Wait for every send in flight (end of an iteration, before a migration)."""
@@ -84,14 +99,18 @@ class Peer:
 
     def recv(self, src: int, tag: int) -> tuple[torch.Tensor, ...]:
         header = torch.zeros(1 + MAX_TENSORS * _SLOT, dtype=torch.int64, device=self.device)
-        self._wait(dist.irecv(header, src, tag=tag), f"receive from rank {src}")
+        with _posted(f"receive from rank {src}", self.rank):
+            work = dist.irecv(header, src, tag=tag)
+        self._wait(work, f"receive from rank {src}")
         header = header.cpu()
         out = []
         for i in range(int(header[0])):
             base = 1 + i * _SLOT
             shape = [int(x) for x in header[base + 3:base + 3 + int(header[base + 2])]]
             t = torch.empty(shape, dtype=DTYPES[int(header[base])], device=self.device)
-            self._wait(dist.irecv(t, src, tag=tag), f"receive from rank {src}")
+            with _posted(f"receive from rank {src}", self.rank):
+                work = dist.irecv(t, src, tag=tag)
+            self._wait(work, f"receive from rank {src}")
             out.append(t)
         return tuple(out)
 
@@ -102,21 +121,29 @@ class Peer:
         if self.rank == src:
             data = json.dumps(obj).encode()
             length[0] = len(data)
-        self._wait(dist.broadcast(length, src, async_op=True), "boundary broadcast")
+        with _posted("boundary broadcast", self.rank):
+            work = dist.broadcast(length, src, async_op=True)
+        self._wait(work, "boundary broadcast")
         buf = torch.empty(int(length.item()), dtype=torch.uint8, device=self.device)
         if self.rank == src:
             buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-        self._wait(dist.broadcast(buf, src, async_op=True), "boundary broadcast")
+        with _posted("boundary broadcast", self.rank):
+            work = dist.broadcast(buf, src, async_op=True)
+        self._wait(work, "boundary broadcast")
         return obj if self.rank == src else json.loads(bytes(buf.cpu().numpy()))
 
     def all_max(self, values: Sequence[float]) -> list[float]:
         t = torch.tensor(list(values), dtype=torch.float64, device=self.device)
-        self._wait(dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True), "boundary all-reduce")
+        with _posted("boundary all-reduce", self.rank):
+            work = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
+        self._wait(work, "boundary all-reduce")
         return [float(x) for x in t.cpu()]
 
     def all_sum(self, values: Sequence[float]) -> list[float]:
         t = torch.tensor(list(values), dtype=torch.float64, device=self.device)
-        self._wait(dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=True), "all-reduce")
+        with _posted("all-reduce", self.rank):
+            work = dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=True)
+        self._wait(work, "all-reduce")
         return [float(x) for x in t.cpu()]
 
     def send_json(self, obj: Any, dst: int, tag: int) -> None:

@@ -1,0 +1,256 @@
+// The partition editor's view: layers as blocks coloured by stage, draggable boundaries (committed on release),
+// click a layer to cycle keep/swap/recompute, a what-if preview from the simulator, Apply with pending -> applied.
+import {
+  cyclePolicy, formatBytes, formatSeconds, layerEdges, moveBoundary, nearestEdge, sameList, stageColor, stageOf,
+} from "./logic";
+
+export interface LayerInfo { name: string; weight: number; forward_ms?: number; backward_ms?: number }
+export interface Estimate {
+  iteration_s: number; stage_s: number[]; peak_bytes: number[]; budget_bytes: number[]; feasible: boolean;
+}
+export interface Preview { current?: Estimate; draft?: Estimate; error?: string }
+export interface Status { state: "idle" | "pending" | "applied" | "error"; message: string; iteration?: number }
+
+/** The part of anywidget's model this view uses (also what the tests fake). */
+export interface Model {
+  get(name: string): unknown;
+  set(name: string, value: unknown): void;
+  save_changes(): void;
+  on(event: string, callback: () => void): void;
+  off(event?: string | null, callback?: (() => void) | null): void;
+}
+
+const CSS = `
+.vpipe-editor { font: 12px/1.4 system-ui, sans-serif; color: #222; user-select: none; }
+.vpipe-bar { position: relative; height: 46px; margin: 8px 0 4px; }
+.vpipe-layer { position: absolute; top: 0; height: 34px; box-sizing: border-box; border: 1px solid #fff;
+  border-radius: 3px; color: #fff; font-weight: 600; text-align: center; line-height: 34px; cursor: pointer;
+  overflow: hidden; }
+.vpipe-layer.changed { outline: 2px dashed #222; outline-offset: -3px; }
+.vpipe-handle { position: absolute; top: -4px; width: 10px; height: 42px; margin-left: -5px; cursor: col-resize;
+  background: #222; border-radius: 3px; opacity: .75; touch-action: none; }
+.vpipe-handle.dragging { opacity: 1; background: #E45756; }
+.vpipe-stagebar { display: flex; gap: 6px; flex-wrap: wrap; margin: 4px 0; }
+.vpipe-stage { min-width: 130px; }
+.vpipe-mem { height: 8px; background: #eee; border-radius: 4px; overflow: hidden; }
+.vpipe-mem > div { height: 100%; }
+.vpipe-row { display: flex; gap: 8px; align-items: center; margin-top: 6px; }
+.vpipe-status.error { color: #c0392b; } .vpipe-status.applied { color: #2e7d32; } .vpipe-status.pending { color: #b26a00; }
+.vpipe-editor button { padding: 3px 10px; }
+`;
+
+function list<T>(model: Model, name: string): T[] {
+  const v = model.get(name);
+  return Array.isArray(v) ? (v as T[]) : [];
+}
+
+export class PartitionView {
+  private readonly root: HTMLDivElement;
+  private readonly bar: HTMLDivElement;
+  private readonly stages: HTMLDivElement;
+  private readonly summary: HTMLDivElement;
+  private readonly status: HTMLSpanElement;
+  private readonly apply: HTMLButtonElement;
+  private readonly reset: HTMLButtonElement;
+  private dragging: { index: number; bounds: number[] } | null = null;
+  private readonly listeners: [string, () => void][] = [];
+
+  constructor(private readonly model: Model, private readonly el: HTMLElement, private readonly width = 0) {
+    const style = document.createElement("style");
+    style.textContent = CSS;
+    this.root = document.createElement("div");
+    this.root.className = "vpipe-editor";
+    this.bar = document.createElement("div");
+    this.bar.className = "vpipe-bar";
+    this.stages = document.createElement("div");
+    this.stages.className = "vpipe-stagebar";
+    this.summary = document.createElement("div");
+    this.summary.className = "vpipe-summary";
+    const row = document.createElement("div");
+    row.className = "vpipe-row";
+    this.apply = document.createElement("button");
+    this.apply.textContent = "Apply";
+    this.apply.dataset.testid = "apply";
+    this.reset = document.createElement("button");
+    this.reset.textContent = "Reset";
+    this.reset.dataset.testid = "reset";
+    this.status = document.createElement("span");
+    this.status.className = "vpipe-status";
+    this.status.dataset.testid = "status";
+    row.append(this.apply, this.reset, this.status);
+    this.root.append(style, this.bar, this.summary, this.stages, row);
+    el.append(this.root);
+    this.apply.addEventListener("click", () => this.onApply());
+    this.reset.addEventListener("click", () => this.onReset());
+    this.bar.addEventListener("pointermove", (e) => this.onMove(e));
+    this.bar.addEventListener("pointerup", (e) => this.onUp(e));
+    this.bar.addEventListener("pointercancel", () => { this.dragging = null; this.draw(); });
+    for (const name of ["layers", "boundaries", "policies", "draft_boundaries", "draft_policies", "preview", "status"]) {
+      const cb = (): void => this.draw();
+      this.listeners.push([`change:${name}`, cb]);
+      model.on(`change:${name}`, cb);
+    }
+    this.draw();
+  }
+
+  destroy(): void {
+    for (const [event, cb] of this.listeners) this.model.off(event, cb);
+    this.root.remove();
+  }
+
+  private barWidth(): number {
+    return this.width || this.bar.clientWidth || this.el.clientWidth || 800;
+  }
+
+  private bounds(): number[] {
+    return this.dragging ? this.dragging.bounds : list<number>(this.model, "draft_boundaries");
+  }
+
+  private edges(): number[] {
+    return layerEdges(list<LayerInfo>(this.model, "layers").map((l) => l.weight), this.barWidth());
+  }
+
+  draw(): void {
+    const layers = list<LayerInfo>(this.model, "layers");
+    const bounds = this.bounds();
+    const committed = list<number>(this.model, "boundaries");
+    const policies = list<string>(this.model, "draft_policies");
+    const applied = list<string>(this.model, "policies");
+    const edges = this.edges();
+    this.bar.replaceChildren();
+    layers.forEach((layer, i) => {
+      const block = document.createElement("div");
+      const stage = stageOf(i, bounds);
+      const policy = policies[i] ?? "keep";
+      block.className = "vpipe-layer";
+      if (stage !== stageOf(i, committed) || policy !== (applied[i] ?? "keep")) block.classList.add("changed");
+      block.dataset.testid = `layer-${i}`;
+      block.dataset.policy = policy;
+      block.dataset.stage = String(stage);
+      block.style.left = `${edges[i] ?? 0}px`;
+      block.style.width = `${(edges[i + 1] ?? 0) - (edges[i] ?? 0)}px`;
+      block.style.background = stageColor(stage);
+      block.textContent = policy === "keep" ? "" : policy === "swap" ? "S" : "R";
+      block.title = `${layer.name}: stage ${stage}, ${policy}` +
+        (layer.forward_ms !== undefined ? `, fwd ${layer.forward_ms.toFixed(2)} ms` : "") +
+        " (click to change keep/swap/recompute)";
+      block.addEventListener("click", () => this.onClick(i));
+      this.bar.append(block);
+    });
+    for (let b = 1; b < bounds.length - 1; b++) {
+      const handle = document.createElement("div");
+      handle.className = "vpipe-handle" + (this.dragging?.index === b ? " dragging" : "");
+      handle.dataset.testid = `boundary-${b}`;
+      handle.style.left = `${edges[bounds[b] ?? 0] ?? 0}px`;
+      handle.title = `boundary between stage ${b - 1} and stage ${b}: drag to move layers`;
+      handle.addEventListener("pointerdown", (e) => this.onDown(e, b));
+      this.bar.append(handle);
+    }
+    this.drawPreview();
+    this.drawStatus();
+  }
+
+  private drawPreview(): void {
+    const preview = (this.model.get("preview") ?? {}) as Preview;
+    const dirty = this.isDirty();
+    const shown = (dirty ? preview.draft : preview.current) ?? preview.current;
+    this.summary.replaceChildren();
+    this.stages.replaceChildren();
+    if (preview.error) {
+      this.summary.textContent = `what-if: ${preview.error}`;
+      return;
+    }
+    if (!shown) return;
+    const now = preview.current?.iteration_s ?? NaN;
+    this.summary.textContent = dirty && preview.draft
+      ? `what-if: ${formatSeconds(preview.draft.iteration_s)} per iteration (now ${formatSeconds(now)}, ` +
+        `${(((preview.draft.iteration_s - now) / now) * 100).toFixed(1)}%)` +
+        (preview.draft.feasible ? "" : " - does NOT fit in memory")
+      : `predicted: ${formatSeconds(now)} per iteration`;
+    this.summary.dataset.testid = "summary";
+    shown.peak_bytes.forEach((peak, s) => {
+      const budget = shown.budget_bytes[s] ?? 0;
+      const cell = document.createElement("div");
+      cell.className = "vpipe-stage";
+      const over = budget > 0 && peak > budget;
+      cell.textContent = `stage ${s}: ${formatSeconds(shown.stage_s[s] ?? NaN)}/mb, ${formatBytes(peak)}` +
+        (budget > 0 ? ` of ${formatBytes(budget)}` : "");
+      const track = document.createElement("div");
+      track.className = "vpipe-mem";
+      const fill = document.createElement("div");
+      fill.style.width = `${Math.min(100, budget > 0 ? (100 * peak) / budget : 0)}%`;
+      fill.style.background = over ? "#E45756" : stageColor(s);
+      track.append(fill);
+      cell.append(track);
+      this.stages.append(cell);
+    });
+  }
+
+  private drawStatus(): void {
+    const status = (this.model.get("status") ?? { state: "idle", message: "" }) as Status;
+    this.status.className = `vpipe-status ${status.state}`;
+    this.status.textContent = status.message;
+    this.apply.disabled = !this.isDirty() || status.state === "pending";
+    this.reset.disabled = !this.isDirty();
+  }
+
+  isDirty(): boolean {
+    return !sameList(list<number>(this.model, "draft_boundaries"), list<number>(this.model, "boundaries")) ||
+      !sameList(list<string>(this.model, "draft_policies"), list<string>(this.model, "policies"));
+  }
+
+  private x(e: PointerEvent): number {
+    return e.clientX - this.bar.getBoundingClientRect().left;
+  }
+
+  private onDown(e: PointerEvent, index: number): void {
+    e.preventDefault();
+    e.stopPropagation();
+    this.dragging = { index, bounds: list<number>(this.model, "draft_boundaries").slice() };
+    try { this.bar.setPointerCapture(e.pointerId); } catch { /* not every environment supports capture */ }
+    this.draw();
+  }
+
+  private onMove(e: PointerEvent): void {
+    if (!this.dragging) return;
+    const target = nearestEdge(this.x(e), this.edges());
+    const moved = moveBoundary(list<number>(this.model, "draft_boundaries"), this.dragging.index, target);
+    if (!sameList(moved, this.dragging.bounds)) {
+      this.dragging.bounds = moved;
+      this.draw();
+    }
+  }
+
+  private onUp(e: PointerEvent): void {
+    if (!this.dragging) return;
+    this.onMove(e);
+    const bounds = this.dragging.bounds;
+    this.dragging = null;
+    // Commit on release only: one message per drag, not one per pixel.
+    if (!sameList(bounds, list<number>(this.model, "draft_boundaries"))) {
+      this.model.set("draft_boundaries", bounds);
+      this.model.save_changes();
+    }
+    this.draw();
+  }
+
+  private onClick(layer: number): void {
+    if (this.dragging) return;
+    const policies = list<string>(this.model, "draft_policies").slice();
+    policies[layer] = cyclePolicy(policies[layer] ?? "keep");
+    this.model.set("draft_policies", policies);
+    this.model.save_changes();
+  }
+
+  private onApply(): void {
+    this.model.set("apply_count", Number(this.model.get("apply_count") ?? 0) + 1);
+    this.model.set("status", { state: "pending", message: "pending: waiting for the next iteration boundary" });
+    this.model.save_changes();
+  }
+
+  private onReset(): void {
+    this.model.set("draft_boundaries", list<number>(this.model, "boundaries").slice());
+    this.model.set("draft_policies", list<string>(this.model, "policies").slice());
+    this.model.save_changes();
+  }
+}

@@ -1,0 +1,143 @@
+import { beforeEach, describe, expect, it } from "vitest";
+import { PartitionView, type Model } from "../src/view";
+
+class FakeModel implements Model {
+  data: Record<string, unknown>;
+  saves = 0;
+  private handlers = new Map<string, Set<() => void>>();
+  constructor(data: Record<string, unknown>) {
+    this.data = { ...data };
+  }
+  get(name: string): unknown {
+    return this.data[name];
+  }
+  set(name: string, value: unknown): void {
+    this.data[name] = value;
+    this.handlers.get(`change:${name}`)?.forEach((cb) => cb());
+  }
+  save_changes(): void {
+    this.saves += 1;
+  }
+  on(event: string, cb: () => void): void {
+    if (!this.handlers.has(event)) this.handlers.set(event, new Set());
+    this.handlers.get(event)?.add(cb);
+  }
+  off(event?: string | null, cb?: (() => void) | null): void {
+    if (event && cb) this.handlers.get(event)?.delete(cb);
+  }
+  listeners(): number {
+    return [...this.handlers.values()].reduce((n, s) => n + s.size, 0);
+  }
+}
+
+const LAYERS = Array.from({ length: 10 }, (_, i) => ({ name: `${i}:Linear`, weight: 1 }));
+
+function model(): FakeModel {
+  return new FakeModel({
+    layers: LAYERS,
+    boundaries: [0, 5, 10],
+    draft_boundaries: [0, 5, 10],
+    policies: Array(10).fill("keep"),
+    draft_policies: Array(10).fill("keep"),
+    preview: {
+      current: { iteration_s: 0.1, stage_s: [0.02, 0.01], peak_bytes: [3e6, 1e6], budget_bytes: [4e6, 4e6], feasible: true },
+    },
+    status: { state: "idle", message: "" },
+    apply_count: 0,
+  });
+}
+
+function pointer(type: string, target: EventTarget, clientX: number): void {
+  target.dispatchEvent(new PointerEvent(type, { clientX, bubbles: true, pointerId: 1 }));
+}
+
+describe("PartitionView", () => {
+  let el: HTMLElement;
+  let m: FakeModel;
+  let view: PartitionView;
+  beforeEach(() => {
+    document.body.replaceChildren();
+    el = document.createElement("div");
+    document.body.append(el);
+    m = model();
+    view = new PartitionView(m, el, 1000); // ten layers, 100 px each
+  });
+
+  const q = (id: string): HTMLElement => {
+    const found = el.querySelector<HTMLElement>(`[data-testid="${id}"]`);
+    if (!found) throw new Error(`no element ${id}`);
+    return found;
+  };
+
+  it("draws layers coloured by stage and one handle per interior boundary", () => {
+    expect(el.querySelectorAll(".vpipe-layer")).toHaveLength(10);
+    expect(q("layer-4").dataset.stage).toBe("0");
+    expect(q("layer-5").dataset.stage).toBe("1");
+    expect(el.querySelectorAll(".vpipe-handle")).toHaveLength(1);
+    expect(q("boundary-1").style.left).toBe("500px");
+    expect((q("apply") as HTMLButtonElement).disabled).toBe(true);
+    expect(q("summary").textContent).toContain("predicted: 100.00 ms");
+  });
+
+  it("drags a boundary, redraws while moving and commits once on release", () => {
+    pointer("pointerdown", q("boundary-1"), 500);
+    pointer("pointermove", el.querySelector(".vpipe-bar") as HTMLElement, 310);
+    expect(q("boundary-1").style.left).toBe("300px"); // snapped to the edge of layer 3
+    expect(q("layer-3").dataset.stage).toBe("1");
+    expect(m.saves).toBe(0); // nothing sent while dragging
+    pointer("pointerup", el.querySelector(".vpipe-bar") as HTMLElement, 290);
+    expect(m.get("draft_boundaries")).toEqual([0, 3, 10]);
+    expect(m.saves).toBe(1);
+    expect(q("layer-3").classList.contains("changed")).toBe(true);
+    expect((q("apply") as HTMLButtonElement).disabled).toBe(false);
+  });
+
+  it("never empties a stage", () => {
+    pointer("pointerdown", q("boundary-1"), 500);
+    pointer("pointerup", el.querySelector(".vpipe-bar") as HTMLElement, 2000);
+    expect(m.get("draft_boundaries")).toEqual([0, 9, 10]);
+  });
+
+  it("cycles a layer's policy on click", () => {
+    q("layer-2").click();
+    expect((m.get("draft_policies") as string[])[2]).toBe("swap");
+    q("layer-2").click();
+    expect((m.get("draft_policies") as string[])[2]).toBe("recompute");
+    expect(q("layer-2").textContent).toBe("R");
+  });
+
+  it("shows the what-if preview and the over-budget stages", () => {
+    m.set("draft_boundaries", [0, 8, 10]);
+    m.set("preview", {
+      current: { iteration_s: 0.1, stage_s: [0.02, 0.01], peak_bytes: [3e6, 1e6], budget_bytes: [4e6, 4e6], feasible: true },
+      draft: { iteration_s: 0.12, stage_s: [0.03, 0.005], peak_bytes: [5e6, 1e6], budget_bytes: [4e6, 4e6], feasible: false },
+    });
+    expect(q("summary").textContent).toContain("what-if: 120.00 ms per iteration (now 100.00 ms, 20.0%)");
+    expect(q("summary").textContent).toContain("does NOT fit");
+    expect(el.querySelectorAll(".vpipe-stage")[0]?.textContent).toContain("4.77 MiB of 3.81 MiB");
+  });
+
+  it("applies: pending, then what Python reports", () => {
+    m.set("draft_boundaries", [0, 3, 10]);
+    q("apply").click();
+    expect(m.get("apply_count")).toBe(1);
+    expect(q("status").textContent).toContain("pending");
+    expect((q("apply") as HTMLButtonElement).disabled).toBe(true);
+    m.set("boundaries", [0, 3, 10]);
+    m.set("status", { state: "applied", message: "applied at iteration 7", iteration: 7 });
+    expect(q("status").textContent).toBe("applied at iteration 7");
+    expect(q("status").className).toContain("applied");
+    m.set("status", { state: "error", message: "PlanError: nope" });
+    expect(q("status").className).toContain("error");
+  });
+
+  it("resets the drafts and cleans up its listeners", () => {
+    m.set("draft_boundaries", [0, 2, 10]);
+    q("reset").click();
+    expect(m.get("draft_boundaries")).toEqual([0, 5, 10]);
+    const before = m.listeners();
+    view.destroy();
+    expect(m.listeners()).toBe(before - 7);
+    expect(el.children).toHaveLength(0);
+  });
+});

@@ -1,0 +1,3 @@
+import { defineConfig } from "vitest/config";
+
+export default defineConfig({ test: { environment: "happy-dom", include: ["tests/**/*.test.ts"] } });

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.testing.globalipapp import start_ipython
+
+from vpipe_lab.jupyter.magics import COMMANDS, build_parser, complete
+
+
+@pytest.fixture(scope="module")
+def ip():  # type: ignore[no-untyped-def]
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "vpipe_lab")
+    yield shell
+    shell.run_line_magic("vpipe", "stop")
+
+
+def test_help_lists_every_command(ip, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    ip.run_line_magic("vpipe", "help")
+    out = capsys.readouterr().out
+    for command in COMMANDS:
+        assert command in out
+
+
+def test_bad_input_is_a_usage_error(ip) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(UsageError, match="invalid choice: 'bogus'"):
+        ip.run_line_magic("vpipe", "bogus")
+    with pytest.raises(UsageError, match="no running session"):
+        ip.run_line_magic("vpipe", "pause")
+    with pytest.raises(UsageError, match="no notebook variable 'nothing_here'"):
+        ip.run_line_magic("vpipe", "start nothing_here")
+    with pytest.raises(UsageError, match="is not a size"):
+        ip.run_line_magic("vpipe", "start mlp --budget lots")
+
+
+def test_completion() -> None:
+    assert set(complete(None, SimpleNamespace(line="%vpipe "))) == set(COMMANDS)
+    assert "gpt-tiny" in complete(None, SimpleNamespace(line="%vpipe start "))
+    assert "recompute" in complete(None, SimpleNamespace(line="%vpipe policy 3="))
+    assert build_parser().parse_args(["partition", "0", "4", "10"]).boundaries == [0, 4, 10]
+
+
+@pytest.mark.slow
+def test_a_session_driven_from_magics(ip, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    ip.run_line_magic("vpipe", "start mlp --stages 2 --microbatches 4 --device cpu --run 4 --name pipe")
+    pipe = ip.user_ns["pipe"]
+    assert ip.run_line_magic("vpipe", "wait 4 --timeout 120") >= 4
+    ip.run_line_magic("vpipe", "policy 3=swap 4=recompute")
+    ip.run_line_magic("vpipe", "partition 0 4 10")
+    assert pipe.plan.boundaries == (0, 4, 10) and pipe.plan.policies[3].value == "swap"
+    with pytest.raises(UsageError, match="write LAYER=POLICY"):
+        ip.run_line_magic("vpipe", "policy three=swap")
+    with pytest.raises(UsageError, match="PlanError"):
+        ip.run_line_magic("vpipe", "partition 0 0 10")
+    found = ip.run_line_magic("vpipe", "plan")
+    assert found.plan.num_layers == 10
+    ip.run_line_magic("vpipe", "run 2")
+    ip.run_line_magic("vpipe", "wait --timeout 120")
+    trace = tmp_path / "trace.json"
+    ip.run_line_magic("vpipe", f"trace {trace}")
+    assert any(e.get("cat") == "forward" for e in json.loads(trace.read_text())["traceEvents"])
+    board = ip.run_line_magic("vpipe", "dashboard")
+    editor = ip.run_line_magic("vpipe", "editor")
+    deadline = time.monotonic() + 20
+    while (board.refreshes == 0 or not editor.layers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert board.refreshes >= 1 and len(editor.layers) == 10 and editor.boundaries == [0, 4, 10]
+    ip.run_line_magic("vpipe", "status")
+    ip.run_line_magic("vpipe", "stop")
+    out = capsys.readouterr().out
+    assert "bound to `pipe`" in out and "stopped; no worker process is left" in out

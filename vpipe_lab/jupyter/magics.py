@@ -1,0 +1,283 @@
+"""``%load_ext vpipe_lab`` and the ``%vpipe`` line magic: thin adapters over ``Session``.
+
+    %vpipe start gpt-tiny --stages 2 --microbatches 4 --run 50     (or a notebook variable: %vpipe start my_model
+                                                                    --data my_data ...)
+    %vpipe status | dashboard | editor | run [N] | wait [N] | pause | resume | stop
+    %vpipe plan [--method vpipe] [--apply]     vPipe's replanning from the measured profile
+    %vpipe apply PLAN_VARIABLE                 %vpipe partition 0 4 10          %vpipe policy 3=swap 4=recompute
+    %vpipe trace FILE                          %vpipe help
+
+Training runs in the background; the kernel answers other cells meanwhile. Interrupting the kernel while a cell waits
+on training pauses the training instead of killing it (workers live in their own process session anyway).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+
+from vpipe_lab.core.costmodel import estimate
+from vpipe_lab.core.errors import VpipeError
+from vpipe_lab.core.report import human_time, plan_table
+
+log = logging.getLogger(__name__)
+COMMANDS = ("start", "status", "run", "wait", "pause", "resume", "stop", "plan", "apply", "partition", "policy",
+            "trace", "dashboard", "editor", "help")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # an IPython usage error, not SystemExit
+        raise UsageError(f"{self.prog}: {message}\n\n{self.format_usage()}")
+
+    def exit(self, status: int = 0, message: str | None = None) -> Any:
+        if message:
+            raise UsageError(message)
+        raise _Done
+
+
+class _Done(Exception):
+    """--help was printed."""
+
+
+def _size(text: str) -> int:
+    units = {"k": 2**10, "m": 2**20, "g": 2**30}
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    try:
+        return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(float(t))
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: write bytes or e.g. 2GiB, 512MiB") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="%vpipe", description="Drive a vpipe_lab pipeline from the notebook.", add_help=True)
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    s = sub.add_parser("start", help="start stage workers in the background")
+    s.add_argument("model", help="bundled example (mlp, gpt-tiny) or the name of a notebook variable")
+    s.add_argument("--data", help="data function: bundled name or notebook variable (default: the model's)")
+    s.add_argument("--loss", help="notebook variable holding the loss function")
+    s.add_argument("--optimizer", help="notebook variable holding the optimizer factory")
+    s.add_argument("--stages", "-k", type=int, default=2)
+    s.add_argument("--microbatches", "-m", type=int, default=4)
+    s.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b")
+    s.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    s.add_argument("--budget", type=_size, help="memory budget per stage, e.g. 2GiB")
+    s.add_argument("--plan", help="notebook variable holding a Plan")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--auto-replan", action="store_true", help="let vPipe replan and migrate on its own")
+    s.add_argument("--run", default=None, help="start training right away: N iterations or 'forever'")
+    s.add_argument("--name", default="session", help="notebook variable to bind the Session to (default: session)")
+    sub.add_parser("status", help="the session, its plan and the last iteration")
+    r = sub.add_parser("run", help="train N more iterations in the background (default: until stopped)")
+    r.add_argument("iterations", nargs="?", type=int)
+    w = sub.add_parser("wait", help="block until iteration N (default: the run's target)")
+    w.add_argument("iteration", nargs="?", type=int)
+    w.add_argument("--timeout", type=float, default=None)
+    sub.add_parser("pause", help="pause at the next iteration boundary")
+    sub.add_parser("resume", help="resume training")
+    sub.add_parser("stop", help="stop the workers")
+    pl = sub.add_parser("plan", help="vPipe's replanning from the measured profile: show the plan, its gain, moves")
+    pl.add_argument("--method", default="vpipe", choices=("uniform", "balanced", "gpipe", "pipedream", "vpipe",
+                                                            "optimal"))
+    pl.add_argument("--apply", action="store_true", help="apply it (live migration)")
+    a = sub.add_parser("apply", help="apply a Plan held in a notebook variable")
+    a.add_argument("plan")
+    a.add_argument("--force", action="store_true", help="even if its estimate exceeds a memory budget")
+    pa = sub.add_parser("partition", help="set the stage boundaries, e.g. 0 4 10")
+    pa.add_argument("boundaries", nargs="+", type=int)
+    po = sub.add_parser("policy", help="set layer policies, e.g. 3=swap 4=recompute 5=keep")
+    po.add_argument("assignments", nargs="+")
+    t = sub.add_parser("trace", help="write the last iterations as a Chrome trace (open it in Perfetto)")
+    t.add_argument("file")
+    t.add_argument("--iterations", type=int, default=3)
+    sub.add_parser("dashboard", help="live timeline, memory and loss")
+    sub.add_parser("editor", help="the partition editor: drag boundaries, toggle policies, preview, apply")
+    sub.add_parser("help", help="this help")
+    return p
+
+
+@magics_class
+class VpipeMagics(Magics):
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self.parser = build_parser()
+        self.session: Any = None
+        self.views: list[Any] = []
+
+    # --- plumbing ---------------------------------------------------------------------------------------------
+    def _value(self, name: str, what: str) -> Any:
+        if name not in self.shell.user_ns:
+            raise UsageError(f"no notebook variable {name!r} holds the {what}; define it first, or give a bundled name")
+        return self.shell.user_ns[name]
+
+    def _need(self) -> Any:
+        if self.session is None or self.session._closed:
+            raise UsageError("no running session: start one with %vpipe start gpt-tiny --stages 2")
+        return self.session
+
+    def on_interrupt(self, result: Any) -> None:
+        """post_run_cell: an interrupted cell (Interrupt kernel) pauses training instead of killing it."""
+        if isinstance(getattr(result, "error_in_exec", None), KeyboardInterrupt) and self.session is not None \
+                and not self.session._closed and self.session._fatal is None:
+            try:
+                at = self.session.pause()
+                print(f"vpipe: training paused before iteration {at} (kernel interrupted); %vpipe resume to go on")
+            except Exception as exc:  # never turn an interrupt into a second error
+                log.warning("could not pause training after an interrupt: %s", exc)
+
+    # --- the magic --------------------------------------------------------------------------------------------
+    @line_magic
+    def vpipe(self, line: str) -> Any:
+        """Drive a vpipe_lab pipeline; `%vpipe help` lists the commands."""
+        try:
+            args = self.parser.parse_args(shlex.split(line))
+        except _Done:
+            return None
+        command = args.command or "help"
+        try:
+            return getattr(self, f"cmd_{command}")(args)
+        except VpipeError as exc:
+            raise UsageError(f"{type(exc).__name__}: {exc}") from None
+
+    def cmd_help(self, args: argparse.Namespace) -> None:
+        print(self.parser.format_help())
+
+    def cmd_start(self, args: argparse.Namespace) -> Any:
+        import vpipe_lab
+        from vpipe_lab.examples import EXAMPLES
+
+        if self.session is not None and not self.session._closed:
+            raise UsageError("a session is already running: %vpipe stop it first")
+        model = args.model if args.model in EXAMPLES else self._value(args.model, "model")
+        data = None if args.data is None else args.data if args.data in EXAMPLES else self._value(args.data, "data")
+        session = vpipe_lab.launch(
+            model, data, stages=args.stages, microbatches=args.microbatches, schedule=args.schedule,
+            device=args.device, memory_budget=args.budget, seed=args.seed,
+            loss=self._value(args.loss, "loss") if args.loss else None,
+            optimizer=self._value(args.optimizer, "optimizer factory") if args.optimizer else None,
+            plan=self._value(args.plan, "plan") if args.plan else None, auto_replan=args.auto_replan,
+        )
+        self.session = session
+        self.shell.user_ns[args.name] = session
+        if args.run is not None:
+            session.run(None if args.run == "forever" else int(args.run))
+        training = "" if args.run is None else ("; training in the background until stopped" if args.run == "forever"
+                                                else f"; training {args.run} iterations in the background")
+        print(f"vpipe: {session.stages} stages ready on {session._ready[0].get('device')}, bound to `{args.name}`"
+              + training)
+        return None
+
+    def cmd_status(self, args: argparse.Namespace) -> None:
+        s = self._need()
+        print(repr(s))
+        last = s.metrics.latest()
+        if last:
+            print(f"last iteration {last['iteration']}: loss {last['loss']:.4f}, {human_time(last['time_s'])}")
+
+    def cmd_run(self, args: argparse.Namespace) -> None:
+        target = self._need().run(args.iterations)
+        print(f"vpipe: training until iteration {target}" if target is not None else "vpipe: training until stopped")
+
+    def cmd_wait(self, args: argparse.Namespace) -> int:
+        return int(self._need().wait(args.iteration, timeout=args.timeout))
+
+    def cmd_pause(self, args: argparse.Namespace) -> None:
+        print(f"vpipe: paused before iteration {self._need().pause()}")
+
+    def cmd_resume(self, args: argparse.Namespace) -> None:
+        print(f"vpipe: resumed at iteration {self._need().resume()}")
+
+    def cmd_stop(self, args: argparse.Namespace) -> None:
+        if self.session is None:
+            print("vpipe: no session to stop")
+            return
+        for view in self.views:
+            view.close()
+        self.views.clear()
+        self.session.stop()
+        print("vpipe: stopped; no worker process is left")
+
+    def cmd_plan(self, args: argparse.Namespace) -> Any:
+        s = self._need()
+        found = s.replan(args.method, apply=args.apply)
+        est = estimate(found.plan, found.profile, s.cluster())
+        print(plan_table(found.plan, est, found.profile))
+        print(f"predicted {human_time(found.predicted_s)} per iteration, now {human_time(found.current_s)} "
+              f"({-found.gain:+.1%}); {len(found.moves)} layer move(s), migration ~{human_time(found.migration_s)}"
+              + (f"; applied at iteration {found.applied_at}" if found.applied_at is not None else ""))
+        return found
+
+    def cmd_apply(self, args: argparse.Namespace) -> None:
+        print(f"vpipe: in effect from iteration {self._need().apply(self._value(args.plan, 'plan'), force=args.force)}")
+
+    def cmd_partition(self, args: argparse.Namespace) -> None:
+        print(f"vpipe: partition {tuple(args.boundaries)} from iteration "
+              f"{self._need().set_partition(tuple(args.boundaries))}")
+
+    def cmd_policy(self, args: argparse.Namespace) -> None:
+        changes: dict[int, str] = {}
+        for item in args.assignments:
+            layer, sep, policy = item.partition("=")
+            if not sep or not layer.strip().isdigit():
+                raise UsageError(f"cannot read {item!r}: write LAYER=POLICY, e.g. 3=swap")
+            changes[int(layer)] = policy
+        print(f"vpipe: policies {changes} from iteration {self._need().set_policy(changes)}")
+
+    def cmd_trace(self, args: argparse.Namespace) -> None:
+        timeline = self._need().metrics.timeline(args.iterations)
+        timeline.save_chrome_trace(args.file)
+        print(f"vpipe: {len(timeline)} spans written to {args.file} (open it in https://ui.perfetto.dev)")
+
+    def cmd_dashboard(self, args: argparse.Namespace) -> Any:
+        from vpipe_lab.jupyter.dashboard import Dashboard
+
+        board = Dashboard(self._need())
+        self.views.append(board)
+        return board
+
+    def cmd_editor(self, args: argparse.Namespace) -> Any:
+        from vpipe_lab.jupyter.partition_widget import PartitionEditor
+
+        editor = PartitionEditor(self._need())
+        self.views.append(editor)
+        return editor
+
+
+def complete(self: Any, event: Any) -> list[str]:
+    """Tab completion for %vpipe: commands, then bundled models and options."""
+    from vpipe_lab.examples import EXAMPLES
+
+    words = event.line.split()
+    if len(words) <= 1 or (len(words) == 2 and not event.line.endswith(" ")):
+        return list(COMMANDS)
+    if words[1] == "start":
+        return [*EXAMPLES, "--data", "--stages", "--microbatches", "--schedule", "--device", "--budget", "--plan",
+                "--run", "--auto-replan", "--name"]
+    if words[1] == "plan":
+        return ["--method", "--apply", "vpipe", "optimal", "pipedream", "balanced", "uniform", "gpipe"]
+    if words[1] == "policy":
+        return ["keep", "swap", "recompute"]
+    return []
+
+
+_MAGICS: list[VpipeMagics] = []
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    magics = VpipeMagics(ipython)
+    ipython.register_magics(magics)
+    ipython.events.register("post_run_cell", magics.on_interrupt)
+    ipython.set_hook("complete_command", complete, str_key="%vpipe")
+    _MAGICS.append(magics)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    for magics in _MAGICS:
+        ipython.events.unregister("post_run_cell", magics.on_interrupt)
+        if magics.session is not None:
+            magics.session.stop()
+    _MAGICS.clear()

@@ -1,0 +1,183 @@
+"""The partition editor: an anywidget (front end in extension/, bundled into static/partition.js).
+
+Layers are blocks coloured by stage; dragging a boundary (committed on release) or clicking a layer (keep -> swap ->
+recompute) edits a draft; the simulator previews the draft's iteration time and per-stage memory against the budget;
+Apply hands the draft to ``Session.apply`` and the widget shows pending, then "applied at iteration N", or the error.
+
+Widget messages can arrive on a subshell thread while a cell runs (JupyterLab >= 4.4, ipykernel 7), so trait
+observers only put work into a queue; one worker thread computes previews and applies plans.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anywidget
+import traitlets
+
+from vpipe_lab.core.costmodel import estimate
+from vpipe_lab.core.errors import VpipeError
+from vpipe_lab.core.model import Cluster, Estimate, ModelProfile, Plan
+from vpipe_lab.core.simulator import simulate
+
+if TYPE_CHECKING:
+    from vpipe_lab.control.session import Session
+
+log = logging.getLogger(__name__)
+STATIC = Path(__file__).parent / "static"
+
+
+def _estimate_doc(est: Estimate, iteration_s: float) -> dict[str, Any]:
+    return {"iteration_s": iteration_s, "stage_s": list(est.stage_s), "peak_bytes": list(est.peak_bytes),
+            "budget_bytes": list(est.budget_bytes), "feasible": est.feasible}
+
+
+class PartitionEditor(anywidget.AnyWidget):
+    """Edit a plan by hand, see the simulator's what-if, apply it live to a Session (or hand it to ``on_apply``)."""
+
+    _esm = STATIC / "partition.js"
+    layers = traitlets.List(traitlets.Dict()).tag(sync=True)
+    boundaries = traitlets.List(traitlets.Int()).tag(sync=True)
+    policies = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    draft_boundaries = traitlets.List(traitlets.Int()).tag(sync=True, echo_update=False)
+    draft_policies = traitlets.List(traitlets.Unicode()).tag(sync=True, echo_update=False)
+    preview = traitlets.Dict().tag(sync=True)
+    status = traitlets.Dict().tag(sync=True)
+    apply_count = traitlets.Int(0).tag(sync=True, echo_update=False)
+
+    def __init__(self, session: Session | None = None, *, plan: Plan | None = None,
+                 profile: ModelProfile | None = None, cluster: Cluster | None = None,
+                 on_apply: Any = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if session is None and (plan is None or profile is None or cluster is None):
+            raise ValueError("PartitionEditor needs a session, or a plan with a profile and a cluster to preview")
+        self.session = session
+        self.on_apply = on_apply
+        self.applied: list[int] = []
+        self._plan = plan if plan is not None else session.plan  # type: ignore[union-attr]
+        self._profile = profile
+        self._cluster = cluster
+        self._work: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._closed = False
+        self._lock = threading.Lock()
+        self._load(self._plan)
+        self.observe(self._on_draft, names=["draft_boundaries", "draft_policies"])
+        self.observe(self._on_apply, names=["apply_count"])
+        self._worker = threading.Thread(target=self._run, name="vpipe-editor", daemon=True)
+        self._worker.start()
+        self._unsubscribe = session.on_event(self._on_session_event) if session is not None else None
+        self._work.put(("refresh", None))
+
+    # --- state --------------------------------------------------------------------------------------------------
+    def _load(self, plan: Plan) -> None:
+        with self.hold_sync():
+            self.boundaries = list(plan.boundaries)
+            self.policies = [p.value for p in plan.policies]
+            self.draft_boundaries = list(plan.boundaries)
+            self.draft_policies = [p.value for p in plan.policies]
+
+    def _layer_docs(self, profile: ModelProfile) -> list[dict[str, Any]]:
+        weights = [x.forward_s + x.backward_s for x in profile.layers]
+        if not any(weights):  # nothing measured yet: size blocks by parameters instead of time
+            weights = [float(x.param_bytes) for x in profile.layers]
+        return [{"name": x.name, "weight": w, "forward_ms": 1e3 * x.forward_s, "backward_ms": 1e3 * x.backward_s}
+                for x, w in zip(profile.layers, weights)]
+
+    def draft(self) -> Plan:
+        return Plan(tuple(self.draft_boundaries), tuple(self.draft_policies), self._plan.microbatches,
+                    self._plan.schedule)
+
+    # --- observers: called on whatever thread delivers widget messages; they only queue work -------------------------
+    def _on_draft(self, change: dict[str, Any]) -> None:
+        self._work.put(("preview", None))
+
+    def _on_apply(self, change: dict[str, Any]) -> None:
+        if change["new"] > change["old"]:
+            self._work.put(("apply", self.draft()))
+
+    def _on_session_event(self, event: dict[str, Any]) -> None:
+        if event.get("type") in ("plan", "model"):  # applied elsewhere (magics, auto-replan): follow it
+            self._work.put(("follow", event))
+
+    # --- the worker thread ------------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._closed:
+            try:
+                kind, payload = self._work.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            try:
+                if kind == "refresh":
+                    self._refresh()
+                elif kind == "preview":
+                    self._preview()
+                elif kind == "apply":
+                    self._apply(payload)
+                elif kind == "follow":
+                    self._follow(payload)
+            except Exception as exc:  # shown in the widget; the thread keeps serving
+                log.exception("partition editor: %s failed", kind)
+                self.status = {"state": "error", "message": f"{type(exc).__name__}: {exc}"}
+
+    def _refresh(self) -> None:
+        if self.session is not None:
+            self._profile = self.session.profile()
+            self._cluster = self.session.cluster()
+            self._plan = self.session.plan
+        assert self._profile is not None
+        with self.hold_sync():
+            self.layers = self._layer_docs(self._profile)
+            self._load(self._plan)
+        self._preview()
+
+    def _preview(self) -> None:
+        if self._profile is None or self._cluster is None:
+            return
+        docs: dict[str, Any] = {}
+        try:
+            for key, plan in (("current", self._plan), ("draft", self.draft())):
+                plan.validate(len(self._profile), self._cluster.stages)
+                docs[key] = _estimate_doc(estimate(plan, self._profile, self._cluster),
+                                          simulate(plan, self._profile, self._cluster).iteration_s)
+        except VpipeError as exc:
+            docs["error"] = str(exc)
+        self.preview = docs
+
+    def _apply(self, plan: Plan) -> None:
+        self.status = {"state": "pending", "message": "pending: waiting for the next iteration boundary"}
+        try:
+            if self.session is not None:
+                iteration = self.session.apply(plan)
+                moved = (self.session.last_migration or {}).get("moves", 0)
+                message = f"applied at iteration {iteration}" + (f" ({moved} layer(s) moved)" if moved else "")
+            else:
+                iteration = self.on_apply(plan) if self.on_apply is not None else 0
+                message = "applied"
+        except VpipeError as exc:
+            self.status = {"state": "error", "message": f"{type(exc).__name__}: {exc}"}
+            return
+        self._plan = plan
+        self.applied.append(int(iteration or 0))
+        with self.hold_sync():
+            self.boundaries = list(plan.boundaries)
+            self.policies = [p.value for p in plan.policies]
+            self.status = {"state": "applied", "message": message, "iteration": int(iteration or 0)}
+        self._work.put(("refresh", None))
+
+    def _follow(self, event: dict[str, Any]) -> None:
+        plan = event.get("plan")
+        if isinstance(plan, Plan) and plan != self._plan:
+            self._plan = plan
+            self._refresh()
+            self.status = {"state": "applied", "message": f"plan v{event.get('version')} applied at iteration "
+                           f"{event.get('iteration')} (from the session)", "iteration": event.get("iteration")}
+
+    def close(self) -> None:
+        self._closed = True
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        super().close()

@@ -1,0 +1,286 @@
+// Built from extension/src by esbuild (npm run build); do not edit by hand.
+
+// src/logic.ts
+var POLICIES = ["keep", "swap", "recompute"];
+function cyclePolicy(p) {
+  const i = POLICIES.indexOf(p);
+  return POLICIES[(i + 1) % POLICIES.length] ?? "keep";
+}
+function stageOf(layer, bounds) {
+  for (let s = 0; s + 1 < bounds.length; s++) {
+    if (layer >= (bounds[s] ?? 0) && layer < (bounds[s + 1] ?? 0)) return s;
+  }
+  return -1;
+}
+function boundaryRange(bounds, index) {
+  if (index <= 0 || index >= bounds.length - 1) throw new RangeError(`boundary ${index} is not movable`);
+  return [(bounds[index - 1] ?? 0) + 1, (bounds[index + 1] ?? 0) - 1];
+}
+function moveBoundary(bounds, index, target) {
+  const [lo, hi] = boundaryRange(bounds, index);
+  const out = bounds.slice();
+  out[index] = Math.min(hi, Math.max(lo, Math.round(target)));
+  return out;
+}
+function layerEdges(weights, width, minWidth = 12) {
+  const n = weights.length;
+  const total = weights.reduce((a, w) => a + Math.max(0, w), 0);
+  const spare = Math.max(0, width - n * minWidth);
+  const edges = [0];
+  for (const w of weights) {
+    const share = total > 0 ? Math.max(0, w) / total : 1 / n;
+    const wide = width > n * minWidth ? minWidth + spare * share : width / n;
+    edges.push((edges[edges.length - 1] ?? 0) + wide);
+  }
+  return edges;
+}
+function nearestEdge(x, edges) {
+  let best = 0;
+  let dist = Infinity;
+  edges.forEach((e, i) => {
+    const d = Math.abs(e - x);
+    if (d < dist) {
+      dist = d;
+      best = i;
+    }
+  });
+  return best;
+}
+function sameList(a, b) {
+  return a.length === b.length && a.every((x, i) => x === b[i]);
+}
+function formatBytes(n) {
+  const units = [["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]];
+  for (const [unit, size] of units) if (Math.abs(n) >= size) return `${(n / size).toFixed(2)} ${unit}`;
+  return `${Math.round(n)} B`;
+}
+function formatSeconds(s) {
+  if (!Number.isFinite(s)) return "n/a";
+  if (s >= 1) return `${s.toFixed(3)} s`;
+  return `${(s * 1e3).toFixed(2)} ms`;
+}
+var STAGE_COLORS = ["#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756", "#72B7B2", "#EECA3B", "#9D755D"];
+function stageColor(stage) {
+  return STAGE_COLORS[(stage % STAGE_COLORS.length + STAGE_COLORS.length) % STAGE_COLORS.length] ?? "#888";
+}
+
+// src/view.ts
+var CSS = `
+.vpipe-editor { font: 12px/1.4 system-ui, sans-serif; color: #222; user-select: none; }
+.vpipe-bar { position: relative; height: 46px; margin: 8px 0 4px; }
+.vpipe-layer { position: absolute; top: 0; height: 34px; box-sizing: border-box; border: 1px solid #fff;
+  border-radius: 3px; color: #fff; font-weight: 600; text-align: center; line-height: 34px; cursor: pointer;
+  overflow: hidden; }
+.vpipe-layer.changed { outline: 2px dashed #222; outline-offset: -3px; }
+.vpipe-handle { position: absolute; top: -4px; width: 10px; height: 42px; margin-left: -5px; cursor: col-resize;
+  background: #222; border-radius: 3px; opacity: .75; touch-action: none; }
+.vpipe-handle.dragging { opacity: 1; background: #E45756; }
+.vpipe-stagebar { display: flex; gap: 6px; flex-wrap: wrap; margin: 4px 0; }
+.vpipe-stage { min-width: 130px; }
+.vpipe-mem { height: 8px; background: #eee; border-radius: 4px; overflow: hidden; }
+.vpipe-mem > div { height: 100%; }
+.vpipe-row { display: flex; gap: 8px; align-items: center; margin-top: 6px; }
+.vpipe-status.error { color: #c0392b; } .vpipe-status.applied { color: #2e7d32; } .vpipe-status.pending { color: #b26a00; }
+.vpipe-editor button { padding: 3px 10px; }
+`;
+function list(model, name) {
+  const v = model.get(name);
+  return Array.isArray(v) ? v : [];
+}
+var PartitionView = class {
+  constructor(model, el, width = 0) {
+    this.model = model;
+    this.el = el;
+    this.width = width;
+    this.dragging = null;
+    this.listeners = [];
+    const style = document.createElement("style");
+    style.textContent = CSS;
+    this.root = document.createElement("div");
+    this.root.className = "vpipe-editor";
+    this.bar = document.createElement("div");
+    this.bar.className = "vpipe-bar";
+    this.stages = document.createElement("div");
+    this.stages.className = "vpipe-stagebar";
+    this.summary = document.createElement("div");
+    this.summary.className = "vpipe-summary";
+    const row = document.createElement("div");
+    row.className = "vpipe-row";
+    this.apply = document.createElement("button");
+    this.apply.textContent = "Apply";
+    this.apply.dataset.testid = "apply";
+    this.reset = document.createElement("button");
+    this.reset.textContent = "Reset";
+    this.reset.dataset.testid = "reset";
+    this.status = document.createElement("span");
+    this.status.className = "vpipe-status";
+    this.status.dataset.testid = "status";
+    row.append(this.apply, this.reset, this.status);
+    this.root.append(style, this.bar, this.summary, this.stages, row);
+    el.append(this.root);
+    this.apply.addEventListener("click", () => this.onApply());
+    this.reset.addEventListener("click", () => this.onReset());
+    this.bar.addEventListener("pointermove", (e) => this.onMove(e));
+    this.bar.addEventListener("pointerup", (e) => this.onUp(e));
+    this.bar.addEventListener("pointercancel", () => {
+      this.dragging = null;
+      this.draw();
+    });
+    for (const name of ["layers", "boundaries", "policies", "draft_boundaries", "draft_policies", "preview", "status"]) {
+      const cb = () => this.draw();
+      this.listeners.push([`change:${name}`, cb]);
+      model.on(`change:${name}`, cb);
+    }
+    this.draw();
+  }
+  destroy() {
+    for (const [event, cb] of this.listeners) this.model.off(event, cb);
+    this.root.remove();
+  }
+  barWidth() {
+    return this.width || this.bar.clientWidth || this.el.clientWidth || 800;
+  }
+  bounds() {
+    return this.dragging ? this.dragging.bounds : list(this.model, "draft_boundaries");
+  }
+  edges() {
+    return layerEdges(list(this.model, "layers").map((l) => l.weight), this.barWidth());
+  }
+  draw() {
+    const layers = list(this.model, "layers");
+    const bounds = this.bounds();
+    const committed = list(this.model, "boundaries");
+    const policies = list(this.model, "draft_policies");
+    const applied = list(this.model, "policies");
+    const edges = this.edges();
+    this.bar.replaceChildren();
+    layers.forEach((layer, i) => {
+      const block = document.createElement("div");
+      const stage = stageOf(i, bounds);
+      const policy = policies[i] ?? "keep";
+      block.className = "vpipe-layer";
+      if (stage !== stageOf(i, committed) || policy !== (applied[i] ?? "keep")) block.classList.add("changed");
+      block.dataset.testid = `layer-${i}`;
+      block.dataset.policy = policy;
+      block.dataset.stage = String(stage);
+      block.style.left = `${edges[i] ?? 0}px`;
+      block.style.width = `${(edges[i + 1] ?? 0) - (edges[i] ?? 0)}px`;
+      block.style.background = stageColor(stage);
+      block.textContent = policy === "keep" ? "" : policy === "swap" ? "S" : "R";
+      block.title = `${layer.name}: stage ${stage}, ${policy}` + (layer.forward_ms !== void 0 ? `, fwd ${layer.forward_ms.toFixed(2)} ms` : "") + " (click to change keep/swap/recompute)";
+      block.addEventListener("click", () => this.onClick(i));
+      this.bar.append(block);
+    });
+    for (let b = 1; b < bounds.length - 1; b++) {
+      const handle = document.createElement("div");
+      handle.className = "vpipe-handle" + (this.dragging?.index === b ? " dragging" : "");
+      handle.dataset.testid = `boundary-${b}`;
+      handle.style.left = `${edges[bounds[b] ?? 0] ?? 0}px`;
+      handle.title = `boundary between stage ${b - 1} and stage ${b}: drag to move layers`;
+      handle.addEventListener("pointerdown", (e) => this.onDown(e, b));
+      this.bar.append(handle);
+    }
+    this.drawPreview();
+    this.drawStatus();
+  }
+  drawPreview() {
+    const preview = this.model.get("preview") ?? {};
+    const dirty = this.isDirty();
+    const shown = (dirty ? preview.draft : preview.current) ?? preview.current;
+    this.summary.replaceChildren();
+    this.stages.replaceChildren();
+    if (preview.error) {
+      this.summary.textContent = `what-if: ${preview.error}`;
+      return;
+    }
+    if (!shown) return;
+    const now = preview.current?.iteration_s ?? NaN;
+    this.summary.textContent = dirty && preview.draft ? `what-if: ${formatSeconds(preview.draft.iteration_s)} per iteration (now ${formatSeconds(now)}, ${((preview.draft.iteration_s - now) / now * 100).toFixed(1)}%)` + (preview.draft.feasible ? "" : " - does NOT fit in memory") : `predicted: ${formatSeconds(now)} per iteration`;
+    this.summary.dataset.testid = "summary";
+    shown.peak_bytes.forEach((peak, s) => {
+      const budget = shown.budget_bytes[s] ?? 0;
+      const cell = document.createElement("div");
+      cell.className = "vpipe-stage";
+      const over = budget > 0 && peak > budget;
+      cell.textContent = `stage ${s}: ${formatSeconds(shown.stage_s[s] ?? NaN)}/mb, ${formatBytes(peak)}` + (budget > 0 ? ` of ${formatBytes(budget)}` : "");
+      const track = document.createElement("div");
+      track.className = "vpipe-mem";
+      const fill = document.createElement("div");
+      fill.style.width = `${Math.min(100, budget > 0 ? 100 * peak / budget : 0)}%`;
+      fill.style.background = over ? "#E45756" : stageColor(s);
+      track.append(fill);
+      cell.append(track);
+      this.stages.append(cell);
+    });
+  }
+  drawStatus() {
+    const status = this.model.get("status") ?? { state: "idle", message: "" };
+    this.status.className = `vpipe-status ${status.state}`;
+    this.status.textContent = status.message;
+    this.apply.disabled = !this.isDirty() || status.state === "pending";
+    this.reset.disabled = !this.isDirty();
+  }
+  isDirty() {
+    return !sameList(list(this.model, "draft_boundaries"), list(this.model, "boundaries")) || !sameList(list(this.model, "draft_policies"), list(this.model, "policies"));
+  }
+  x(e) {
+    return e.clientX - this.bar.getBoundingClientRect().left;
+  }
+  onDown(e, index) {
+    e.preventDefault();
+    e.stopPropagation();
+    this.dragging = { index, bounds: list(this.model, "draft_boundaries").slice() };
+    try {
+      this.bar.setPointerCapture(e.pointerId);
+    } catch {
+    }
+    this.draw();
+  }
+  onMove(e) {
+    if (!this.dragging) return;
+    const target = nearestEdge(this.x(e), this.edges());
+    const moved = moveBoundary(list(this.model, "draft_boundaries"), this.dragging.index, target);
+    if (!sameList(moved, this.dragging.bounds)) {
+      this.dragging.bounds = moved;
+      this.draw();
+    }
+  }
+  onUp(e) {
+    if (!this.dragging) return;
+    this.onMove(e);
+    const bounds = this.dragging.bounds;
+    this.dragging = null;
+    if (!sameList(bounds, list(this.model, "draft_boundaries"))) {
+      this.model.set("draft_boundaries", bounds);
+      this.model.save_changes();
+    }
+    this.draw();
+  }
+  onClick(layer) {
+    if (this.dragging) return;
+    const policies = list(this.model, "draft_policies").slice();
+    policies[layer] = cyclePolicy(policies[layer] ?? "keep");
+    this.model.set("draft_policies", policies);
+    this.model.save_changes();
+  }
+  onApply() {
+    this.model.set("apply_count", Number(this.model.get("apply_count") ?? 0) + 1);
+    this.model.set("status", { state: "pending", message: "pending: waiting for the next iteration boundary" });
+    this.model.save_changes();
+  }
+  onReset() {
+    this.model.set("draft_boundaries", list(this.model, "boundaries").slice());
+    this.model.set("draft_policies", list(this.model, "policies").slice());
+    this.model.save_changes();
+  }
+};
+
+// src/index.ts
+function render({ model, el }) {
+  const view = new PartitionView(model, el);
+  return () => view.destroy();
+}
+var index_default = { render };
+export {
+  index_default as default
+};
