@@ -45,8 +45,8 @@ __all__ = [
 
 # The process-side API is imported on first use, so `import vpipe_lab` stays light (no sockets, no torch).
 _LAZY = {
-    "launch": "vpipe_lab.control.session",
-    "attach": "vpipe_lab.control.session",
+    "launch": "vpipe_lab.control.launch",
+    "attach": "vpipe_lab.control.launch",
     "Session": "vpipe_lab.control.session",
     "WorkerError": "vpipe_lab.control.errors",
 }

@@ -140,7 +140,39 @@ def cmd_lab(args: argparse.Namespace) -> int:
     return subprocess.call(command)
 
 
+def add_worker_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of `vpipe-lab worker` (kept here, torch-free: parsing must not import the runtime)."""
+    p.add_argument("--model", required=True, help="bundled example (mlp, gpt-tiny) or package.module:factory")
+    p.add_argument("--data", help="bundled example or package.module:data (default: the model's, if bundled)")
+    p.add_argument("--loss", help="package.module:loss")
+    p.add_argument("--optimizer", help="package.module:optimizer_factory")
+    p.add_argument("--microbatches", "-m", type=int, default=4)
+    p.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--plan", help="plan JSON to start from (default: an even split)")
+    p.add_argument("--memory-budget", type=int, help="bytes per stage")
+    p.add_argument("--control-host", default="127.0.0.1", help="where rank 0 listens for clients (default: loopback)")
+    p.add_argument("--control-port", type=int, default=29600)
+    p.add_argument("--backend-port", type=int, default=0, help="where ranks reach rank 0 (default: any free port)")
+    p.add_argument("--key", help="session key (default: $VPIPE_LAB_KEY, else --key-file)")
+    p.add_argument("--key-file", default=str(Path.home() / ".cache" / "vpipe_lab" / "torchrun.key"),
+                   help="read the key from here; rank 0 creates it if missing")
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--threads", type=int, default=1)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from vpipe_lab.runtime import torchrun
+
+    return torchrun.main(args)
+
+
 def add_commands(sub: Any) -> None:
+    worker = sub.add_parser("worker", help="one pipeline stage under torchrun (multi-node); attach with "
+                            "vpipe_lab.attach(address, key=...)")
+    add_worker_arguments(worker)
+    worker.set_defaults(func=cmd_worker)
     lab = sub.add_parser("lab", help="open JupyterLab on the quickstart tutorial")
     lab.add_argument("--port", type=int, default=8888)
     lab.add_argument("--no-browser", action="store_true")

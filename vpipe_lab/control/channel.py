@@ -12,10 +12,11 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import zmq
 
-from vpipe_lab.control.protocol import HEARTBEAT, Message, ProtocolError, decode, encode
+from vpipe_lab.control.protocol import ATTACH, DETACH, HEARTBEAT, WELCOME, Message, ProtocolError, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -107,29 +108,31 @@ class Hub:
         self._sock.close(0)
 
 
-class Link:
-    """A worker's endpoint: connects to the controller, sends events, receives commands, sends heartbeats."""
+class _Dealer:
+    """A DEALER endpoint owned by one thread: an outbox, heartbeats, and signature checks on everything received."""
 
-    def __init__(self, address: str, key: str, name: str, heartbeat_s: float = 1.0) -> None:
+    def __init__(self, address: str, key: str, name: str, identity: bytes | None, heartbeat_s: float, linger_ms: int,
+                 thread_name: str) -> None:
         self.key = key
         self.name = name
+        self.address = address
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.IDENTITY, name.encode())
-        self._sock.setsockopt(zmq.LINGER, 2000)
+        if identity is not None:
+            self._sock.setsockopt(zmq.IDENTITY, identity)
+        self._linger = linger_ms
+        self._sock.setsockopt(zmq.LINGER, linger_ms)
         self._sock.connect(address)
-        self.inbox: queue.Queue[Message] = queue.Queue()
         self._outbox: queue.Queue[Message] = queue.Queue()
         self._stop = threading.Event()
         self._heartbeat_s = heartbeat_s
         self.last_heard = time.monotonic()
         self._seq = 0
-        self._thread = threading.Thread(target=self._loop, name="vpipe-link", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=thread_name, daemon=True)
         self._thread.start()
 
-    def send(self, msg: Message) -> None:
-        msg.src = self.name
-        self._outbox.put(msg)
+    def _deliver(self, msg: Message) -> None:
+        raise NotImplementedError
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until everything queued has been handed to the socket."""
@@ -166,15 +169,96 @@ class Link:
                 try:
                     msg = decode(frames, self.key)
                 except ProtocolError as exc:
-                    log.warning("rejected a message: %s", exc)
+                    log.warning("%s rejected a message: %s", self.name, exc)
                     continue
                 self.last_heard = time.monotonic()
-                if msg.type != HEARTBEAT:
-                    self.inbox.put(msg)
+                if msg.type == HEARTBEAT:
+                    continue
+                try:
+                    self._deliver(msg)
+                except Exception:  # keep serving the other messages
+                    log.exception("handling a %r message failed", msg.type)
+
+    def _shut(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self._sock.close(self._linger)
+        self._ctx.term()
+
+
+class Link(_Dealer):
+    """A worker's endpoint: connects to the controller, sends events, receives commands, sends heartbeats."""
+
+    def __init__(self, address: str, key: str, name: str, heartbeat_s: float = 1.0) -> None:
+        self.inbox: queue.Queue[Message] = queue.Queue()
+        super().__init__(address, key, name, name.encode(), heartbeat_s, 2000, "vpipe-link")
+
+    def send(self, msg: Message) -> None:
+        msg.src = self.name
+        self._outbox.put(msg)
+
+    def _deliver(self, msg: Message) -> None:
+        self.inbox.put(msg)
 
     def close(self) -> None:
         self.flush(2.0)
-        self._stop.set()
-        self._thread.join(timeout=2)
-        self._sock.close(2000)
-        self._ctx.term()
+        self._shut()
+
+
+class Client(_Dealer):
+    """An attached client's endpoint (a DEALER on a broker's frontend), with the interface the Session uses of Hub.
+
+    It announces itself, waits for the broker's welcome (the job and its current state) and the recent events the
+    broker replays after it, then delivers every event the ranks send; commands go to rank 0 through the broker.
+    """
+
+    def __init__(self, address: str, key: str, timeout: float = 30.0) -> None:
+        self._early: list[Message] = []
+        self._on_message: Callable[[Message], None] | None = None
+        self.peers: dict[str, float] = {}
+        self.welcome: dict[str, Any] | None = None
+        self._welcomed = threading.Event()
+        self._replayed = threading.Event()
+        self._received = 0
+        super().__init__(address, key, "client", None, 2.0, 500, "vpipe-client")
+        self._outbox.put(Message(ATTACH, "client"))
+        if not self._welcomed.wait(timeout):
+            self.close()
+            raise TimeoutError(f"no answer from {address} within {timeout:.0f} s: is the job running, is this the "
+                               "address its rank 0 serves (--control-host/--control-port), and is the key right? "
+                               "(a broker drops messages signed with another key)")
+
+    def send(self, to: str, msg: Message) -> None:  # `to` is always rank 0 through the broker
+        self._outbox.put(msg)
+
+    def wait_replay(self, timeout: float) -> bool:
+        return self._replayed.wait(timeout)
+
+    def set_handler(self, handler: Callable[[Message], None]) -> None:
+        """Start delivering events (the ones that came with the welcome first)."""
+        self._on_message = handler
+        early, self._early = self._early, []
+        for msg in early:
+            handler(msg)
+
+    def _deliver(self, msg: Message) -> None:
+        if msg.type == WELCOME:
+            self.welcome = msg.body
+            self._welcomed.set()
+            if not msg.body.get("replay"):
+                self._replayed.set()
+            return
+        self._received += 1
+        if self.welcome and self._received >= int(self.welcome.get("replay", 0)):
+            self._replayed.set()
+        if self._on_message is None:
+            self._early.append(msg)
+        else:
+            self._on_message(msg)
+
+    def close(self) -> None:
+        try:
+            self._sock.send_multipart(encode(Message(DETACH, "client"), self.key), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+        self._shut()

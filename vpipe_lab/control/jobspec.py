@@ -27,6 +27,7 @@ class JobSpec:
     threads: int = 1
     callables_path: str | None = None  # cloudpickle of user callables; written by the controller, never a socket
     examples: dict[str, str] = field(default_factory=dict)  # role -> bundled example name
+    imports: dict[str, str] = field(default_factory=dict)  # role -> "package.module:attribute" (torchrun jobs)
     start_iteration: int = 0
     resume_path: str | None = None
 

@@ -26,6 +26,10 @@ HELLO, READY, ITERATION, SPANS, MEMORY, LAYERS, ERROR, ACK, HEARTBEAT, PONG, TEN
     "migrated")
 
 
+# Attaching to a job served by a broker (torchrun): client <-> broker, and rank 0's "plan in force" updates.
+ATTACH, DETACH, WELCOME, CURRENT = "attach", "detach", "welcome", "current"
+
+
 class ProtocolError(Exception):
     """A message that is malformed, from another protocol version, or not signed with the session key."""
 

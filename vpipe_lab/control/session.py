@@ -11,26 +11,20 @@ import itertools
 import logging
 import shutil
 import socket
-import tempfile
 import threading
 import time
-import uuid
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from vpipe_lab.control import protocol as P
-from vpipe_lab.control.channel import Hub
-from vpipe_lab.control.checkpoint import Manifest
 from vpipe_lab.control.errors import BudgetError, SessionClosed, WorkerError
 from vpipe_lab.control.jobspec import JobSpec
-from vpipe_lab.control.launcher import Launcher, reap_stale
+from vpipe_lab.control.launcher import Launcher
 from vpipe_lab.control.live import LiveMixin
 from vpipe_lab.control.metrics import Metrics, spans_from_wire
-from vpipe_lab.core.errors import PlanError
-from vpipe_lab.core.model import SCHEDULES, Cluster, LayerCost, ModelProfile, Plan
-from vpipe_lab.core.partition import uniform
+from vpipe_lab.core.model import Cluster, LayerCost, ModelProfile, Plan
 from vpipe_lab.core.timeline import Span
 
 log = logging.getLogger(__name__)
@@ -47,7 +41,8 @@ def _free_port(host: str) -> int:
 class Session(LiveMixin):
     """A running pipeline. Every method is safe to call while training goes on in the background."""
 
-    def __init__(self, spec: JobSpec, hub: Hub, launcher: Launcher | None, job_dir: Path | None) -> None:
+    def __init__(self, spec: JobSpec, hub: Any, launcher: Launcher | None, job_dir: Path | None,
+                 attached: bool = False) -> None:
         self.spec = spec
         self.stages = spec.stages
         self._hub = hub
@@ -81,10 +76,11 @@ class Session(LiveMixin):
         self._autoplan: Any = None
         self._profile_cache: dict[int, LayerCost] = {}  # last measurement of each layer that had samples
         self._trouble_since = 0.0
-        hub._on_message = self._handle
         self._monitor = threading.Thread(target=self._watch, name="vpipe-monitor", daemon=True)
         self._monitor.start()
         SESSIONS.add(self)
+        if not attached:
+            hub._on_message = self._handle
 
     # --- messages from workers (hub thread) ---------------------------------------------------------------------
     def _handle(self, msg: P.Message) -> None:
@@ -382,6 +378,18 @@ class Session(LiveMixin):
             out.update(rebuild(msg.body["tensors"], list(msg.buffers)))
         return dict(sorted(out.items(), key=lambda kv: (int(kv[0].split(".")[0]), kv[0])))
 
+    def detach(self) -> None:
+        """Let go of an attached job without stopping it (``attach`` again any time). Idempotent."""
+        if self._closed:
+            return
+        if self._launcher is not None:
+            raise RuntimeError("this session started its workers itself: stop() it; only attached sessions detach")
+        self._closed = True
+        if self._autoplan is not None:
+            self._autoplan.stop()
+        self._monitor.join(timeout=2)
+        self._hub.close()
+
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the workers (gracefully, then SIGTERM, then SIGKILL) and release everything. Idempotent."""
         if self._closed:
@@ -397,6 +405,11 @@ class Session(LiveMixin):
                     pass
                 self._launcher.wait(timeout / 2)
             self._launcher.terminate(timeout=timeout / 2)
+        elif self._fatal is None:  # attached: ask rank 0 to end the job, and wait for its acknowledgement
+            try:
+                self._command(P.STOP, timeout=timeout)
+            except Exception as exc:  # the job may be gone already; detaching is all that is left
+                log.warning("the attached job did not acknowledge stop: %s", exc)
         self._closed = True
         self._monitor.join(timeout=2)
         self._hub.close()
@@ -415,122 +428,3 @@ class Session(LiveMixin):
         state = "stopped" if self._closed else "failed" if self._fatal else "running" if self.running else "idle"
         plan = self._plan.describe() if self._plan else "?"
         return f"<vpipe_lab.Session {state}: {self.stages} stages, iteration {self._iteration}, plan {plan}>"
-
-
-def _budgets(memory_budget: int | Sequence[int] | None, stages: int) -> list[int] | None:
-    if memory_budget is None:
-        return None
-    if isinstance(memory_budget, int) and not isinstance(memory_budget, bool):
-        return [memory_budget] * stages
-    budgets = list(memory_budget)
-    if len(budgets) != stages or not all(isinstance(b, int) and b > 0 for b in budgets):
-        raise ValueError(f"memory_budget must be bytes per stage: one positive int or {stages} of them, "
-                         f"got {memory_budget!r}")
-    return budgets
-
-
-def launch(
-    model: Any,
-    data: Any = None,
-    *,
-    stages: int,
-    microbatches: int,
-    schedule: str = "1f1b",
-    loss: Any = None,
-    optimizer: Any = None,
-    device: str = "auto",
-    memory_budget: int | Sequence[int] | None = None,
-    plan: Plan | None = None,
-    seed: int = 0,
-    telemetry: bool = True,
-    timeout: float = 120.0,
-    threads: int = 1,
-    start_timeout: float = 120.0,
-    host: str = "127.0.0.1",
-    resume: str | Path | None = None,
-    auto_replan: bool | dict[str, Any] = False,
-) -> Session:
-    """Start one worker process per stage and return the Session once every stage is ready (training not started).
-
-    ``model`` is an ``nn.Sequential``, a zero-argument callable returning one (built in each worker after
-    ``torch.manual_seed(seed)``), or a bundled example name; ``data(iteration) -> (inputs, targets)`` is
-    deterministic per iteration, or a bundled example name (default: the model's, when the model is one).
-    ``resume`` restores a ``Session.save()`` checkpoint (parameters, optimizer state, plan unless ``plan`` is given,
-    iteration); ``auto_replan`` turns on vPipe's online replanning (True, or the options of ``Session.auto_replan``).
-    """
-    from vpipe_lab import examples
-
-    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
-        raise ValueError(f"stages must be a whole number >= 1, got {stages!r}")
-    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
-        raise ValueError(f"microbatches must be a whole number >= 1, got {microbatches!r}")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
-    if device not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"unknown device {device!r}: use 'auto', 'cpu' or 'cuda'")
-    manifest = None
-    if resume is not None:
-        manifest = Manifest.read(resume)
-        if plan is None:
-            saved = Plan.from_dict(manifest.plan)
-            # Layers are saved one file each, so a checkpoint resumes onto another stage count too.
-            plan = saved if saved.stages == stages else Plan(uniform(manifest.num_layers, stages), saved.policies,
-                                                              saved.microbatches, saved.schedule)
-            plan = plan.replace(microbatches=microbatches, schedule=schedule)
-    if plan is not None:
-        plan = plan.validate(stages=stages)
-        if plan.microbatches != microbatches or plan.schedule != schedule:
-            raise PlanError(f"the plan is for {plan.schedule} with {plan.microbatches} micro-batches but the session "
-                            f"runs {schedule} with {microbatches}; make them agree")
-    named: dict[str, str] = {}
-    user: dict[str, Any] = {}
-    for role, value in (("model", model), ("data", data), ("loss", loss), ("optimizer", optimizer)):
-        if isinstance(value, str):
-            examples.get(value)  # fails early with the list of names
-            named[role] = value
-        elif value is not None:
-            user[role] = value
-    if isinstance(model, str):  # a bundled model brings its own data, loss and optimizer unless given
-        for role in ("data", "loss", "optimizer"):
-            if role not in named and role not in user:
-                named[role] = model
-    if "data" not in named and "data" not in user:
-        raise ValueError("no data: pass data(iteration) -> (inputs, targets), or a bundled example name")
-    reap_stale()
-    job_dir = Path(tempfile.mkdtemp(prefix="vpipe-lab-"))
-    session_id = uuid.uuid4().hex[:12]
-    callables_path = None
-    if user:
-        import cloudpickle
-
-        callables_path = job_dir / "callables.pkl"
-        with open(callables_path, "wb") as fh:
-            cloudpickle.dump(user, fh)
-        callables_path.chmod(0o600)
-    key = P.new_key()
-    hub = Hub(key, host)
-    spec = JobSpec(
-        session_id=session_id, key=key, address=hub.address, master_addr=host, master_port=_free_port(host),
-        stages=stages, microbatches=microbatches, schedule=schedule, device=device, seed=seed,
-        plan=plan.to_dict() if plan is not None else None, memory_budget=_budgets(memory_budget, stages),
-        telemetry=telemetry, timeout_s=timeout, threads=threads,
-        callables_path=str(callables_path) if callables_path else None, examples=named,
-        start_iteration=manifest.iteration if manifest else 0,
-        resume_path=str(Path(resume).absolute()) if resume is not None else None,
-    )
-    spec_path = job_dir / "job.json"
-    spec.save(spec_path)
-    launcher = Launcher(session_id, job_dir)
-    session = Session(spec, hub, launcher, job_dir)
-    try:
-        for rank in range(stages):
-            launcher.spawn(rank, ["--config", str(spec_path), "--rank", str(rank)])
-    except Exception:
-        session.stop()
-        raise
-    session._wait_ready(start_timeout)
-    if manifest is not None:
-        session.plan_version = manifest.plan_version
-    if auto_replan:
-        session.auto_replan(**(auto_replan if isinstance(auto_replan, dict) else {}))
-    return session

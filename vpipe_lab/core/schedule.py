@@ -172,8 +172,10 @@ def _expand(stage: int, order: list[tuple[Op, int]], k: int, plan: Plan | None) 
         swapped = [i for i in layers if plan.policies[i] is Policy.SWAP]
         recomputed = [i for i in layers if plan.policies[i] is Policy.RECOMPUTE]
     out: list[Action] = []
+    forwarded: set[int] = set()
     for pos, (op, mb) in enumerate(order):
         if op is Op.F:
+            forwarded.add(mb)
             if stage > 0:
                 out.append(Action(stage, Op.RECV_F, mb))
             out.append(Action(stage, Op.F, mb))
@@ -190,7 +192,7 @@ def _expand(stage: int, order: list[tuple[Op, int]], k: int, plan: Plan | None) 
         # Prefetch: a backward's swap-ins are issued before the compute step that precedes it, so they overlap it.
         if swapped and pos + 2 < len(order) and order[pos + 2][0] is Op.B:
             mb_next = order[pos + 2][1]
-            if any(a.op is Op.F and a.microbatch == mb_next for a in out):
+            if mb_next in forwarded:
                 out.extend(Action(stage, Op.SWAP_IN, mb_next, i) for i in reversed(swapped))
     # A backward right at the start of the list or right after another backward still needs its swap-ins.
     have = {(a.microbatch, a.layer) for a in out if a.op is Op.SWAP_IN}

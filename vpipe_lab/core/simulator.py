@@ -8,6 +8,7 @@ traffic as they do on a PCIe-only machine. A backward waits for its swap-ins.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 
 from vpipe_lab.core.costmodel import CostModel
@@ -44,52 +45,58 @@ def run_schedule(
         if end > start or a.op in (Op.F, Op.B):
             spans.append(Span(a.stage, _KIND[a.op], a.microbatch, a.layer, start, end, iteration))
 
-    progress = True
-    while progress:
-        progress = False
-        for s in range(k):
-            row = schedule.stages[s]
-            while pc[s] < len(row):
-                a = row[pc[s]]
-                op = a.op
-                if op in (Op.RECV_F, Op.RECV_B):
-                    src = s - 1 if op is Op.RECV_F else s + 1
-                    arrival = arrivals.get((src, Op.SEND_F if op is Op.RECV_F else Op.SEND_B, a.microbatch))
-                    if arrival is None:
-                        break  # blocked until the neighbour sends
-                    start = clock[s]
-                    clock[s] = max(clock[s], arrival) + duration(a)
-                    add(a, start, clock[s])
-                elif op is Op.SWAP_OUT:
-                    start = max(lane_out[s], clock[s])
-                    lane_out[s] = start + duration(a)
-                    swapped_out[(s, a.microbatch, a.layer)] = lane_out[s]
-                    add(a, start, lane_out[s])
-                elif op is Op.SWAP_IN:
-                    start = max(lane_in[s], clock[s], swapped_out.get((s, a.microbatch, a.layer), 0.0))
-                    lane_in[s] = start + duration(a)
-                    swapped_in[(s, a.microbatch)] = max(swapped_in.get((s, a.microbatch), 0.0), lane_in[s])
-                    add(a, start, lane_in[s])
-                else:
-                    start = clock[s]
-                    if op is Op.B:
-                        start = max(start, swapped_in.get((s, a.microbatch), 0.0))
-                    if op in (Op.SEND_F, Op.SEND_B) and sends_use_copy_lane:
-                        start = max(start, lane_out[s])
-                    end = start + duration(a)
-                    clock[s] = end
-                    if op in (Op.SEND_F, Op.SEND_B):
-                        arrivals[(s, op, a.microbatch)] = end
-                        if sends_use_copy_lane:
-                            lane_out[s] = end
-                    add(a, start, end)
-                pc[s] += 1
-                progress = True
+    # Event-driven: a stage runs until a receive blocks it, registers what it waits for, and the matching send wakes
+    # it up again, so every action is replayed exactly once (linear in the schedule's length).
+    ready: deque[int] = deque(range(k))
+    waiting: dict[tuple[int, Op, int], int] = {}
+    while ready:
+        s = ready.popleft()
+        row = schedule.stages[s]
+        while pc[s] < len(row):
+            a = row[pc[s]]
+            op = a.op
+            if op in (Op.RECV_F, Op.RECV_B):
+                src = s - 1 if op is Op.RECV_F else s + 1
+                key = (src, Op.SEND_F if op is Op.RECV_F else Op.SEND_B, a.microbatch)
+                arrival = arrivals.get(key)
+                if arrival is None:
+                    waiting[key] = s
+                    break  # blocked until the neighbour sends
+                start = clock[s]
+                clock[s] = max(clock[s], arrival) + duration(a)
+                add(a, start, clock[s])
+            elif op is Op.SWAP_OUT:
+                start = max(lane_out[s], clock[s])
+                lane_out[s] = start + duration(a)
+                swapped_out[(s, a.microbatch, a.layer)] = lane_out[s]
+                add(a, start, lane_out[s])
+            elif op is Op.SWAP_IN:
+                start = max(lane_in[s], clock[s], swapped_out.get((s, a.microbatch, a.layer), 0.0))
+                lane_in[s] = start + duration(a)
+                swapped_in[(s, a.microbatch)] = max(swapped_in.get((s, a.microbatch), 0.0), lane_in[s])
+                add(a, start, lane_in[s])
+            else:
+                start = clock[s]
+                if op is Op.B:
+                    start = max(start, swapped_in.get((s, a.microbatch), 0.0))
+                if op in (Op.SEND_F, Op.SEND_B) and sends_use_copy_lane:
+                    start = max(start, lane_out[s])
+                end = start + duration(a)
+                clock[s] = end
+                if op in (Op.SEND_F, Op.SEND_B):
+                    arrivals[(s, op, a.microbatch)] = end
+                    if sends_use_copy_lane:
+                        lane_out[s] = end
+                    woken = waiting.pop((s, op, a.microbatch), None)
+                    if woken is not None:
+                        ready.append(woken)
+                add(a, start, end)
+            pc[s] += 1
     stuck = [s for s in range(k) if pc[s] < len(schedule.stages[s])]
     if stuck:
-        waiting = ", ".join(f"stage {s} waits at {schedule.stages[s][pc[s]]}" for s in stuck)
+        blocked = ", ".join(f"stage {s} waits at {schedule.stages[s][pc[s]]}" for s in stuck)
         raise ScheduleError(
-            f"the schedule deadlocks: {waiting}; no stage can move. Reorder the sends and receives so every receive's "
+            f"the schedule deadlocks: {blocked}; no stage can move. Reorder the sends and receives so every receive's "
             f"matching send can happen first.\n" + format_grid(schedule, (stuck[0], pc[stuck[0]]))
         )
     return Timeline(tuple(spans))

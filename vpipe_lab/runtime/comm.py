@@ -132,19 +132,18 @@ class Peer:
         self._wait(work, "boundary broadcast")
         return obj if self.rank == src else json.loads(bytes(buf.cpu().numpy()))
 
-    def all_max(self, values: Sequence[float]) -> list[float]:
+    def _all_reduce(self, values: Sequence[float], op: Any) -> list[float]:
         t = torch.tensor(list(values), dtype=torch.float64, device=self.device)
         with _posted("boundary all-reduce", self.rank):
-            work = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
+            work = dist.all_reduce(t, op=op, async_op=True)
         self._wait(work, "boundary all-reduce")
         return [float(x) for x in t.cpu()]
 
+    def all_max(self, values: Sequence[float]) -> list[float]:
+        return self._all_reduce(values, dist.ReduceOp.MAX)
+
     def all_sum(self, values: Sequence[float]) -> list[float]:
-        t = torch.tensor(list(values), dtype=torch.float64, device=self.device)
-        with _posted("all-reduce", self.rank):
-            work = dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=True)
-        self._wait(work, "all-reduce")
-        return [float(x) for x in t.cpu()]
+        return self._all_reduce(values, dist.ReduceOp.SUM)
 
     def send_json(self, obj: Any, dst: int, tag: int) -> None:
         data = json.dumps(obj).encode()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,22 @@ def load_callables(spec: JobSpec) -> Callables:
     for role in ("model", "data", "loss", "optimizer"):
         if role in user and user[role] is not None:
             found[role] = user[role]
+        elif role in spec.imports:
+            module, _, attr = spec.imports[role].partition(":")
+            try:
+                found[role] = getattr(importlib.import_module(module), attr)
+            except (ImportError, AttributeError) as exc:
+                raise ValueError(f"cannot load the {role} {spec.imports[role]!r}: {exc}; it must be importable on "
+                                 "every node (same package, same PYTHONPATH)") from None
         elif role in spec.examples:
             found[role] = getattr(examples.get(spec.examples[role]), role)
         else:
             found[role] = None
+    if found["model"] is not None and "model" in spec.examples:  # a bundled model brings its own parts
+        bundled = examples.get(spec.examples["model"])
+        for role in ("data", "loss", "optimizer"):
+            if found[role] is None:
+                found[role] = getattr(bundled, role)
     if found["model"] is None or found["data"] is None:
         raise ValueError("the job has no model or no data function: give both, or a bundled example name")
     return Callables(**found)

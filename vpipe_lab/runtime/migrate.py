@@ -250,6 +250,10 @@ class MigratingWorker(Worker):
                                "pause_s": pause, "transfer_s": time.perf_counter() - saved_at,
                                "layers_in": [j for j, _, _ in recvs], "layers_out": [j for j, _, _ in sends],
                                "span": [now - pause, now], "iteration": self.ctl.iteration})
+        if rank == 0:  # an attached client learns the plan in force from this (see control/broker.py)
+            self.send(P.CURRENT, {"plan": plan.to_dict(), "plan_version": version,
+                                  "names": self.names if new_model is None else
+                                  [f"{i}:{type(m).__name__}" for i, m in enumerate(new_model)]})
         total = self.peer.all_sum([float(moved), pause])
         return {"ok": True, "moved_bytes": int(total[0]), "pause_s": pause, "version": version,
                 "layers": self.num_layers if new_model is None else len(new_model)}

@@ -151,6 +151,8 @@ class Worker:
             self.ctl.target = None if n is None else self.ctl.iteration + int(n)
             self.ctl.paused = False
             self.ack(cmd, target=self.ctl.target)
+            if self.rank == 0:
+                self.send(P.CURRENT, {"running": self.ctl.target is None, "target": self.ctl.target})
         elif kind == P.PAUSE:
             self.ctl.paused = True
             self.ack(cmd)
@@ -312,14 +314,26 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: int,
         worker_cls: type[Worker] | None = None) -> int:
+    """A worker started by ``launch()``: connect to the controller, join the process group, serve."""
     torch.set_num_threads(spec.threads)
     link = Link(spec.address, spec.key, f"rank{rank}")
     link.send(P.Message(P.HELLO, body={"rank": rank, "pid": os.getpid(), "host": socket.gethostname()}))
-    try:
+
+    def join() -> None:
         log.info("joining the process group at %s:%d as rank %d of %d", spec.master_addr, spec.master_port, rank, world)
         placement = select(spec.device, local_rank, local_world)
         dist.init_process_group(placement.backend, init_method=f"tcp://{spec.master_addr}:{spec.master_port}",
                                 rank=rank, world_size=world, timeout=timedelta(seconds=spec.timeout_s))
+
+    return serve(spec, rank, world, local_rank, local_world, link, join, worker_cls)
+
+
+def serve(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: int, link: Link,
+          join: Any = None, worker_cls: type[Worker] | None = None, on_ready: Any = None) -> int:
+    """Build the stage, report READY, run the control loop until STOP; any failure is reported with its stage."""
+    try:
+        if join is not None:
+            join()
         from vpipe_lab.runtime.migrate import MigratingWorker  # it builds on Worker, so it is imported here
 
         worker = (worker_cls or MigratingWorker)(spec, rank, world, link, local_rank, local_world)
@@ -329,6 +343,8 @@ def run(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: int,
             "rank": rank, "layers": worker.num_layers, "names": worker.names, "plan": worker.plan.to_dict(),
             "device": str(worker.placement.device), "backend": worker.placement.backend,
             "iteration": worker.ctl.iteration}))
+        if on_ready is not None:
+            on_ready(worker)
         worker.loop()
         log.info("stopped cleanly")
         return 0

@@ -1,0 +1,177 @@
+"""Starting a pipeline (``launch``) and attaching to one that torchrun started (``attach``)."""
+
+from __future__ import annotations
+
+import socket
+import tempfile
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from vpipe_lab.control import protocol as P
+from vpipe_lab.control.channel import Client, Hub
+from vpipe_lab.control.checkpoint import Manifest
+from vpipe_lab.control.jobspec import JobSpec
+from vpipe_lab.control.launcher import Launcher, reap_stale
+from vpipe_lab.control.session import Session
+from vpipe_lab.core.errors import PlanError
+from vpipe_lab.core.model import SCHEDULES, Plan
+from vpipe_lab.core.partition import uniform
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _budgets(memory_budget: int | Sequence[int] | None, stages: int) -> list[int] | None:
+    if memory_budget is None:
+        return None
+    if isinstance(memory_budget, int) and not isinstance(memory_budget, bool):
+        return [memory_budget] * stages
+    budgets = list(memory_budget)
+    if len(budgets) != stages or not all(isinstance(b, int) and b > 0 for b in budgets):
+        raise ValueError(f"memory_budget must be bytes per stage: one positive int or {stages} of them, "
+                         f"got {memory_budget!r}")
+    return budgets
+
+
+def launch(
+    model: Any,
+    data: Any = None,
+    *,
+    stages: int,
+    microbatches: int,
+    schedule: str = "1f1b",
+    loss: Any = None,
+    optimizer: Any = None,
+    device: str = "auto",
+    memory_budget: int | Sequence[int] | None = None,
+    plan: Plan | None = None,
+    seed: int = 0,
+    telemetry: bool = True,
+    timeout: float = 120.0,
+    threads: int = 1,
+    start_timeout: float = 120.0,
+    host: str = "127.0.0.1",
+    resume: str | Path | None = None,
+    auto_replan: bool | dict[str, Any] = False,
+) -> Session:
+    """Start one worker process per stage and return the Session once every stage is ready (training not started).
+
+    ``model`` is an ``nn.Sequential``, a zero-argument callable returning one (built in each worker after
+    ``torch.manual_seed(seed)``), or a bundled example name; ``data(iteration) -> (inputs, targets)`` is
+    deterministic per iteration, or a bundled example name (default: the model's, when the model is one).
+    ``resume`` restores a ``Session.save()`` checkpoint (parameters, optimizer state, plan unless ``plan`` is given,
+    iteration); ``auto_replan`` turns on vPipe's online replanning (True, or the options of ``Session.auto_replan``).
+    """
+    from vpipe_lab import examples
+
+    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+        raise ValueError(f"stages must be a whole number >= 1, got {stages!r}")
+    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+        raise ValueError(f"microbatches must be a whole number >= 1, got {microbatches!r}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"unknown device {device!r}: use 'auto', 'cpu' or 'cuda'")
+    manifest = None
+    if resume is not None:
+        manifest = Manifest.read(resume)
+        if plan is None:
+            saved = Plan.from_dict(manifest.plan)
+            # Layers are saved one file each, so a checkpoint resumes onto another stage count too.
+            plan = saved if saved.stages == stages else Plan(uniform(manifest.num_layers, stages), saved.policies,
+                                                              saved.microbatches, saved.schedule)
+            plan = plan.replace(microbatches=microbatches, schedule=schedule)
+    if plan is not None:
+        plan = plan.validate(stages=stages)
+        if plan.microbatches != microbatches or plan.schedule != schedule:
+            raise PlanError(f"the plan is for {plan.schedule} with {plan.microbatches} micro-batches but the session "
+                            f"runs {schedule} with {microbatches}; make them agree")
+    named: dict[str, str] = {}
+    user: dict[str, Any] = {}
+    for role, value in (("model", model), ("data", data), ("loss", loss), ("optimizer", optimizer)):
+        if isinstance(value, str):
+            examples.get(value)  # fails early with the list of names
+            named[role] = value
+        elif value is not None:
+            user[role] = value
+    if isinstance(model, str):  # a bundled model brings its own data, loss and optimizer unless given
+        for role in ("data", "loss", "optimizer"):
+            if role not in named and role not in user:
+                named[role] = model
+    if "data" not in named and "data" not in user:
+        raise ValueError("no data: pass data(iteration) -> (inputs, targets), or a bundled example name")
+    reap_stale()
+    job_dir = Path(tempfile.mkdtemp(prefix="vpipe-lab-"))
+    session_id = uuid.uuid4().hex[:12]
+    callables_path = None
+    if user:
+        import cloudpickle
+
+        callables_path = job_dir / "callables.pkl"
+        with open(callables_path, "wb") as fh:
+            cloudpickle.dump(user, fh)
+        callables_path.chmod(0o600)
+    key = P.new_key()
+    hub = Hub(key, host)
+    spec = JobSpec(
+        session_id=session_id, key=key, address=hub.address, master_addr=host, master_port=_free_port(host),
+        stages=stages, microbatches=microbatches, schedule=schedule, device=device, seed=seed,
+        plan=plan.to_dict() if plan is not None else None, memory_budget=_budgets(memory_budget, stages),
+        telemetry=telemetry, timeout_s=timeout, threads=threads,
+        callables_path=str(callables_path) if callables_path else None, examples=named,
+        start_iteration=manifest.iteration if manifest else 0,
+        resume_path=str(Path(resume).absolute()) if resume is not None else None,
+    )
+    spec_path = job_dir / "job.json"
+    spec.save(spec_path)
+    launcher = Launcher(session_id, job_dir)
+    session = Session(spec, hub, launcher, job_dir)
+    try:
+        for rank in range(stages):
+            launcher.spawn(rank, ["--config", str(spec_path), "--rank", str(rank)])
+    except Exception:
+        session.stop()
+        raise
+    session._wait_ready(start_timeout)
+    if manifest is not None:
+        session.plan_version = manifest.plan_version
+    if auto_replan:
+        session.auto_replan(**(auto_replan if isinstance(auto_replan, dict) else {}))
+    return session
+
+
+def attach(address: str, *, key: str, timeout: float = 30.0) -> Session:
+    """The Session of a running job whose rank 0 serves ``address`` (a torchrun job: ``vpipe-lab worker``).
+
+    Everything a launched Session does works (metrics, dashboard, apply and live migration, replan, stop) except
+    what needs the local job directory; ``detach()`` lets go while training continues, ``attach`` again later.
+    """
+    if not address.startswith("tcp://"):
+        address = f"tcp://{address}"
+    client = Client(address, key, timeout=timeout)
+    welcome = client.welcome or {}
+    job = welcome["job"]
+    spec = JobSpec(session_id=job["session_id"], key=key, address=address, master_addr=job.get("master_addr", ""),
+                   master_port=int(job.get("master_port", 0)), stages=int(job["stages"]),
+                   microbatches=int(job["microbatches"]), schedule=job["schedule"], device=job["device"],
+                   seed=int(job["seed"]), memory_budget=job.get("memory_budget"), timeout_s=float(job["timeout_s"]))
+    session = Session(spec, client, launcher=None, job_dir=None, attached=True)
+    for body in welcome["ready"]:
+        session._ready[int(body["rank"])] = body
+    if len(session._ready) < session.stages:
+        client.close()
+        raise TimeoutError(f"only {len(session._ready)} of {session.stages} stages are ready yet; attach again shortly")
+    current = welcome.get("current", {})
+    session._plan = Plan.from_dict(current.get("plan") or welcome["ready"][0]["plan"])
+    session.names = list(current.get("names") or welcome["ready"][0]["names"])
+    session.plan_version = int(current.get("plan_version", 0))
+    session._iteration = int(current.get("iteration", 0))
+    session._target = None if current.get("running") else session._iteration
+    client.wait_replay(min(timeout, 10.0))
+    client.set_handler(session._handle)  # the replayed recent iterations fill the metrics first
+    return session

@@ -1,0 +1,112 @@
+"""A stage worker under torchrun (one process per stage, across nodes): ``vpipe-lab worker --model ... --data ...``.
+
+torchrun (c10d rendezvous) sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and MASTER_ADDR/PORT. Rank 0 serves the
+control endpoint (a broker): ranks connect to its backend, notebooks attach to its frontend, which listens on
+loopback unless ``--control-host`` says otherwise and refuses anything not signed with the session key. The job
+runs on its own: attaching, detaching and re-attaching never pause it; STOP from a client ends it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from vpipe_lab import examples
+from vpipe_lab.control import protocol as P
+from vpipe_lab.control.broker import Broker
+from vpipe_lab.control.channel import Link
+from vpipe_lab.control.jobspec import JobSpec
+from vpipe_lab.runtime.comm import Peer
+from vpipe_lab.runtime.device import select
+from vpipe_lab.runtime.worker import serve
+
+log = logging.getLogger("vpipe_lab.torchrun")
+
+
+def _env(name: str) -> int:
+    if name not in os.environ:
+        raise RuntimeError(f"{name} is not set: run `vpipe-lab worker` under torchrun, which sets RANK, WORLD_SIZE, "
+                           "LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT")
+    return int(os.environ[name])
+
+
+def _role(value: str | None, role: str, spec: JobSpec) -> None:
+    """A bundled example name, or 'package.module:attribute' importable on every node."""
+    if value is None:
+        return
+    if value in examples.EXAMPLES:
+        spec.examples[role] = value
+    elif ":" in value:
+        spec.imports[role] = value
+    else:
+        raise ValueError(f"--{role} {value!r}: give a bundled example ({', '.join(examples.EXAMPLES)}) or "
+                         "'package.module:attribute'")
+
+
+def _key(args: argparse.Namespace, rank: int) -> str:
+    if args.key:
+        return str(args.key)
+    if os.environ.get("VPIPE_LAB_KEY"):
+        return os.environ["VPIPE_LAB_KEY"]
+    path = Path(args.key_file)
+    if rank == 0 and not path.exists():  # the first start makes one; clients read it from this file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(P.new_key())
+        path.chmod(0o600)
+    return path.read_text().strip() if path.exists() else ""
+
+
+def main(args: argparse.Namespace) -> int:
+    rank, world = _env("RANK"), _env("WORLD_SIZE")
+    local_rank, local_world = _env("LOCAL_RANK"), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(args.threads)
+    placement = select(args.device, local_rank, local_world)
+    dist.init_process_group(placement.backend, init_method="env://", timeout=timedelta(seconds=args.timeout))
+    peer = Peer(rank, world, placement.device if placement.is_cuda else torch.device("cpu"), args.timeout)
+    budget = [args.memory_budget] * world if args.memory_budget else None
+    job = {"session_id": uuid.uuid4().hex[:12], "stages": world, "microbatches": args.microbatches,
+           "schedule": args.schedule, "device": args.device, "seed": args.seed, "memory_budget": budget,
+           "timeout_s": args.timeout, "master_addr": os.environ.get("MASTER_ADDR", ""),
+           "master_port": int(os.environ.get("MASTER_PORT", "0"))}
+    broker = None
+    shared: dict[str, Any] | None = None
+    if rank == 0:
+        key = _key(args, rank)
+        master = socket.gethostbyname(os.environ.get("MASTER_ADDR", "127.0.0.1"))
+        backend = f"tcp://{master}:{args.backend_port}" if args.backend_port else f"tcp://{master}:0"
+        broker = Broker(key, backend.replace(":0", ":*") if backend.endswith(":0") else backend,
+                        f"tcp://{args.control_host}:{args.control_port}", job)
+        shared = {"key": key, "backend": broker.backend, "job": job}
+        log.info("control endpoint for clients: %s (backend for ranks: %s)", broker.frontend, broker.backend)
+    # Every rank learns the key, the backend and the job's id over the process group it already trusts.
+    shared = peer.broadcast_json(shared)
+    assert shared is not None
+    spec = JobSpec(session_id=shared["job"]["session_id"], key=shared["key"], address=shared["backend"],
+                   master_addr=job["master_addr"], master_port=job["master_port"], stages=world,
+                   microbatches=args.microbatches, schedule=args.schedule, device=args.device, seed=args.seed,
+                   memory_budget=budget, timeout_s=args.timeout, threads=args.threads)
+    _role(args.model, "model", spec)
+    _role(args.data, "data", spec)
+    _role(args.loss, "loss", spec)
+    _role(args.optimizer, "optimizer", spec)
+    if args.plan:
+        from vpipe_lab.core.model import Plan
+
+        spec.plan = Plan.from_json(Path(args.plan)).to_dict()
+    link = Link(spec.address, spec.key, f"rank{rank}")
+    link.send(P.Message(P.HELLO, body={"rank": rank, "pid": os.getpid(), "host": socket.gethostname()}))
+    try:
+        return serve(spec, rank, world, local_rank, local_world, link)
+    finally:
+        if broker is not None:
+            broker.close()
