@@ -84,6 +84,7 @@ class Executor:
         self.budget = budget
         self.record_spans = record_spans
         self._schedule: tuple[Plan, Schedule] | None = None
+        self._static = self._param_bytes = 0
 
     def schedule(self, plan: Plan) -> Schedule:
         if self._schedule is None or self._schedule[0] != plan:
@@ -97,7 +98,9 @@ class Executor:
     def _check_budget(self, result: IterationResult) -> None:
         if self.budget is None or result.violation is not None:
             return
-        static = sum(self.stage.static_bytes().values())
+        # Parameters and optimizer state are fixed within an iteration; gradients appear with the first backward
+        # and are parameter-sized. Walking every tensor after each layer would put O(parameters) on the hot path.
+        static = self._static + (self._param_bytes if self.stage.ledger.in_backward else 0)
         used = static + self.stage.ledger.current
         if used > self.budget:
             per_layer = self.stage.ledger.by_layer_peak(self.stage.owned)
@@ -111,6 +114,10 @@ class Executor:
         stage = self.stage
         stage.loss_scale = 1.0 / m
         stage.ledger.reset_peaks()
+        if self.budget is not None:
+            sizes = stage.static_bytes()
+            self._param_bytes = sizes["params"]
+            self._static = sizes["params"] + sizes["grads"] + sizes["optimizer"]
         inputs = targets = None
         if batch is not None:
             if rank == 0:
