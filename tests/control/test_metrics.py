@@ -9,4 +9,5 @@ def test_rolling_spans_and_frames() -> None:
     assert len(m.timeline()) == 4 and {s.iteration for s in m.timeline()} == {2, 3}
     assert list(m.iterations["iteration"]) == [0, 1, 2, 3]
     assert len(m.memory) == 4 and m.latest()["iteration"] == 3
+    assert [r["iteration"] for r in m.records(last=2)] == [2, 3] and m.latest_memory()[0]["iteration"] == 3
     assert set(m.spans["kind"]) == {"forward", "swap_out"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from itertools import islice
 from typing import Any
 
 from vpipe_lab.core.timeline import KINDS, Span, Timeline
@@ -17,11 +18,13 @@ class Metrics:
         self._iterations: deque[dict[str, Any]] = deque(maxlen=max_rows)
         self._memory: deque[dict[str, Any]] = deque(maxlen=max_rows)
         self._spans: deque[tuple[int, list[Span]]] = deque(maxlen=span_window)
+        self._latest_memory: list[dict[str, Any]] = []
 
     def add(self, iteration: dict[str, Any], spans: list[Span], memory: list[dict[str, Any]]) -> None:
         with self._lock:
             self._iterations.append(iteration)
             self._memory.extend(memory)
+            self._latest_memory = memory
             if spans:
                 self._spans.append((iteration["iteration"], spans))
 
@@ -30,13 +33,21 @@ class Metrics:
         with self._lock:
             self._spans.append((spans[0].iteration if spans else -1, spans))
 
-    def records(self) -> list[dict[str, Any]]:
+    def records(self, last: int | None = None) -> list[dict[str, Any]]:
+        """Iteration records, oldest first; ``last`` takes only the newest ones without copying the rest."""
         with self._lock:
-            return list(self._iterations)
+            if last is None:
+                return list(self._iterations)
+            return list(islice(reversed(self._iterations), last))[::-1]
 
     def memory_records(self) -> list[dict[str, Any]]:
         with self._lock:
             return list(self._memory)
+
+    def latest_memory(self) -> list[dict[str, Any]]:
+        """The per-stage memory rows of the newest iteration."""
+        with self._lock:
+            return list(self._latest_memory)
 
     def latest(self) -> dict[str, Any] | None:
         with self._lock:

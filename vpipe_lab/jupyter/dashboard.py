@@ -82,11 +82,11 @@ class Dashboard:
     def refresh(self) -> None:
         """Redraw from the session's metrics (called by the refresher thread; callable by hand)."""
         s = self.session
-        records = s.metrics.records()[-self.points:]
+        # Only the newest rows are read: a refresh costs the same after hours of training as after a minute.
+        records = s.metrics.records(last=self.points)
         timeline = s.metrics.timeline(self.window).with_idle()
         latest = records[-1] if records else None
-        mem = [r for r in s.metrics.memory_records() if latest and r["iteration"] == latest["iteration"]]
-        mem.sort(key=lambda r: r["stage"])
+        mem = sorted(s.metrics.latest_memory(), key=lambda r: r["stage"])
         state = "stopped" if s._closed else "failed" if s._fatal else "running" if s.running else "idle"
         text = f"<b>vpipe_lab</b> - {state}, iteration {s.iteration}, plan v{s.plan_version}: {s.plan.describe()}"
         if latest:
