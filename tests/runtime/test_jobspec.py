@@ -15,7 +15,8 @@ def spec(tmp_path: Path, **kw: object) -> JobSpec:
 def test_bundled_and_user_callables(tmp_path: Path) -> None:
     s = spec(tmp_path, examples={"model": "mlp", "data": "mlp"})
     fns = load_callables(s)
-    assert fns.model.__name__ == "model" and fns.loss is None
+    assert fns.model.__name__ == "model" and fns.loss.__module__ == "vpipe_lab.examples.mlp"  # a bundled model
+    # brings its own loss and optimizer unless they are given
     path = tmp_path / "c.pkl"
     path.write_bytes(cloudpickle.dumps({"loss": lambda a, b: 0}))
     s = spec(tmp_path, examples={"model": "mlp", "data": "mlp"}, callables_path=str(path))
