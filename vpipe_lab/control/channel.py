@@ -126,7 +126,6 @@ class _Dealer:
         self._outbox: queue.Queue[Message] = queue.Queue()
         self._stop = threading.Event()
         self._heartbeat_s = heartbeat_s
-        self.last_heard = time.monotonic()
         self._seq = 0
         self._thread = threading.Thread(target=self._loop, name=thread_name, daemon=True)
         self._thread.start()
@@ -171,7 +170,6 @@ class _Dealer:
                 except ProtocolError as exc:
                     log.warning("%s rejected a message: %s", self.name, exc)
                     continue
-                self.last_heard = time.monotonic()
                 if msg.type == HEARTBEAT:
                     continue
                 try:

@@ -21,9 +21,8 @@ VERSION = 1
 RUN, PAUSE, RESUME, STOP, APPLY, PROFILE, STATE, SAVE, PING, MODEL, TELEMETRY = (
     "run", "pause", "resume", "stop", "apply", "profile", "state", "save", "ping", "model", "telemetry")
 # Events: workers -> controller.
-HELLO, READY, ITERATION, SPANS, MEMORY, LAYERS, ERROR, ACK, HEARTBEAT, PONG, TENSORS, MIGRATED = (
-    "hello", "ready", "iteration", "spans", "memory", "layers", "error", "ack", "heartbeat", "pong", "tensors",
-    "migrated")
+HELLO, READY, ITERATION, LAYERS, ERROR, ACK, HEARTBEAT, TENSORS, MIGRATED = (
+    "hello", "ready", "iteration", "layers", "error", "ack", "heartbeat", "tensors", "migrated")
 
 
 # Attaching to a job served by a broker (torchrun): client <-> broker, and rank 0's "plan in force" updates.

@@ -28,7 +28,6 @@ class Op(StrEnum):
     RECOMPUTE = "RC"
 
 
-ASYNC_OPS = frozenset({Op.SWAP_OUT, Op.SWAP_IN})
 _ACTION = re.compile(r"^(\d+)(SF|RF|SB|RB|SO|SI|RC|F|B)(\d+)(?:\.(\d+))?$")
 
 
