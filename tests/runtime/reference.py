@@ -2,43 +2,67 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
+from vpipe_lab.runtime.batches import Source, split
+from vpipe_lab.runtime.capture import args_kwargs
 from vpipe_lab.runtime.stage import layer_seed
 
 
-def train(model_fn: Callable[[], torch.nn.Sequential], data_fn: Callable[[int], tuple[Any, Any]],
+def train(model_fn: Callable[[], torch.nn.Module] | None, data: Callable[[int], tuple[Any, Any]] | Iterable[Any],
           loss_fn: Callable[[Any, Any], torch.Tensor], optimizer_fn: Callable[[Any], torch.optim.Optimizer],
           *, iterations: int, microbatches: int, seed: int = 0, start: int = 0,
-          model: torch.nn.Sequential | None = None) -> tuple[torch.nn.Sequential, list[float]]:
-    """Gradient accumulation over ``torch.chunk`` micro-batches of mean-reduced losses, one optimizer per layer.
+          model: torch.nn.Module | None = None) -> tuple[torch.nn.Module, list[float]]:
+    """Gradient accumulation over ``torch.chunk`` micro-batches of mean-reduced losses, one optimizer over the
+    model's parameters (a tied weight once), as an ML engineer writes it.
 
-    Each layer's forward is seeded as the pipeline seeds it, so models with dropout compare too.
+    An nn.Sequential's layers are seeded as the pipeline seeds them, so models with dropout compare too; any other
+    model is called as the data gives its inputs (a tensor, positional tuple or keyword dict).
     """
     if model is None:
+        assert model_fn is not None
         torch.manual_seed(seed)
         model = model_fn()
-    optimizers = [optimizer_fn([p for p in layer.parameters()]) if list(layer.parameters()) else None
-                  for layer in model]
+    model.train()
+    optimizer = optimizer_fn(list(model.parameters()))
+    source = Source(data, start)
     losses = []
     for it in range(start, start + iterations):
-        x, y = data_fn(it)
-        xs, ys = torch.chunk(x, microbatches), torch.chunk(y, microbatches)
+        x, y = source.get(it)
+        xs = split(x, microbatches, "inputs")
+        ys = split(y, microbatches, "targets") if y is not None else [None] * microbatches
         total = 0.0
         for mb, (xm, ym) in enumerate(zip(xs, ys)):
-            h = xm
-            for i, layer in enumerate(model):
-                torch.manual_seed(layer_seed(seed, it, mb, i))
-                h = layer(h)
+            if isinstance(model, torch.nn.Sequential):
+                h = xm
+                for i, layer in enumerate(model):
+                    torch.manual_seed(layer_seed(seed, it, mb, i))
+                    h = layer(h)
+            else:
+                args, kwargs = args_kwargs(xm)
+                h = model(*args, **kwargs)
             loss = loss_fn(h, ym)
             (loss / microbatches).backward()
             total += float(loss.detach())
         losses.append(total / microbatches)
-        for opt in optimizers:
-            if opt is not None:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
     return model, losses
+
+
+def expected_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer under its first name (a tied weight once), as a pipeline reports them."""
+    return {**dict(model.named_parameters()), **dict(model.named_buffers())}
+
+
+def assert_state_matches(state: dict[str, torch.Tensor], model: torch.nn.Module, exact: bool = False) -> None:
+    expected = expected_state(model)
+    assert sorted(state) == sorted(expected)
+    for key, value in expected.items():
+        if exact:
+            assert torch.equal(state[key], value.detach()), key
+        else:
+            torch.testing.assert_close(state[key], value.detach(), msg=lambda m, key=key: f"{key}: {m}")

@@ -8,7 +8,7 @@ from vpipe_lab.core.model import Plan
 from vpipe_lab.examples import mlp
 from vpipe_lab.runtime.comm import Peer
 from vpipe_lab.runtime.device import Clock, Placement
-from vpipe_lab.runtime.executor import Executor, default_loss, split
+from vpipe_lab.runtime.executor import Executor, default_loss
 from vpipe_lab.runtime.stage import Stage
 
 
@@ -47,10 +47,20 @@ def test_budget_violation_names_kept_layers() -> None:
     assert result.violation is not None and result.violation.stage == 0 and result.violation.layers
 
 
-def test_split_and_default_loss() -> None:
-    assert len(split((torch.zeros(8, 2), torch.zeros(8)), 4, "inputs")) == 4
-    with pytest.raises(ValueError, match="batch size 3, which cannot be split into 4"):
-        split(torch.zeros(3, 2), 4, "inputs")
+def test_default_loss() -> None:
     logits = torch.zeros(2, 5, 7)
     assert default_loss(logits, torch.zeros(2, 5, dtype=torch.long)).item() == pytest.approx(torch.log(torch.tensor(7.)).item())
     assert default_loss(torch.ones(3), torch.zeros(3)).item() == 1.0
+
+
+def test_default_loss_reads_model_outputs() -> None:
+    """A model output object: its own loss when there are no targets, else its logits."""
+
+    class Out(dict):
+        pass
+
+    out = Out(logits=torch.zeros(2, 3, 7), loss=torch.tensor(1.5))
+    assert default_loss(out, None).item() == 1.5
+    assert default_loss(out, torch.zeros(2, 3, dtype=torch.long)).item() == pytest.approx(torch.log(torch.tensor(7.)).item())
+    with pytest.raises(ValueError, match="no targets and the model's output has no loss"):
+        default_loss(torch.zeros(2), None)

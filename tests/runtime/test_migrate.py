@@ -1,28 +1,36 @@
+import json
+
 import pytest
 import torch
 
-from vpipe_lab.runtime.migrate import flatten, layer_state, signature, unflatten
+
+from vpipe_lab.runtime.migrate import flatten, layer_state, materialise, signature, unflatten
 from vpipe_lab.runtime.stage import Stage
 
 
-def test_optimizer_state_survives_flattening() -> None:
+def test_layer_state_survives_flattening_and_fills_another_stage() -> None:
+    """A layer's tensors and per-parameter optimizer state cross as JSON + tensors and continue bit for bit."""
     stage = Stage(torch.device("cpu"), lambda p: torch.optim.Adam(p, lr=0.1), 0)
     stage.add_layer(0, torch.nn.Linear(3, 2))
     layer = stage.layers[0]
     layer.module(torch.ones(4, 3)).sum().backward()
-    layer.optimizer.step()  # type: ignore[union-attr]
-    state = layer_state(layer)
+    stage.step()
+    state = layer_state(stage, 0)
     tensors: list[torch.Tensor] = []
     meta = flatten(state, tensors)
-    import json
-
     again = unflatten(json.loads(json.dumps(meta)), tensors)
-    assert set(again["optimizer"]["state"]) == {0, 1}  # integer keys come back as integers
-    fresh = torch.optim.Adam(torch.nn.Linear(3, 2).parameters(), lr=0.5)
-    fresh.load_state_dict(again["optimizer"])
-    assert fresh.param_groups[0]["lr"] == 0.1
-    for a, b in zip(again["module"].values(), state["module"].values()):
-        assert torch.equal(a, b)
+    assert set(again["tensors"]) == {"0.weight", "0.bias"}
+    assert set(again["optimizer"]["0.weight"]) == {"step", "exp_avg", "exp_avg_sq"}
+    other = Stage(torch.device("cpu"), lambda p: torch.optim.Adam(p, lr=0.1), 0)
+    shell = torch.nn.Linear(3, 2, device="meta")
+    materialise(shell, stage.layers[0].tensors, again["tensors"], torch.device("cpu"))
+    other.add_layer(0, shell, stage.layers[0].tensors)
+    other.rebuild_optimizer(again["optimizer"])
+    for s in (stage, other):
+        s.layers[0].module(torch.ones(4, 3)).sum().backward()
+        s.step()
+    for name in ("0.weight", "0.bias"):
+        assert torch.equal(stage.tensors[name], other.tensors[name])
 
 
 def test_unsupported_state_is_named() -> None:

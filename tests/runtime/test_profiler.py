@@ -19,8 +19,8 @@ def test_layer_costs_are_measured_and_valid() -> None:
         for i in reversed(stage.owned):
             g = stage.backward(mb, i, g, lambda: float(clock()))
     stage.step()
-    docs = layer_costs(stage)
-    assert [d["index"] for d in docs] == [3, 4]
+    docs = layer_costs(stage, {3: "encoder", 4: "head"})
+    assert [d["index"] for d in docs] == [3, 4] and [d["name"] for d in docs] == ["encoder", "head"]
     first = LayerCost.from_dict(docs[0])
     assert first.forward_s > 0 and first.backward_s > 0
     assert first.input_bytes == 5 * 16 * 4 and first.output_bytes == 5 * 32 * 4

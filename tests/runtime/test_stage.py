@@ -66,7 +66,33 @@ def test_step_discard_and_static_bytes() -> None:
     stage.step()
     assert any(not torch.equal(a, b) for a, b in zip(stage.layers[0].module.parameters(), before))
     moved = stage.remove_layer(0)
-    assert 0 not in stage.layers and moved.optimizer is not None
+    assert 0 not in stage.layers and moved.module is not None
+    assert {n for n, _ in stage.params()} == {"1.0.weight", "1.0.bias", "2.0.weight", "2.0.bias"}
+
+
+def test_a_tied_weight_is_one_tensor_with_one_update() -> None:
+    """Two layers sharing a weight: one registry entry, one optimizer entry, the gradient summed over both uses."""
+    torch.manual_seed(0)
+    first, last = torch.nn.Linear(4, 4, bias=False), torch.nn.Linear(4, 4, bias=False)
+    last.weight = first.weight
+    model = torch.nn.Sequential(first, torch.nn.Tanh(), last)
+    ref = [p.clone() for p in model.parameters()]
+    stage = Stage(torch.device("cpu"), lambda p: torch.optim.SGD(p, lr=0.1), seed=0)
+    from vpipe_lab.runtime.capture import capture
+
+    chain = capture(model, None)
+    for i, unit in enumerate(chain.units):
+        stage.add_layer(i, unit, chain.tensors[i])
+    assert [n for n, _ in stage.params()] == ["0.weight"]
+    assert len(stage.optimizer.param_groups[0]["params"]) == 1  # type: ignore[union-attr]
+    x = torch.randn(3, 4)
+    run(stage, x)
+    stage.step()
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False), torch.nn.Tanh(), torch.nn.Linear(4, 4, bias=False))
+    plain[0].weight = plain[2].weight = torch.nn.Parameter(ref[0].clone())
+    plain(x).sum().backward()
+    torch.optim.SGD(plain.parameters(), lr=0.1).step()
+    torch.testing.assert_close(stage.tensors["0.weight"], plain[0].weight)
 
 
 def test_layer_seed_is_distinct_per_coordinate() -> None:

@@ -58,12 +58,19 @@ def launch(
     host: str = "127.0.0.1",
     resume: str | Path | None = None,
     auto_replan: bool | dict[str, Any] = False,
+    split: Sequence[str] | Any = None,
 ) -> Session:
     """Start one worker process per stage and return the Session once every stage is ready (training not started).
 
-    ``model`` is an ``nn.Sequential``, a zero-argument callable returning one (built in each worker after
-    ``torch.manual_seed(seed)``), or a bundled example name; ``data(iteration) -> (inputs, targets)`` is
-    deterministic per iteration, or a bundled example name (default: the model's, when the model is one).
+    ``model`` is any ``nn.Module``, a zero-argument callable returning one (built in each worker after
+    ``torch.manual_seed(seed)``), or a bundled example name. An ``nn.Sequential``'s children are the partition units;
+    any other model is captured with torch.export and cut at its repeated blocks (each transformer layer, each
+    ResNet block), or at ``split``: module names (``["transformer.h.4", ...]``) or a function ``(name, module) ->
+    bool`` choosing where units begin. ``data`` is ``data(iteration) -> (inputs, targets)`` (deterministic per
+    iteration), any iterable of ``(inputs, targets)`` such as a DataLoader, or a bundled example name (default: the
+    model's, when the model is one); inputs are a tensor, a tuple of positional arguments or a dict of keyword
+    arguments. ``loss(output, targets)`` gets the model's own output object (default: the output's ``loss`` when
+    targets are None, else cross-entropy / MSE on the logits).
     ``resume`` restores a ``Session.save()`` checkpoint (parameters, optimizer state, plan unless ``plan`` is given,
     iteration); ``auto_replan`` turns on vPipe's online replanning (True, or the options of ``Session.auto_replan``).
     """
@@ -93,7 +100,13 @@ def launch(
                             f"runs {schedule} with {microbatches}; make them agree")
     named: dict[str, str] = {}
     user: dict[str, Any] = {}
-    for role, value in (("model", model), ("data", data), ("loss", loss), ("optimizer", optimizer)):
+    if isinstance(split, str):
+        split = [split]
+    if split is not None and not callable(split) and (not all(
+            isinstance(n, str) and n for n in split)):
+        raise ValueError(f"split must be a list of module names or a function (name, module) -> bool, got {split!r}")
+    for role, value in (("model", model), ("data", data), ("loss", loss), ("optimizer", optimizer),
+                        ("split", None if split is None else (split if callable(split) else list(split)))):
         if isinstance(value, str):
             examples.get(value)  # fails early with the list of names
             named[role] = value
@@ -104,7 +117,8 @@ def launch(
             if role not in named and role not in user:
                 named[role] = model
     if "data" not in named and "data" not in user:
-        raise ValueError("no data: pass data(iteration) -> (inputs, targets), or a bundled example name")
+        raise ValueError("no data: pass data(iteration) -> (inputs, targets), an iterable of (inputs, targets) such "
+                         "as a DataLoader, or a bundled example name")
     reap_stale()
     job_dir = Path(tempfile.mkdtemp(prefix="vpipe-lab-"))
     session_id = uuid.uuid4().hex[:12]

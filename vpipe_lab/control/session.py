@@ -370,13 +370,15 @@ class Session(LiveMixin):
         return ModelProfile(tuple(layers[i] for i in sorted(layers)), name="measured")
 
     def state_dict(self, timeout: float | None = None) -> Any:
-        """The whole model's state_dict, gathered from every stage (keys as in the plain nn.Sequential)."""
+        """The whole model's parameters and buffers, gathered from every stage, keyed by their names in the model (a
+        tied weight once, under its first name), in layer order."""
         from vpipe_lab.control.tensorwire import rebuild
 
         out: dict[str, Any] = {}
-        for msg in self._gather(P.STATE, {}, timeout):
-            out.update(rebuild(msg.body["tensors"], list(msg.buffers)))
-        return dict(sorted(out.items(), key=lambda kv: (int(kv[0].split(".")[0]), kv[0])))
+        for msg in sorted(self._gather(P.STATE, {}, timeout), key=lambda m: int(m.body["rank"])):
+            for key, value in rebuild(msg.body["tensors"], list(msg.buffers)).items():
+                out.setdefault(key, value)  # a weight tied across stages: every copy is equal
+        return out
 
     def detach(self) -> None:
         """Let go of an attached job without stopping it (``attach`` again any time). Idempotent."""

@@ -15,8 +15,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-TAG_FORWARD, TAG_BACKWARD, TAG_MIGRATE = 1, 2, 3
-MAX_TENSORS = 8
+from vpipe_lab.runtime.batches import describe, rebuild
+
+TAG_FORWARD, TAG_BACKWARD, TAG_MIGRATE, TAG_TARGET = 1, 2, 3, 4
+MAX_TENSORS = 32
 _DIMS = 8
 _SLOT = 3 + _DIMS
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16,
@@ -151,6 +153,27 @@ class Peer:
 
     def recv_json(self, src: int, tag: int) -> Any:
         return json.loads(bytes(self.recv(src, tag)[0].cpu().numpy()))
+
+    def send_tree(self, tree: Any, dst: int, tag: int) -> None:
+        """Any structure of tensors and JSON-able values (targets): its description, then its tensors."""
+        desc, tensors = describe(tree)
+        self.send_json(desc, dst, tag)
+        if tensors:
+            self.send(tuple(tensors), dst, tag)
+
+    def recv_tree(self, src: int, tag: int, device: torch.device | None = None) -> Any:
+        desc = self.recv_json(src, tag)
+        count = sum(1 for slot in desc["slots"] if "shape" in slot)
+        tensors = list(self.recv(src, tag)) if count else []
+        if device is not None:
+            tensors = [t.to(device) for t in tensors]
+        return rebuild(desc, tensors)
+
+    def all_reduce_sum(self, tensor: torch.Tensor, group: Any = None) -> None:
+        """Sum ``tensor`` in place over ``group`` (the ranks that hold a tied parameter)."""
+        with _posted("tied-parameter all-reduce", self.rank):
+            work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True)
+        self._wait(work, "tied-parameter all-reduce")
 
     def barrier(self) -> None:
         self.all_max([0.0])

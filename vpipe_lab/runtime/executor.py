@@ -14,6 +14,8 @@ import torch
 
 from vpipe_lab.core.model import Plan
 from vpipe_lab.core.schedule import Op, Schedule, for_plan
+from vpipe_lab.runtime.batches import loss_with_check, split, to_device
+from vpipe_lab.runtime.capture import Chain
 from vpipe_lab.runtime.comm import TAG_BACKWARD, TAG_FORWARD, Peer
 from vpipe_lab.runtime.device import Clock, Placement, synchronize
 from vpipe_lab.runtime.stage import Stage
@@ -27,32 +29,20 @@ _KIND = {
 
 
 def default_loss(output: Any, target: Any) -> torch.Tensor:
-    """Cross-entropy for integer targets (over the last dimension), mean squared error otherwise."""
+    """The model's own loss when it computed one (HuggingFace models given ``labels``); else cross-entropy over the
+    last dimension for integer targets and mean squared error otherwise, on the logits when the output has them."""
+    own = getattr(output, "loss", None) if not isinstance(output, dict) else output.get("loss")
+    if target is None:
+        if own is None:
+            raise ValueError("the data gave no targets and the model's output has no loss: give (inputs, targets) "
+                             "or a loss function")
+        return own
+    if not isinstance(output, torch.Tensor):
+        logits = getattr(output, "logits", None) if not isinstance(output, dict) else output.get("logits")
+        output = logits if logits is not None else output[0]
     if isinstance(target, torch.Tensor) and not target.is_floating_point():
         return torch.nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
     return torch.nn.functional.mse_loss(output, target)
-
-
-def split(batch: Any, microbatches: int, what: str) -> list[Any]:
-    """``torch.chunk`` along dim 0 (of every tensor in a tuple), insisting on exactly ``microbatches`` chunks."""
-    if isinstance(batch, (tuple, list)):
-        parts = [split(b, microbatches, what) for b in batch]
-        return [type(batch)(p[i] for p in parts) for i in range(microbatches)]
-    if not isinstance(batch, torch.Tensor):
-        raise TypeError(f"the {what} must be a tensor or a tuple of tensors, not {type(batch).__name__}")
-    chunks = torch.chunk(batch, microbatches, dim=0)
-    if len(chunks) != microbatches:
-        raise ValueError(f"the {what} has batch size {batch.shape[0]}, which cannot be split into {microbatches} "
-                         f"micro-batches: use a batch of at least {microbatches} or fewer micro-batches")
-    return list(chunks)
-
-
-def to_device(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=True)
-    if isinstance(value, (tuple, list)):
-        return type(value)(to_device(v, device) for v in value)
-    return value
 
 
 @dataclass
@@ -77,10 +67,12 @@ class Executor:
     """Executes a stage's schedule for each iteration."""
 
     def __init__(self, rank: int, world: int, stage: Stage, peer: Peer, placement: Placement, clock: Clock,
-                 loss_fn: LossFn, budget: int | None = None, record_spans: bool = True) -> None:
+                 loss_fn: LossFn, budget: int | None = None, record_spans: bool = True,
+                 chain: Chain | None = None) -> None:
         self.rank, self.world = rank, world
         self.stage, self.peer, self.placement, self.clock = stage, peer, placement, clock
-        self.loss_fn = loss_fn
+        self.chain = chain
+        self.loss_fn = loss_with_check(loss_fn, chain.finish if chain is not None else (lambda out: out))
         self.budget = budget
         self.record_spans = record_spans
         self._schedule: tuple[Plan, Schedule] | None = None
@@ -123,7 +115,8 @@ class Executor:
             if rank == 0:
                 inputs = split(batch[0], m, "inputs")
             if last:
-                targets = split(batch[1], m, "targets")
+                targets = [None] * m if batch[1] is None else split(batch[1], m, "targets")
+        chain = self.chain
         owned = stage.owned
         received: dict[int, Any] = {}
         outputs: dict[int, Any] = {}
@@ -138,9 +131,14 @@ class Executor:
             start = now()
             if op is Op.RECV_F:
                 got = self.peer.recv(rank - 1, TAG_FORWARD)
-                received[mb] = got[0] if len(got) == 1 else got
+                received[mb] = chain.unpack(owned[0] - 1, got) if chain is not None else (got[0] if len(got) == 1
+                                                                                            else got)
             elif op is Op.F:
-                x = received.pop(mb) if rank > 0 else to_device(inputs[mb], self.placement.device)  # type: ignore[index]
+                if rank > 0:
+                    x = received.pop(mb)
+                else:
+                    x = to_device(inputs[mb], self.placement.device)  # type: ignore[index]
+                    x = chain.start(x) if chain is not None else x
                 for index in owned:
                     x = stage.forward(iteration, mb, index, x, now, input_grad=rank > 0 or index != owned[0])
                     self._check_budget(result)
@@ -150,7 +148,8 @@ class Executor:
                 else:
                     outputs[mb] = x
             elif op is Op.SEND_F:
-                self.peer.send(outputs.pop(mb), rank + 1, TAG_FORWARD)
+                out = outputs.pop(mb)
+                self.peer.send(chain.pack(out) if chain is not None else out, rank + 1, TAG_FORWARD)
             elif op is Op.SWAP_OUT:
                 if action.layer in stage.layers:
                     stage.swap.swap_out(mb, action.layer)

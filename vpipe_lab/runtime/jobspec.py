@@ -21,6 +21,7 @@ class Callables:
     data: Any
     loss: Any
     optimizer: Any
+    split: Any = None  # split points: module names or a function (name, module) -> bool
 
 
 def load_callables(spec: JobSpec) -> Callables:
@@ -51,4 +52,4 @@ def load_callables(spec: JobSpec) -> Callables:
                 found[role] = getattr(bundled, role)
     if found["model"] is None or found["data"] is None:
         raise ValueError("the job has no model or no data function: give both, or a bundled example name")
-    return Callables(**found)
+    return Callables(**found, split=user.get("split"))

@@ -28,9 +28,10 @@ from vpipe_lab.control.checkpoint import Manifest, layer_file
 from vpipe_lab.core.migration import match_layers, owners
 from vpipe_lab.core.model import Plan, Policy
 from vpipe_lab.core.partition import uniform
+from vpipe_lab.runtime.capture import Chain, UnitTensors, build_model, capture, to_meta
 from vpipe_lab.runtime.comm import TAG_MIGRATE
-from vpipe_lab.runtime.memory import module_param_bytes, optimizer_bytes
-from vpipe_lab.runtime.stage import Layer
+from vpipe_lab.runtime.memory import tensor_bytes
+from vpipe_lab.runtime.stage import Stage, get_tensor, set_tensor
 from vpipe_lab.runtime.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -72,9 +73,22 @@ def signature(module: torch.nn.Module) -> str:
     return f"{type(module).__name__}({shapes})"
 
 
-def layer_state(layer: Layer) -> dict[str, Any]:
-    return {"module": layer.module.state_dict(), "optimizer": layer.optimizer.state_dict() if layer.optimizer else None,
-            "policy": layer.policy.value}
+def layer_state(stage: Stage, index: int) -> dict[str, Any]:
+    """A layer's parameters and buffers by canonical name, their optimizer state, and its policy."""
+    layer = stage.layers[index]
+    names = list(dict.fromkeys(layer.names))
+    return {"tensors": {name: stage.tensors[name].detach() for name in names},
+            "optimizer": stage.optimizer_state(names), "policy": layer.policy.value}
+
+
+def materialise(unit: torch.nn.Module, tensors: UnitTensors, values: dict[str, torch.Tensor],
+                device: torch.device) -> None:
+    """Fill a shell unit's parameters and buffers with ``values`` (by canonical name), on ``device``."""
+    for local, name in tensors.params:
+        old = get_tensor(unit, local)
+        set_tensor(unit, local, torch.nn.Parameter(values[name].to(device), requires_grad=old.requires_grad))
+    for local, name in tensors.buffers:
+        set_tensor(unit, local, values[name].to(device))
 
 
 class MigratingWorker(Worker):
@@ -92,11 +106,15 @@ class MigratingWorker(Worker):
         if manifest.num_layers != self.num_layers:
             raise ValueError(f"checkpoint {path} holds {manifest.num_layers} layers but the model has "
                              f"{self.num_layers}: resume with the model that was saved")
-        for index in self.stage.owned:
-            state = torch.load(layer_file(path, index), map_location=self.placement.device, weights_only=True)
-            self.stage.layers[index].module.load_state_dict(state["module"])
-            if state["optimizer"] is not None and self.stage.layers[index].optimizer is not None:
-                self.stage.layers[index].optimizer.load_state_dict(state["optimizer"])
+        states: dict[str, dict[str, Any]] = {}
+        with torch.no_grad():
+            for index in self.stage.owned:
+                state = torch.load(layer_file(path, index), map_location=self.placement.device, weights_only=True)
+                for name, value in state["tensors"].items():
+                    self.stage.tensors[name].copy_(value)
+                states.update(state["optimizer"])
+        self.stage.optimizer = None  # nothing to carry from the fresh optimizer: the checkpoint's state wins
+        self.stage.rebuild_optimizer(states)
         self.ctl.plan_version = manifest.plan_version
         self.model_version = manifest.model_version
         log.info("restored layers %s from %s at iteration %d", self.stage.owned, path, manifest.iteration)
@@ -105,7 +123,7 @@ class MigratingWorker(Worker):
         """Every rank writes its layers; then rank 0 writes the manifest that makes the checkpoint complete."""
         path.mkdir(parents=True, exist_ok=True)
         for index in self.stage.owned:
-            torch.save(layer_state(self.stage.layers[index]), layer_file(path, index))
+            torch.save(layer_state(self.stage, index), layer_file(path, index))
         self.peer.barrier()
         if self.rank == 0:
             Manifest(self.ctl.iteration, self.plan.to_dict(), self.num_layers, self.names, self.spec.seed,
@@ -125,14 +143,17 @@ class MigratingWorker(Worker):
         elif kind == P.MODEL:
             with open(cmd["path"], "rb") as fh:  # written by the controller into the job directory, not a socket
                 factory = cloudpickle.load(fh)
-            old_signatures = [signature(m) for m in self._template()]
+            if self.chain.graph:
+                raise TypeError("set_model (NAS) swaps layers of an nn.Sequential model; this model was captured "
+                                "from a general nn.Module, so relaunch with the new model instead")
+            old_signatures = [signature(m) for m in self.chain.units]
             self.model_version += 1
-            torch.manual_seed(self.spec.seed + 1_000_003 * self.model_version)
-            model = factory()
+            model = build_model(factory, self.spec.seed + 1_000_003 * self.model_version)
             if not isinstance(model, torch.nn.Sequential):
                 raise TypeError(f"the new model factory returned {type(model).__name__}, not an nn.Sequential")
             if len(model) < self.world:
                 raise ValueError(f"the new model has {len(model)} layers, fewer than the {self.world} stages")
+            new_chain = capture(model, None, None)
             # Every rank computes the same defaults: layers matched by signature, an even split, policies carried.
             if cmd.get("mapping") is not None:
                 sources = {int(j): (None if i is None else int(i)) for j, i in cmd["mapping"].items()}
@@ -144,21 +165,19 @@ class MigratingWorker(Worker):
                 policies = [self.plan.policies[i] if i is not None else Policy.KEEP for _, i in sorted(sources.items())]
                 plan = Plan(uniform(len(model), self.world), tuple(policies), self.plan.microbatches,
                             self.plan.schedule)
-            result = self.reconfigure(plan, sources, model, cmd.get("checkpoint"),
+            result = self.reconfigure(plan, sources, new_chain, cmd.get("checkpoint"),
                                       int(cmd.get("version", self.ctl.plan_version + 1)))
             if result["ok"]:
                 self.model_fn = factory
-                self.num_layers = len(model)
-                self.names = [f"{i}:{type(m).__name__}" for i, m in enumerate(model)]
             self.ack(cmd, names=self.names, plan=self.plan.to_dict(),
                      mapping={str(j): i for j, i in sources.items()}, **result)
         else:
             super().handle_extra(cmd)
 
     # --- the reconfiguration itself --------------------------------------------------------------------------------
-    def reconfigure(self, plan: Plan, sources: dict[int, int | None], new_model: torch.nn.Sequential | None,
+    def reconfigure(self, plan: Plan, sources: dict[int, int | None], new_chain: Chain | None,
                     checkpoint: str | None, version: int) -> dict[str, Any]:
-        """Move to ``plan``; new layer j takes old layer ``sources[j]``'s state (None: fresh from ``new_model``)."""
+        """Move to ``plan``; new layer j takes old layer ``sources[j]``'s state (None: fresh from ``new_chain``)."""
         start = time.perf_counter()
         rank, stage = self.rank, self.stage
         old_owner, new_owner = owners(self.plan.boundaries), owners(plan.boundaries)
@@ -172,8 +191,10 @@ class MigratingWorker(Worker):
 
         # 1. Memory: everyone learns what comes to whom, receivers check their budgets, all agree.
         def static(index: int) -> int:
-            layer = stage.layers[index]
-            return 2 * module_param_bytes(layer.module) + optimizer_bytes(layer.optimizer)
+            state = layer_state(stage, index)
+            return (2 * sum(tensor_bytes(t) for t in state["tensors"].values())
+                    + sum(tensor_bytes(v) for st in state["optimizer"].values() for v in st.values()
+                          if isinstance(v, torch.Tensor)))
 
         incoming = [0.0] * self.world
         for _, i, dst in sends:
@@ -198,7 +219,7 @@ class MigratingWorker(Worker):
         moved = 0
         for j, i, dst in sends:
             tensors: list[torch.Tensor] = []
-            meta = flatten(layer_state(stage.layers[i]), tensors)
+            meta = flatten(layer_state(stage, i), tensors)
             self.peer.send_json({"layer": j, "meta": meta, "count": len(tensors)}, dst, TAG_MIGRATE)
             for t in tensors:
                 self.peer.send(t, dst, TAG_MIGRATE)
@@ -214,35 +235,41 @@ class MigratingWorker(Worker):
             tensors = [self.peer.recv(src, TAG_MIGRATE)[0] for _ in range(head["count"])]
             arrived[j] = unflatten(head["meta"], tensors)
         self.peer.flush()
-        # 4. Commit only once every rank has everything it needs.
+        # 4. Commit only once every rank has everything it needs. Layers that stay keep their modules; arriving
+        # ones fill the chain's shells (a new model's chain brings its own fresh layers); a tie arriving where its
+        # weight is already held binds to that one tensor.
         self.peer.barrier()
-        template = new_model if new_model is not None else (self._shells() if arrived else None)
-        # Layers that move or stay keep their modules and optimizers; a new model only supplies fresh layers and
-        # the shells that arriving state is loaded into.
-        layers: dict[int, Layer] = {}
-        for j, i in stays:
-            layer = stage.layers[i]
-            layer.index = j
-            layers[j] = layer
-        stage.layers = {}
+        chain = new_chain if new_chain is not None else self.chain
+        kept = {j: stage.layers[i] for j, i in stays}
+        held_state = stage.optimizer_state()  # by name: survives taking the layers apart and putting them back
+        for index in list(stage.owned):
+            layer = stage.remove_layer(index)
+            if not any(layer is k for k in kept.values()):
+                to_meta(layer.module, layer.tensors)
+        for j, layer in sorted(kept.items()):
+            if new_chain is not None:  # a kept layer takes its place (and its tensors' names) in the new model
+                new_chain.units[j] = layer.module
+            stage.add_layer(j, layer.module, chain.tensors[j])
+        incoming_state: dict[str, dict[str, Any]] = {}
         for j, state in arrived.items():
-            assert template is not None
-            module = template[j]
-            if any(p.is_meta for p in module.parameters()) or any(b.is_meta for b in module.buffers()):
-                module = module.to_empty(device=self.placement.device)
-            module.load_state_dict(state["module"])
-            stage.add_layer(j, module, state["optimizer"])
-            layers[j] = stage.layers[j]
+            materialise(chain.units[j], chain.tensors[j], state["tensors"], self.placement.device)
+            stage.add_layer(j, chain.units[j], chain.tensors[j])
+            incoming_state.update(state["optimizer"])
         for j in fresh:
-            assert new_model is not None
-            stage.add_layer(j, new_model[j])
-            layers[j] = stage.layers[j]
-        stage.layers = dict(sorted(layers.items()))
-        stage._refresh_params()
+            stage.add_layer(j, chain.units[j], chain.tensors[j])
+        stage.layers = dict(sorted(stage.layers.items()))
+        stage.rebuild_optimizer({**incoming_state, **held_state})
         stage._kept_bytes.clear()
         stage.set_policies({j: plan.policies[j] for j in stage.owned})
         stage.reset_stats()
+        if new_chain is not None:
+            for j, unit in enumerate(new_chain.units):
+                if j not in stage.layers:
+                    to_meta(unit, new_chain.tensors[j])
+            self.chain = self.executor.chain = new_chain
+            self.num_layers, self.names = len(new_chain), list(new_chain.names)
         self.plan = plan
+        self.ties.refresh()
         self.ctl.plan_version = version
         pause = time.perf_counter() - start
         now = self.clock.now()
@@ -251,29 +278,7 @@ class MigratingWorker(Worker):
                                "layers_in": [j for j, _, _ in recvs], "layers_out": [j for j, _, _ in sends],
                                "span": [now - pause, now], "iteration": self.ctl.iteration})
         if rank == 0:  # an attached client learns the plan in force from this (see control/broker.py)
-            self.send(P.CURRENT, {"plan": plan.to_dict(), "plan_version": version,
-                                  "names": self.names if new_model is None else
-                                  [f"{i}:{type(m).__name__}" for i, m in enumerate(new_model)]})
+            self.send(P.CURRENT, {"plan": plan.to_dict(), "plan_version": version, "names": self.names})
         total = self.peer.all_sum([float(moved), pause])
         return {"ok": True, "moved_bytes": int(total[0]), "pause_s": pause, "version": version,
-                "layers": self.num_layers if new_model is None else len(new_model)}
-
-    def _template(self) -> torch.nn.Sequential:
-        """A fresh instance of the current model."""
-        torch.manual_seed(self.spec.seed + 1_000_003 * self.model_version)
-        return self.model_fn()
-
-    def _shells(self) -> torch.nn.Sequential:
-        """Layers to load migrated state into, built on the meta device: no memory and no initialisation, which for
-        wide layers costs more than the transfer itself. A model whose layers hold buffers outside their state_dict
-        (non-persistent ones) would come out uninitialised there, so it is built for real instead."""
-        try:
-            with torch.device("meta"):
-                shells = self.model_fn()
-        except Exception:  # a factory that cannot build on meta (data-dependent init, say)
-            return self._template()
-        for module in shells:
-            names = set(module.state_dict())
-            if any(name not in names for name, _ in module.named_buffers()):
-                return self._template()
-        return shells
+                "layers": self.num_layers}

@@ -9,21 +9,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from vpipe_lab.runtime.memory import module_param_bytes, optimizer_bytes
+import torch
+
+from vpipe_lab.runtime.memory import tensor_bytes
 from vpipe_lab.runtime.stage import Stage
 
 
-def layer_costs(stage: Stage) -> list[dict[str, Any]]:
-    """One ``LayerCost`` document (plus its global index) per owned layer, averaged since the last reset."""
+def layer_costs(stage: Stage, names_of: dict[int, str]) -> list[dict[str, Any]]:
+    """One ``LayerCost`` document (plus its global index) per owned layer, averaged since the last reset. A weight
+    tied between layers counts with each of them (each would need it were it alone on a stage)."""
     out = []
     for index in stage.owned:
         layer = stage.layers[index]
         st = layer.stats
-        params = module_param_bytes(layer.module)
-        opt = optimizer_bytes(layer.optimizer)
+        names = [c for _, c in layer.tensors.params]
+        params = sum(tensor_bytes(stage.tensors[n]) for n in dict.fromkeys(names))
+        opt = sum(tensor_bytes(v) for state in stage.optimizer_state(names).values() for v in state.values()
+                  if isinstance(v, torch.Tensor))
         out.append({
             "index": index,
-            "name": f"{index}:{type(layer.module).__name__}",
+            "name": names_of.get(index, str(index)),
             "forward_s": st.forward_s / st.forwards if st.forwards else 0.0,
             "backward_s": st.backward_s / st.backwards if st.backwards else 0.0,
             "activation_bytes": int(st.activation_bytes),

@@ -11,26 +11,27 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
 
 def leafify(value: Any, grad: bool = True) -> tuple[Any, tuple[torch.Tensor, ...]]:
-    """The same structure (tensor, or tuple/list of them) with floating tensors replaced by fresh leaves that require
-    grad (unless ``grad`` is False: data at the pipeline's start); also returns those leaves in order."""
-    if isinstance(value, torch.Tensor):
-        leaf = value.detach().requires_grad_(grad and value.is_floating_point())
-        return leaf, (leaf,) if leaf.requires_grad else ()
-    if isinstance(value, (tuple, list)):
-        parts = [leafify(v, grad) for v in value]
-        return type(value)(p[0] for p in parts), tuple(t for p in parts for t in p[1])
-    return value, ()
+    """The same structure (a tensor, tuple, dict, ...) with floating tensors replaced by fresh leaves that require
+    grad (unless ``grad`` is False: data at the pipeline's start); also returns those leaves in pytree order."""
+    leaves: list[torch.Tensor] = []
+
+    def fresh(v: Any) -> Any:
+        if not isinstance(v, torch.Tensor):
+            return v
+        leaf = v.detach().requires_grad_(grad and v.is_floating_point())
+        if leaf.requires_grad:
+            leaves.append(leaf)
+        return leaf
+
+    return pytree.tree_map(fresh, value), tuple(leaves)
 
 
 def detach(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach()
-    if isinstance(value, (tuple, list)):
-        return type(value)(detach(v) for v in value)
-    return value
+    return pytree.tree_map(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, value)
 
 
 @dataclass
@@ -54,8 +55,12 @@ def forward_without_saving(layer: torch.nn.Module, x: Any, device: torch.device,
 
 
 def rematerialise(layer: torch.nn.Module, saved: Saved) -> tuple[tuple[torch.Tensor, ...], Any]:
-    """Run the layer again with autograd on fresh leaves of its saved input; returns (leaves, output)."""
+    """Run the layer again with autograd on fresh leaves of its saved input; returns (leaves, output).
+
+    Buffers the forward updates in place (BatchNorm's running statistics) are put back afterwards: the first forward
+    already counted this micro-batch, as plain training does once."""
     x, leaves = leafify(saved.inputs, saved.grad)
+    buffers = [(b, b.clone()) for b in layer.buffers()]
     devices = [saved.device] if saved.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices, device_type=saved.device.type if devices else "cuda"):
         torch.set_rng_state(saved.cpu_rng)
@@ -63,4 +68,7 @@ def rematerialise(layer: torch.nn.Module, saved: Saved) -> tuple[tuple[torch.Ten
             torch.cuda.set_rng_state(saved.cuda_rng, saved.device)
         with torch.enable_grad():
             out = layer(x)
+    with torch.no_grad():
+        for buffer, before in buffers:
+            buffer.copy_(before)
     return leaves, out

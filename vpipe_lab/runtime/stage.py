@@ -1,9 +1,14 @@
-"""One pipeline stage: its layers by global index, each with its own optimizer, run one layer at a time.
+"""One pipeline stage: its layers (partition units) by global index, run one layer at a time, and one optimizer.
 
 Every layer's input is a fresh autograd leaf, so each layer's forward and backward is a separate, timed step. That
 lets a layer be kept, swapped or recomputed on its own, lets the profiler measure every layer, and lets a layer move
-to another stage with its parameters and optimizer state (live migration). Before each layer's forward the RNG is
-seeded from (seed, iteration, micro-batch, layer), so dropout draws the same masks whichever stage runs the layer.
+to another stage (live migration). Before each layer's forward the RNG is seeded from (seed, iteration, micro-batch,
+layer), so dropout draws the same masks whichever stage runs the layer.
+
+Parameters and buffers live in a registry keyed by their model-wide canonical name, so a weight that two layers share
+(a tied embedding and LM head) is one tensor with one gradient and one optimizer entry on this stage, whichever
+layers come and go. The stage's single optimizer is rebuilt when its layers change, carrying each parameter's state
+by name.
 """
 
 from __future__ import annotations
@@ -13,10 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
 from vpipe_lab.core.model import Policy
 from vpipe_lab.runtime import recompute
-from vpipe_lab.runtime.memory import Ledger, module_grad_bytes, module_param_bytes, optimizer_bytes, tensor_bytes
+from vpipe_lab.runtime.capture import UnitTensors
+from vpipe_lab.runtime.memory import Ledger, optimizer_bytes, tensor_bytes
 from vpipe_lab.runtime.swap import SwapEngine
 
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
@@ -27,11 +34,29 @@ def layer_seed(seed: int, iteration: int, mb: int, layer: int) -> int:
 
 
 def tensors_of(value: Any) -> tuple[torch.Tensor, ...]:
-    if isinstance(value, torch.Tensor):
-        return (value,)
-    if isinstance(value, (tuple, list)):
-        return tuple(v for v in value if isinstance(v, torch.Tensor))
-    return ()
+    """The tensors in a value of any structure (tensor, tuple, dict, ModelOutput), in pytree order."""
+    return tuple(v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor))
+
+
+def set_tensor(module: torch.nn.Module, path: str, value: torch.Tensor) -> None:
+    """Make ``module``'s parameter or buffer at ``path`` be ``value`` (the very object: ties stay ties)."""
+    owner_path, _, name = path.rpartition(".")
+    owner = module.get_submodule(owner_path) if owner_path else module
+    if name in owner._parameters:
+        owner._parameters[name] = value  # type: ignore[assignment]
+    elif name in owner._buffers:
+        owner._buffers[name] = value
+    else:
+        raise KeyError(f"{type(module).__name__} has no parameter or buffer {path!r}")
+
+
+def get_tensor(module: torch.nn.Module, path: str) -> torch.Tensor:
+    owner_path, _, name = path.rpartition(".")
+    owner = module.get_submodule(owner_path) if owner_path else module
+    value = owner._parameters.get(name) if name in owner._parameters else owner._buffers.get(name)
+    if value is None:
+        raise KeyError(f"{type(module).__name__} has no parameter or buffer {path!r}")
+    return value
 
 
 @dataclass
@@ -52,9 +77,14 @@ class LayerStats:
 class Layer:
     index: int
     module: torch.nn.Module
-    optimizer: torch.optim.Optimizer | None
+    tensors: UnitTensors
     policy: Policy = Policy.KEEP
     stats: LayerStats = field(default_factory=LayerStats)
+
+    @property
+    def names(self) -> list[str]:
+        """Canonical names of this layer's parameters and buffers."""
+        return [c for _, c in self.tensors.params] + [c for _, c in self.tensors.buffers]
 
 
 class Stage:
@@ -65,6 +95,8 @@ class Stage:
         self.make_optimizer = make_optimizer
         self.seed = seed
         self.layers: dict[int, Layer] = {}
+        self.tensors: dict[str, torch.Tensor] = {}  # canonical name -> the one parameter or buffer object
+        self.optimizer: torch.optim.Optimizer | None = None
         self.ledger = Ledger()
         self.swap = SwapEngine(device, self.ledger)
         self._ctx: dict[tuple[int, int], Any] = {}
@@ -73,25 +105,66 @@ class Stage:
         self.loss_scale = 1.0
 
     # --- ownership -------------------------------------------------------------------------------------------
-    def add_layer(self, index: int, module: torch.nn.Module, optimizer_state: dict[str, Any] | None = None) -> None:
+    def add_layer(self, index: int, module: torch.nn.Module, tensors: UnitTensors | None = None) -> None:
+        """Adopt a layer; its parameters and buffers that this stage already holds (ties) are bound to those objects,
+        and the optimizer now steps its parameters too."""
+        if tensors is None:
+            tensors = UnitTensors([(n, f"{index}.{n}") for n, _ in module.named_parameters(remove_duplicate=False)],
+                                  [(n, f"{index}.{n}") for n, _ in module.named_buffers(remove_duplicate=False)])
         module.to(self.device)
-        params = [p for p in module.parameters() if p.requires_grad]
-        optimizer = self.make_optimizer(params) if (params and self.make_optimizer is not None) else None
-        if optimizer is not None and optimizer_state is not None:
-            optimizer.load_state_dict(optimizer_state)
-        self.layers[index] = Layer(index, module, optimizer)
+        for local, name in tensors.params + tensors.buffers:
+            held = self.tensors.get(name)
+            if held is None:
+                self.tensors[name] = get_tensor(module, local)
+            elif held is not get_tensor(module, local):
+                set_tensor(module, local, held)
+        self.layers[index] = Layer(index, module, tensors)
         self._refresh_params()
+        self.rebuild_optimizer()
 
     def remove_layer(self, index: int) -> Layer:
+        """Drop a layer; tensors no other layer here uses leave the registry."""
         layer = self.layers.pop(index)
+        used = {name for other in self.layers.values() for name in other.names}
+        for name in layer.names:
+            if name not in used:
+                self.tensors.pop(name, None)
         self._refresh_params()
+        self.rebuild_optimizer()
         return layer
 
+    def params(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """Trainable parameters held, each once, in layer order: what the optimizer steps."""
+        seen: dict[str, torch.nn.Parameter] = {}
+        for index in self.owned:
+            for _, name in self.layers[index].tensors.params:
+                p = self.tensors[name]
+                if name not in seen and isinstance(p, torch.nn.Parameter) and p.requires_grad:
+                    seen[name] = p
+        return list(seen.items())
+
+    def optimizer_state(self, names: list[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Each parameter's optimizer state by canonical name (all held ones unless ``names``)."""
+        if self.optimizer is None:
+            return {}
+        wanted = None if names is None else set(names)
+        return {name: dict(self.optimizer.state[p]) for name, p in self.params()
+                if p in self.optimizer.state and (wanted is None or name in wanted)}
+
+    def rebuild_optimizer(self, states: dict[str, dict[str, Any]] | None = None) -> None:
+        """One optimizer over the parameters held now, keeping every parameter's state (``states``, by name, fills in
+        parameters that have none here yet: ones that just arrived)."""
+        carried = {**(states or {}), **self.optimizer_state()}
+        params = self.params()
+        self.optimizer = self.make_optimizer([p for _, p in params]) if (params and self.make_optimizer) else None
+        if self.optimizer is not None:
+            for name, p in params:
+                if name in carried:
+                    self.optimizer.state[p] = {k: v.to(self.device) if isinstance(v, torch.Tensor) and v.dim() else v
+                                               for k, v in carried[name].items()}
+
     def _refresh_params(self) -> None:
-        storages: set[int] = set()
-        for layer in self.layers.values():
-            storages |= {p.untyped_storage().data_ptr() for p in layer.module.parameters()}
-        self.swap.param_storages = storages
+        self.swap.param_storages = {t.untyped_storage().data_ptr() for t in self.tensors.values()}
 
     @property
     def owned(self) -> list[int]:
@@ -207,17 +280,13 @@ class Stage:
 
     # --- iteration boundary ----------------------------------------------------------------------------------------
     def step(self) -> None:
-        for layer in self.layers.values():
-            if layer.optimizer is not None:
-                layer.optimizer.step()
+        if self.optimizer is not None:
+            self.optimizer.step()
         self.zero_grad()
 
     def zero_grad(self) -> None:
-        for layer in self.layers.values():
-            if layer.optimizer is not None:
-                layer.optimizer.zero_grad(set_to_none=True)
-            else:
-                layer.module.zero_grad(set_to_none=True)
+        for t in self.tensors.values():
+            t.grad = None
 
     def discard(self) -> None:
         """Drop every in-flight micro-batch (a failed iteration) without touching parameters or optimizer state."""
@@ -227,10 +296,11 @@ class Stage:
         self.zero_grad()
 
     def static_bytes(self) -> dict[str, int]:
+        params = [p for _, p in self.params()]
         return {
-            "params": sum(module_param_bytes(x.module) for x in self.layers.values()),
-            "grads": sum(module_grad_bytes(x.module) for x in self.layers.values()),
-            "optimizer": sum(optimizer_bytes(x.optimizer) for x in self.layers.values()),
+            "params": sum(tensor_bytes(p) for p in params),
+            "grads": sum(tensor_bytes(p.grad) for p in params if p.grad is not None),
+            "optimizer": optimizer_bytes(self.optimizer),
         }
 
     def reset_stats(self) -> None:

@@ -15,13 +15,17 @@ def tensor_to_wire(key: str, t: torch.Tensor) -> tuple[dict[str, Any], bytes]:
     return {"key": key, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}, raw.numpy().tobytes()
 
 
-def pack_state(stage: Stage, optimizer: bool = False) -> tuple[list[dict[str, Any]], list[bytes]]:
-    """The stage's slice of the model's state_dict, keyed as the whole nn.Sequential would key it."""
+def pack_state(stage: Stage) -> tuple[list[dict[str, Any]], list[bytes]]:
+    """The stage's parameters and buffers by their names in the whole model (a tied weight under its first name),
+    in layer order."""
     meta, buffers = [], []
+    seen: set[str] = set()
     for index in stage.owned:
-        layer = stage.layers[index]
-        for name, t in layer.module.state_dict().items():
-            m, b = tensor_to_wire(f"{index}.{name}", t)
+        for name in stage.layers[index].names:
+            if name in seen:
+                continue
+            seen.add(name)
+            m, b = tensor_to_wire(name, stage.tensors[name])
             meta.append(m)
             buffers.append(b)
     return meta, buffers

@@ -33,12 +33,15 @@ from vpipe_lab.core.model import Plan, Policy
 from vpipe_lab.core.partition import uniform
 from vpipe_lab.core.timeline import KINDS
 from vpipe_lab.runtime import profiler
-from vpipe_lab.runtime.comm import Peer
+from vpipe_lab.runtime.batches import Source, batch_size, describe, rebuild, split
+from vpipe_lab.runtime.capture import build_model, capture, to_meta
+from vpipe_lab.runtime.comm import TAG_TARGET, Peer
 from vpipe_lab.runtime.device import Clock, select
 from vpipe_lab.runtime.executor import Executor, IterationResult, default_loss
 from vpipe_lab.runtime.jobspec import JobSpec, load_callables
 from vpipe_lab.runtime.stage import Stage
 from vpipe_lab.runtime.tensors import pack_state
+from vpipe_lab.runtime.ties import Ties
 
 log = logging.getLogger("vpipe_lab.worker")
 
@@ -81,30 +84,55 @@ class Worker:
         self.clock = Clock(0.0)
         self.ctl = Control(iteration=spec.start_iteration)
         fns = load_callables(spec)
-        self.model_fn, self.data_fn = fns.model, fns.data
+        self.model_fn, self.split = fns.model, fns.split
         self.loss_fn = fns.loss or default_loss
-        torch.manual_seed(spec.seed)
-        model = self.model_fn() if callable(self.model_fn) and not isinstance(self.model_fn, torch.nn.Module) \
-            else self.model_fn
-        if not isinstance(model, torch.nn.Sequential):
-            raise TypeError(f"the model must be an nn.Sequential (its children are the partition units), "
-                            f"but the factory returned {type(model).__name__}; wrap your layers in nn.Sequential")
-        self.num_layers = len(model)
-        if self.num_layers < world:
-            raise ValueError(f"the model has {self.num_layers} layers but the pipeline has {world} stages: every "
-                             f"stage needs at least one layer; use at most {self.num_layers} stages")
-        self.names = [f"{i}:{type(m).__name__}" for i, m in enumerate(model)]
-        self.plan = self._initial_plan()
-        self.stage = Stage(self.placement.device, fns.optimizer, spec.seed)
-        for i in self.plan.layers_of(rank):
-            self.stage.add_layer(i, model[i])
-        self.stage.set_policies({i: self.plan.policies[i] for i in self.stage.owned})
-        del model
         self.peer = Peer(rank, world, self.placement.device if self.placement.is_cuda else torch.device("cpu"),
                          spec.timeout_s)
+        self.source = Source(fns.data, spec.start_iteration) if rank == 0 else None
+        model = build_model(self.model_fn, spec.seed)
+        self.example = self._example(model)
+        self.chain = capture(model, rebuild(self.example) if self.example else None, self.split)
+        self._check_same_chain()
+        self.num_layers = len(self.chain)
+        if self.num_layers < world:
+            raise ValueError(f"the model has {self.num_layers} partition units ({', '.join(self.chain.names)}) but the "
+                             f"pipeline has {world} stages: every stage needs at least one unit; use at most "
+                             f"{self.num_layers} stages, or more split points")
+        self.names = list(self.chain.names)
+        self.plan = self._initial_plan()
+        self.stage = Stage(self.placement.device, fns.optimizer, spec.seed)
+        mine = set(self.plan.layers_of(rank))
+        for i, unit in enumerate(self.chain.units):
+            if i in mine:
+                self.stage.add_layer(i, unit, self.chain.tensors[i])
+            else:
+                to_meta(unit, self.chain.tensors[i])  # only the structure stays: a shell for migration
+        self.stage.rebuild_optimizer()
+        self.stage.set_policies({i: self.plan.policies[i] for i in self.stage.owned})
+        del model
+        self.ties = Ties(self)
         budget = spec.memory_budget[rank] if spec.memory_budget else None
         self.executor = Executor(rank, world, self.stage, self.peer, self.placement, self.clock, self.loss_fn, budget,
-                                 record_spans=spec.telemetry)
+                                 record_spans=spec.telemetry, chain=self.chain)
+
+    def _example(self, model: torch.nn.Module) -> dict[str, Any] | None:
+        """Rank 0 describes one micro-batch of the first batch's inputs to every rank, which captures the model
+        on zeros of those shapes (only rank 0 reads data). An nn.Sequential needs no example."""
+        if isinstance(model, torch.nn.Sequential) and self.split is None:
+            return None
+        desc = None
+        if self.rank == 0:
+            assert self.source is not None
+            inputs, _ = self.source.peek(self.ctl.iteration)
+            desc, _ = describe(split(inputs, self.spec.microbatches, "inputs")[0])
+        return self.peer.broadcast_json(desc) if self.world > 1 else desc
+
+    def _check_same_chain(self) -> None:
+        """Every rank captured the model on its own; they must agree on the units and what crosses between them."""
+        mine = self.chain.signature()
+        if self.world > 1 and self.peer.broadcast_json(mine) != mine:
+            raise RuntimeError(f"stage {self.rank} cut the model differently from stage 0: the model factory must "
+                               "build the same model on every rank (seeded, no rank-dependent code)")
 
     def _initial_plan(self) -> Plan:
         if self.spec.plan is not None:
@@ -163,11 +191,12 @@ class Worker:
             self.ctl.stopping = True
             self.ack(cmd)
         elif kind == P.PROFILE:
-            self.send(P.LAYERS, {"id": cmd.get("id"), "rank": self.rank, "layers": profiler.layer_costs(self.stage)})
+            costs = profiler.layer_costs(self.stage, dict(enumerate(self.names)))
+            self.send(P.LAYERS, {"id": cmd.get("id"), "rank": self.rank, "layers": costs})
             if cmd.get("reset"):
                 self.stage.reset_stats()
         elif kind == P.STATE:
-            meta, buffers = pack_state(self.stage, optimizer=bool(cmd.get("optimizer")))
+            meta, buffers = pack_state(self.stage)
             self.send(P.TENSORS, {"id": cmd.get("id"), "rank": self.rank, "tensors": meta}, buffers)
         elif kind == P.PING:
             self.ack(cmd)
@@ -195,9 +224,19 @@ class Worker:
                 result = self.iteration()
 
     def iteration(self) -> IterationResult:
+        """Rank 0 reads the batch and sends the targets to the last stage, which alone needs them."""
         it = self.ctl.iteration
-        batch = self.data_fn(it) if (self.rank == 0 or self.last) else None
-        self.samples = _batch_size(batch[0]) if batch is not None and self.rank == 0 else None
+        batch: tuple[Any, Any] | None = None
+        self.samples = None
+        if self.rank == 0:
+            assert self.source is not None
+            inputs, targets = self.source.get(it)
+            self.samples = batch_size(inputs)
+            if not self.last:
+                self.peer.send_tree(targets, self.world - 1, TAG_TARGET)
+            batch = (inputs, targets)
+        elif self.last:
+            batch = (None, self.peer.recv_tree(0, TAG_TARGET, self.placement.device))
         return self.executor.run(it, self.plan, batch)
 
     def finish(self, result: IterationResult, failed: bool) -> None:
@@ -213,6 +252,7 @@ class Worker:
                                     "used": v.used_bytes, "budget": v.budget_bytes, "layers": v.layers,
                                     "memory": memory})
             return
+        self.ties.reduce_grads()
         self.stage.step()
         self.ctl.iteration += 1
         self.report(result, memory)
@@ -286,11 +326,6 @@ def probe_bandwidth(worker: Worker, nbytes: int = 8 << 20) -> dict[str, float]:
         latency = min(rtts) if worker.rank + 1 < worker.world or worker.rank % 2 else 0.0  # one transfer each way
         return {"swap_bandwidth": swap, "link_bandwidth": link, "link_latency_s": latency}
     return {"swap_bandwidth": swap, "link_bandwidth": link, "link_latency_s": 0.0}
-
-
-def _batch_size(inputs: Any) -> int | None:
-    first = inputs[0] if isinstance(inputs, (tuple, list)) and inputs else inputs
-    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() > 0 else None
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:

@@ -1,0 +1,128 @@
+"""Models as ML engineers bring them (HuggingFace GPT-2, torchvision ResNet-18, tied weights, keyword inputs, a
+DataLoader) train in the pipeline exactly as plain single-process PyTorch trains them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vpipe_lab
+from tests.integration import zoo
+from tests.runtime import reference
+from vpipe_lab import Plan
+
+pytestmark = pytest.mark.slow
+
+
+def pipelined(model, data, loss, optimizer, *, stages, plan=None, iterations=3, microbatches=4, schedule="1f1b",
+              **kwargs):
+    with vpipe_lab.launch(model, data, loss=loss, optimizer=optimizer, stages=stages, microbatches=microbatches,
+                          schedule=schedule, plan=plan, device="cpu", timeout=90, start_timeout=180,
+                          **kwargs) as session:
+        names = list(session.names)
+        session.run(iterations)
+        session.wait(timeout=240)
+        losses = list(session.metrics.iterations["loss"])
+        state = session.state_dict()
+    return names, losses, state
+
+
+GPT2_UNITS = ["transformer.wte+transformer.wpe+transformer.drop", "transformer.h.0", "transformer.h.1",
+              "transformer.h.2", "transformer.h.3", "transformer.ln_f+lm_head"]
+
+
+@pytest.mark.parametrize(("stages", "schedule", "policies", "boundaries"), [
+    (2, "gpipe", "ksrksk", (0, 3, 6)),
+    (2, "1f1b", "rkskrs", (0, 2, 6)),
+    (3, "1f1b", "kskrsk", (0, 2, 4, 6)),
+])
+def test_gpt2_matches_plain_pytorch(stages: int, schedule: str, policies: str, boundaries: tuple[int, ...]) -> None:
+    """Tied embedding and LM head on different stages, dict inputs with an attention mask, mixed policies."""
+    plan = Plan(boundaries, tuple(policies), 4, schedule)
+    names, losses, state = pipelined(zoo.gpt2, zoo.gpt2_data, zoo.lm_loss, zoo.adamw, stages=stages, plan=plan,
+                                     schedule=schedule)
+    assert names == GPT2_UNITS
+    model, ref_losses = reference.train(zoo.gpt2, zoo.gpt2_data, zoo.lm_loss, zoo.adamw, iterations=3,
+                                        microbatches=4)
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    reference.assert_state_matches(state, model)
+    assert "lm_head.weight" not in state  # the tied head is the embedding, reported once
+
+
+@pytest.mark.parametrize("stages", [1, 2])
+def test_tied_sequential_matches_plain_pytorch(stages: int) -> None:
+    """The tie used to be stepped twice (once per layer holding it); now one gradient, one update."""
+    names, losses, state = pipelined(zoo.tied_sequential, zoo.token_data, None, zoo.adamw, stages=stages)
+    model, ref_losses = reference.train(zoo.tied_sequential, zoo.token_data, _token_loss, zoo.adamw, iterations=3,
+                                        microbatches=4)
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    reference.assert_state_matches(state, model)
+
+
+def _token_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+
+
+def test_resnet18_matches_plain_pytorch_with_batchnorm_buffers() -> None:
+    """Two iterations: from the third on, BatchNorm's division by small per-channel deviations amplifies the last-bit
+    differences of accumulation order (which both sides have) past float32 tolerances."""
+    plan = Plan((0, 5, 10), tuple("ksrkkrskks"), 4, "1f1b")
+    names, losses, state = pipelined(zoo.resnet18, zoo.image_data, None, zoo.sgd, stages=2, plan=plan, iterations=2)
+    assert names[0] == "conv1+bn1+relu+…" and names[-1] == "avgpool+fc"
+    assert names[1:9] == [f"layer{i}.{j}" for i in range(1, 5) for j in range(2)]
+    model, ref_losses = reference.train(zoo.resnet18, zoo.image_data, _token_loss, zoo.sgd, iterations=2,
+                                        microbatches=4)
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    reference.assert_state_matches(state, model)  # running means/vars and num_batches_tracked included
+
+
+def test_dataloader_with_keyword_inputs_resumes_from_the_right_batch(tmp_path) -> None:
+    """A DataLoader of ({features, mask}, target), a model returning a dict, split at named modules; saved after
+    2 iterations and resumed for 2 more across an epoch boundary, it matches 4 plain iterations."""
+    data = zoo.loader()
+    split = ["blocks.1", "head"]
+    with vpipe_lab.launch(zoo.two_input_net, data, loss=zoo.dict_mse, optimizer=zoo.adamw, stages=2,
+                          microbatches=2, split=split, device="cpu", timeout=60) as session:
+        assert session.names == ["encode+blocks.0", "blocks.1+blocks.2", "head"]
+        session.run(2)
+        session.wait(timeout=120)
+        first = list(session.metrics.iterations["loss"])
+        session.save(tmp_path / "ckpt")
+    with vpipe_lab.launch(zoo.two_input_net, data, loss=zoo.dict_mse, optimizer=zoo.adamw, stages=2,
+                          microbatches=2, split=split, device="cpu", timeout=60, resume=tmp_path / "ckpt") as session:
+        session.run(2)
+        session.wait(timeout=120)
+        second = list(session.metrics.iterations["loss"])[-2:]
+        state = session.state_dict()
+    model, ref_losses = reference.train(zoo.two_input_net, data, zoo.dict_mse, zoo.adamw, iterations=4,
+                                        microbatches=2)
+    assert first + second == pytest.approx(ref_losses, rel=1e-5)
+    reference.assert_state_matches(state, model)
+
+
+def test_migrating_a_tied_layer_is_bit_for_bit_equal_to_not_migrating() -> None:
+    """Layer 6 shares its weight with layer 2 (stage 0); it moves from stage 1 to stage 2 mid-run, optimizer state and
+    tie included, and training continues exactly as if it had stayed."""
+    before = Plan((0, 3, 7, 8), ("keep",) * 8, 4, "1f1b")
+    after = Plan((0, 3, 6, 8), ("keep",) * 8, 4, "1f1b")
+    runs = []
+    for migrate in (False, True):
+        with vpipe_lab.launch(zoo.middle_tie, zoo.vector_data, optimizer=zoo.adamw, stages=3, microbatches=4,
+                              plan=before, device="cpu", timeout=60) as session:
+            session.run(2)
+            session.wait(timeout=120)
+            if migrate:
+                assert session.apply(after) == 2
+            session.run(2)
+            session.wait(timeout=120)
+            runs.append((list(session.metrics.iterations["loss"]), session.state_dict(), session.plan))
+    (plain_losses, plain_state, _), (moved_losses, moved_state, plan) = runs
+    assert plan.boundaries == (0, 3, 6, 8)
+    assert moved_losses == plain_losses
+    assert list(moved_state) == list(plain_state)
+    for key in plain_state:
+        assert torch.equal(moved_state[key], plain_state[key]), key
+    model, ref_losses = reference.train(zoo.middle_tie, zoo.vector_data, torch.nn.functional.mse_loss, zoo.adamw,
+                                        iterations=4, microbatches=4)
+    assert plain_losses == pytest.approx(ref_losses, rel=1e-5)
+    reference.assert_state_matches(plain_state, model)

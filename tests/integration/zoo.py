@@ -1,0 +1,131 @@
+"""Models as ML engineers bring them, small enough for 2 CPU cores: HuggingFace GPT-2, torchvision ResNet-18, tied
+nn.Sequentials, with their data. Factories are module-level functions so workers can import them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from vpipe_lab.runtime.compat import allow_torchvision_without_ops
+
+VOCAB, SEQ, BATCH = 97, 16, 8
+
+
+def gpt2() -> nn.Module:
+    """A tiny GPT-2 LM (tied embedding and head), random weights; dropout off so parity is exact."""
+    allow_torchvision_without_ops()
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=4, n_head=4,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+                                     bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def gpt2_data(iteration: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Keyword inputs with an attention mask (some rows right-padded), next-token targets."""
+    g = torch.Generator().manual_seed(500 + iteration)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
+    mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+    mask[1::2, -3:] = 0
+    return {"input_ids": ids[:, :-1], "attention_mask": mask}, ids[:, 1:]
+
+
+def lm_loss(output: Any, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(output.logits.reshape(-1, VOCAB), target.reshape(-1))
+
+
+def adamw(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01)
+
+
+def sgd(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.01, momentum=0.9)
+
+
+def resnet18() -> nn.Module:
+    allow_torchvision_without_ops()
+    import torchvision
+
+    return torchvision.models.resnet18(num_classes=10)
+
+
+def image_data(iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """64x64 images, so BatchNorm in the last blocks still normalises over several values per channel."""
+    g = torch.Generator().manual_seed(700 + iteration)
+    return torch.randn(2 * BATCH, 3, 64, 64, generator=g), torch.randint(0, 10, (2 * BATCH,), generator=g)
+
+
+def tied_sequential() -> nn.Sequential:
+    """A language model as an nn.Sequential whose first and last layers share one weight."""
+    embed = nn.Embedding(VOCAB, 24)
+    head = nn.Linear(24, VOCAB, bias=False)
+    head.weight = embed.weight
+    return nn.Sequential(embed, nn.Linear(24, 24), nn.Tanh(), nn.Linear(24, 24), nn.Tanh(), head)
+
+
+def token_data(iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(900 + iteration)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
+    return ids[:, :-1], ids[:, 1:]
+
+
+def middle_tie() -> nn.Sequential:
+    """Layers 2 and 6 share one weight, so the tie can move between stages."""
+    layers: list[nn.Module] = [nn.Linear(6, 16), nn.Tanh()]
+    shared = nn.Linear(16, 16)
+    layers += [shared, nn.Tanh(), nn.Linear(16, 16), nn.Tanh()]
+    other = nn.Linear(16, 16)
+    other.weight = shared.weight
+    layers += [other, nn.Linear(16, 3)]
+    return nn.Sequential(*layers)
+
+
+def vector_data(iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(300 + iteration)
+    return torch.randn(BATCH, 6, generator=g), torch.randn(BATCH, 3, generator=g)
+
+
+class TwoInputNet(nn.Module):
+    """A plain nn.Module taking keyword arguments (features and a mask), with blocks in a ModuleList."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encode = nn.Linear(6, 16)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.GELU()) for _ in range(3))
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, features: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = self.encode(features) * mask.unsqueeze(-1)
+        for block in self.blocks:
+            h = h + block(h)
+        return {"prediction": self.head(h), "hidden": h}
+
+
+def two_input_net() -> nn.Module:
+    return TwoInputNet()
+
+
+def dict_mse(output: dict[str, torch.Tensor], target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.mse_loss(output["prediction"], target)
+
+
+def loader(batches: int = 3, shuffle: bool = True) -> torch.utils.data.DataLoader:
+    """A DataLoader of ({features, mask}, target) batches with a seeded shuffle."""
+    g = torch.Generator().manual_seed(5)
+    features = torch.randn(batches * BATCH, 6, generator=g)
+    mask = (torch.rand(batches * BATCH, generator=g) > 0.2).float()
+    target = torch.randn(batches * BATCH, 3, generator=g)
+
+    class Dicts(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return len(target)
+
+        def __getitem__(self, i: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+            return {"features": features[i], "mask": mask[i]}, target[i]
+
+    return torch.utils.data.DataLoader(Dicts(), batch_size=BATCH, shuffle=shuffle,
+                                       generator=torch.Generator().manual_seed(11))
