@@ -13,8 +13,42 @@ from vpipe_lab.examples import mlp
 pytestmark = pytest.mark.slow
 
 
-def not_sequential() -> torch.nn.Module:
-    return torch.nn.Linear(4, 4)
+def single_block() -> torch.nn.Module:
+    return torch.nn.Linear(4, 2)
+
+
+class Branchy(torch.nn.Module):
+    """Python control flow on a tensor's value: no static graph to cut."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3))
+        self.out = torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x) if x.sum() > 0 else -block(x)
+        return self.out(x)
+
+
+class Blocks(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3))
+        self.out = torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = torch.relu(block(x))
+        return self.out(x)
+
+
+def data6(iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(6, 4), torch.randn(6, 2)
+
+
+def vector_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return (output - target).pow(2).mean(dim=0)  # forgot to reduce over the features
 
 
 def mismatched() -> torch.nn.Sequential:
@@ -30,13 +64,39 @@ def broken_data(iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_more_stages_than_layers() -> None:
-    with pytest.raises(WorkerError, match="the model has 10 layers but the pipeline has 11 stages"):
+    with pytest.raises(WorkerError, match="the model has 10 partition units .* but the pipeline has 11 stages"):
         vpipe_lab.launch("mlp", stages=11, microbatches=2, device="cpu", timeout=30, start_timeout=120)
 
 
-def test_model_that_is_not_sequential() -> None:
-    with pytest.raises(WorkerError, match=r"must be an nn\.Sequential"):
-        vpipe_lab.launch(not_sequential, data4, stages=2, microbatches=2, device="cpu", timeout=30)
+def test_a_stage_would_get_no_unit() -> None:
+    """A model with no repeated blocks is one unit: two stages cannot share it."""
+    with pytest.raises(WorkerError, match=r"the model has 1 partition units .* but the pipeline has 2 stages"):
+        vpipe_lab.launch(single_block, data4, stages=2, microbatches=2, device="cpu", timeout=30)
+
+
+def test_model_that_cannot_be_captured() -> None:
+    with pytest.raises(WorkerError, match="torch.export could not capture Branchy.*data-dependent") as err:
+        vpipe_lab.launch(Branchy, data4, stages=2, microbatches=2, device="cpu", timeout=30)
+    assert "torch.cond" in str(err.value)
+
+
+def test_split_point_that_does_not_exist() -> None:
+    with pytest.raises(WorkerError, match=r"split point 'block.1' is not a submodule of Blocks; did you mean 'blocks.1'"):
+        vpipe_lab.launch(Blocks, data4, stages=2, microbatches=2, device="cpu", timeout=30, split=["block.1"])
+
+
+def test_batch_that_does_not_split_into_the_microbatches() -> None:
+    with pytest.raises(WorkerError, match="batch size 6, which does not split into 4 equal micro-batches"):
+        vpipe_lab.launch(Blocks, data6, stages=2, microbatches=4, device="cpu", timeout=30)
+
+
+def test_loss_that_is_not_a_scalar() -> None:
+    with vpipe_lab.launch(Blocks, data4, loss=vector_loss, stages=2, microbatches=2, device="cpu", timeout=30) as s:
+        assert s.names == ["blocks.0", "blocks.1", "blocks.2", "out"]
+        s.run(1)
+        with pytest.raises(WorkerError) as err:
+            s.wait(timeout=60)
+    assert err.value.stage == 1 and "the loss must return a scalar tensor, got (2,)" in str(err.value)
 
 
 def test_data_function_that_raises() -> None:

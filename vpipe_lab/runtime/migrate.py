@@ -81,6 +81,13 @@ def layer_state(stage: Stage, index: int) -> dict[str, Any]:
             "optimizer": stage.optimizer_state(names), "policy": layer.policy.value}
 
 
+def renamed(state: dict[str, Any], old: UnitTensors, new: UnitTensors) -> dict[str, Any]:
+    """A layer's state under the names its tensors have in a new model version (NAS shifts layer indices)."""
+    names = {o: n for (_, o), (_, n) in zip(old.params + old.buffers, new.params + new.buffers)}
+    return {**state, "tensors": {names[k]: v for k, v in state["tensors"].items()},
+            "optimizer": {names[k]: v for k, v in state["optimizer"].items()}}
+
+
 def materialise(unit: torch.nn.Module, tensors: UnitTensors, values: dict[str, torch.Tensor],
                 device: torch.device) -> None:
     """Fill a shell unit's parameters and buffers with ``values`` (by canonical name), on ``device``."""
@@ -219,7 +226,10 @@ class MigratingWorker(Worker):
         moved = 0
         for j, i, dst in sends:
             tensors: list[torch.Tensor] = []
-            meta = flatten(layer_state(stage, i), tensors)
+            state = layer_state(stage, i)
+            if new_chain is not None:
+                state = renamed(state, stage.layers[i].tensors, new_chain.tensors[j])
+            meta = flatten(state, tensors)
             self.peer.send_json({"layer": j, "meta": meta, "count": len(tensors)}, dst, TAG_MIGRATE)
             for t in tensors:
                 self.peer.send(t, dst, TAG_MIGRATE)
@@ -242,6 +252,10 @@ class MigratingWorker(Worker):
         chain = new_chain if new_chain is not None else self.chain
         kept = {j: stage.layers[i] for j, i in stays}
         held_state = stage.optimizer_state()  # by name: survives taking the layers apart and putting them back
+        if new_chain is not None:  # kept layers' tensors take their names in the new model
+            names = {o: n for j, i in stays for (_, o), (_, n) in zip(stage.layers[i].tensors.params,
+                                                                      new_chain.tensors[j].params)}
+            held_state = {names[k]: v for k, v in held_state.items() if k in names}
         for index in list(stage.owned):
             layer = stage.remove_layer(index)
             if not any(layer is k for k in kept.values()):

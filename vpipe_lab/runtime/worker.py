@@ -36,6 +36,7 @@ from vpipe_lab.runtime import profiler
 from vpipe_lab.runtime.batches import Source, batch_size, describe, rebuild, split
 from vpipe_lab.runtime.capture import build_model, capture, to_meta
 from vpipe_lab.runtime.comm import TAG_TARGET, Peer
+from vpipe_lab.runtime.compat import allow_torchvision_without_ops
 from vpipe_lab.runtime.device import Clock, select
 from vpipe_lab.runtime.executor import Executor, IterationResult, default_loss
 from vpipe_lab.runtime.jobspec import JobSpec, load_callables
@@ -100,6 +101,8 @@ class Worker:
                              f"{self.num_layers} stages, or more split points")
         self.names = list(self.chain.names)
         self.plan = self._initial_plan()
+        if fns.optimizer is None and rank == 0:
+            log.warning("no optimizer was given: the parameters will not change; pass optimizer=lambda params: ...")
         self.stage = Stage(self.placement.device, fns.optimizer, spec.seed)
         mine = set(self.plan.layers_of(rank))
         for i, unit in enumerate(self.chain.units):
@@ -367,6 +370,7 @@ def serve(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: in
           join: Any = None, worker_cls: type[Worker] | None = None, on_ready: Any = None) -> int:
     """Build the stage, report READY, run the control loop until STOP; any failure is reported with its stage."""
     try:
+        allow_torchvision_without_ops()  # user models may import transformers/torchvision (see runtime/compat.py)
         if join is not None:
             join()
         from vpipe_lab.runtime.migrate import MigratingWorker  # it builds on Worker, so it is imported here
