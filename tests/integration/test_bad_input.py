@@ -43,6 +43,21 @@ class Blocks(torch.nn.Module):
         return self.out(x)
 
 
+class SharedNorm(torch.nn.Module):
+    """One BatchNorm used by the first and the last block: its running statistics cannot live on two stages."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.BatchNorm1d(4)
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3))
+        self.out = torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(self.blocks[0](x))
+        x = self.blocks[2](self.blocks[1](x))
+        return self.out(self.norm(x))
+
+
 def data6(iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(6, 4), torch.randn(6, 2)
 
@@ -64,7 +79,7 @@ def broken_data(iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_more_stages_than_layers() -> None:
-    with pytest.raises(WorkerError, match="the model has 10 partition units .* but the pipeline has 11 stages"):
+    with pytest.raises(WorkerError, match=r"the model has 10 partition units .* but the pipeline has 11 stages"):
         vpipe_lab.launch("mlp", stages=11, microbatches=2, device="cpu", timeout=30, start_timeout=120)
 
 
@@ -75,7 +90,7 @@ def test_a_stage_would_get_no_unit() -> None:
 
 
 def test_model_that_cannot_be_captured() -> None:
-    with pytest.raises(WorkerError, match="torch.export could not capture Branchy.*data-dependent") as err:
+    with pytest.raises(WorkerError, match=r"torch.export could not capture Branchy.*data-dependent") as err:
         vpipe_lab.launch(Branchy, data4, stages=2, microbatches=2, device="cpu", timeout=30)
     assert "torch.cond" in str(err.value)
 
@@ -83,6 +98,11 @@ def test_model_that_cannot_be_captured() -> None:
 def test_split_point_that_does_not_exist() -> None:
     with pytest.raises(WorkerError, match=r"split point 'block.1' is not a submodule of Blocks; did you mean 'blocks.1'"):
         vpipe_lab.launch(Blocks, data4, stages=2, microbatches=2, device="cpu", timeout=30, split=["block.1"])
+
+
+def test_a_shared_buffer_that_cannot_be_split_across_stages() -> None:
+    with pytest.raises(WorkerError, match=r"buffer 'norm.running_mean' is shared by units .* keep those units on one"):
+        vpipe_lab.launch(SharedNorm, data4, stages=2, microbatches=2, device="cpu", timeout=30)
 
 
 def test_batch_that_does_not_split_into_the_microbatches() -> None:

@@ -53,9 +53,31 @@ def test_gpt2_matches_plain_pytorch(stages: int, schedule: str, policies: str, b
 def test_tied_sequential_matches_plain_pytorch(stages: int) -> None:
     """The tie used to be stepped twice (once per layer holding it); now one gradient, one update."""
     names, losses, state = pipelined(zoo.tied_sequential, zoo.token_data, None, zoo.adamw, stages=stages)
+    assert names[0] == "0:Embedding" and names[-1] == "5:Linear"
     model, ref_losses = reference.train(zoo.tied_sequential, zoo.token_data, _token_loss, zoo.adamw, iterations=3,
                                         microbatches=4)
     assert losses == pytest.approx(ref_losses, rel=1e-5)
+    reference.assert_state_matches(state, model)
+
+
+def test_a_tie_survives_save_and_resume_onto_one_stage(tmp_path) -> None:
+    """Saved from 2 stages (each holding a copy of the tie), resumed onto 1 (one tensor): training goes on as plain
+    PyTorch's would."""
+    with vpipe_lab.launch(zoo.tied_sequential, zoo.token_data, optimizer=zoo.adamw, stages=2, microbatches=4,
+                          device="cpu", timeout=60) as session:
+        session.run(2)
+        session.wait(timeout=120)
+        first = list(session.metrics.iterations["loss"])
+        session.save(tmp_path / "ckpt")
+    with vpipe_lab.launch(zoo.tied_sequential, zoo.token_data, optimizer=zoo.adamw, stages=1, microbatches=4,
+                          device="cpu", timeout=60, resume=tmp_path / "ckpt") as session:
+        session.run(2)
+        session.wait(timeout=120)
+        second = list(session.metrics.iterations["loss"])[-2:]
+        state = session.state_dict()
+    model, ref_losses = reference.train(zoo.tied_sequential, zoo.token_data, _token_loss, zoo.adamw, iterations=4,
+                                        microbatches=4)
+    assert first + second == pytest.approx(ref_losses, rel=1e-5)
     reference.assert_state_matches(state, model)
 
 

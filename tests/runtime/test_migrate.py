@@ -3,7 +3,6 @@ import json
 import pytest
 import torch
 
-
 from vpipe_lab.runtime.migrate import flatten, layer_state, materialise, signature, unflatten
 from vpipe_lab.runtime.stage import Stage
 

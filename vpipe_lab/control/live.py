@@ -95,6 +95,8 @@ class LiveMixin:
                 self._migrating = None
             if not ack.get("ok", False):
                 refusal = self._refusals.pop(version, None)
+                if refusal is None and ack.get("error"):
+                    raise PlanError(f"the plan was refused: {ack['error']}; nothing moved")
                 detail = (f": stage {refusal['stage']} would need {human_bytes(refusal['needed'])} of its "
                           f"{human_bytes(refusal['budget'])}" if refusal else "")
                 raise InfeasiblePlan(f"the migration was refused{detail}; nothing moved",

@@ -88,6 +88,7 @@ class Chain:
     in_spec: Any = None
     output_keys: list[str] | None = None
     out_spec: Any = None
+    mutated: set[str] | None = None  # buffers the forward writes in place (None: not known, so any may be)
 
     def __len__(self) -> int:
         return len(self.units)
@@ -326,4 +327,25 @@ def _chain(gm: torch.fx.GraphModule, exported: Any, part: dict[torch.fx.Node, in
         units.append(GraphUnit(piece, [n.name for n in reads[unit]], [n.name for n in outs], carry))
         tensors.append(unit_tensors(units[-1], canonical))
     return Chain(units, names, tensors, graph=True, input_keys=placeholders, in_spec=exported.call_spec.in_spec,
-                 output_keys=output_keys, out_spec=exported.call_spec.out_spec)
+                 output_keys=output_keys, out_spec=exported.call_spec.out_spec, mutated=_mutated(gm, canonical))
+
+
+def _mutated(gm: torch.fx.GraphModule, canonical: dict[int, str]) -> set[str]:
+    """Canonical names of the tensors the graph writes in place (BatchNorm's running statistics, counters)."""
+    found: set[str] = set()
+    for node in gm.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None:
+            continue
+        for arg, spec in zip(node.args, schema.arguments):
+            if isinstance(arg, torch.fx.Node) and arg.op == "get_attr" and spec.alias_info is not None \
+                    and spec.alias_info.is_write:
+                target = _attr(gm, str(arg.target))
+                found.add(canonical.get(id(target), str(arg.target)))
+    return found
+
+
+def _attr(module: nn.Module, path: str) -> Any:
+    for atom in path.split("."):
+        module = getattr(module, atom)
+    return module

@@ -195,6 +195,9 @@ class MigratingWorker(Worker):
         stays = [(j, i) for j, i in sorted(sources.items())
                  if i is not None and old_owner[i] == rank and new_owner[j] == rank]
         fresh = [j for j, i in sorted(sources.items()) if i is None and new_owner[j] == rank]
+        problem = self.ties.conflict(plan, new_chain)  # every rank finds the same answer: nothing moves
+        if problem is not None:
+            return {"ok": False, "error": problem, "pause_s": time.perf_counter() - start}
 
         # 1. Memory: everyone learns what comes to whom, receivers check their budgets, all agree.
         def static(index: int) -> int:

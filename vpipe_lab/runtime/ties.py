@@ -27,6 +27,18 @@ def holders(plan_layers: list[list[int]], unit_params: list[list[str]]) -> list[
     return sorted((name, tuple(sorted(ranks))) for name, ranks in where.items() if len(ranks) > 1)
 
 
+def conflict(plan_layers: list[list[int]], unit_buffers: list[list[str]], mutated: set[str] | None,
+             names: list[str]) -> str | None:
+    """Why a plan cannot be honoured, if it cannot: a buffer the forward writes (running statistics) used by units
+    on different stages would drift apart, since buffers have no gradient to reduce."""
+    for name, ranks in holders(plan_layers, unit_buffers):
+        if mutated is None or name in mutated:
+            users = [names[i] for s in ranks for i in plan_layers[s] if name in unit_buffers[i]]
+            return (f"buffer {name!r} is shared by units {users} on stages {list(ranks)} and updated in forward; a "
+                    "shared buffer cannot be kept equal across stages: keep those units on one stage")
+    return None
+
+
 class Ties:
     """The tied parameters of the plan in force and the process groups that reduce their gradients."""
 
@@ -40,10 +52,18 @@ class Ties:
         """Recompute after a plan change; every rank runs this at the same boundary (group creation is collective)."""
         w = self.worker
         plan_layers = [list(w.plan.layers_of(s)) for s in range(w.world)]
+        problem = self.conflict(w.plan)
+        if problem is not None:
+            raise ValueError(problem)
         self.shared = holders(plan_layers, [[c for _, c in t.params] for t in w.chain.tensors])
         for ranks in sorted({r for _, r in self.shared}):
             if ranks not in self._groups and len(ranks) < w.world:
                 self._groups[ranks] = dist.new_group(list(ranks))
+
+    def conflict(self, plan: Any, chain: Any = None) -> str | None:
+        chain = chain or self.worker.chain
+        plan_layers = [list(plan.layers_of(s)) for s in range(self.worker.world)]
+        return conflict(plan_layers, [[c for _, c in t.buffers] for t in chain.tensors], chain.mutated, chain.names)
 
     def reduce_grads(self) -> None:
         """Sum each shared parameter's gradient over the stages that hold it."""

@@ -32,9 +32,9 @@ from vpipe_lab.control.channel import Link
 from vpipe_lab.core.model import Plan, Policy
 from vpipe_lab.core.partition import uniform
 from vpipe_lab.core.timeline import KINDS
-from vpipe_lab.runtime import profiler
+from vpipe_lab.runtime import build, profiler
 from vpipe_lab.runtime.batches import Source, batch_size, describe, rebuild, split
-from vpipe_lab.runtime.capture import build_model, capture, to_meta
+from vpipe_lab.runtime.capture import Chain, build_model, capture, to_meta
 from vpipe_lab.runtime.comm import TAG_TARGET, Peer
 from vpipe_lab.runtime.compat import allow_torchvision_without_ops
 from vpipe_lab.runtime.device import Clock, select
@@ -90,17 +90,8 @@ class Worker:
         self.peer = Peer(rank, world, self.placement.device if self.placement.is_cuda else torch.device("cpu"),
                          spec.timeout_s)
         self.source = Source(fns.data, spec.start_iteration) if rank == 0 else None
-        model = build_model(self.model_fn, spec.seed)
-        self.example = self._example(model)
-        self.chain = capture(model, rebuild(self.example) if self.example else None, self.split)
-        self._check_same_chain()
-        self.num_layers = len(self.chain)
-        if self.num_layers < world:
-            raise ValueError(f"the model has {self.num_layers} partition units ({', '.join(self.chain.names)}) but the "
-                             f"pipeline has {world} stages: every stage needs at least one unit; use at most "
-                             f"{self.num_layers} stages, or more split points")
+        self.chain, self.plan = self._build()
         self.names = list(self.chain.names)
-        self.plan = self._initial_plan()
         if fns.optimizer is None and rank == 0:
             log.warning("no optimizer was given: the parameters will not change; pass optimizer=lambda params: ...")
         self.stage = Stage(self.placement.device, fns.optimizer, spec.seed)
@@ -112,11 +103,45 @@ class Worker:
                 to_meta(unit, self.chain.tensors[i])  # only the structure stays: a shell for migration
         self.stage.rebuild_optimizer()
         self.stage.set_policies({i: self.plan.policies[i] for i in self.stage.owned})
-        del model
         self.ties = Ties(self)
         budget = spec.memory_budget[rank] if spec.memory_budget else None
         self.executor = Executor(rank, world, self.stage, self.peer, self.placement, self.clock, self.loss_fn, budget,
                                  record_spans=spec.telemetry, chain=self.chain)
+
+    def _build(self) -> tuple[Chain, Plan]:
+        """The model as units, with real tensors for this stage's units only (see ``runtime/build.py``); a model
+        given as an instance was built by the caller and arrives whole, and one that cannot be laid out on the meta
+        device is built whole."""
+        spec, factory = self.spec, self.model_fn
+        meta = order = layout = None
+        if callable(factory) and not isinstance(factory, torch.nn.Module):
+            try:
+                meta, order = build.on_meta(factory, spec.seed)
+            except Exception as exc:  # a factory that needs real tensors to build (data-dependent init)
+                log.info("the model does not build on the meta device (%s: %s); building it whole",
+                         type(exc).__name__, exc)
+        model = meta if meta is not None else build_model(factory, spec.seed)
+        self.example = self._example(model)
+        if meta is not None:
+            try:
+                layout = capture(meta.train(), rebuild(self.example, device=torch.device("meta"))
+                                 if self.example else None, self.split)
+            except Exception as exc:  # an op without a meta kernel, say; the real capture decides
+                log.info("cannot lay the model out on the meta device (%s); building it whole", exc)
+                model = build_model(factory, spec.seed)
+        if layout is None or meta is None or order is None:
+            chain = capture(model, rebuild(self.example) if self.example else None, self.split)
+            return chain, self._initial_plan(chain)
+        plan = self._initial_plan(layout)
+        mine = [layout.tensors[i] for i in plan.layers_of(self.rank)]
+        keep = {c for t in mine for _, c in t.params + t.buffers}
+        model = build.owned_only(factory, spec.seed, build.registered_names(meta, order), keep).train()
+        chain = capture(model, rebuild(self.example) if self.example else None, self.split)
+        if chain.signature() != layout.signature():
+            raise RuntimeError("the model is cut differently on the meta device and for real; build it without "
+                               "device-dependent code")
+        self.chain = chain
+        return chain, plan
 
     def _example(self, model: torch.nn.Module) -> dict[str, Any] | None:
         """Rank 0 describes one micro-batch of the first batch's inputs to every rank, which captures the model
@@ -137,7 +162,15 @@ class Worker:
             raise RuntimeError(f"stage {self.rank} cut the model differently from stage 0: the model factory must "
                                "build the same model on every rank (seeded, no rank-dependent code)")
 
-    def _initial_plan(self) -> Plan:
+    def _initial_plan(self, chain: Chain) -> Plan:
+        """The plan to start with, checked against the units every rank agrees on."""
+        self.chain = chain
+        self._check_same_chain()
+        self.num_layers = len(chain)
+        if self.num_layers < self.world:
+            raise ValueError(f"the model has {self.num_layers} partition units ({', '.join(chain.names)}) but the "
+                             f"pipeline has {self.world} stages: every stage needs at least one unit; use at most "
+                             f"{self.num_layers} stages, or more split points")
         if self.spec.plan is not None:
             plan = Plan.from_dict(self.spec.plan)
             return plan.replace(microbatches=plan.microbatches).validate(self.num_layers, self.world)

@@ -1,0 +1,110 @@
+"""Capture: any nn.Module cut into named units whose chain computes exactly what the model computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.integration import zoo
+from vpipe_lab.runtime.batches import split
+from vpipe_lab.runtime.capture import CaptureError, capture, repeated_blocks, to_meta
+from vpipe_lab.runtime.compat import allow_torchvision_without_ops
+
+
+def run_chain(chain, inputs):
+    carry = chain.start(inputs)
+    for unit in chain.units:
+        carry = unit(carry)
+    return chain.finish(carry)
+
+
+def hf(kind: str) -> torch.nn.Module:
+    allow_torchvision_without_ops()
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    if kind == "bert":
+        return transformers.BertForMaskedLM(transformers.BertConfig(
+            vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=64, max_position_embeddings=32, tie_word_embeddings=True, use_cache=False))
+
+
+@pytest.mark.parametrize(("kind", "names"), [
+    ("bert", ["bert.embeddings", "bert.encoder.layer.0", "bert.encoder.layer.1", "bert.encoder.layer.2", "cls"]),
+    ("llama", ["model.embed_tokens+model.rotary_emb", "model.layers.0", "model.layers.1", "model.layers.2",
+               "model.norm+lm_head"]),
+])
+def test_transformers_models_are_cut_at_their_layers(kind: str, names: list[str]) -> None:
+    torch.manual_seed(0)
+    model = hf(kind).train()
+    ids = torch.randint(0, 99, (2, 12))
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, -3:] = 0
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    chain = capture(model, inputs)
+    assert chain.names == names
+    out = run_chain(chain, inputs)
+    assert type(out).__name__ == type(model(**inputs)).__name__
+    torch.testing.assert_close(out.logits, model(**inputs).logits, rtol=0, atol=0)
+
+
+def test_gpt2_chain_gives_the_same_output_and_gradients_and_carries_the_mask() -> None:
+    torch.manual_seed(0)
+    model = zoo.gpt2().train()
+    inputs, target = zoo.gpt2_data(0)
+    chain = capture(model, inputs)
+    assert len(chain.units[1].carry_keys) == 2  # the hidden state and the attention mask cross every block
+    names = {c for t in chain.tensors for _, c in t.params}
+    assert "transformer.wte.weight" in names and "lm_head.weight" not in names  # the tie has one name
+    zoo.lm_loss(run_chain(chain, inputs), target).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    zoo.lm_loss(model(**inputs), target).backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(grads[n], p.grad)
+
+
+def test_resnet_blocks_and_split_choices() -> None:
+    model = zoo.resnet18()
+    assert repeated_blocks(model) == [f"layer{i}.{j}" for i in range(1, 5) for j in range(2)]
+    x = split(zoo.image_data(0)[0], 4, "inputs")[0]
+    chain = capture(model, x, split=["layer2", "layer4"])
+    assert chain.names == ["conv1+bn1+relu+…", "layer2+layer3", "layer4", "avgpool+fc"]
+    chain = capture(model, x, split=lambda name, module: name in ("layer3", "fc"))
+    assert chain.names == ["conv1+bn1+relu+…", "layer3+layer4+avgpool", "fc"]
+    with pytest.raises(CaptureError, match="split point 'layer5' is not a submodule of ResNet; did you mean"):
+        capture(model, x, split=["layer5"])
+    with pytest.raises(CaptureError, match="chose no module"):
+        capture(model, x, split=lambda name, module: False)
+
+
+def test_sequential_children_are_units_and_ties_share_a_name() -> None:
+    model = zoo.tied_sequential()
+    chain = capture(model, None)
+    assert not chain.graph and chain.names[0] == "0:Embedding" and chain.names[-1] == "5:Linear"
+    assert chain.tensors[5].params == [("weight", "0.weight")]
+
+
+def test_to_meta_frees_a_unit_but_not_its_tie_elsewhere() -> None:
+    model = zoo.tied_sequential()
+    chain = capture(model, None)
+    to_meta(chain.units[5], chain.tensors[5])
+    assert chain.units[5].weight.is_meta and not chain.units[0].weight.is_meta
+    assert isinstance(chain.units[5].weight, torch.nn.Parameter)
+
+
+def test_inputs_must_keep_their_structure() -> None:
+    chain = capture(zoo.two_input_net(), {"features": torch.zeros(2, 6), "mask": torch.ones(2)})
+    with pytest.raises(CaptureError, match="changed structure"):
+        chain.start({"features": torch.zeros(2, 6)})
+
+
+def test_buffers_written_in_forward_are_known() -> None:
+    model = zoo.resnet18()
+    chain = capture(model, split(zoo.image_data(0)[0], 4, "inputs")[0])
+    assert chain.mutated is not None
+    assert {"bn1.running_mean", "bn1.running_var", "bn1.num_batches_tracked"} <= chain.mutated
+    assert not any(name.endswith("weight") for name in chain.mutated)

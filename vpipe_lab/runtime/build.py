@@ -1,0 +1,103 @@
+"""Build only what a stage owns, with the values a plain ``torch.manual_seed(seed); model()`` gives.
+
+Initial values come from one sequential random stream over every layer's initialisation, so they cannot be made for
+a few layers alone; but the stream only depends on which random fills run, in which order, on tensors of which sizes,
+not on where those tensors live. So the factory runs twice:
+
+1. on the meta device (no memory, no randomness), recording the order in which parameters and buffers are registered
+   on modules and the names they end up with in the model;
+2. for real, with the same seed, where every parameter or buffer the stage does not own is swapped, the moment it is
+   registered, for a view of a scratch buffer of its size: its initialisation still draws the same random numbers
+   (so the stage's own tensors get exactly the plain values) but writes them into memory that is reused.
+
+Peak memory is the stage's own tensors plus the largest single tensor. A factory whose second run registers
+different tensors than its first, or that cannot build on the meta device, is built whole instead (and logged).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from vpipe_lab.runtime.capture import canonical_names
+
+log = logging.getLogger(__name__)
+
+
+def on_meta(factory: Callable[[], nn.Module], seed: int) -> tuple[nn.Module, list[tuple[nn.Module, str]]]:
+    """The model's structure without memory, and its parameter/buffer registrations in order."""
+    order: list[tuple[nn.Module, str]] = []
+
+    def record(module: nn.Module, name: str, value: Any) -> None:
+        order.append((module, name))
+
+    hooks = [nn.modules.module.register_module_parameter_registration_hook(record),
+             nn.modules.module.register_module_buffer_registration_hook(record)]
+    try:
+        torch.manual_seed(seed)
+        with torch.device("meta"):
+            model = factory()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return model, order
+
+
+def registered_names(model: nn.Module, order: list[tuple[nn.Module, str]]) -> list[str | None]:
+    """For each registration, the canonical name its tensor has in the finished model (None: not part of it)."""
+    paths = {id(m): p for p, m in model.named_modules(remove_duplicate=False)}
+    canonical = canonical_names(model)
+    out: list[str | None] = []
+    for module, name in order:
+        path = paths.get(id(module))
+        tensor = (module._parameters.get(name) if name in module._parameters else module._buffers.get(name))
+        out.append(canonical.get(id(tensor)) if path is not None and tensor is not None else None)
+    return out
+
+
+class _Scratch:
+    """Reusable memory for tensors being initialised only for the random numbers they draw."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+    def like(self, t: torch.Tensor) -> torch.Tensor:
+        key = (t.dtype, t.device)
+        buf = self.buffers.get(key)
+        if buf is None or buf.numel() < t.numel():
+            buf = self.buffers[key] = torch.empty(max(t.numel(), 1), dtype=t.dtype, device=t.device)
+        return buf[:t.numel()].view(t.shape)
+
+
+def owned_only(factory: Callable[[], nn.Module], seed: int, names: list[str | None], keep: set[str]) -> nn.Module:
+    """Run the factory for real; tensors registered under a name outside ``keep`` live in scratch memory."""
+    scratch = _Scratch()
+    made: set[int] = set()  # tensors already swapped: registering one again (a tie) keeps the tie
+    count = 0
+
+    def swap(module: nn.Module, name: str, value: Any) -> Any:
+        nonlocal count
+        k, count = count, count + 1
+        if value is None or id(value) in made or k >= len(names) or names[k] is None or names[k] in keep:
+            return None
+        out = (nn.Parameter(scratch.like(value), requires_grad=value.requires_grad)
+               if isinstance(value, nn.Parameter) else scratch.like(value))
+        made.add(id(out))
+        return out
+
+    hooks = [nn.modules.module.register_module_parameter_registration_hook(swap),
+             nn.modules.module.register_module_buffer_registration_hook(swap)]
+    try:
+        torch.manual_seed(seed)
+        model = factory()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if count != len(names):
+        raise RuntimeError(f"the model factory registered {count} tensors on its second run and {len(names)} on its "
+                           "first: it does not build the same model every time")
+    return model
