@@ -38,6 +38,15 @@ def test_bad_input_is_a_usage_error(ip) -> None:  # type: ignore[no-untyped-def]
         ip.run_line_magic("vpipe", "start mlp --budget lots")
 
 
+def test_split_option_takes_module_names_or_a_function(ip) -> None:  # type: ignore[no-untyped-def]
+    magics = ip.magics_manager.registry["VpipeMagics"]
+    assert build_parser().parse_args(["start", "m", "--split", "a.1,a.3"]).split == "a.1,a.3"
+    assert magics._split("transformer.h.2, transformer.h.4") == ["transformer.h.2", "transformer.h.4"]
+    ip.user_ns["cut"] = lambda name, module: name.endswith(".3")
+    assert magics._split("cut") is ip.user_ns["cut"]
+    assert magics._split("lm_head") == ["lm_head"] and magics._split(None) is None
+
+
 def test_completion() -> None:
     assert set(complete(None, SimpleNamespace(line="%vpipe "))) == set(COMMANDS)
     assert "gpt-tiny" in complete(None, SimpleNamespace(line="%vpipe start "))

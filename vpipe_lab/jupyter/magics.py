@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--data", help="data function: bundled name or notebook variable (default: the model's)")
     s.add_argument("--loss", help="notebook variable holding the loss function")
     s.add_argument("--optimizer", help="notebook variable holding the optimizer factory")
+    s.add_argument("--split", help="where partition units begin: module names, comma-separated (transformer.h.4,...), "
+                                   "or a notebook variable holding a function (name, module) -> bool")
     s.add_argument("--stages", "-k", type=int, default=2)
     s.add_argument("--microbatches", "-m", type=int, default=4)
     s.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b")
@@ -160,6 +162,7 @@ class VpipeMagics(Magics):
             loss=self._value(args.loss, "loss") if args.loss else None,
             optimizer=self._value(args.optimizer, "optimizer factory") if args.optimizer else None,
             plan=self._value(args.plan, "plan") if args.plan else None, auto_replan=args.auto_replan,
+            split=self._split(args.split),
         )
         self.session = session
         self.shell.user_ns[args.name] = session
@@ -170,6 +173,13 @@ class VpipeMagics(Magics):
         print(f"vpipe: {session.stages} stages ready on {session._ready[0].get('device')}, bound to `{args.name}`"
               + training)
         return None
+
+    def _split(self, text: str | None) -> Any:
+        if not text:
+            return None
+        if "," not in text and text in self.shell.user_ns and callable(self.shell.user_ns[text]):
+            return self.shell.user_ns[text]
+        return [name.strip() for name in text.split(",") if name.strip()]
 
     def cmd_status(self, args: argparse.Namespace) -> None:
         s = self._need()
@@ -255,7 +265,7 @@ def complete(self: Any, event: Any) -> list[str]:
     if len(words) <= 1 or (len(words) == 2 and not event.line.endswith(" ")):
         return list(COMMANDS)
     if words[1] == "start":
-        return [*EXAMPLES, "--data", "--stages", "--microbatches", "--schedule", "--device", "--budget", "--plan",
+        return [*EXAMPLES, "--data", "--split", "--stages", "--microbatches", "--schedule", "--device", "--budget", "--plan",
                 "--run", "--auto-replan", "--name"]
     if words[1] == "plan":
         return ["--method", "--apply", "vpipe", "optimal", "pipedream", "balanced", "uniform", "gpipe"]

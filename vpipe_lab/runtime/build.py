@@ -28,12 +28,15 @@ from vpipe_lab.runtime.capture import canonical_names
 log = logging.getLogger(__name__)
 
 
-def on_meta(factory: Callable[[], nn.Module], seed: int) -> tuple[nn.Module, list[tuple[nn.Module, str]]]:
+Registration = tuple[nn.Module, str, Any]
+
+
+def on_meta(factory: Callable[[], nn.Module], seed: int) -> tuple[nn.Module, list[Registration]]:
     """The model's structure without memory, and its parameter/buffer registrations in order."""
-    order: list[tuple[nn.Module, str]] = []
+    order: list[Registration] = []
 
     def record(module: nn.Module, name: str, value: Any) -> None:
-        order.append((module, name))
+        order.append((module, name, value))
 
     hooks = [nn.modules.module.register_module_parameter_registration_hook(record),
              nn.modules.module.register_module_buffer_registration_hook(record)]
@@ -47,15 +50,21 @@ def on_meta(factory: Callable[[], nn.Module], seed: int) -> tuple[nn.Module, lis
     return model, order
 
 
-def registered_names(model: nn.Module, order: list[tuple[nn.Module, str]]) -> list[str | None]:
-    """For each registration, the canonical name its tensor has in the finished model (None: not part of it)."""
+TRANSIENT = ""  # a tensor the model registers and later replaces (a head's own weight before it is tied)
+
+
+def registered_names(model: nn.Module, order: list[Registration]) -> list[str | None]:
+    """For each registration, the canonical name its tensor has in the finished model; ``TRANSIENT`` when it is
+    replaced before the end, None when its module is not part of the model."""
     paths = {id(m): p for p, m in model.named_modules(remove_duplicate=False)}
     canonical = canonical_names(model)
     out: list[str | None] = []
-    for module, name in order:
-        path = paths.get(id(module))
-        tensor = (module._parameters.get(name) if name in module._parameters else module._buffers.get(name))
-        out.append(canonical.get(id(tensor)) if path is not None and tensor is not None else None)
+    for module, name, value in order:
+        final = module._parameters.get(name) if name in module._parameters else module._buffers.get(name)
+        if paths.get(id(module)) is None or final is None:
+            out.append(None)
+        else:
+            out.append(canonical.get(id(final)) if final is value else TRANSIENT)
     return out
 
 

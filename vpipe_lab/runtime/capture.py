@@ -331,17 +331,20 @@ def _chain(gm: torch.fx.GraphModule, exported: Any, part: dict[torch.fx.Node, in
 
 
 def _mutated(gm: torch.fx.GraphModule, canonical: dict[int, str]) -> set[str]:
-    """Canonical names of the tensors the graph writes in place (BatchNorm's running statistics, counters)."""
+    """Canonical names of the tensors the graph writes in place: arguments its ops' schemas mark as written
+    (``add_`` on a counter), and the running statistics that training-mode normalisation updates (``batch_norm``
+    declares them as plain inputs, yet writes them)."""
     found: set[str] = set()
     for node in gm.graph.nodes:
         schema = getattr(node.target, "_schema", None)
         if node.op != "call_function" or schema is None:
             continue
+        norm = schema.name.endswith(("batch_norm", "instance_norm")) and any(a is True for a in node.args[5:6])
         for arg, spec in zip(node.args, schema.arguments):
-            if isinstance(arg, torch.fx.Node) and arg.op == "get_attr" and spec.alias_info is not None \
-                    and spec.alias_info.is_write:
-                target = _attr(gm, str(arg.target))
-                found.add(canonical.get(id(target), str(arg.target)))
+            written = spec.alias_info is not None and spec.alias_info.is_write
+            if isinstance(arg, torch.fx.Node) and arg.op == "get_attr" and (written or (
+                    norm and spec.name in ("running_mean", "running_var"))):
+                found.add(canonical.get(id(_attr(gm, str(arg.target))), str(arg.target)))
     return found
 
 
