@@ -81,6 +81,16 @@ def test_a_tie_survives_save_and_resume_onto_one_stage(tmp_path) -> None:
     reference.assert_state_matches(state, model)
 
 
+def test_a_dict_with_none_crosses_a_stage_boundary_intact() -> None:
+    """An nn.Sequential whose first child returns {"hidden": tensor, "mask": None, "scale": 0.5} on stage 0."""
+    plan = Plan((0, 1, 4), ("keep", "recompute", "swap", "keep"), 4, "1f1b")
+    _, losses, state = pipelined(zoo.dict_sequential, zoo.vector_data, None, zoo.adamw, stages=2, plan=plan)
+    model, ref_losses = reference.train(zoo.dict_sequential, zoo.vector_data, torch.nn.functional.mse_loss, zoo.adamw,
+                                        iterations=3, microbatches=4)
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    reference.assert_state_matches(state, model)
+
+
 def _token_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
 

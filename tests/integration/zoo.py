@@ -89,6 +89,31 @@ def vector_data(iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(BATCH, 6, generator=g), torch.randn(BATCH, 3, generator=g)
 
 
+class Encode(nn.Module):
+    """An nn.Sequential child returning a dict with a None and a number in it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 16)
+
+    def forward(self, x: torch.Tensor) -> dict[str, Any]:
+        return {"hidden": torch.tanh(self.lin(x)), "mask": None, "scale": 0.5}
+
+
+class Decode(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, state: dict[str, Any]) -> torch.Tensor:
+        assert state["mask"] is None
+        return self.lin(state["hidden"]) * state["scale"]
+
+
+def dict_sequential() -> nn.Sequential:
+    return nn.Sequential(Encode(), Decode(), nn.Tanh(), nn.Linear(16, 3))
+
+
 class TwoInputNet(nn.Module):
     """A plain nn.Module taking keyword arguments (features and a mask), with blocks in a ModuleList."""
 

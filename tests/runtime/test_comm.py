@@ -30,14 +30,17 @@ def _ranks(rank: int, port: int, out: dict) -> None:  # type: ignore[type-arg]
         peer.send((torch.arange(6.0).reshape(2, 3).requires_grad_(), torch.tensor([1, 2], dtype=torch.int64)), 1,
                   TAG_FORWARD)
         got = peer.recv(1, TAG_BACKWARD)
+        peer.send({"hidden": torch.ones(2), "cache": None, "step": 3, "pair": (torch.zeros(1), "x")}, 1, TAG_FORWARD)
         peer.flush()
         out[0] = [t.tolist() for t in got] + [peer.broadcast_json({"cmds": ["go"]})] + [peer.all_max([1.0, 5.0])]
     else:
         peer.send(torch.full((2,), 7.0, dtype=torch.bfloat16), 0, TAG_BACKWARD)
         got = peer.recv(0, TAG_FORWARD)
+        tree = peer.recv(0, TAG_FORWARD)
         peer.flush()
         out[1] = [t.tolist() for t in got] + [got[0].dtype == torch.float32, got[1].dtype == torch.int64] + \
-            [peer.broadcast_json(None)] + [peer.all_max([3.0, 2.0])]
+            [peer.broadcast_json(None)] + [peer.all_max([3.0, 2.0])] + \
+            [[tree["hidden"].tolist(), tree["cache"], tree["step"], tree["pair"][0].tolist(), tree["pair"][1]]]
     dist.destroy_process_group()
 
 
@@ -58,6 +61,7 @@ def test_two_ranks_exchange_tuples_dtypes_json_and_maxima() -> None:
     assert out[0][0] == [7.0, 7.0] and out[0][1] == {"cmds": ["go"]} and out[0][2] == [3.0, 5.0]
     assert out[1][0] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] and out[1][1] == [1, 2]
     assert out[1][2] and out[1][3] and out[1][4] == {"cmds": ["go"]} and out[1][5] == [3.0, 5.0]
+    assert out[1][6] == [[1.0, 1.0], None, 3, [0.0], "x"]  # a structure arrives as it was sent
 
 
 def test_as_tensors_rejects_other_values() -> None:

@@ -116,23 +116,19 @@ class Chain:
         assert self.output_keys is not None
         return pytree.tree_unflatten([carry[k] for k in self.output_keys], self.out_spec)
 
-    def pack(self, value: Any) -> tuple[torch.Tensor, ...]:
-        """A stage boundary's value as the ordered tensors that cross it."""
-        if self.graph:
-            return tuple(value.values())
-        if isinstance(value, torch.Tensor):
-            return (value,)
-        if isinstance(value, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in value):
-            return tuple(value)
-        raise CaptureError(f"an nn.Sequential stage boundary carries a tensor or a tuple of tensors, not "
-                           f"{type(value).__name__}; give the model as a plain nn.Module to carry anything else")
+    def pack(self, value: Any) -> Any:
+        """What crosses a stage boundary: a captured model's carry as its ordered tensors; an nn.Sequential child's
+        output as it is (a tensor, a tuple, a dict with None in it: the transfer keeps its structure)."""
+        return tuple(value.values()) if self.graph else value
 
-    def unpack(self, after_unit: int, tensors: tuple[torch.Tensor, ...]) -> Any:
+    def unpack(self, after_unit: int, got: Any) -> Any:
         """The inverse of ``pack`` for the boundary after unit ``after_unit``."""
         if self.graph:
             unit = self.units[after_unit]
-            return dict(zip(unit.carry_keys, tensors))  # type: ignore[union-attr]
-        return tensors[0] if len(tensors) == 1 else tensors
+            return dict(zip(unit.carry_keys, got))  # type: ignore[union-attr]
+        if isinstance(got, tuple) and len(got) == 1 and isinstance(got[0], torch.Tensor):
+            return got[0]
+        return got
 
 
 def build_model(model: Any, seed: int) -> nn.Module:

@@ -1,8 +1,10 @@
 """Point-to-point transfers between neighbouring stages and the small collectives of the iteration boundary.
 
-Activations and gradients go directly between workers with plain ``isend``/``irecv`` (see PITFALLS.md), each
-preceded by a fixed-size header of shapes and dtypes so a receiver needs no prior knowledge of them. Every wait has
-the process group's timeout. Control blobs cross as JSON in uint8 tensors: nothing is unpickled.
+Activations and gradients go directly between workers with plain ``isend``/``irecv``, each preceded by a fixed-size
+header of shapes and dtypes so a receiver needs no prior knowledge of them. A value that is not a tensor or a tuple
+of tensors (a dict, a tuple with ``None`` or numbers in it) travels with its structure as JSON in a first uint8
+tensor, flagged in the header, and arrives as it was sent. Every wait has the process group's timeout. Control blobs
+cross as JSON in uint8 tensors: nothing is unpickled.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ TAG_FORWARD, TAG_BACKWARD, TAG_MIGRATE, TAG_TARGET = 1, 2, 3, 4
 MAX_TENSORS = 32
 _DIMS = 8
 _SLOT = 3 + _DIMS
+_HEAD = 2  # [tensor count, 1 if the first tensor is the JSON structure of the value]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16,
           torch.int8, torch.uint8, torch.bool]
 _CODE = {dt: i for i, dt in enumerate(DTYPES)}
@@ -36,6 +39,15 @@ def as_tensors(value: Any) -> tuple[torch.Tensor, ...]:
     if isinstance(value, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in value):
         return tuple(value)
     raise CommError(f"a stage boundary can carry a tensor or a tuple of tensors, not {type(value).__name__}")
+
+
+def _plain(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) or (isinstance(value, tuple) and all(isinstance(v, torch.Tensor)
+                                                                                for v in value))
+
+
+def _json_tensor(obj: Any) -> torch.Tensor:
+    return torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
 
 
 def _posted(what: str, rank: int) -> Any:
@@ -71,15 +83,24 @@ class Peer:
             raise CommError(f"rank {self.rank}: {what} failed or timed out after {self.timeout}: {exc}") from None
 
     def send(self, value: Any, dst: int, tag: int) -> None:
-        tensors = as_tensors(value)
+        """Send a tensor, a tuple of tensors, or any structure of tensors and JSON-able values (dicts, None)."""
+        structured = not _plain(value)
+        if structured:
+            try:
+                desc, leaves = describe(value)
+            except TypeError as exc:
+                raise CommError(f"cannot send this value between stages: {exc}") from None
+            tensors: tuple[torch.Tensor, ...] = (_json_tensor(desc), *leaves)
+        else:
+            tensors = as_tensors(value)
         if len(tensors) > MAX_TENSORS:
             raise CommError(f"a boundary carries at most {MAX_TENSORS} tensors, this one {len(tensors)}")
-        header = torch.zeros(1 + MAX_TENSORS * _SLOT, dtype=torch.int64)
-        header[0] = len(tensors)
+        header = torch.zeros(_HEAD + MAX_TENSORS * _SLOT, dtype=torch.int64)
+        header[0], header[1] = len(tensors), int(structured)
         for i, t in enumerate(tensors):
             if t.dim() > _DIMS or t.dtype not in _CODE:
                 raise CommError(f"cannot send a {t.dim()}-d {t.dtype} tensor between stages")
-            base = 1 + i * _SLOT
+            base = _HEAD + i * _SLOT
             header[base] = _CODE[t.dtype]
             header[base + 1] = int(t.requires_grad)
             header[base + 2] = t.dim()
@@ -99,21 +120,24 @@ class Peer:
         for work, _, what in pending:
             self._wait(work, what)
 
-    def recv(self, src: int, tag: int) -> tuple[torch.Tensor, ...]:
-        header = torch.zeros(1 + MAX_TENSORS * _SLOT, dtype=torch.int64, device=self.device)
+    def recv(self, src: int, tag: int) -> Any:
+        """A tuple of tensors, or the structure the sender sent when it was not one."""
+        header = torch.zeros(_HEAD + MAX_TENSORS * _SLOT, dtype=torch.int64, device=self.device)
         with _posted(f"receive from rank {src}", self.rank):
             work = dist.irecv(header, src, tag=tag)
         self._wait(work, f"receive from rank {src}")
         header = header.cpu()
         out = []
         for i in range(int(header[0])):
-            base = 1 + i * _SLOT
+            base = _HEAD + i * _SLOT
             shape = [int(x) for x in header[base + 3:base + 3 + int(header[base + 2])]]
             t = torch.empty(shape, dtype=DTYPES[int(header[base])], device=self.device)
             with _posted(f"receive from rank {src}", self.rank):
                 work = dist.irecv(t, src, tag=tag)
             self._wait(work, f"receive from rank {src}")
             out.append(t)
+        if int(header[1]):
+            return rebuild(json.loads(bytes(out[0].cpu().numpy())), out[1:])
         return tuple(out)
 
     def broadcast_json(self, obj: Any, src: int = 0) -> Any:
