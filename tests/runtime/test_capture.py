@@ -100,6 +100,9 @@ def test_inputs_must_keep_their_structure() -> None:
     chain = capture(zoo.two_input_net(), {"features": torch.zeros(2, 6), "mask": torch.ones(2)})
     with pytest.raises(CaptureError, match="changed structure"):
         chain.start({"features": torch.zeros(2, 6)})
+    with pytest.raises(CaptureError, match=r"shapes are \[\(3, 6\), \(3,\)\], but the model was captured for "
+                                           r"\[\(2, 6\), \(2,\)\]"):
+        chain.start({"features": torch.zeros(3, 6), "mask": torch.ones(3)})
 
 
 def test_buffers_written_in_forward_are_known() -> None:

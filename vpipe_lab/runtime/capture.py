@@ -89,6 +89,7 @@ class Chain:
     output_keys: list[str] | None = None
     out_spec: Any = None
     mutated: set[str] | None = None  # buffers the forward writes in place (None: not known, so any may be)
+    shapes: list[Any] | None = None  # the captured micro-batch's input shapes: the graph is specialised to them
 
     def __len__(self) -> int:
         return len(self.units)
@@ -107,6 +108,11 @@ class Chain:
         if spec != self.in_spec:
             raise CaptureError(f"the inputs changed structure since the model was captured: now {spec}, captured "
                                f"with {self.in_spec}; give every batch the same keys and argument order")
+        shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in leaves]
+        if self.shapes is not None and shapes != self.shapes:
+            raise CaptureError(f"a micro-batch's input shapes are {shapes}, but the model was captured for "
+                               f"{self.shapes}: the graph is specialised to those shapes, so give batches of one size "
+                               "(pad to a fixed length; drop_last=True in a DataLoader)")
         return dict(zip(self.input_keys, leaves))
 
     def finish(self, carry: Any) -> Any:
@@ -263,12 +269,15 @@ def capture(model: nn.Module, example: Any, split: SplitSpec = None) -> Chain:
                            "branch with torch.cond/torch.where, or give an nn.Sequential of the parts") from exc
     gm = exported.module()
     part, names = _assign(gm, points)
+    shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in pytree.tree_leaves((args, kwargs))]
     reached = {p for node in part for p in _module_paths(node)}
     missing = [p for p in points if p not in reached]
     if missing:
         raise CaptureError(f"split points {missing} never run in {type(model).__name__}.forward; split at modules "
                            "the forward pass calls")
-    return _chain(gm, exported, part, names, canonical)
+    chain = _chain(gm, exported, part, names, canonical)
+    chain.shapes = shapes
+    return chain
 
 
 def _chain(gm: torch.fx.GraphModule, exported: Any, part: dict[torch.fx.Node, int], names: list[str],

@@ -196,6 +196,9 @@ class MigratingWorker(Worker):
                  if i is not None and old_owner[i] == rank and new_owner[j] == rank]
         fresh = [j for j, i in sorted(sources.items()) if i is None and new_owner[j] == rank]
         problem = self.ties.conflict(plan, new_chain)  # every rank finds the same answer: nothing moves
+        if self.chain.graph and plan.microbatches != self.plan.microbatches:
+            problem = (f"the model was captured for {self.plan.microbatches} micro-batches (its graph is specialised "
+                       "to their shapes); relaunch to change the number of micro-batches")
         if problem is not None:
             return {"ok": False, "error": problem, "pause_s": time.perf_counter() - start}
 
