@@ -17,6 +17,9 @@ from torch.utils import _pytree as pytree
 def leafify(value: Any, grad: bool = True) -> tuple[Any, tuple[torch.Tensor, ...]]:
     """The same structure (a tensor, tuple, dict, ...) with floating tensors replaced by fresh leaves that require
     grad (unless ``grad`` is False: data at the pipeline's start); also returns those leaves in pytree order."""
+    if isinstance(value, torch.Tensor):  # the common case, without pytree's per-call cost on the hot path
+        leaf = value.detach().requires_grad_(grad and value.is_floating_point())
+        return leaf, (leaf,) if leaf.requires_grad else ()
     leaves: list[torch.Tensor] = []
 
     def fresh(v: Any) -> Any:
@@ -31,6 +34,8 @@ def leafify(value: Any, grad: bool = True) -> tuple[Any, tuple[torch.Tensor, ...
 
 
 def detach(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach()
     return pytree.tree_map(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, value)
 
 

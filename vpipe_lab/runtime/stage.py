@@ -35,6 +35,8 @@ def layer_seed(seed: int, iteration: int, mb: int, layer: int) -> int:
 
 def tensors_of(value: Any) -> tuple[torch.Tensor, ...]:
     """The tensors in a value of any structure (tensor, tuple, dict, ModelOutput), in pytree order."""
+    if isinstance(value, torch.Tensor):
+        return (value,)
     return tuple(v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor))
 
 
