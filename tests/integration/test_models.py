@@ -35,6 +35,7 @@ GPT2_UNITS = ["transformer.wte+transformer.wpe+transformer.drop", "transformer.h
     (2, "gpipe", "ksrksk", (0, 3, 6)),
     (2, "1f1b", "rkskrs", (0, 2, 6)),
     (3, "1f1b", "kskrsk", (0, 2, 4, 6)),
+    (3, "gpipe", "rsksrk", (0, 1, 4, 6)),
 ])
 def test_gpt2_matches_plain_pytorch(stages: int, schedule: str, policies: str, boundaries: tuple[int, ...]) -> None:
     """Tied embedding and LM head on different stages, dict inputs with an attention mask, mixed policies."""
