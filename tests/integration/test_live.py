@@ -9,6 +9,7 @@ import torch
 
 import vpipe_lab
 from vpipe_lab import InfeasiblePlan, Plan, PlanError
+from vpipe_lab.control.checkpoint import resolve
 from vpipe_lab.control.errors import WorkerError
 from vpipe_lab.examples import mlp
 
@@ -57,8 +58,11 @@ def test_save_and_resume_onto_another_partition(reference: tuple[dict, list], tm
     with vpipe_lab.launch("mlp", stages=3, microbatches=4, plan=K3, device="cpu", timeout=60) as s:
         s.run(3)
         s.wait(timeout=60)
-        path = s.save(tmp_path / "ckpt")
-    assert (path / "manifest.json").exists() and len(list(path.glob("layer-*.pt"))) == 10
+        first = resolve(s.save(tmp_path / "ckpt"))
+        path = s.save(tmp_path / "ckpt", keep=1)  # a new version; the first goes once the second is complete
+    version = resolve(path)
+    assert version != first and not first.exists()
+    assert (version / "manifest.json").exists() and len(list(version.glob("layer-*.pt"))) == 10
     with vpipe_lab.launch("mlp", stages=2, microbatches=4, device="cpu", resume=path, timeout=60) as s:
         assert s.iteration == 3 and s.plan.stages == 2
         s.run(3)

@@ -1,13 +1,21 @@
-"""Checkpoint manifests: a directory holds one file per layer plus ``manifest.json``, written last.
+"""Checkpoints that are never half-written: versions in fresh directories, switched by an atomic ``latest`` pointer.
 
-Layers are saved by global index, so a checkpoint restores onto any partition (and any stage count). The manifest
-(plain JSON) says what the files belong to; its presence marks the checkpoint complete.
+A checkpoint path is a directory of versions. Each save writes a new version directory next to the others (one
+file per layer, each fsynced, plus per-rank checksum lists), then rank 0 writes the version's ``manifest.json``
+(with every file's SHA-256) and finally replaces ``latest`` (a one-line file naming the version) atomically: until
+that rename the previous version is what ``latest`` names, complete and untouched. Older versions beyond the newest
+``keep`` are removed after the switch. Layers are saved by global index, so a checkpoint restores onto any partition
+(and any stage count). A directory holding ``manifest.json`` itself (one version, as earlier releases wrote) reads
+too. Resume checks every file against its checksum and names the file that does not match.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,10 +23,50 @@ from typing import Any
 from vpipe_lab.core.errors import ProfileError
 
 MANIFEST = "manifest.json"
+LATEST = "latest"
+_VERSION = re.compile(r"^ckpt-[0-9a-z-]+$")
+_LAYER = re.compile(r"^layer-\d{5}\.pt$")
 
 
 def layer_file(path: str | Path, index: int) -> Path:
     return Path(path) / f"layer-{index:05d}.pt"
+
+
+def sums_file(version: Path, rank: int) -> Path:
+    return version / f"sums-rank{rank}.json"
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_synced(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` and flush it to disk before returning."""
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def sync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def resolve(path: str | Path) -> Path:
+    """The version directory a checkpoint path stands for: what ``latest`` names, or the path itself."""
+    root = Path(path)
+    pointer = root / LATEST
+    if pointer.exists():
+        name = pointer.read_text().strip()
+        if not _VERSION.match(name):
+            raise ProfileError(f"{pointer} names {name!r}, not a checkpoint version in {root}: it may only name a "
+                               "directory beside it")
+        return root / name
+    return root
 
 
 @dataclass
@@ -31,20 +79,26 @@ class Manifest:
     plan_version: int = 0
     model_version: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)  # file name -> SHA-256
+    directory: Path | None = field(default=None, compare=False)  # where it was read from (not written)
 
-    def write(self, path: str | Path) -> None:
-        target = Path(path) / MANIFEST
+    def write(self, version: Path) -> None:
+        doc = {k: v for k, v in asdict(self).items() if k != "directory"}
+        target = version / MANIFEST
         tmp = target.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"kind": "vpipe_lab-checkpoint", "version": 1, **asdict(self)}, indent=1))
-        os.replace(tmp, target)  # atomic: a manifest is either absent or complete
+        write_synced(tmp, json.dumps({"kind": "vpipe_lab-checkpoint", "version": 2, **doc}, indent=1).encode())
+        os.replace(tmp, target)  # a manifest is either absent or complete
+        sync_dir(version)
 
     @classmethod
     def read(cls, path: str | Path) -> Manifest:
-        target = Path(path) / MANIFEST
+        """The manifest of the checkpoint at ``path`` (its newest complete version), checked for completeness."""
+        version = resolve(path)
+        target = version / MANIFEST
         try:
             doc = json.loads(target.read_text())
         except OSError as exc:
-            raise ProfileError(f"{str(path)!r} is not a complete vpipe_lab checkpoint: cannot read {MANIFEST} "
+            raise ProfileError(f"{str(path)!r} is not a complete vpipe_lab checkpoint: cannot read {target.name} "
                                f"({exc.strerror}); save one with session.save(path)") from None
         except json.JSONDecodeError as exc:
             raise ProfileError(f"{target} is not valid JSON: {exc}") from None
@@ -52,7 +106,50 @@ class Manifest:
             raise ProfileError(f"{target} is not a vpipe_lab checkpoint manifest")
         doc.pop("kind")
         doc.pop("version", None)
-        missing = [i for i in range(int(doc["num_layers"])) if not layer_file(path, i).exists()]
+        manifest = cls(**doc, directory=version)
+        outside = [name for name in manifest.files if not _LAYER.match(name)]
+        if outside:
+            raise ProfileError(f"{target} lists files {outside[:3]} that are not layer files of its own directory; "
+                               "the manifest is corrupt or forged, and nothing outside the checkpoint is read")
+        missing = [i for i in range(manifest.num_layers) if not layer_file(version, i).exists()]
         if missing:
             raise ProfileError(f"checkpoint {str(path)!r} lacks the files of layers {missing[:10]}")
-        return cls(**doc)
+        return manifest
+
+    def load_bytes(self, index: int) -> bytes:
+        """Layer ``index``'s file, checked against the manifest's checksum."""
+        assert self.directory is not None
+        path = layer_file(self.directory, index)
+        data = path.read_bytes()
+        expected = self.files.get(path.name)
+        if expected is not None and sha256(data) != expected:
+            raise ProfileError(f"checkpoint file {path} does not match its checksum (corrupted or truncated); resume "
+                               "from another checkpoint version")
+        return data
+
+
+def complete(version: Path, manifest: Manifest, ranks: int, keep: int | None) -> None:
+    """Rank 0's last step of a save: gather every rank's checksums into the manifest, write it, switch ``latest``
+    to this version, then prune old versions beyond ``keep``."""
+    for rank in range(ranks):
+        manifest.files.update(json.loads(sums_file(version, rank).read_text()))
+    manifest.write(version)
+    root = version.parent
+    pointer = root / LATEST
+    tmp = root / f".{LATEST}.tmp"
+    write_synced(tmp, version.name.encode())
+    os.replace(tmp, pointer)
+    sync_dir(root)
+    if keep is not None:
+        prune(root, keep)
+
+
+def prune(root: Path, keep: int) -> None:
+    """Remove all but the newest ``keep`` complete versions (never the one ``latest`` names) and unfinished ones."""
+    current = resolve(root).name
+    versions = [p for p in root.iterdir() if p.is_dir() and _VERSION.match(p.name)]
+    finished = sorted((p for p in versions if (p / MANIFEST).exists()), key=lambda p: (p / MANIFEST).stat().st_mtime)
+    doomed = [p for p in finished[:-keep] if p.name != current] if keep > 0 else []
+    doomed += [p for p in versions if not (p / MANIFEST).exists() and p.name != current]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)

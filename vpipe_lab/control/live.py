@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,11 +128,16 @@ class LiveMixin:
         self.last_checkpoint = path
 
     # --- state ----------------------------------------------------------------------------------------------------
-    def save(self: Session, path: str | Path, timeout: float | None = None) -> Path:
-        """Write parameters, optimizer state, plan and iteration (one file per layer plus a manifest) at the next
-        iteration boundary; ``launch(..., resume=path)`` restores them onto any partition."""
+    def save(self: Session, path: str | Path, *, keep: int | None = None, timeout: float | None = None) -> Path:
+        """Write parameters, optimizer state, plan and iteration at the next iteration boundary, as a new version
+        of the checkpoint at ``path`` (one file per layer, checksummed, plus a manifest), switched to atomically: a
+        crash during the save leaves the previous version intact. ``keep`` keeps only the newest versions.
+        ``launch(..., resume=path)`` restores the newest onto any partition."""
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+            raise ValueError(f"keep must be a whole number >= 1 (versions to keep), got {keep!r}")
         target = Path(path).absolute()
-        self._command(P.SAVE, {"path": str(target)}, timeout=timeout)
+        self._command(P.SAVE, {"path": str(target), "name": f"ckpt-{uuid.uuid4().hex[:12]}", "keep": keep},
+                      timeout=timeout)
         Manifest.read(target)  # complete, or this raises
         return target
 

@@ -14,6 +14,8 @@ Processes and the process group stay up; the pipeline pauses only for the transf
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 import os
 import time
@@ -24,7 +26,7 @@ import cloudpickle
 import torch
 
 from vpipe_lab.control import protocol as P
-from vpipe_lab.control.checkpoint import Manifest, layer_file
+from vpipe_lab.control.checkpoint import Manifest, complete, layer_file, sha256, sums_file, write_synced
 from vpipe_lab.core.migration import match_layers, owners
 from vpipe_lab.core.model import Plan, Policy
 from vpipe_lab.core.partition import uniform
@@ -116,7 +118,8 @@ class MigratingWorker(Worker):
         states: dict[str, dict[str, Any]] = {}
         with torch.no_grad():
             for index in self.stage.owned:
-                state = torch.load(layer_file(path, index), map_location=self.placement.device, weights_only=True)
+                data = io.BytesIO(manifest.load_bytes(index))  # checked against its checksum
+                state = torch.load(data, map_location=self.placement.device, weights_only=True)
                 for name, value in state["tensors"].items():
                     self.stage.tensors[name].copy_(value)
                 states.update(state["optimizer"])
@@ -126,21 +129,30 @@ class MigratingWorker(Worker):
         self.model_version = manifest.model_version
         log.info("restored layers %s from %s at iteration %d", self.stage.owned, path, manifest.iteration)
 
-    def save(self, path: Path) -> None:
-        """Every rank writes its layers; then rank 0 writes the manifest that makes the checkpoint complete."""
-        path.mkdir(parents=True, exist_ok=True)
+    def save(self, root: Path, name: str | None = None, keep: int | None = None) -> None:
+        """Every rank writes its layers (fsynced, with checksums) into a new version directory; then rank 0 writes the
+        manifest and switches ``latest`` to it (see control/checkpoint.py): the previous version stays valid until
+        then."""
+        version = root / (name or f"ckpt-{self.ctl.iteration:08d}-{self.ctl.plan_version}-{self.model_version}")
+        version.mkdir(parents=True, exist_ok=True)
+        sums: dict[str, str] = {}
         for index in self.stage.owned:
-            torch.save(layer_state(self.stage, index), layer_file(path, index))
+            buffer = io.BytesIO()
+            torch.save(layer_state(self.stage, index), buffer)
+            target = layer_file(version, index)
+            write_synced(target, buffer.getvalue())
+            sums[target.name] = sha256(buffer.getvalue())
+        write_synced(sums_file(version, self.rank), json.dumps(sums).encode())
         self.peer.barrier()
         if self.rank == 0:
-            Manifest(self.ctl.iteration, self.plan.to_dict(), self.num_layers, self.names, self.spec.seed,
-                     self.ctl.plan_version, self.model_version).write(path)
+            complete(version, Manifest(self.ctl.iteration, self.plan.to_dict(), self.num_layers, self.names,
+                                       self.spec.seed, self.ctl.plan_version, self.model_version), self.world, keep)
 
     # --- commands ----------------------------------------------------------------------------------------------
     def handle_extra(self, cmd: dict[str, Any]) -> None:
         kind = cmd["type"]
         if kind == P.SAVE:
-            self.save(Path(cmd["path"]))
+            self.save(Path(cmd["path"]), cmd.get("name"), cmd.get("keep"))
             self.ack(cmd, path=cmd["path"])
         elif kind == P.APPLY:
             plan = Plan.from_dict(cmd["plan"]).validate(self.num_layers, self.world)
