@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from vpipe_lab.control.private import DEFAULT_KEY_FILE
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.model import Plan
 from vpipe_lab.core.report import human_bytes, human_time, plan_table
@@ -156,7 +157,7 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--control-port", type=int, default=29600)
     p.add_argument("--backend-port", type=int, default=0, help="where ranks reach rank 0 (default: any free port)")
     p.add_argument("--key", help="session key (default: $VPIPE_LAB_KEY, else --key-file)")
-    p.add_argument("--key-file", default=str(Path.home() / ".cache" / "vpipe_lab" / "torchrun.key"),
+    p.add_argument("--key-file", default=str(DEFAULT_KEY_FILE),
                    help="read the key from here; rank 0 creates it if missing")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--threads", type=int, default=1)

@@ -61,3 +61,33 @@ def test_messages_without_the_key_are_dropped_on_both_sides() -> None:
     finally:
         ctx.term()
         broker.close()
+
+
+def test_replays_and_oversized_frames_from_the_network_are_dropped() -> None:
+    """A captured 'stop' sent again reaches rank 0 once; a frame over the command limit from a client without the key
+    is dropped unread, and the broker goes on serving."""
+    broker = Broker(KEY, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", JOB)
+    rank0 = Link(broker.backend, KEY, "rank0")
+    ctx = zmq.Context()
+    try:
+        rank0.send(P.Message(P.READY, body={"rank": 0, "plan": {"kind": "plan"}, "names": ["0:A"], "iteration": 0}))
+        wait_for(lambda: 0 in broker.ready)
+        sniffed = P.encode(P.Sender().stamp(P.Message(P.STOP, "client", {"id": 9})), KEY)  # as a client sent it
+        attacker = ctx.socket(zmq.DEALER)
+        attacker.connect(broker.frontend)
+        attacker.send_multipart(sniffed)
+        assert rank0.inbox.get(timeout=5).type == P.STOP
+        attacker.send_multipart(sniffed)  # the replay
+        wait_for(lambda: broker.rejected == 1)
+        attacker.send_multipart([b"x" * (P.MAX_COMMAND + 1), b"{}"])
+        time.sleep(0.5)
+        assert rank0.inbox.empty() and broker.rejected == 1  # never buffered, so never even checked
+        client = Client(broker.frontend, KEY)
+        client.send("rank0", P.Message(P.RUN, body={"id": 10}))
+        assert rank0.inbox.get(timeout=5).body == {"id": 10}
+        client.close()
+        attacker.close(0)
+    finally:
+        rank0.close()
+        ctx.term()
+        broker.close()

@@ -3,7 +3,7 @@ import time
 import zmq
 
 from vpipe_lab.control.channel import Hub, Link
-from vpipe_lab.control.protocol import Message, encode, new_key
+from vpipe_lab.control.protocol import Message, Sender, encode, new_key
 
 
 def wait_for(q, timeout: float = 5.0):  # type: ignore[no-untyped-def]
@@ -43,3 +43,28 @@ def test_hub_drops_messages_without_the_key() -> None:
         sock.close(0)
         ctx.term()
         hub.close()
+
+
+def test_a_captured_message_sent_again_is_refused() -> None:
+    """Frames a link sent, captured and sent again by someone else, are rejected by sequence number."""
+    key = new_key()
+    hub = Hub(key)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, b"rank0")
+    sock.connect(hub.address)
+    try:
+        sender = Sender()
+        frames = encode(sender.stamp(Message("hello", "rank0", {"rank": 0})), key)
+        sock.send_multipart(frames)
+        assert wait_for(hub.inbox).type == "hello"
+        sock.send_multipart(frames)  # the replay
+        deadline = time.monotonic() + 5
+        while hub.rejected == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert hub.rejected == 1 and hub.inbox.empty()
+    finally:
+        sock.close(0)
+        ctx.term()
+        hub.close()
+

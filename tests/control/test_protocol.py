@@ -2,7 +2,17 @@ import json
 
 import pytest
 
-from vpipe_lab.control.protocol import VERSION, Message, ProtocolError, decode, encode, new_key
+from vpipe_lab.control.protocol import (
+    VERSION,
+    Message,
+    ProtocolError,
+    RateLimitedLog,
+    ReplayGuard,
+    Sender,
+    decode,
+    encode,
+    new_key,
+)
 
 
 def test_round_trip_with_buffers() -> None:
@@ -32,3 +42,28 @@ def test_wrong_key_tampering_and_versions_are_rejected() -> None:
 
 def test_keys_are_fresh() -> None:
     assert new_key() != new_key() and len(new_key()) == 64
+
+
+def test_a_replayed_or_reordered_message_is_refused() -> None:
+    key = new_key()
+    sender, guard = Sender(), ReplayGuard()
+    first = [bytes(f) for f in encode(sender.stamp(Message("stop", "client")), key)]
+    second = [bytes(f) for f in encode(sender.stamp(Message("run", "client")), key)]
+    guard.check(decode(first, key))
+    guard.check(decode(second, key))
+    with pytest.raises(ProtocolError, match=r"replayed or reordered message: 'stop' from 'client' has sequence "
+                                            r"number 1, not newer than 2"):
+        guard.check(decode(first, key))
+    other = Sender()  # another endpoint with the same name keeps its own count
+    guard.check(decode([bytes(f) for f in encode(other.stamp(Message("stop", "client")), key)], key))
+    assert sender.sid != other.sid
+
+
+def test_rejections_are_logged_at_a_bounded_rate(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    log = RateLimitedLog(logging.getLogger("vpipe_lab.test"), period_s=60)
+    with caplog.at_level(logging.WARNING, logger="vpipe_lab.test"):
+        for i in range(2000):
+            log.warning("rejected junk %d", i)
+    assert len(caplog.records) == 1

@@ -19,8 +19,10 @@ from typing import Any
 import zmq
 
 from vpipe_lab.control import protocol as P
+from vpipe_lab.control.channel import bounded
 
 log = logging.getLogger(__name__)
+_rejections = P.RateLimitedLog(log)
 REPLAY = 200  # recent events kept for clients that attach later
 CLIENT_TIMEOUT_S = 15.0
 
@@ -30,18 +32,21 @@ class Broker:
         self.key = key
         self.job = job  # what a client needs to build its Session: stages, schedule, budgets, ...
         self._ctx = zmq.Context()
-        self._back = self._ctx.socket(zmq.ROUTER)
-        self._front = self._ctx.socket(zmq.ROUTER)
+        self._back = bounded(self._ctx.socket(zmq.ROUTER), P.MAX_EVENT, "broker (ranks)")
+        self._front = bounded(self._ctx.socket(zmq.ROUTER), P.MAX_COMMAND, "broker (clients)")
         for sock in (self._back, self._front):
             sock.setsockopt(zmq.LINGER, 0)
         self._back.bind(backend)
         self._front.bind(frontend)
         self.backend = self._back.getsockopt_string(zmq.LAST_ENDPOINT)
         self.frontend = self._front.getsockopt_string(zmq.LAST_ENDPOINT)
+        log.info("broker: ranks on %s, clients on %s; every message must carry the key's signature; frames over "
+                 "%d bytes from clients are dropped unread", self.backend, self.frontend, P.MAX_COMMAND)
         self.ready: dict[int, dict[str, Any]] = {}
         self.current: dict[str, Any] = {}
         self.clients: dict[bytes, float] = {}
         self.rejected = 0
+        self._sender, self._guard = P.Sender(), P.ReplayGuard()  # frames are forwarded unchanged: one guard
         self._replay: deque[list[bytes]] = deque(maxlen=REPLAY)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="vpipe-broker", daemon=True)
@@ -49,10 +54,12 @@ class Broker:
 
     def _verify(self, frames: list[bytes], side: str) -> P.Message | None:
         try:
-            return P.decode(frames, self.key)
+            msg = P.decode(frames, self.key)
+            self._guard.check(msg)
+            return msg
         except P.ProtocolError as exc:
             self.rejected += 1
-            log.warning("broker: rejected a message on the %s: %s", side, exc)
+            _rejections.warning("broker: rejected a message on the %s: %s", side, exc)
             return None
 
     def _to_clients(self, frames: list[bytes]) -> None:
@@ -65,8 +72,8 @@ class Broker:
     def _welcome(self, client: bytes) -> None:
         body = {"job": self.job, "ready": [self.ready[r] for r in sorted(self.ready)], "current": self.current,
                 "replay": len(self._replay)}
-        self._front.send_multipart([client, *[bytes(f) for f in P.encode(P.Message("welcome", "broker", body),
-                                                                        self.key)]])
+        self._front.send_multipart([client, *[bytes(f) for f in P.encode(
+            self._sender.stamp(P.Message("welcome", "broker", body)), self.key)]])
         for frames in list(self._replay):
             self._front.send_multipart([client, *frames])
 

@@ -16,9 +16,31 @@ from typing import Any
 
 import zmq
 
-from vpipe_lab.control.protocol import ATTACH, DETACH, HEARTBEAT, WELCOME, Message, ProtocolError, decode, encode
+from vpipe_lab.control.protocol import (
+    ATTACH,
+    DETACH,
+    HEARTBEAT,
+    MAX_COMMAND,
+    MAX_EVENT,
+    WELCOME,
+    Message,
+    ProtocolError,
+    RateLimitedLog,
+    ReplayGuard,
+    Sender,
+    decode,
+    encode,
+)
 
 log = logging.getLogger(__name__)
+_rejections = RateLimitedLog(log)
+
+
+def bounded(sock: zmq.Socket, limit: int, what: str) -> zmq.Socket:  # type: ignore[type-arg]
+    """Refuse frames larger than ``limit`` before buffering them: the signature can only be checked after."""
+    sock.setsockopt(zmq.MAXMSGSIZE, limit)
+    log.debug("%s: frames over %d bytes are dropped unread (a peer sending one is disconnected)", what, limit)
+    return sock
 
 _POLL_MS = 20
 
@@ -30,7 +52,7 @@ class Hub:
                  on_message: Callable[[Message], None] | None = None) -> None:
         self.key = key
         self._ctx = zmq.Context.instance()
-        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock = bounded(self._ctx.socket(zmq.ROUTER), MAX_EVENT, "controller")
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         if port:
@@ -45,7 +67,7 @@ class Hub:
         self._stop = threading.Event()
         self.peers: dict[str, float] = {}  # worker name -> time of its last message
         self.rejected = 0
-        self._seq = 0
+        self._sender, self._guard = Sender(), ReplayGuard()
         self._thread = threading.Thread(target=self._loop, name="vpipe-hub", daemon=True)
         self._thread.start()
 
@@ -71,8 +93,7 @@ class Hub:
                     to, msg = self._outbox.get_nowait()
                 except queue.Empty:
                     break
-                self._seq += 1
-                msg.seq = self._seq
+                self._sender.stamp(msg)
                 try:
                     self._sock.send_multipart([to.encode(), *encode(msg, self.key)], copy=False)
                 except zmq.ZMQError as exc:  # the peer is gone (ROUTER_MANDATORY): drop, the monitor reports it
@@ -87,9 +108,10 @@ class Hub:
                 peer = frames[0].decode(errors="replace")
                 try:
                     msg = decode(frames[1:], self.key)
+                    self._guard.check(msg)
                 except ProtocolError as exc:
                     self.rejected += 1
-                    log.warning("rejected a message from %r: %s", peer, exc)
+                    _rejections.warning("rejected a message from %r: %s", peer, exc)
                     continue
                 self.peers[peer] = time.monotonic()
                 if msg.type == HEARTBEAT:
@@ -112,12 +134,12 @@ class _Dealer:
     """A DEALER endpoint owned by one thread: an outbox, heartbeats, and signature checks on everything received."""
 
     def __init__(self, address: str, key: str, name: str, identity: bytes | None, heartbeat_s: float, linger_ms: int,
-                 thread_name: str) -> None:
+                 thread_name: str, limit: int = MAX_COMMAND) -> None:
         self.key = key
         self.name = name
         self.address = address
         self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock = bounded(self._ctx.socket(zmq.DEALER), limit, name)
         if identity is not None:
             self._sock.setsockopt(zmq.IDENTITY, identity)
         self._linger = linger_ms
@@ -126,7 +148,8 @@ class _Dealer:
         self._outbox: queue.Queue[Message] = queue.Queue()
         self._stop = threading.Event()
         self._heartbeat_s = heartbeat_s
-        self._seq = 0
+        self._sender, self._guard = Sender(), ReplayGuard()
+        self.rejected = 0
         self._thread = threading.Thread(target=self._loop, name=thread_name, daemon=True)
         self._thread.start()
 
@@ -155,9 +178,7 @@ class _Dealer:
                     msg = self._outbox.get_nowait()
                 except queue.Empty:
                     break
-                self._seq += 1
-                msg.seq = self._seq
-                self._sock.send_multipart(encode(msg, self.key), copy=False)
+                self._sock.send_multipart(encode(self._sender.stamp(msg), self.key), copy=False)
             if not poller.poll(_POLL_MS):
                 continue
             while True:
@@ -167,8 +188,10 @@ class _Dealer:
                     break
                 try:
                     msg = decode(frames, self.key)
+                    self._guard.check(msg)
                 except ProtocolError as exc:
-                    log.warning("%s rejected a message: %s", self.name, exc)
+                    self.rejected += 1
+                    _rejections.warning("%s rejected a message: %s", self.name, exc)
                     continue
                 if msg.type == HEARTBEAT:
                     continue
@@ -218,7 +241,7 @@ class Client(_Dealer):
         self._welcomed = threading.Event()
         self._replayed = threading.Event()
         self._received = 0
-        super().__init__(address, key, "client", None, 2.0, 500, "vpipe-client")
+        super().__init__(address, key, "client", None, 2.0, 500, "vpipe-client", limit=MAX_EVENT)
         self._outbox.put(Message(ATTACH, "client"))
         if not self._welcomed.wait(timeout):
             self.close()
@@ -256,7 +279,7 @@ class Client(_Dealer):
 
     def close(self) -> None:
         try:
-            self._sock.send_multipart(encode(Message(DETACH, "client"), self.key), zmq.NOBLOCK)
+            self._sock.send_multipart(encode(self._sender.stamp(Message(DETACH, "client")), self.key), zmq.NOBLOCK)
         except zmq.ZMQError:
             pass
         self._shut()

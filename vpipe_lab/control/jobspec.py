@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vpipe_lab.control.private import write_private
+
 
 @dataclass
 class JobSpec:
@@ -32,8 +34,7 @@ class JobSpec:
     resume_path: str | None = None
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self), indent=1))
-        path.chmod(0o600)  # it holds the session key
+        write_private(path, json.dumps(asdict(self), indent=1).encode())  # it holds the session key
 
     @classmethod
     def load(cls, path: Path) -> JobSpec:

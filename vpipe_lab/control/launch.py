@@ -14,6 +14,7 @@ from vpipe_lab.control.channel import Client, Hub
 from vpipe_lab.control.checkpoint import Manifest
 from vpipe_lab.control.jobspec import JobSpec
 from vpipe_lab.control.launcher import Launcher, reap_stale
+from vpipe_lab.control.private import DEFAULT_KEY_FILE, read_key, write_private
 from vpipe_lab.control.session import Session
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.model import SCHEDULES, Plan
@@ -127,9 +128,7 @@ def launch(
         import cloudpickle
 
         callables_path = job_dir / "callables.pkl"
-        with open(callables_path, "wb") as fh:
-            cloudpickle.dump(user, fh)
-        callables_path.chmod(0o600)
+        write_private(callables_path, cloudpickle.dumps(user))
     key = P.new_key()
     hub = Hub(key, host)
     spec = JobSpec(
@@ -159,14 +158,20 @@ def launch(
     return session
 
 
-def attach(address: str, *, key: str, timeout: float = 30.0) -> Session:
+def attach(address: str, *, key: str | None = None, key_file: str | Path | None = None,
+           timeout: float = 30.0) -> Session:
     """The Session of a running job whose rank 0 serves ``address`` (a torchrun job: ``vpipe-lab worker``).
+
+    ``key`` is the job's session key, or it is read from ``key_file`` (default: the file rank 0 writes,
+    ``~/.cache/vpipe_lab/torchrun.key``), which must not be readable by other users.
 
     Everything a launched Session does works (metrics, dashboard, apply and live migration, replan, stop) except
     what needs the local job directory; ``detach()`` lets go while training continues, ``attach`` again later.
     """
     if not address.startswith("tcp://"):
         address = f"tcp://{address}"
+    if key is None:
+        key = read_key(key_file if key_file is not None else DEFAULT_KEY_FILE)
     client = Client(address, key, timeout=timeout)
     welcome = client.welcome or {}
     job = welcome["job"]

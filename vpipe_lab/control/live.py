@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from vpipe_lab.control import protocol as P
 from vpipe_lab.control.checkpoint import Manifest
+from vpipe_lab.control.private import write_private
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
 from vpipe_lab.core.migration import LayerMove, layer_moves, migration_time_s, moved_bytes
@@ -155,9 +156,7 @@ class LiveMixin:
         with self._apply_lock:
             version = self.plan_version + 1
             path = self._job_dir / f"model-v{version}.pkl"
-            with open(path, "wb") as fh:
-                cloudpickle.dump(factory, fh)
-            path.chmod(0o600)
+            write_private(path, cloudpickle.dumps(factory))
             body = {"path": str(path), "version": version, "plan": plan.to_dict() if plan else None,
                     "mapping": {str(j): i for j, i in mapping.items()} if mapping is not None else None}
             ack = self._command(P.MODEL, body, timeout=timeout)

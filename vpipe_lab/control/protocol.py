@@ -1,9 +1,12 @@
 """The control-plane wire format: versioned JSON headers plus raw binary frames, signed with a per-session HMAC key.
 
 A message is one ZeroMQ multipart: ``[signature, header, *buffers]``. The header is UTF-8 JSON
-``{"v": 1, "type": ..., "src": ..., "seq": ..., "body": {...}}``; buffers carry raw tensor bytes described in the
-body. The signature is HMAC-SHA256 over the header and every buffer, as Jupyter's own wire protocol does, so a
-process without the session key can neither send commands nor forge events. Nothing is ever unpickled from a socket.
+``{"v": 1, "type": ..., "src": ..., "sid": ..., "seq": ..., "body": {...}}``; buffers carry raw tensor bytes
+described in the body. The signature is HMAC-SHA256 over the header and every buffer, as Jupyter's own wire protocol
+does, so a process without the session key can neither send commands nor forge events. ``sid`` is a random id of the
+sending endpoint and ``seq`` counts its messages: a receiver accepts from each (src, sid) only sequence numbers newer
+than the last it took (``ReplayGuard``), so a captured message cannot be sent again. Nothing is ever unpickled from a
+socket.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 import secrets
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +50,44 @@ class Message:
     body: dict[str, Any] = field(default_factory=dict)
     buffers: list[bytes | memoryview] = field(default_factory=list)
     seq: int = 0
+    sid: str = ""
+
+
+class Sender:
+    """One sending endpoint's identity: a random stream id and its message counter."""
+
+    def __init__(self) -> None:
+        self.sid = secrets.token_hex(8)
+        self.seq = 0
+
+    def stamp(self, msg: Message) -> Message:
+        self.seq += 1
+        msg.seq, msg.sid = self.seq, self.sid
+        return msg
+
+
+class ReplayGuard:
+    """Accepts from each sender stream (src, sid) only sequence numbers newer than the last accepted one."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, str], int] = {}
+
+    def check(self, msg: Message) -> None:
+        key = (msg.src, msg.sid)
+        last = self._last.get(key, 0)
+        if msg.seq <= last:
+            raise ProtocolError(f"replayed or reordered message: {msg.type!r} from {msg.src!r} has sequence number "
+                                f"{msg.seq}, not newer than {last}")
+        self._last[key] = msg.seq
+
+
+# The largest frame a receiver buffers before it can check a signature (ZeroMQ's limit applies per frame), so what a
+# process without the key can make a receiver hold. Commands (to workers, and to a broker from its clients) are small
+# JSON: a set_model factory travels as a file path, never on the socket. Events carry, for state_dict and profile
+# replies, one stage's tensors, so their receivers (the controller, a broker's rank side, attached clients) allow
+# more. Override with VPIPE_LAB_MAX_COMMAND / VPIPE_LAB_MAX_EVENT (bytes).
+MAX_COMMAND = int(os.environ.get("VPIPE_LAB_MAX_COMMAND", str(16 << 20)))
+MAX_EVENT = int(os.environ.get("VPIPE_LAB_MAX_EVENT", str(4 << 30)))
 
 
 def _sign(key: bytes, header: bytes, buffers: list[bytes | memoryview]) -> bytes:
@@ -56,7 +99,7 @@ def _sign(key: bytes, header: bytes, buffers: list[bytes | memoryview]) -> bytes
 
 def encode(msg: Message, key: str) -> list[bytes | memoryview]:
     header = json.dumps(
-        {"v": VERSION, "type": msg.type, "src": msg.src, "seq": msg.seq, "body": msg.body},
+        {"v": VERSION, "type": msg.type, "src": msg.src, "sid": msg.sid, "seq": msg.seq, "body": msg.body},
         separators=(",", ":"), allow_nan=True,
     ).encode()
     return [_sign(key.encode(), header, msg.buffers), header, *msg.buffers]
@@ -79,4 +122,26 @@ def decode(frames: list[bytes], key: str) -> Message:
     body = doc.get("body")
     if not isinstance(body, dict) or not isinstance(doc.get("type"), str):
         raise ProtocolError("header lacks a type or a body object")
-    return Message(doc["type"], str(doc.get("src", "?")), body, buffers, int(doc.get("seq", 0)))
+    seq = doc.get("seq", 0)
+    if not isinstance(seq, int) or isinstance(seq, bool):
+        raise ProtocolError(f"sequence number {seq!r} is not an integer")
+    return Message(doc["type"], str(doc.get("src", "?")), body, buffers, seq, str(doc.get("sid", "")))
+
+
+class RateLimitedLog:
+    """Warnings about rejected messages, at most one per ``period_s`` with a count of those not shown: a flood of junk
+    frames must not flood the notebook."""
+
+    def __init__(self, logger: Any, period_s: float = 5.0) -> None:
+        self.logger, self.period_s = logger, period_s
+        self._next = 0.0
+        self._held = 0
+
+    def warning(self, fmt: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            self._held += 1
+            return
+        more = f" ({self._held} more rejected since the last report)" if self._held else ""
+        self.logger.warning(fmt + more, *args)
+        self._held, self._next = 0, now + self.period_s

@@ -25,6 +25,7 @@ from vpipe_lab.control import protocol as P
 from vpipe_lab.control.broker import Broker
 from vpipe_lab.control.channel import Link
 from vpipe_lab.control.jobspec import JobSpec
+from vpipe_lab.control.private import read_key, write_private
 from vpipe_lab.runtime.comm import Peer
 from vpipe_lab.runtime.device import select
 from vpipe_lab.runtime.worker import serve
@@ -60,9 +61,8 @@ def _key(args: argparse.Namespace, rank: int) -> str:
     path = Path(args.key_file)
     if rank == 0 and not path.exists():  # the first start makes one; clients read it from this file
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(P.new_key())
-        path.chmod(0o600)
-    return path.read_text().strip() if path.exists() else ""
+        write_private(path, P.new_key().encode())
+    return read_key(path) if rank == 0 else ""
 
 
 def main(args: argparse.Namespace) -> int:
