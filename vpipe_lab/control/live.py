@@ -137,8 +137,11 @@ class LiveMixin:
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
             raise ValueError(f"keep must be a whole number >= 1 (versions to keep), got {keep!r}")
         target = Path(path).absolute()
-        self._command(P.SAVE, {"path": str(target), "name": f"ckpt-{uuid.uuid4().hex[:12]}", "keep": keep},
-                      timeout=timeout)
+        ack = self._command(P.SAVE, {"path": str(target), "name": f"ckpt-{uuid.uuid4().hex[:12]}", "keep": keep},
+                            timeout=timeout)
+        if not ack.get("ok", True):
+            raise OSError(f"the checkpoint was not saved: {ack.get('error')}; training goes on, and the previous "
+                          f"version at {target} (if any) is intact")
         Manifest.read(target)  # complete, or this raises
         return target
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from vpipe_lab.control import protocol as P
+from vpipe_lab.control.checkpoint import LATEST
 from vpipe_lab.control.errors import BudgetError, SessionClosed, WorkerError
 from vpipe_lab.control.jobspec import JobSpec
 from vpipe_lab.control.launcher import Launcher
@@ -182,7 +183,7 @@ class Session(LiveMixin):
         ckpt = None
         if self._migrating is not None and self._job_dir is not None:
             path = self._job_dir / "checkpoints" / f"plan-v{self._migrating}"
-            ckpt = str(path) if (path / "manifest.json").exists() else (
+            ckpt = str(path) if (path / LATEST).exists() else (
                 str(self.last_checkpoint) if self.last_checkpoint else None)
         def secondhand(body: dict[str, Any]) -> bool:  # a broken connection: the effect of another stage's failure
             cause = str(body.get("cause", ""))
@@ -201,6 +202,14 @@ class Session(LiveMixin):
             if rc == -9:
                 cause += " (SIGKILL: out of memory, or killed from outside)"
             return WorkerError(w.rank, cause, log_tail=w.tail(), exit_code=rc, checkpoint=ckpt)
+        silent = [w.rank for w in (self._launcher.workers if self._launcher else [])
+                  if w.rank not in self._reports and w.popen.poll() is None]
+        if silent:  # neighbours timed out waiting for a stage that is alive but says nothing: it is stuck
+            stage, (waiter, body) = silent[0], min(self._reports.items())
+            return WorkerError(stage, f"stage {stage} stopped responding: stage {waiter} gave up waiting for it "
+                                      f"({str(body.get('cause')).splitlines()[0]}); it is alive but stuck (a hang in "
+                                      "user code, a deadlock): its stack is in its log (kill -USR1 dumps it)",
+                               log_tail=tail(stage), checkpoint=ckpt)
         stage = min(self._reports)
         body = self._reports[stage]
         return WorkerError(stage, str(body.get("cause")), traceback=str(body.get("traceback", "")), log_tail=tail(stage),

@@ -14,6 +14,7 @@ import torch
 
 from vpipe_lab.core.model import Plan
 from vpipe_lab.core.schedule import Op, Schedule, for_plan
+from vpipe_lab.runtime import faults
 from vpipe_lab.runtime.batches import loss_with_check, split, to_device
 from vpipe_lab.runtime.capture import Chain
 from vpipe_lab.runtime.comm import TAG_BACKWARD, TAG_FORWARD, Peer
@@ -76,6 +77,7 @@ class Executor:
         self.budget = budget
         self.record_spans = record_spans
         self._schedule: tuple[Plan, Schedule] | None = None
+        self.fault = faults.parse()
         self._static = self._param_bytes = 0
 
     def schedule(self, plan: Plan) -> Schedule:
@@ -134,6 +136,8 @@ class Executor:
                 received[mb] = chain.unpack(owned[0] - 1, got) if chain is not None else (got[0] if len(got) == 1
                                                                                             else got)
             elif op is Op.F:
+                if self.fault is not None:
+                    faults.hit(self.fault, "forward", rank, iteration)
                 if rank > 0:
                     x = received.pop(mb)
                 else:

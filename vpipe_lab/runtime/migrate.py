@@ -17,7 +17,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from vpipe_lab.control.checkpoint import Manifest, complete, layer_file, sha256,
 from vpipe_lab.core.migration import match_layers, owners
 from vpipe_lab.core.model import Plan, Policy
 from vpipe_lab.core.partition import uniform
+from vpipe_lab.runtime import faults
 from vpipe_lab.runtime.capture import Chain, UnitTensors, build_model, capture, to_meta
 from vpipe_lab.runtime.comm import TAG_MIGRATE
 from vpipe_lab.runtime.memory import tensor_bytes
@@ -129,31 +129,46 @@ class MigratingWorker(Worker):
         self.model_version = manifest.model_version
         log.info("restored layers %s from %s at iteration %d", self.stage.owned, path, manifest.iteration)
 
-    def save(self, root: Path, name: str | None = None, keep: int | None = None) -> None:
+    def save(self, root: Path, name: str | None = None, keep: int | None = None) -> str | None:
         """Every rank writes its layers (fsynced, with checksums) into a new version directory; then rank 0 writes the
         manifest and switches ``latest`` to it (see control/checkpoint.py): the previous version stays valid until
-        then."""
+        then. A rank that cannot write (no space, no permission) does not stop training: all ranks agree the save
+        failed and the reason (rank 0's view) is returned; None when it succeeded."""
         version = root / (name or f"ckpt-{self.ctl.iteration:08d}-{self.ctl.plan_version}-{self.model_version}")
-        version.mkdir(parents=True, exist_ok=True)
-        sums: dict[str, str] = {}
-        for index in self.stage.owned:
-            buffer = io.BytesIO()
-            torch.save(layer_state(self.stage, index), buffer)
-            target = layer_file(version, index)
-            write_synced(target, buffer.getvalue())
-            sums[target.name] = sha256(buffer.getvalue())
-        write_synced(sums_file(version, self.rank), json.dumps(sums).encode())
-        self.peer.barrier()
+        problem: str | None = None
+        try:
+            version.mkdir(parents=True, exist_ok=True)
+            sums: dict[str, str] = {}
+            for index in self.stage.owned:
+                buffer = io.BytesIO()
+                torch.save(layer_state(self.stage, index), buffer)
+                target = layer_file(version, index)
+                write_synced(target, buffer.getvalue())
+                sums[target.name] = sha256(buffer.getvalue())
+            write_synced(sums_file(version, self.rank), json.dumps(sums).encode())
+        except OSError as exc:
+            problem = f"stage {self.rank} cannot write {exc.filename or version}: {exc.strerror or exc}"
+            log.error("save failed: %s", problem)
+        faults.hit(faults.parse(), "save", self.rank, self.ctl.iteration)
+        if self.peer.all_max([1.0 if problem else 0.0])[0] > 0:  # everyone learns; nothing is switched
+            return problem or "another stage could not write its layers"
         if self.rank == 0:
-            complete(version, Manifest(self.ctl.iteration, self.plan.to_dict(), self.num_layers, self.names,
-                                       self.spec.seed, self.ctl.plan_version, self.model_version), self.world, keep)
+            try:
+                complete(version, Manifest(self.ctl.iteration, self.plan.to_dict(), self.num_layers, self.names,
+                                           self.spec.seed, self.ctl.plan_version, self.model_version), self.world,
+                         keep)
+            except OSError as exc:
+                problem = f"stage 0 cannot complete the checkpoint in {version}: {exc.strerror or exc}"
+        if self.peer.all_max([1.0 if problem else 0.0])[0] > 0:
+            return problem or "stage 0 could not complete the checkpoint"
+        return None
 
     # --- commands ----------------------------------------------------------------------------------------------
     def handle_extra(self, cmd: dict[str, Any]) -> None:
         kind = cmd["type"]
         if kind == P.SAVE:
-            self.save(Path(cmd["path"]), cmd.get("name"), cmd.get("keep"))
-            self.ack(cmd, path=cmd["path"])
+            problem = self.save(Path(cmd["path"]), cmd.get("name"), cmd.get("keep"))
+            self.ack(cmd, path=cmd["path"], ok=problem is None, error=problem)
         elif kind == P.APPLY:
             plan = Plan.from_dict(cmd["plan"]).validate(self.num_layers, self.world)
             result = self.reconfigure(plan, {j: j for j in range(self.num_layers)}, None, cmd.get("checkpoint"),
@@ -237,9 +252,13 @@ class MigratingWorker(Worker):
                     "pause_s": time.perf_counter() - start}
         # 2. The state to fall back on if a worker dies during the move.
         if checkpoint and (sends or recvs or self.peer.all_max([float(bool(sends or recvs))])[0] > 0):
-            self.save(Path(checkpoint))
+            problem = self.save(Path(checkpoint))
+            if problem is not None:  # every rank got the same verdict: move nothing without the safety net
+                return {"ok": False, "error": f"the checkpoint before the migration failed ({problem}); nothing "
+                                              "moved (apply(plan, checkpoint=False) moves without one)",
+                        "pause_s": time.perf_counter() - start}
         saved_at = time.perf_counter()
-        fault = os.environ.get("VPIPE_LAB_FAULT", "")
+        fault = faults.parse()
         # 3. Transfers: sends are asynchronous, receives in the senders' order (ascending layer index per pair).
         moved = 0
         for j, i, dst in sends:
@@ -252,9 +271,7 @@ class MigratingWorker(Worker):
             for t in tensors:
                 self.peer.send(t, dst, TAG_MIGRATE)
                 moved += t.numel() * t.element_size()
-            if fault == f"migrate:{rank}":
-                log.error("fault injection: dying in the middle of a migration")
-                os._exit(17)
+            faults.hit(fault, "migrate", rank, self.ctl.iteration)
         arrived: dict[int, dict[str, Any]] = {}
         for j, _, src in recvs:
             head = self.peer.recv_json(src, TAG_MIGRATE)
