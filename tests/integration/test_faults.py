@@ -118,7 +118,7 @@ def test_an_unwritable_checkpoint_path_is_an_error_and_training_goes_on(tmp_path
         s.wait(timeout=60)
         s.save(tmp_path / "ckpt")
         first = resolve(tmp_path / "ckpt")
-        with pytest.raises(OSError, match="the checkpoint was not saved: stage 0 cannot write .*not-a-directory"):
+        with pytest.raises(OSError, match=r"the checkpoint was not saved: stage 0 cannot write .*not-a-directory"):
             s.save(blocker / "ckpt")
         s.run(1)
         assert s.wait(timeout=60) == 3  # still training
