@@ -21,7 +21,7 @@ def wait_for(cond, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def
 
 def test_clients_get_the_job_state_and_events_and_reach_rank0() -> None:
     broker = Broker(KEY, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", JOB)
-    rank0 = Link(broker.backend, KEY, "rank0")
+    rank0 = Link(broker.backend, KEY, "rank0", session=JOB["session_id"])
     try:
         rank0.send(P.Message(P.READY, body={"rank": 0, "plan": {"kind": "plan"}, "names": ["0:A"], "iteration": 0}))
         for it in range(3):
@@ -67,12 +67,12 @@ def test_replays_and_oversized_frames_from_the_network_are_dropped() -> None:
     """A captured 'stop' sent again reaches rank 0 once; a frame over the command limit from a client without the key
     is dropped unread, and the broker goes on serving."""
     broker = Broker(KEY, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", JOB)
-    rank0 = Link(broker.backend, KEY, "rank0")
+    rank0 = Link(broker.backend, KEY, "rank0", session=JOB["session_id"])
     ctx = zmq.Context()
     try:
         rank0.send(P.Message(P.READY, body={"rank": 0, "plan": {"kind": "plan"}, "names": ["0:A"], "iteration": 0}))
         wait_for(lambda: 0 in broker.ready)
-        sniffed = P.encode(P.Sender().stamp(P.Message(P.STOP, "client", {"id": 9})), KEY)  # as a client sent it
+        sniffed = P.encode(P.Sender("s").stamp(P.Message(P.STOP, "client", {"id": 9})), KEY)  # as a client sent it
         attacker = ctx.socket(zmq.DEALER)
         attacker.connect(broker.frontend)
         attacker.send_multipart(sniffed)

@@ -67,3 +67,13 @@ def test_rejections_are_logged_at_a_bounded_rate(caplog: pytest.LogCaptureFixtur
         for i in range(2000):
             log.warning("rejected junk %d", i)
     assert len(caplog.records) == 1
+
+
+def test_a_message_from_another_session_with_the_same_key_is_refused() -> None:
+    key = new_key()
+    guard = ReplayGuard("job-b", exempt=frozenset({"attach"}))
+    captured = decode([bytes(f) for f in encode(Sender("job-a").stamp(Message("stop", "client")), key)], key)
+    with pytest.raises(ProtocolError, match="for session 'job-a' reached session 'job-b'"):
+        guard.check(captured)
+    guard.check(decode([bytes(f) for f in encode(Sender().stamp(Message("attach", "client")), key)], key))
+    guard.check(decode([bytes(f) for f in encode(Sender("job-b").stamp(Message("stop", "client")), key)], key))

@@ -46,7 +46,11 @@ class Broker:
         self.current: dict[str, Any] = {}
         self.clients: dict[bytes, float] = {}
         self.rejected = 0
-        self._sender, self._guard = P.Sender(), P.ReplayGuard()  # frames are forwarded unchanged: one guard
+        # Frames are forwarded unchanged, so one guard serves both sides; a client's attach comes before it knows the
+        # session, and is harmless (it only asks for a welcome).
+        session = str(job.get("session_id", ""))
+        self._sender = P.Sender(session)
+        self._guard = P.ReplayGuard(session, exempt=frozenset({P.ATTACH, P.DETACH, P.HEARTBEAT}))
         self._replay: deque[list[bytes]] = deque(maxlen=REPLAY)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="vpipe-broker", daemon=True)

@@ -49,7 +49,7 @@ class Hub:
     """The controller's endpoint: binds, receives from every worker, sends to a worker by its name."""
 
     def __init__(self, key: str, host: str = "127.0.0.1", port: int = 0,
-                 on_message: Callable[[Message], None] | None = None) -> None:
+                 on_message: Callable[[Message], None] | None = None, session: str | None = None) -> None:
         self.key = key
         self._ctx = zmq.Context.instance()
         self._sock = bounded(self._ctx.socket(zmq.ROUTER), MAX_EVENT, "controller")
@@ -67,7 +67,7 @@ class Hub:
         self._stop = threading.Event()
         self.peers: dict[str, float] = {}  # worker name -> time of its last message
         self.rejected = 0
-        self._sender, self._guard = Sender(), ReplayGuard()
+        self._sender, self._guard = Sender(session or ""), ReplayGuard(session)
         self._thread = threading.Thread(target=self._loop, name="vpipe-hub", daemon=True)
         self._thread.start()
 
@@ -134,7 +134,7 @@ class _Dealer:
     """A DEALER endpoint owned by one thread: an outbox, heartbeats, and signature checks on everything received."""
 
     def __init__(self, address: str, key: str, name: str, identity: bytes | None, heartbeat_s: float, linger_ms: int,
-                 thread_name: str, limit: int = MAX_COMMAND) -> None:
+                 thread_name: str, limit: int = MAX_COMMAND, session: str | None = None) -> None:
         self.key = key
         self.name = name
         self.address = address
@@ -148,7 +148,7 @@ class _Dealer:
         self._outbox: queue.Queue[Message] = queue.Queue()
         self._stop = threading.Event()
         self._heartbeat_s = heartbeat_s
-        self._sender, self._guard = Sender(), ReplayGuard()
+        self._sender, self._guard = Sender(session or ""), ReplayGuard(session)
         self.rejected = 0
         self._thread = threading.Thread(target=self._loop, name=thread_name, daemon=True)
         self._thread.start()
@@ -210,9 +210,9 @@ class _Dealer:
 class Link(_Dealer):
     """A worker's endpoint: connects to the controller, sends events, receives commands, sends heartbeats."""
 
-    def __init__(self, address: str, key: str, name: str, heartbeat_s: float = 1.0) -> None:
+    def __init__(self, address: str, key: str, name: str, heartbeat_s: float = 1.0, session: str | None = None) -> None:
         self.inbox: queue.Queue[Message] = queue.Queue()
-        super().__init__(address, key, name, name.encode(), heartbeat_s, 2000, "vpipe-link")
+        super().__init__(address, key, name, name.encode(), heartbeat_s, 2000, "vpipe-link", session=session)
 
     def send(self, msg: Message) -> None:
         msg.src = self.name
@@ -264,6 +264,8 @@ class Client(_Dealer):
 
     def _deliver(self, msg: Message) -> None:
         if msg.type == WELCOME:
+            # From now on this client speaks for the job's session and hears only it.
+            self._sender.session = self._guard.session = msg.session
             self.welcome = msg.body
             self._welcomed.set()
             if not msg.body.get("replay"):

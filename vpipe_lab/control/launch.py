@@ -130,7 +130,7 @@ def launch(
         callables_path = job_dir / "callables.pkl"
         write_private(callables_path, cloudpickle.dumps(user))
     key = P.new_key()
-    hub = Hub(key, host)
+    hub = Hub(key, host, session=session_id)
     spec = JobSpec(
         session_id=session_id, key=key, address=hub.address, master_addr=host, master_port=_free_port(host),
         stages=stages, microbatches=microbatches, schedule=schedule, device=device, seed=seed,

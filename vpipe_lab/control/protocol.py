@@ -1,9 +1,10 @@
 """The control-plane wire format: versioned JSON headers plus raw binary frames, signed with a per-session HMAC key.
 
 A message is one ZeroMQ multipart: ``[signature, header, *buffers]``. The header is UTF-8 JSON
-``{"v": 1, "type": ..., "src": ..., "sid": ..., "seq": ..., "body": {...}}``; buffers carry raw tensor bytes
-described in the body. The signature is HMAC-SHA256 over the header and every buffer, as Jupyter's own wire protocol
-does, so a process without the session key can neither send commands nor forge events. ``sid`` is a random id of the
+``{"v": 1, "type": ..., "src": ..., "sess": ..., "sid": ..., "seq": ..., "body": {...}}``; buffers carry raw tensor
+bytes described in the body. The signature is HMAC-SHA256 over the header and every buffer, as Jupyter's own wire
+protocol does, so a process without the session key can neither send commands nor forge events. ``sess`` is the
+job's session id (a message captured from another job that used the same key is refused), ``sid`` a random id of the
 sending endpoint and ``seq`` counts its messages: a receiver accepts from each (src, sid) only sequence numbers newer
 than the last it took (``ReplayGuard``), so a captured message cannot be sent again. Nothing is ever unpickled from a
 socket.
@@ -51,28 +52,36 @@ class Message:
     buffers: list[bytes | memoryview] = field(default_factory=list)
     seq: int = 0
     sid: str = ""
+    session: str = ""
 
 
 class Sender:
-    """One sending endpoint's identity: a random stream id and its message counter."""
+    """One sending endpoint's identity: its job's session id, a random stream id and its message counter."""
 
-    def __init__(self) -> None:
+    def __init__(self, session: str = "") -> None:
+        self.session = session
         self.sid = secrets.token_hex(8)
         self.seq = 0
 
     def stamp(self, msg: Message) -> Message:
         self.seq += 1
-        msg.seq, msg.sid = self.seq, self.sid
+        msg.seq, msg.sid, msg.session = self.seq, self.sid, self.session
         return msg
 
 
 class ReplayGuard:
-    """Accepts from each sender stream (src, sid) only sequence numbers newer than the last accepted one."""
+    """Accepts only messages of this job's session (when known; ``exempt`` types excepted: a client's attach, before
+    it has learnt the session) and, from each sender stream (src, sid), only sequence numbers newer than the last."""
 
-    def __init__(self) -> None:
+    def __init__(self, session: str | None = None, exempt: frozenset[str] = frozenset()) -> None:
+        self.session = session
+        self.exempt = exempt
         self._last: dict[tuple[str, str], int] = {}
 
     def check(self, msg: Message) -> None:
+        if self.session is not None and msg.session != self.session and msg.type not in self.exempt:
+            raise ProtocolError(f"a {msg.type!r} message for session {msg.session!r} reached session "
+                                f"{self.session!r}: captured from another job that used the same key")
         key = (msg.src, msg.sid)
         last = self._last.get(key, 0)
         if msg.seq <= last:
@@ -99,7 +108,8 @@ def _sign(key: bytes, header: bytes, buffers: list[bytes | memoryview]) -> bytes
 
 def encode(msg: Message, key: str) -> list[bytes | memoryview]:
     header = json.dumps(
-        {"v": VERSION, "type": msg.type, "src": msg.src, "sid": msg.sid, "seq": msg.seq, "body": msg.body},
+        {"v": VERSION, "type": msg.type, "src": msg.src, "sess": msg.session, "sid": msg.sid, "seq": msg.seq,
+         "body": msg.body},
         separators=(",", ":"), allow_nan=True,
     ).encode()
     return [_sign(key.encode(), header, msg.buffers), header, *msg.buffers]
@@ -125,7 +135,8 @@ def decode(frames: list[bytes], key: str) -> Message:
     seq = doc.get("seq", 0)
     if not isinstance(seq, int) or isinstance(seq, bool):
         raise ProtocolError(f"sequence number {seq!r} is not an integer")
-    return Message(doc["type"], str(doc.get("src", "?")), body, buffers, seq, str(doc.get("sid", "")))
+    return Message(doc["type"], str(doc.get("src", "?")), body, buffers, seq, str(doc.get("sid", "")),
+                   str(doc.get("sess", "")))
 
 
 class RateLimitedLog:

@@ -103,7 +103,7 @@ def main(args: argparse.Namespace) -> int:
         from vpipe_lab.core.model import Plan
 
         spec.plan = Plan.from_json(Path(args.plan)).to_dict()
-    link = Link(spec.address, spec.key, f"rank{rank}")
+    link = Link(spec.address, spec.key, f"rank{rank}", session=spec.session_id)
     link.send(P.Message(P.HELLO, body={"rank": rank, "pid": os.getpid(), "host": socket.gethostname()}))
     try:
         return serve(spec, rank, world, local_rank, local_world, link)

@@ -339,7 +339,7 @@ def run(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: int,
         worker_cls: type[Worker] | None = None) -> int:
     """A worker started by ``launch()``: connect to the controller, join the process group, serve."""
     torch.set_num_threads(spec.threads)
-    link = Link(spec.address, spec.key, f"rank{rank}")
+    link = Link(spec.address, spec.key, f"rank{rank}", session=spec.session_id)
     link.send(P.Message(P.HELLO, body={"rank": rank, "pid": os.getpid(), "host": socket.gethostname()}))
 
     def join() -> None:
