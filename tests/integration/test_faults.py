@@ -51,8 +51,10 @@ def test_sigkill_of_a_stage_during_forward(stage: int, tmp_path: Path, monkeypat
     assert_resumes_to(tmp_path / "ckpt", 2, saved)
 
 
-def test_sigkill_during_a_save_keeps_the_previous_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VPIPE_LAB_FAULT", "save:1:kill@3")  # dies after writing its layers, before completion
+@pytest.mark.parametrize("stage", [0, 1])
+def test_sigkill_during_a_save_keeps_the_previous_version(stage: int, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VPIPE_LAB_FAULT", f"save:{stage}:kill@3")  # dies after writing its layers, before completion
     s = launch()
     try:
         s.run(2)
@@ -64,7 +66,7 @@ def test_sigkill_during_a_save_keeps_the_previous_version(tmp_path: Path, monkey
         s.wait(timeout=60)
         with pytest.raises(WorkerError) as err:
             s.save(tmp_path / "ckpt")
-        assert err.value.stage == 1
+        assert err.value.stage == stage and "signal 9" in str(err.value)
     finally:
         s.stop()
     monkeypatch.delenv("VPIPE_LAB_FAULT")

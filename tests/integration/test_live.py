@@ -95,8 +95,11 @@ def test_invalid_or_oversized_plans_change_nothing() -> None:
         assert list(s.metrics.iterations["plan_version"]) == [0, 0, 0, 0]
 
 
-def test_a_worker_dying_during_a_migration_loses_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VPIPE_LAB_FAULT", "migrate:0")  # stage 0 dies halfway through sending its layers
+@pytest.mark.parametrize("fault", ["migrate:0", "migrate:1:kill"])
+def test_a_worker_dying_during_a_migration_loses_nothing(fault: str, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stage 0 exits halfway through sending its layers; stage 1 is SIGKILLed right after receiving one."""
+    monkeypatch.setenv("VPIPE_LAB_FAULT", fault)
     s = vpipe_lab.launch("mlp", stages=2, microbatches=4, device="cpu", timeout=30)
     try:
         s.run(3)
@@ -104,7 +107,7 @@ def test_a_worker_dying_during_a_migration_loses_nothing(tmp_path: Path, monkeyp
         before = s.state_dict()
         with pytest.raises(WorkerError) as err:
             s.set_partition((0, 3, 10))
-        assert err.value.stage == 0 and err.value.checkpoint and "resume" in str(err.value)
+        assert err.value.stage == int(fault.split(":")[1]) and err.value.checkpoint and "resume" in str(err.value)
         checkpoint = err.value.checkpoint
     finally:
         s.stop()

@@ -39,7 +39,7 @@ _rejections = RateLimitedLog(log)
 def bounded(sock: zmq.Socket, limit: int, what: str) -> zmq.Socket:  # type: ignore[type-arg]
     """Refuse frames larger than ``limit`` before buffering them: the signature can only be checked after."""
     sock.setsockopt(zmq.MAXMSGSIZE, limit)
-    log.debug("%s: frames over %d bytes are dropped unread (a peer sending one is disconnected)", what, limit)
+    log.info("%s: frames over %d bytes are dropped unread (a peer sending one is disconnected)", what, limit)
     return sock
 
 _POLL_MS = 20

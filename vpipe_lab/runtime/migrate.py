@@ -251,7 +251,9 @@ class MigratingWorker(Worker):
             return {"ok": False, "error": "a receiving stage lacks memory for the incoming layers; nothing moved",
                     "pause_s": time.perf_counter() - start}
         # 2. The state to fall back on if a worker dies during the move.
-        if checkpoint and (sends or recvs or self.peer.all_max([float(bool(sends or recvs))])[0] > 0):
+        # Every rank takes part in the same collectives: whether anything moves anywhere is agreed by all of them
+        # (a rank with nothing to move must still join the checkpoint's collectives).
+        if checkpoint and self.peer.all_max([float(bool(sends or recvs))])[0] > 0:
             problem = self.save(Path(checkpoint))
             if problem is not None:  # every rank got the same verdict: move nothing without the safety net
                 return {"ok": False, "error": f"the checkpoint before the migration failed ({problem}); nothing "
@@ -279,6 +281,7 @@ class MigratingWorker(Worker):
                 raise RuntimeError(f"migration out of order: expected layer {j} from rank {src}, got {head['layer']}")
             tensors = [self.peer.recv(src, TAG_MIGRATE)[0] for _ in range(head["count"])]
             arrived[j] = unflatten(head["meta"], tensors)
+            faults.hit(fault, "migrate", rank, self.ctl.iteration)  # a receiver dying with a layer half-adopted
         self.peer.flush()
         # 4. Commit only once every rank has everything it needs. Layers that stay keep their modules; arriving
         # ones fill the chain's shells (a new model's chain brings its own fresh layers); a tie arriving where its
