@@ -102,7 +102,6 @@ class Worker:
                 self.stage.add_layer(i, unit, self.chain.tensors[i])
             else:
                 to_meta(unit, self.chain.tensors[i])  # only the structure stays: a shell for migration
-        self.stage.rebuild_optimizer()
         self.stage.set_policies({i: self.plan.policies[i] for i in self.stage.owned})
         self.ties = Ties(self)
         budget = spec.memory_budget[rank] if spec.memory_budget else None
@@ -130,9 +129,10 @@ class Worker:
             except Exception as exc:  # an op without a meta kernel, say; the real capture decides
                 log.info("cannot lay the model out on the meta device (%s); building it whole", exc)
                 model = build_model(factory, spec.seed)
-        if layout is None or meta is None or order is None:
+        if layout is None:
             chain = capture(model, rebuild(self.example) if self.example else None, self.split)
             return chain, self._initial_plan(chain)
+        assert meta is not None and order is not None
         plan = self._initial_plan(layout)
         mine = [layout.tensors[i] for i in plan.layers_of(self.rank)]
         keep = {c for t in mine for _, c in t.params + t.buffers}
@@ -141,7 +141,6 @@ class Worker:
         if chain.signature() != layout.signature():
             raise RuntimeError("the model is cut differently on the meta device and for real; build it without "
                                "device-dependent code")
-        self.chain = chain
         return chain, plan
 
     def _example(self, model: torch.nn.Module) -> dict[str, Any] | None:
@@ -156,17 +155,16 @@ class Worker:
             desc, _ = describe(split(inputs, self.spec.microbatches, "inputs")[0])
         return self.peer.broadcast_json(desc) if self.world > 1 else desc
 
-    def _check_same_chain(self) -> None:
+    def _check_same_chain(self, chain: Chain) -> None:
         """Every rank captured the model on its own; they must agree on the units and what crosses between them."""
-        mine = self.chain.signature()
+        mine = chain.signature()
         if self.world > 1 and self.peer.broadcast_json(mine) != mine:
             raise RuntimeError(f"stage {self.rank} cut the model differently from stage 0: the model factory must "
                                "build the same model on every rank (seeded, no rank-dependent code)")
 
     def _initial_plan(self, chain: Chain) -> Plan:
         """The plan to start with, checked against the units every rank agrees on."""
-        self.chain = chain
-        self._check_same_chain()
+        self._check_same_chain(chain)
         self.num_layers = len(chain)
         if self.num_layers < self.world:
             raise ValueError(f"the model has {self.num_layers} partition units ({', '.join(chain.names)}) but the "
