@@ -9,7 +9,7 @@ import torch
 
 from vpipe_lab.runtime.batches import Source, split
 from vpipe_lab.runtime.capture import args_kwargs
-from vpipe_lab.runtime.stage import layer_seed
+from vpipe_lab.runtime.units import layer_seed
 
 
 def train(model_fn: Callable[[], torch.nn.Module] | None, data: Callable[[int], tuple[Any, Any]] | Iterable[Any],

@@ -75,3 +75,61 @@ def test_unsupported_tensor_is_refused_before_sending() -> None:
     peer = Peer(0, 2, torch.device("cpu"), 5)
     with pytest.raises(CommError, match="9-d"):
         peer.send(torch.zeros([1] * 9), 1, TAG_FORWARD)
+
+
+def _agreed(rank: int, port: int, out: dict) -> None:  # type: ignore[type-arg]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=30))
+    peer = Peer(rank, 2, torch.device("cpu"), 30)
+    if rank == 0:
+        counts = []
+        for i in range(3):
+            before = peer.messages
+            peer.post_send((torch.full((2, 3), float(i)), torch.tensor([i])), 1, TAG_FORWARD, agreed=True)
+            peer.post_send({"h": torch.ones(2) * i, "mask": None}, 1, TAG_BACKWARD, agreed=True)
+            peer.issue()
+            counts.append(peer.messages - before)
+        try:  # another shape in the same epoch is refused before anything is sent
+            peer.post_send((torch.zeros(4, 3), torch.tensor([0])), 1, TAG_FORWARD, agreed=True)
+            counts.append("sent")
+        except CommError as exc:
+            counts.append("refused" if "changed within" in str(exc) else str(exc))
+        peer.reset_shapes()  # both ranks start a new epoch: a new shape goes with its header again
+        peer.post_send((torch.zeros(4, 3), torch.tensor([7])), 1, TAG_FORWARD, agreed=True)
+        peer.flush()
+        out[0] = counts
+    else:
+        got = []
+        first = peer.post_recv(0, TAG_FORWARD, agreed=True)
+        got.append(peer.wait(first))
+        ahead = [peer.post_recv(0, TAG_FORWARD, agreed=True) for _ in range(2)]  # posted before they are sent
+        trees = [peer.wait(peer.post_recv(0, TAG_BACKWARD, agreed=True)) for _ in range(3)]
+        got += [peer.wait(inc) for inc in ahead]
+        peer.reset_shapes()
+        last = peer.wait(peer.post_recv(0, TAG_FORWARD, agreed=True))
+        out[1] = ([[float(a[0, 0]), int(b[0])] for a, b in got], [[float(t["h"][0]), t["mask"]] for t in trees],
+                  [list(last[0].shape), int(last[1][0])], ahead[0].header is None)
+    dist.destroy_process_group()
+
+
+def test_agreed_shapes_send_headers_once_per_epoch_and_receives_post_ahead() -> None:
+    ctx = mp.get_context("spawn")
+    out = ctx.Manager().dict()
+    port = _port()
+    procs = [ctx.Process(target=_agreed, args=(r, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=90)
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.kill()
+    assert not alive, "a rank hung"
+    assert all(p.exitcode == 0 for p in procs)
+    # First epoch transfer: header + tensors (+ the structure for the dict); later ones: one message per tensor.
+    assert out[0] == [3 + 3, 2 + 1, 2 + 1, "refused"]
+    values, trees, last, preposted = out[1]
+    assert values == [[0.0, 0], [1.0, 1], [2.0, 2]]
+    assert trees == [[0.0, None], [1.0, None], [2.0, None]]
+    assert last == [[4, 3], 7] and preposted

@@ -14,6 +14,7 @@ def test_layer_state_survives_flattening_and_fills_another_stage() -> None:
     layer = stage.layers[0]
     layer.module(torch.ones(4, 3)).sum().backward()
     stage.step()
+    stage.optimizer.param_groups[0]["lr"] = 0.05  # type: ignore[union-attr]  # as a scheduler would
     state = layer_state(stage, 0)
     tensors: list[torch.Tensor] = []
     meta = flatten(state, tensors)
@@ -23,8 +24,8 @@ def test_layer_state_survives_flattening_and_fills_another_stage() -> None:
     other = Stage(torch.device("cpu"), lambda p: torch.optim.Adam(p, lr=0.1), 0)
     shell = torch.nn.Linear(3, 2, device="meta")
     materialise(shell, stage.layers[0].tensors, again["tensors"], torch.device("cpu"))
-    other.add_layer(0, shell, stage.layers[0].tensors)
-    other.rebuild_optimizer(again["optimizer"])
+    other.add_layer(0, shell, stage.layers[0].tensors, again["groups"], again["optimizer"])
+    assert other.optimizer.param_groups[0]["lr"] == 0.05  # type: ignore[union-attr]  # the group's options came too
     for s in (stage, other):
         s.layers[0].module(torch.ones(4, 3)).sum().backward()
         s.step()

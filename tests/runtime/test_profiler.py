@@ -13,11 +13,11 @@ def test_layer_costs_are_measured_and_valid() -> None:
     clock = iter(range(1000)).__next__
     for mb in range(2):
         h = torch.randn(5, 16)
-        for i in stage.owned:
-            h = stage.forward(0, mb, i, h, lambda: float(clock()))
+        for segment in stage.segments(profile=True):
+            h = stage.forward(mb, segment, h, timer=lambda: float(clock()))
         g = (torch.ones_like(h),)
-        for i in reversed(stage.owned):
-            g = stage.backward(mb, i, g, lambda: float(clock()))
+        for segment in reversed(stage.segments(profile=True)):
+            g = stage.backward(mb, segment, g, lambda: float(clock()))
     stage.step()
     docs = layer_costs(stage, {3: "encoder", 4: "head"})
     assert [d["index"] for d in docs] == [3, 4] and [d["name"] for d in docs] == ["encoder", "head"]

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from vpipe_lab.core.model import Policy
-from vpipe_lab.runtime.stage import Stage, layer_seed
+from vpipe_lab.runtime.stage import Stage
+from vpipe_lab.runtime.units import layer_seed
 
 
 def build(policies: list[Policy]) -> Stage:
@@ -15,19 +16,55 @@ def build(policies: list[Policy]) -> Stage:
     return stage
 
 
-def run(stage: Stage, x: torch.Tensor) -> list[torch.Tensor]:
-    clock = lambda: 0.0
+def run(stage: Stage, x: torch.Tensor, profile: bool = False) -> list[torch.Tensor]:
+    clock = (lambda: 0.0) if profile else None
     h = x
-    for i in stage.owned:
-        h = stage.forward(0, 0, i, h, clock)
+    segments = stage.segments(profile)
+    for segment in segments:
+        h = stage.forward(0, segment, h, timer=clock)
     grads = (torch.ones_like(h),)
-    for i in reversed(stage.owned):
-        grads = stage.backward(0, i, grads, clock)
+    for segment in reversed(segments):
+        grads = stage.backward(0, segment, grads, clock)
     return [p.grad.clone() for i in stage.owned for p in stage.layers[i].module.parameters()]
 
 
-@pytest.mark.parametrize("policies", [["keep"] * 3, ["recompute"] * 3, ["swap", "keep", "recompute"]])
-def test_layerwise_backward_matches_autograd(policies: list[str]) -> None:
+def test_segments_are_runs_of_one_policy_or_single_layers_when_profiling() -> None:
+    stage = build([Policy.KEEP, Policy.KEEP, Policy.RECOMPUTE])
+    assert stage.segments() == [(0, 1), (2,)]
+    assert stage.segments(profile=True) == [(0,), (1,), (2,)]
+    stage.set_policies({2: Policy.KEEP})
+    assert stage.segments() == [(0, 1, 2)]
+    stage.set_policies({1: Policy.SWAP})
+    assert stage.segments() == [(0,), (1,), (2,)]
+    assert stage.owner(1) == (1,)
+
+
+def test_a_fused_segment_is_one_backward_and_profiling_fills_every_layers_stats() -> None:
+    stage = build([Policy.KEEP] * 3)
+    calls = []
+    original = torch.autograd.backward
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    torch.autograd.backward = counting
+    try:
+        run(stage, torch.randn(4, 6))
+        assert len(calls) == 1
+        assert all(stage.layers[i].stats.forwards == 0 for i in stage.owned)  # no per-layer timing when fused
+        run(stage, torch.randn(4, 6), profile=True)
+        assert len(calls) == 4
+    finally:
+        torch.autograd.backward = original
+    assert all(stage.layers[i].stats.forwards == 1 and stage.layers[i].stats.backwards == 1 for i in stage.owned)
+    assert all(stage.layers[i].stats.activation_bytes > 0 for i in stage.owned)
+
+
+@pytest.mark.parametrize("profile", [False, True])
+@pytest.mark.parametrize("policies", [["keep"] * 3, ["recompute"] * 3, ["swap", "keep", "recompute"],
+                                      ["swap", "swap", "keep"]])
+def test_layerwise_backward_matches_autograd(policies: list[str], profile: bool) -> None:
     x = torch.randn(4, 6)
     ref = build([Policy.KEEP] * 3)
     h = x
@@ -36,9 +73,9 @@ def test_layerwise_backward_matches_autograd(policies: list[str]) -> None:
     h.sum().backward()
     expected = [p.grad.clone() for i in ref.owned for p in ref.layers[i].module.parameters()]
     stage = build([Policy.parse(p) for p in policies])
-    got = run(stage, x)
+    got = run(stage, x, profile)
     for a, b in zip(got, expected):
-        torch.testing.assert_close(a, b)
+        assert torch.equal(a, b)  # the same operations in the same order: bit for bit
     assert stage.ledger.current == 0  # everything released after backward
 
 
@@ -47,9 +84,12 @@ def test_recompute_holds_only_the_input() -> None:
     x = torch.randn(4, 6)
     for stage in (keep, rec):
         h = x
-        for i in stage.owned:
-            h = stage.forward(0, 0, i, h, lambda: 0.0)
+        for segment in stage.segments(profile=True):
+            h = stage.forward(0, segment, h)
     assert rec.ledger.current == 3 * 4 * 6 * 4  # three saved inputs
+    fused = build([Policy.RECOMPUTE] * 3)
+    fused.forward(0, fused.segments()[0], x)
+    assert fused.ledger.current == 4 * 6 * 4  # a recomputed segment keeps only its own input
     assert keep.ledger.current > rec.ledger.current
 
 

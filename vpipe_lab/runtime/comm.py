@@ -1,16 +1,23 @@
 """Point-to-point transfers between neighbouring stages and the small collectives of the iteration boundary.
 
-Activations and gradients go directly between workers with plain ``isend``/``irecv``, each preceded by a fixed-size
-header of shapes and dtypes so a receiver needs no prior knowledge of them. A value that is not a tensor or a tuple
-of tensors (a dict, a tuple with ``None`` or numbers in it) travels with its structure as JSON in a first uint8
-tensor, flagged in the header, and arrives as it was sent. Every wait has the process group's timeout. Control blobs
-cross as JSON in uint8 tensors: nothing is unpickled.
+A transfer is a fixed-size header of shapes and dtypes followed by one message per tensor. On the pipeline's hot path
+(activations, gradients, targets) the header is sent only once per *shape epoch*: the first transfer of each kind
+between two ranks after ``reset_shapes`` carries it, and every later one is only its tensors, which the receiver can
+then allocate and post ahead of need (``post_recv``), as torch.distributed.pipelining does after its shape
+inference. All ranks reset at the same iteration boundary (plan change, new input shapes), so sender and receiver
+always agree whether a header comes. Sends and receives are queued and issued together with
+``torch.distributed.batch_isend_irecv``, which NCCL needs (it ignores tags and can deadlock on unbatched
+bidirectional isend/irecv between the same pair). A value that is not a tensor or a tuple of tensors (a dict, a tuple
+with ``None`` or numbers in it) travels with its structure as JSON in a first uint8 tensor, flagged in the header, and
+arrives as it was sent. Every wait has the process group's timeout. Control blobs cross as JSON in uint8 tensors:
+nothing is unpickled.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -64,6 +71,72 @@ def _posted(what: str, rank: int) -> Any:
     return _Guard()
 
 
+Slot = tuple[int, bool, tuple[int, ...]]  # dtype code, requires_grad, shape
+
+
+@dataclass(frozen=True)
+class Meta:
+    """What a transfer carries: its structure (None for a tensor or tuple of tensors) and each tensor's slot."""
+
+    structure: str | None
+    slots: tuple[Slot, ...]
+
+
+@dataclass
+class Incoming:
+    """A receive posted (or queued to be): its header or its buffers, and the requests that fill them."""
+
+    src: int
+    tag: int
+    agreed: bool
+    meta: Meta | None = None
+    header: torch.Tensor | None = None
+    buffers: list[torch.Tensor] = field(default_factory=list)
+    works: list[Any] = field(default_factory=list)
+
+
+def _meta(value: Any, exact: bool = False) -> tuple[Meta, tuple[torch.Tensor, ...]]:
+    if _plain(value) and not exact:
+        tensors = as_tensors(value)
+        structure = None
+    else:
+        try:
+            desc, leaves = describe(value)
+        except TypeError as exc:
+            raise CommError(f"cannot send this value between stages: {exc}") from None
+        tensors, structure = tuple(leaves), json.dumps(desc)
+    for t in tensors:
+        if t.dim() > _DIMS or t.dtype not in _CODE:
+            raise CommError(f"cannot send a {t.dim()}-d {t.dtype} tensor between stages")
+    return Meta(structure, tuple((_CODE[t.dtype], t.requires_grad, tuple(t.shape)) for t in tensors)), tensors
+
+
+def _header(meta: Meta) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The header tensor and the JSON structure tensor (if any) that precede a transfer's tensors."""
+    extra = [torch.frombuffer(bytearray(meta.structure.encode()), dtype=torch.uint8)] if meta.structure else []
+    slots = [(_CODE[torch.uint8], False, tuple(extra[0].shape))] if extra else []
+    slots += list(meta.slots)
+    if len(slots) > MAX_TENSORS:
+        raise CommError(f"a boundary carries at most {MAX_TENSORS} tensors, this one {len(slots)}")
+    header = torch.zeros(_HEAD + MAX_TENSORS * _SLOT, dtype=torch.int64)
+    header[0], header[1] = len(slots), int(meta.structure is not None)
+    for i, (code, grad, shape) in enumerate(slots):
+        base = _HEAD + i * _SLOT
+        header[base], header[base + 1], header[base + 2] = code, int(grad), len(shape)
+        header[base + 3:base + 3 + len(shape)] = torch.tensor(shape, dtype=torch.int64)
+    return header, extra
+
+
+def _slots(header: torch.Tensor) -> list[Slot]:
+    header = header.cpu()
+    out = []
+    for i in range(int(header[0])):
+        base = _HEAD + i * _SLOT
+        shape = tuple(int(x) for x in header[base + 3:base + 3 + int(header[base + 2])])
+        out.append((int(header[base]), bool(header[base + 1]), shape))
+    return out
+
+
 class Peer:
     """Transfers for one rank, on ``device`` (CPU for gloo, the stage's GPU for NCCL)."""
 
@@ -72,9 +145,16 @@ class Peer:
         self.world = world
         self.device = device
         self.timeout = timedelta(seconds=timeout_s)
+        # Receives may be posted ahead of need on gloo; on NCCL a lone receive posted before a send to the same
+        # peer blocks that peer's stream, so there receives are posted only in the batch that needs them.
+        self.prepost = device.type != "cuda"
         # Sends in flight, with the tensors they read: 1F1B has neighbours sending to each other at once (activations
         # one way, gradients the other), so a send must not wait for the receiver before the next action runs.
-        self._pending: list[tuple[Any, list[torch.Tensor], str]] = []
+        self._pending: list[tuple[list[Any], list[torch.Tensor], str]] = []
+        self._queue: list[tuple[Any, list[Any]]] = []  # P2P operations not issued yet, and where their requests go
+        self._sent: dict[tuple[int, int], Meta] = {}  # (dst, tag) -> what the receiver was told, this shape epoch
+        self._known: dict[tuple[int, int], Meta] = {}  # (src, tag) -> what the sender announced, this shape epoch
+        self.messages = 0  # point-to-point messages sent, headers included (for tests and benchmarks)
 
     def _wait(self, work: Any, what: str) -> None:
         try:
@@ -82,63 +162,115 @@ class Peer:
         except RuntimeError as exc:
             raise CommError(f"rank {self.rank}: {what} failed or timed out after {self.timeout}: {exc}") from None
 
+    def reset_shapes(self) -> None:
+        """Start a new shape epoch: the next transfer of each kind carries its header again. Every rank calls this
+        at the same iteration boundary."""
+        self._sent.clear()
+        self._known.clear()
+
+    def knows(self, src: int, tag: int) -> bool:
+        return (src, tag) in self._known
+
+    # --- queueing and issuing ---------------------------------------------------------------------------------
+    def _op(self, op: Any, tensor: torch.Tensor, peer: int, tag: int, sink: list[Any]) -> None:
+        self.messages += op is dist.isend
+        self._queue.append((dist.P2POp(op, tensor, peer, tag=tag), sink))
+
+    def issue(self) -> None:
+        """Post every queued send and receive as one batch."""
+        if not self._queue:
+            return
+        queue, self._queue = self._queue, []
+        with _posted("transfer", self.rank):
+            works = dist.batch_isend_irecv([op for op, _ in queue])
+        if len(works) == len(queue):  # one request per operation (gloo)
+            for (_, sink), work in zip(queue, works):
+                sink.append(work)
+        else:  # one request for the whole coalesced batch (NCCL)
+            for _, sink in queue:
+                sink.extend(works)
+
+    def post_send(self, value: Any, dst: int, tag: int, agreed: bool = False, exact: bool = False) -> None:
+        """Queue a send of a tensor, a tuple of tensors, or any structure of tensors and JSON-able values. With
+        ``agreed`` the header goes only with the first send of this kind in the shape epoch. A tensor or a tuple of
+        tensors arrives as a tuple, unless ``exact`` sends its structure too (then it arrives as it was sent)."""
+        meta, tensors = _meta(value, exact)
+        key = (dst, tag)
+        told = self._sent.get(key) if agreed else None
+        if told is None:
+            header, extra = _header(meta)
+            first = [header, *extra]
+            if agreed:
+                self._sent[key] = meta
+        elif told != meta:
+            raise CommError(f"rank {self.rank}: what crosses to rank {dst} changed within an iteration's shape epoch "
+                            f"(was {told.slots}, now {meta.slots}) although the input's shapes did not: a stage "
+                            "boundary's shapes must follow from the batch's shapes")
+        else:
+            first = []
+        payload = [t.detach().to(self.device).contiguous() for t in tensors]
+        first = [t.to(self.device) for t in first]
+        sink: list[Any] = []
+        self._pending.append((sink, [*first, *payload], f"send to rank {dst}"))
+        for t in (*first, *payload):
+            self._op(dist.isend, t, dst, tag, sink)
+
+    def post_recv(self, src: int, tag: int, agreed: bool = False) -> Incoming:
+        """Queue a receive; with ``agreed`` and the shapes known this epoch, straight into fresh buffers."""
+        meta = self._known.get((src, tag)) if agreed else None
+        inc = Incoming(src, tag, agreed, meta)
+        if meta is None:
+            inc.header = torch.zeros(_HEAD + MAX_TENSORS * _SLOT, dtype=torch.int64, device=self.device)
+            self._op(dist.irecv, inc.header, src, tag, inc.works)
+        else:
+            inc.buffers = [torch.empty(shape, dtype=DTYPES[code], device=self.device) for code, _, shape in meta.slots]
+            for t in inc.buffers:
+                self._op(dist.irecv, t, src, tag, inc.works)
+        return inc
+
+    def wait(self, inc: Incoming) -> Any:
+        """The value of a posted receive: a tuple of tensors, or the structure the sender sent when it was not one."""
+        what = f"receive from rank {inc.src}"
+        self.issue()
+        for work in inc.works:
+            self._wait(work, what)
+        inc.works = []
+        if inc.meta is None:  # the header came first: now the structure and the tensors it announces
+            assert inc.header is not None
+            slots = _slots(inc.header)
+            structured = bool(int(inc.header[1].item()))
+            buffers = [torch.empty(shape, dtype=DTYPES[code], device=self.device) for code, _, shape in slots]
+            for t in buffers:
+                self._op(dist.irecv, t, inc.src, inc.tag, inc.works)
+            self.issue()
+            for work in inc.works:
+                self._wait(work, what)
+            structure = bytes(buffers[0].cpu().numpy()).decode() if structured else None
+            inc.buffers = buffers[1:] if structured else buffers
+            inc.meta = Meta(structure, tuple(slots[1:] if structured else slots))
+            if inc.agreed:
+                self._known[(inc.src, inc.tag)] = inc.meta
+        if inc.meta.structure is not None:
+            return rebuild(json.loads(inc.meta.structure), inc.buffers)
+        return tuple(inc.buffers)
+
+    # --- plain transfers (control, migration): a header every time ----------------------------------------------
     def send(self, value: Any, dst: int, tag: int) -> None:
         """Send a tensor, a tuple of tensors, or any structure of tensors and JSON-able values (dicts, None)."""
-        structured = not _plain(value)
-        if structured:
-            try:
-                desc, leaves = describe(value)
-            except TypeError as exc:
-                raise CommError(f"cannot send this value between stages: {exc}") from None
-            tensors: tuple[torch.Tensor, ...] = (_json_tensor(desc), *leaves)
-        else:
-            tensors = as_tensors(value)
-        if len(tensors) > MAX_TENSORS:
-            raise CommError(f"a boundary carries at most {MAX_TENSORS} tensors, this one {len(tensors)}")
-        header = torch.zeros(_HEAD + MAX_TENSORS * _SLOT, dtype=torch.int64)
-        header[0], header[1] = len(tensors), int(structured)
-        for i, t in enumerate(tensors):
-            if t.dim() > _DIMS or t.dtype not in _CODE:
-                raise CommError(f"cannot send a {t.dim()}-d {t.dtype} tensor between stages")
-            base = _HEAD + i * _SLOT
-            header[base] = _CODE[t.dtype]
-            header[base + 1] = int(t.requires_grad)
-            header[base + 2] = t.dim()
-            header[base + 3:base + 3 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
-        header = header.to(self.device)
-        payload = [t.detach().to(self.device).contiguous() for t in tensors]
-        keep = [header, *payload]
-        what = f"send to rank {dst}"
-        with _posted(what, self.rank):
-            self._pending.append((dist.isend(header, dst, tag=tag), keep, what))
-            for p in payload:
-                self._pending.append((dist.isend(p, dst, tag=tag), keep, what))
-
-    def flush(self) -> None:
-        """Wait for every send in flight (end of an iteration, before a migration)."""
-        pending, self._pending = self._pending, []
-        for work, _, what in pending:
-            self._wait(work, what)
+        self.post_send(value, dst, tag)
+        self.issue()
 
     def recv(self, src: int, tag: int) -> Any:
         """A tuple of tensors, or the structure the sender sent when it was not one."""
-        header = torch.zeros(_HEAD + MAX_TENSORS * _SLOT, dtype=torch.int64, device=self.device)
-        with _posted(f"receive from rank {src}", self.rank):
-            work = dist.irecv(header, src, tag=tag)
-        self._wait(work, f"receive from rank {src}")
-        header = header.cpu()
-        out = []
-        for i in range(int(header[0])):
-            base = _HEAD + i * _SLOT
-            shape = [int(x) for x in header[base + 3:base + 3 + int(header[base + 2])]]
-            t = torch.empty(shape, dtype=DTYPES[int(header[base])], device=self.device)
-            with _posted(f"receive from rank {src}", self.rank):
-                work = dist.irecv(t, src, tag=tag)
-            self._wait(work, f"receive from rank {src}")
-            out.append(t)
-        if int(header[1]):
-            return rebuild(json.loads(bytes(out[0].cpu().numpy())), out[1:])
-        return tuple(out)
+        return self.wait(self.post_recv(src, tag))
+
+    def flush(self) -> None:
+        """Wait for every send in flight (end of an iteration, before a migration)."""
+        self.issue()
+        pending, self._pending = self._pending, []
+        for works, _, what in pending:
+            for work in works:
+                self._wait(work, what)
 
     def broadcast_json(self, obj: Any, src: int = 0) -> Any:
         """Rank ``src`` sends ``obj`` as JSON to every rank; everyone returns it."""
@@ -177,21 +309,6 @@ class Peer:
 
     def recv_json(self, src: int, tag: int) -> Any:
         return json.loads(bytes(self.recv(src, tag)[0].cpu().numpy()))
-
-    def send_tree(self, tree: Any, dst: int, tag: int) -> None:
-        """Any structure of tensors and JSON-able values (targets): its description, then its tensors."""
-        desc, tensors = describe(tree)
-        self.send_json(desc, dst, tag)
-        if tensors:
-            self.send(tuple(tensors), dst, tag)
-
-    def recv_tree(self, src: int, tag: int, device: torch.device | None = None) -> Any:
-        desc = self.recv_json(src, tag)
-        count = sum(1 for slot in desc["slots"] if "shape" in slot)
-        tensors = list(self.recv(src, tag)) if count else []
-        if device is not None:
-            tensors = [t.to(device) for t in tensors]
-        return rebuild(desc, tensors)
 
     def all_reduce_sum(self, tensor: torch.Tensor, group: Any = None) -> None:
         """Sum ``tensor`` in place over ``group`` (the ranks that hold a tied parameter)."""

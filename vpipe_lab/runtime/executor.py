@@ -2,6 +2,12 @@
 
 Micro-batches are ``torch.chunk`` of the mini-batch along dim 0; each micro-batch's loss is scaled by 1/M, so the
 gradients are those of the mean of the per-micro-batch losses and a pipelined step equals a plain full-batch step.
+
+A forward or backward runs the stage's fused segments (see ``stage.Stage``); in a *profiling* iteration every layer
+runs and is timed on its own, for the online profiler, and the caller decides which iterations profile. Transfers
+use the shape-agreed path of ``comm.Peer``: the next receive of each kind is posted as soon as the previous one has
+arrived, and consecutive transfer actions go out as one batch. Spans are marks of a ``Stopwatch``, so a GPU is not
+synchronised between actions; losses stay tensors until the iteration ends.
 """
 
 from __future__ import annotations
@@ -17,12 +23,13 @@ from vpipe_lab.core.schedule import Op, Schedule, for_plan
 from vpipe_lab.runtime import faults
 from vpipe_lab.runtime.batches import loss_with_check, split, to_device
 from vpipe_lab.runtime.capture import Chain
-from vpipe_lab.runtime.comm import TAG_BACKWARD, TAG_FORWARD, Peer
-from vpipe_lab.runtime.device import Clock, Placement, synchronize
+from vpipe_lab.runtime.comm import TAG_BACKWARD, TAG_FORWARD, Incoming, Peer
+from vpipe_lab.runtime.device import Clock, Placement, Stopwatch
 from vpipe_lab.runtime.stage import Stage
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
+_COMM = (Op.SEND_F, Op.SEND_B, Op.RECV_F, Op.RECV_B)
 _KIND = {
     Op.F: "forward", Op.B: "backward", Op.RECOMPUTE: "recompute", Op.SEND_F: "send", Op.SEND_B: "send",
     Op.RECV_F: "recv", Op.RECV_B: "recv", Op.SWAP_OUT: "swap_out", Op.SWAP_IN: "swap_in",
@@ -72,22 +79,29 @@ class Executor:
                  chain: Chain | None = None) -> None:
         self.rank, self.world = rank, world
         self.stage, self.peer, self.placement, self.clock = stage, peer, placement, clock
+        self.watch = Stopwatch(placement, clock)
         self.chain = chain
         self.loss_fn = loss_with_check(loss_fn, chain.finish if chain is not None else (lambda out: out))
         self.budget = budget
         self.record_spans = record_spans
-        self._schedule: tuple[Plan, Schedule] | None = None
+        self._schedule: tuple[Plan, Schedule, dict[int, int | None]] | None = None
         self.fault = faults.parse()
         self._static = self._param_bytes = 0
 
     def schedule(self, plan: Plan) -> Schedule:
-        if self._schedule is None or self._schedule[0] != plan:
-            self._schedule = (plan, for_plan(plan))
-        return self._schedule[1]
+        return self._plan(plan)[1]
 
-    def _timer(self) -> float:
-        synchronize(self.placement)
-        return self.clock.now()
+    def _plan(self, plan: Plan) -> tuple[Plan, Schedule, dict[int, int | None]]:
+        """The schedule, and for each receive step the micro-batch of the next receive of the same kind."""
+        if self._schedule is None or self._schedule[0] != plan:
+            schedule = for_plan(plan)
+            row = schedule.stages[self.rank]
+            following: dict[int, int | None] = {}
+            for i, action in enumerate(row):
+                if action.op in (Op.RECV_F, Op.RECV_B):
+                    following[i] = next((a.microbatch for a in row[i + 1:] if a.op is action.op), None)
+            self._schedule = (plan, schedule, following)
+        return self._schedule
 
     def _check_budget(self, result: IterationResult) -> None:
         if self.budget is None or result.violation is not None:
@@ -102,11 +116,14 @@ class Executor:
                           key=lambda x: -x[1])
             result.violation = BudgetViolation(self.rank, used, self.budget, kept)
 
-    def run(self, iteration: int, plan: Plan, batch: tuple[Any, Any] | None) -> IterationResult:
+    def run(self, iteration: int, plan: Plan, batch: tuple[Any, Any] | None, profile: bool = False
+            ) -> IterationResult:
+        """One iteration; ``profile`` runs every layer on its own and times it (with the device synchronised)."""
         rank, last = self.rank, self.rank == self.world - 1
         m = plan.microbatches
-        stage = self.stage
+        stage, peer = self.stage, self.peer
         stage.loss_scale = 1.0 / m
+        stage.iteration = iteration
         stage.ledger.reset_peaks()
         if self.budget is not None:
             sizes = stage.static_bytes()
@@ -119,22 +136,42 @@ class Executor:
             if last:
                 targets = [None] * m if batch[1] is None else split(batch[1], m, "targets")
         chain = self.chain
-        owned = stage.owned
+        segments = stage.segments(profile)
+        first_layer = segments[0][0]
+        timer = self.watch.exact if profile else None
         received: dict[int, Any] = {}
         outputs: dict[int, Any] = {}
         grads_out: dict[int, tuple[torch.Tensor, ...]] = {}
         grads_in: dict[int, tuple[torch.Tensor, ...]] = {}
-        now = self._timer
-        result = IterationResult(iteration, now(), 0.0)
-        for action in self.schedule(plan).stages[rank]:
+        losses: list[torch.Tensor] = []
+        posted: dict[tuple[Op, int], Incoming] = {}
+        _, schedule, following = self._plan(plan)
+        row = schedule.stages[rank]
+        where = {Op.RECV_F: (rank - 1, TAG_FORWARD), Op.RECV_B: (rank + 1, TAG_BACKWARD)}
+
+        def receive(step: int, op: Op, mb: int) -> Any:
+            src, tag = where[op]
+            inc = posted.pop((op, mb), None) or peer.post_recv(src, tag, agreed=True)
+            value = peer.wait(inc)
+            nxt = following[step]
+            if nxt is not None and peer.prepost and peer.knows(src, tag):  # post the next one ahead of need
+                posted[(op, nxt)] = peer.post_recv(src, tag, agreed=True)
+            return value
+
+        mark = self.watch.mark
+        marks: list[tuple[str, int, int | None, float, float]] = []
+        result = IterationResult(iteration, self.watch.begin(), 0.0)
+        for step, action in enumerate(row):
             op, mb = action.op, action.microbatch
+            if op not in _COMM:
+                peer.issue()  # transfers queued by the actions before this one leave before it computes
             if op in (Op.RECV_B, Op.RECOMPUTE, Op.B):
                 stage.ledger.in_backward = True  # from here on, working sets of the backward phase
-            start = now()
+            start = mark()
             if op is Op.RECV_F:
-                got = self.peer.recv(rank - 1, TAG_FORWARD)
-                received[mb] = chain.unpack(owned[0] - 1, got) if chain is not None else (got[0] if len(got) == 1
-                                                                                            else got)
+                got = receive(step, op, mb)
+                received[mb] = chain.unpack(first_layer - 1, got) if chain is not None else (
+                    got[0] if isinstance(got, tuple) and len(got) == 1 else got)
             elif op is Op.F:
                 if self.fault is not None:
                     faults.hit(self.fault, "forward", rank, iteration)
@@ -143,17 +180,17 @@ class Executor:
                 else:
                     x = to_device(inputs[mb], self.placement.device)  # type: ignore[index]
                     x = chain.start(x) if chain is not None else x
-                for index in owned:
-                    x = stage.forward(iteration, mb, index, x, now, input_grad=rank > 0 or index != owned[0])
+                for segment in segments:
+                    x = stage.forward(mb, segment, x, input_grad=rank > 0 or segment[0] != first_layer, timer=timer)
                     self._check_budget(result)
                 if last:
                     target = to_device(targets[mb], self.placement.device)  # type: ignore[index]
-                    result.losses.append(stage.attach_loss(mb, owned[-1], x, self.loss_fn, target, now))
+                    losses.append(stage.attach_loss(mb, segments[-1], x, self.loss_fn, target, timer))
                 else:
                     outputs[mb] = x
             elif op is Op.SEND_F:
                 out = outputs.pop(mb)
-                self.peer.send(chain.pack(out) if chain is not None else out, rank + 1, TAG_FORWARD)
+                peer.post_send(chain.pack(out) if chain is not None else out, rank + 1, TAG_FORWARD, agreed=True)
             elif op is Op.SWAP_OUT:
                 if action.layer in stage.layers:
                     stage.swap.swap_out(mb, action.layer)
@@ -161,22 +198,25 @@ class Executor:
                 if action.layer in stage.layers:
                     stage.swap.swap_in(mb, action.layer)
             elif op is Op.RECV_B:
-                grads_out[mb] = self.peer.recv(rank + 1, TAG_BACKWARD)
+                grads_out[mb] = receive(step, op, mb)
             elif op is Op.RECOMPUTE:
-                if action.layer in stage.layers:
-                    stage.rematerialise(mb, action.layer, now)
+                segment = stage.owner(action.layer, profile) if action.layer is not None else None
+                if segment is not None:
+                    stage.rematerialise(mb, segment, timer)
                     self._check_budget(result)
             elif op is Op.B:
                 grads: tuple[torch.Tensor, ...] | None = None if last else grads_out.pop(mb)
-                for index in reversed(owned):
-                    grads = stage.backward(mb, index, grads, now)
+                for segment in reversed(segments):
+                    grads = stage.backward(mb, segment, grads, timer)
                 if rank > 0:
                     grads_in[mb] = grads  # type: ignore[assignment]
             elif op is Op.SEND_B:
-                self.peer.send(grads_in.pop(mb), rank - 1, TAG_BACKWARD)
+                peer.post_send(grads_in.pop(mb), rank - 1, TAG_BACKWARD, agreed=True)
             if self.record_spans:
-                result.spans.append((_KIND[op], mb, action.layer, start, now()))
-        self.peer.flush()
-        result.end_s = now()
+                marks.append((_KIND[op], mb, action.layer, start, mark()))
+        peer.flush()
+        result.end_s = self.watch.end()
+        seconds = self.watch.seconds
+        result.spans = [(kind, mb, layer, seconds(a), seconds(b)) for kind, mb, layer, a, b in marks]
+        result.losses = [float(v) for v in losses]
         return result
-

@@ -33,7 +33,8 @@ from vpipe_lab.runtime import faults
 from vpipe_lab.runtime.capture import Chain, UnitTensors, build_model, capture, to_meta
 from vpipe_lab.runtime.comm import TAG_MIGRATE
 from vpipe_lab.runtime.memory import tensor_bytes
-from vpipe_lab.runtime.stage import Stage, get_tensor, set_tensor
+from vpipe_lab.runtime.stage import Stage
+from vpipe_lab.runtime.units import get_tensor, set_tensor
 from vpipe_lab.runtime.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -76,18 +77,21 @@ def signature(module: torch.nn.Module) -> str:
 
 
 def layer_state(stage: Stage, index: int) -> dict[str, Any]:
-    """A layer's parameters and buffers by canonical name, their optimizer state, and its policy."""
+    """A layer's parameters and buffers by canonical name, their optimizer state, its optimizer groups' options (a
+    learning rate a scheduler set travels with the layer) and its policy."""
     layer = stage.layers[index]
     names = list(dict.fromkeys(layer.names))
     return {"tensors": {name: stage.tensors[name].detach() for name in names},
-            "optimizer": stage.optimizer_state(names), "policy": layer.policy.value}
+            "optimizer": stage.optimizer_state(names), "groups": stage.unit_groups(index),
+            "policy": layer.policy.value}
 
 
 def renamed(state: dict[str, Any], old: UnitTensors, new: UnitTensors) -> dict[str, Any]:
     """A layer's state under the names its tensors have in a new model version (NAS shifts layer indices)."""
     names = {o: n for (_, o), (_, n) in zip(old.params + old.buffers, new.params + new.buffers)}
     return {**state, "tensors": {names[k]: v for k, v in state["tensors"].items()},
-            "optimizer": {names[k]: v for k, v in state["optimizer"].items()}}
+            "optimizer": {names[k]: v for k, v in state["optimizer"].items()},
+            "groups": [{**g, "params": [names[n] for n in g["params"]]} for g in state.get("groups", [])]}
 
 
 def materialise(unit: torch.nn.Module, tensors: UnitTensors, values: dict[str, torch.Tensor],
@@ -116,6 +120,7 @@ class MigratingWorker(Worker):
             raise ValueError(f"checkpoint {path} holds {manifest.num_layers} layers but the model has "
                              f"{self.num_layers}: resume with the model that was saved")
         states: dict[str, dict[str, Any]] = {}
+        groups: list[dict[str, Any]] = []
         with torch.no_grad():
             for index in self.stage.owned:
                 data = io.BytesIO(manifest.load_bytes(index))  # checked against its checksum
@@ -123,8 +128,8 @@ class MigratingWorker(Worker):
                 for name, value in state["tensors"].items():
                     self.stage.tensors[name].copy_(value)
                 states.update(state["optimizer"])
-        self.stage.optimizer = None  # nothing to carry from the fresh optimizer: the checkpoint's state wins
-        self.stage.rebuild_optimizer(states)
+                groups += state.get("groups", [])  # absent in checkpoints written before parameter groups
+        self.stage.optim.load(states, groups, self.stage.tensors)
         self.ctl.plan_version = manifest.plan_version
         self.model_version = manifest.model_version
         log.info("restored layers %s from %s at iteration %d", self.stage.owned, path, manifest.iteration)
@@ -289,11 +294,10 @@ class MigratingWorker(Worker):
         self.peer.barrier()
         chain = new_chain if new_chain is not None else self.chain
         kept = {j: stage.layers[i] for j, i in stays}
-        held_state = stage.optimizer_state()  # by name: survives taking the layers apart and putting them back
+        # What stays keeps its optimizer state and groups by name across taking the layers apart and back together.
+        held = {j: layer_state(stage, i) for j, i in stays}
         if new_chain is not None:  # kept layers' tensors take their names in the new model
-            names = {o: n for j, i in stays for (_, o), (_, n) in zip(stage.layers[i].tensors.params,
-                                                                      new_chain.tensors[j].params)}
-            held_state = {names[k]: v for k, v in held_state.items() if k in names}
+            held = {j: renamed(held[j], stage.layers[i].tensors, new_chain.tensors[j]) for j, i in stays}
         for index in list(stage.owned):
             layer = stage.remove_layer(index)
             if not any(layer is k for k in kept.values()):
@@ -301,17 +305,13 @@ class MigratingWorker(Worker):
         for j, layer in sorted(kept.items()):
             if new_chain is not None:  # a kept layer takes its place (and its tensors' names) in the new model
                 new_chain.units[j] = layer.module
-            stage.add_layer(j, layer.module, chain.tensors[j])
-        incoming_state: dict[str, dict[str, Any]] = {}
+            stage.add_layer(j, layer.module, chain.tensors[j], held[j]["groups"], held[j]["optimizer"])
         for j, state in arrived.items():
             materialise(chain.units[j], chain.tensors[j], state["tensors"], self.placement.device)
-            stage.add_layer(j, chain.units[j], chain.tensors[j])
-            incoming_state.update(state["optimizer"])
+            stage.add_layer(j, chain.units[j], chain.tensors[j], state.get("groups"), state["optimizer"])
         for j in fresh:
             stage.add_layer(j, chain.units[j], chain.tensors[j])
         stage.layers = dict(sorted(stage.layers.items()))
-        stage.rebuild_optimizer({**incoming_state, **held_state})
-        stage._kept_bytes.clear()
         stage.set_policies({j: plan.policies[j] for j in stage.owned})
         stage.reset_stats()
         if new_chain is not None:

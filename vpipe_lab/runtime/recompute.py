@@ -7,6 +7,7 @@ captured before the first forward and restored for the second, so dropout draws 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,8 +51,9 @@ class Saved:
     grad: bool = True
 
 
-def forward_without_saving(layer: torch.nn.Module, x: Any, device: torch.device, grad: bool = True
+def forward_without_saving(layer: Callable[[Any], Any], x: Any, device: torch.device, grad: bool = True
                            ) -> tuple[Any, Saved]:
+    """Run ``layer`` (a module, or a segment of them as one callable) without autograd, keeping only its input."""
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     with torch.no_grad():
@@ -59,13 +61,14 @@ def forward_without_saving(layer: torch.nn.Module, x: Any, device: torch.device,
     return out, Saved(detach(x), cpu_rng, cuda_rng, device, grad)
 
 
-def rematerialise(layer: torch.nn.Module, saved: Saved) -> tuple[tuple[torch.Tensor, ...], Any]:
-    """Run the layer again with autograd on fresh leaves of its saved input; returns (leaves, output).
+def rematerialise(layer: Callable[[Any], Any], saved: Saved, buffers: Iterable[torch.Tensor] = ()
+                  ) -> tuple[tuple[torch.Tensor, ...], Any]:
+    """Run the layer (or segment) again with autograd on fresh leaves of its saved input; returns (leaves, output).
 
-    Buffers the forward updates in place (BatchNorm's running statistics) are put back afterwards: the first forward
-    already counted this micro-batch, as plain training does once."""
+    ``buffers`` the forward updates in place (BatchNorm's running statistics) are put back afterwards: the first
+    forward already counted this micro-batch, as plain training does once."""
     x, leaves = leafify(saved.inputs, saved.grad)
-    buffers = [(b, b.clone()) for b in layer.buffers()]
+    saved_buffers = [(b, b.clone()) for b in buffers]
     devices = [saved.device] if saved.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices, device_type=saved.device.type if devices else "cuda"):
         torch.set_rng_state(saved.cpu_rng)
@@ -74,6 +77,6 @@ def rematerialise(layer: torch.nn.Module, saved: Saved) -> tuple[tuple[torch.Ten
         with torch.enable_grad():
             out = layer(x)
     with torch.no_grad():
-        for buffer, before in buffers:
+        for buffer, before in saved_buffers:
             buffer.copy_(before)
     return leaves, out

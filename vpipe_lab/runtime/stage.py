@@ -1,92 +1,37 @@
-"""One pipeline stage: its layers (partition units) by global index, run one layer at a time, and one optimizer.
+"""One pipeline stage: its layers (partition units) by global index, run as fused segments, and one optimizer.
 
-Every layer's input is a fresh autograd leaf, so each layer's forward and backward is a separate, timed step. That
-lets a layer be kept, swapped or recomputed on its own, lets the profiler measure every layer, and lets a layer move
-to another stage (live migration). Before each layer's forward the RNG is seeded from (seed, iteration, micro-batch,
-layer), so dropout draws the same masks whichever stage runs the layer.
+Consecutive layers with the same policy run as one *segment*: one autograd graph from the segment's input (a fresh
+leaf) to its output, one backward call, as a plain model would run them. Recompute boundaries must split segments (a
+recomputed segment runs without autograd and is rebuilt before its backward) and so do swap boundaries (a swapped
+segment's saved tensors leave the device between its forward and backward). Saved tensors are still attributed to
+the layer that saved them (the saved-tensor hooks know the layer running), so a layer's swap moves only its own.
+In a *profiling* iteration every layer is a segment of its own, timed with the device synchronised, which is what the
+online profiler reads; the executor decides which iterations profile (see ``executor.Executor``).
 
-Parameters and buffers live in a registry keyed by their model-wide canonical name, so a weight that two layers share
-(a tied embedding and LM head) is one tensor with one gradient and one optimizer entry on this stage, whichever
-layers come and go. The stage's single optimizer is rebuilt when its layers change, carrying each parameter's state
-by name.
+Before each layer's forward the RNG is seeded from (seed, iteration, micro-batch, layer), so dropout draws the same
+masks whichever stage runs the layer and however the layers are grouped. Parameters and buffers live in a registry
+keyed by their model-wide canonical name, so a weight two layers share (a tied embedding and LM head) is one tensor
+with one gradient and one optimizer entry on this stage, whichever layers come and go.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from contextlib import nullcontext
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
 from vpipe_lab.core.model import Policy
 from vpipe_lab.runtime import recompute
 from vpipe_lab.runtime.capture import UnitTensors
 from vpipe_lab.runtime.memory import Ledger, optimizer_bytes, tensor_bytes
+from vpipe_lab.runtime.optim import OptimizerFactory, StageOptimizer
 from vpipe_lab.runtime.swap import SwapEngine
+from vpipe_lab.runtime.units import Layer, LayerStats, get_tensor, layer_seed, set_tensor, tensors_of
 
-OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
-
-
-def layer_seed(seed: int, iteration: int, mb: int, layer: int) -> int:
-    return (((seed * 1_000_003 + iteration) * 10_007 + mb) * 1_009 + layer) % (2**62)
-
-
-def tensors_of(value: Any) -> tuple[torch.Tensor, ...]:
-    """The tensors in a value of any structure (tensor, tuple, dict, ModelOutput), in pytree order."""
-    if isinstance(value, torch.Tensor):
-        return (value,)
-    return tuple(v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor))
-
-
-def set_tensor(module: torch.nn.Module, path: str, value: torch.Tensor) -> None:
-    """Make ``module``'s parameter or buffer at ``path`` be ``value`` (the very object: ties stay ties)."""
-    owner_path, _, name = path.rpartition(".")
-    owner = module.get_submodule(owner_path) if owner_path else module
-    if name in owner._parameters:
-        owner._parameters[name] = value  # type: ignore[assignment]
-    elif name in owner._buffers:
-        owner._buffers[name] = value
-    else:
-        raise KeyError(f"{type(module).__name__} has no parameter or buffer {path!r}")
-
-
-def get_tensor(module: torch.nn.Module, path: str) -> torch.Tensor:
-    owner_path, _, name = path.rpartition(".")
-    owner = module.get_submodule(owner_path) if owner_path else module
-    value = owner._parameters.get(name) if name in owner._parameters else owner._buffers.get(name)
-    if value is None:
-        raise KeyError(f"{type(module).__name__} has no parameter or buffer {path!r}")
-    return value
-
-
-@dataclass
-class LayerStats:
-    """Per-layer measurements since the last reset, for the online profiler."""
-
-    forward_s: float = 0.0
-    backward_s: float = 0.0
-    recompute_s: float = 0.0
-    forwards: int = 0
-    backwards: int = 0
-    activation_bytes: int = 0
-    input_bytes: int = 0
-    output_bytes: int = 0
-
-
-@dataclass
-class Layer:
-    index: int
-    module: torch.nn.Module
-    tensors: UnitTensors
-    policy: Policy = Policy.KEEP
-    stats: LayerStats = field(default_factory=LayerStats)
-
-    @property
-    def names(self) -> list[str]:
-        """Canonical names of this layer's parameters and buffers."""
-        return [c for _, c in self.tensors.params] + [c for _, c in self.tensors.buffers]
+Segment = tuple[int, ...]
+Timer = Callable[[], float]
 
 
 class Stage:
@@ -94,22 +39,28 @@ class Stage:
 
     def __init__(self, device: torch.device, make_optimizer: OptimizerFactory | None, seed: int) -> None:
         self.device = device
-        self.make_optimizer = make_optimizer
         self.seed = seed
         self.layers: dict[int, Layer] = {}
         self.tensors: dict[str, torch.Tensor] = {}  # canonical name -> the one parameter or buffer object
-        self.optimizer: torch.optim.Optimizer | None = None
+        self.optim = StageOptimizer(make_optimizer, device)
         self.ledger = Ledger()
         self.swap = SwapEngine(device, self.ledger)
-        self._ctx: dict[tuple[int, int], Any] = {}
+        self.iteration = 0
+        self._ctx: dict[tuple[int, int], Any] = {}  # (micro-batch, segment's first layer) -> autograd state
         self._losses: dict[tuple[int, int], tuple[Callable[[Any, Any], torch.Tensor], Any]] = {}
-        self._kept_bytes: dict[tuple[Any, ...], int] = {}  # (layer, input shapes) -> bytes a kept layer saves
+        self._kept_bytes: dict[tuple[Any, ...], dict[int, int]] = {}  # (segment, input shapes) -> bytes saved per layer
+        self._segments: dict[tuple[Any, ...], list[Segment]] = {}
         self.loss_scale = 1.0
 
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        return self.optim.optimizer
+
     # --- ownership -------------------------------------------------------------------------------------------
-    def add_layer(self, index: int, module: torch.nn.Module, tensors: UnitTensors | None = None) -> None:
-        """Adopt a layer; its parameters and buffers that this stage already holds (ties) are bound to those objects,
-        and the optimizer now steps its parameters too."""
+    def add_layer(self, index: int, module: torch.nn.Module, tensors: UnitTensors | None = None,
+                  groups: list[dict[str, Any]] | None = None, states: dict[str, dict[str, Any]] | None = None) -> None:
+        """Adopt a layer; its parameters and buffers that this stage already holds (ties) are bound to those objects.
+        Its parameters join the optimizer with ``groups``' options and ``states`` when it brings them (migration)."""
         if tensors is None:
             tensors = UnitTensors([(n, f"{index}.{n}") for n, _ in module.named_parameters(remove_duplicate=False)],
                                   [(n, f"{index}.{n}") for n, _ in module.named_buffers(remove_duplicate=False)])
@@ -121,52 +72,51 @@ class Stage:
             elif held is not get_tensor(module, local):
                 set_tensor(module, local, held)
         self.layers[index] = Layer(index, module, tensors)
-        self._refresh_params()
-        self.rebuild_optimizer()
+        self._changed()
+        self.optim.add_unit(index, self._trainable(index), groups, states)
 
     def remove_layer(self, index: int) -> Layer:
-        """Drop a layer; tensors no other layer here uses leave the registry."""
+        """Drop a layer with its optimizer groups and state; tensors another layer here uses stay (ties)."""
         layer = self.layers.pop(index)
-        used = {name for other in self.layers.values() for name in other.names}
+        stays: dict[str, int] = {}
+        for other in sorted(self.layers):
+            for name in self.layers[other].names:
+                stays.setdefault(name, other)
+        self.optim.remove_unit(index, stays)
         for name in layer.names:
-            if name not in used:
+            if name not in stays:
                 self.tensors.pop(name, None)
-        self._refresh_params()
-        self.rebuild_optimizer()
+        self._changed()
         return layer
+
+    def _trainable(self, index: int) -> list[tuple[str, torch.nn.Parameter]]:
+        out: dict[str, torch.nn.Parameter] = {}
+        for _, name in self.layers[index].tensors.params:
+            p = self.tensors[name]
+            if isinstance(p, torch.nn.Parameter) and p.requires_grad:
+                out.setdefault(name, p)
+        return list(out.items())
+
+    def _changed(self) -> None:
+        self.swap.param_storages = {t.untyped_storage().data_ptr() for t in self.tensors.values()}
+        self._segments.clear()
+        self._kept_bytes.clear()  # a layer index may now name another module
 
     def params(self) -> list[tuple[str, torch.nn.Parameter]]:
         """Trainable parameters held, each once, in layer order: what the optimizer steps."""
         seen: dict[str, torch.nn.Parameter] = {}
         for index in self.owned:
-            for _, name in self.layers[index].tensors.params:
-                p = self.tensors[name]
-                if name not in seen and isinstance(p, torch.nn.Parameter) and p.requires_grad:
-                    seen[name] = p
+            for name, p in self._trainable(index):
+                seen.setdefault(name, p)
         return list(seen.items())
 
     def optimizer_state(self, names: list[str] | None = None) -> dict[str, dict[str, Any]]:
         """Each parameter's optimizer state by canonical name (all held ones unless ``names``)."""
-        if self.optimizer is None:
-            return {}
-        wanted = None if names is None else set(names)
-        return {name: dict(self.optimizer.state[p]) for name, p in self.params()
-                if p in self.optimizer.state and (wanted is None or name in wanted)}
+        return self.optim.state([n for n, _ in self.params()] if names is None else names, self.tensors)
 
-    def rebuild_optimizer(self, states: dict[str, dict[str, Any]] | None = None) -> None:
-        """One optimizer over the parameters held now, keeping every parameter's state (``states``, by name, fills in
-        parameters that have none here yet: ones that just arrived)."""
-        carried = {**(states or {}), **self.optimizer_state()}
-        params = self.params()
-        self.optimizer = self.make_optimizer([p for _, p in params]) if (params and self.make_optimizer) else None
-        if self.optimizer is not None:
-            for name, p in params:
-                if name in carried:
-                    self.optimizer.state[p] = {k: v.to(self.device) if isinstance(v, torch.Tensor) and v.dim() else v
-                                               for k, v in carried[name].items()}
-
-    def _refresh_params(self) -> None:
-        self.swap.param_storages = {t.untyped_storage().data_ptr() for t in self.tensors.values()}
+    def unit_groups(self, index: int) -> list[dict[str, Any]]:
+        """The optimizer groups of one layer: their options and their parameters' names (what migration moves)."""
+        return self.optim.unit_groups(index)
 
     @property
     def owned(self) -> list[int]:
@@ -176,95 +126,135 @@ class Stage:
         for index, policy in policies.items():
             if index in self.layers:
                 self.layers[index].policy = policy
+        self._segments.clear()
 
-    # --- per-layer work ----------------------------------------------------------------------------------------
+    def segments(self, profile: bool = False) -> list[Segment]:
+        """The owned layers as segments: maximal runs of one policy, or one layer each in a profiling iteration."""
+        key = (profile, tuple((i, self.layers[i].policy) for i in self.owned))
+        found = self._segments.get(key)
+        if found is None:
+            found = []
+            for index in self.owned:
+                policy = self.layers[index].policy
+                if found and not profile and self.layers[found[-1][-1]].policy is policy and found[-1][-1] == index - 1:
+                    found[-1] = (*found[-1], index)
+                else:
+                    found.append((index,))
+            self._segments[key] = found
+        return found
+
+    # --- per-segment work ----------------------------------------------------------------------------------------
     def _seed(self, value: int) -> None:
         # torch.manual_seed walks every device's generator (~170 us); the generators this stage uses cost ~2 us.
         torch.default_generator.manual_seed(value)
         if self.device.type == "cuda":
             torch.cuda.default_generators[self.device.index or 0].manual_seed(value)
 
-    def forward(self, iteration: int, mb: int, index: int, x: Any, timer: Callable[[], float],
-                input_grad: bool = True) -> Any:
-        """One layer's forward; its time includes the per-layer bookkeeping, which is real per-layer cost.
-        ``input_grad=False`` for the pipeline's data input, whose gradient nobody needs."""
-        start = timer()
-        layer = self.layers[index]
-        self._seed(layer_seed(self.seed, iteration, mb, index))
+    def _run(self, mb: int, segment: Segment, x: Any, record: bool) -> Any:
+        """The segment's layers in order, each seeded for itself; ``record`` registers what each saves."""
+        for index in segment:
+            self._seed(layer_seed(self.seed, self.iteration, mb, index))
+            with self.swap.recording(mb, index) if record else nullcontext():
+                x = self.layers[index].module(x)
+        return x
+
+    def forward(self, mb: int, segment: Segment, x: Any, input_grad: bool = True, timer: Timer | None = None) -> Any:
+        """One segment's forward. ``input_grad=False`` for the pipeline's data input, whose gradient nobody needs;
+        ``timer`` (profiling iterations: one layer per segment) puts the time on the layer's stats."""
+        start = timer() if timer is not None else 0.0
+        policy = self.layers[segment[0]].policy
+        key = (mb, segment[0])
         inp, leaves = recompute.leafify(x, input_grad)
-        if layer.policy is Policy.RECOMPUTE:
-            out, saved = recompute.forward_without_saving(layer.module, inp, self.device, input_grad)
-            self._ctx[(mb, index)] = saved
-            self.ledger.add(mb, index, sum(tensor_bytes(t) for t in tensors_of(saved.inputs)))
+        if policy is Policy.RECOMPUTE:
+            out, saved = recompute.forward_without_saving(lambda v: self._run(mb, segment, v, False), inp,
+                                                          self.device, input_grad)
+            self._ctx[key] = saved
+            self.ledger.add(mb, segment[0], sum(tensor_bytes(t) for t in tensors_of(saved.inputs)))
         else:
-            # A kept layer saves the same bytes for the same input shapes: measure them once through the saved-tensor
-            # hooks, then run without hooks (they cost ~0.1 ms per layer) and charge the ledger what was measured.
-            shape_key = (index, tuple((tuple(t.shape), t.dtype) for t in tensors_of(inp)))
-            known = self._kept_bytes.get(shape_key) if layer.policy is Policy.KEEP else None
+            # A kept segment saves the same bytes for the same input shapes: measure them once through the
+            # saved-tensor hooks, then run without hooks (they cost ~0.1 ms per layer) and charge what was measured.
+            shape_key = (segment, tuple((tuple(t.shape), t.dtype) for t in tensors_of(inp)))
+            known = self._kept_bytes.get(shape_key) if policy is Policy.KEEP else None
             if known is None:
-                with self.swap.recording(mb, index):
-                    out = layer.module(inp)
-                if layer.policy is Policy.KEEP:
-                    self._kept_bytes[shape_key] = self.ledger.device.get((mb, index), 0)
+                out = self._run(mb, segment, inp, True)
+                if policy is Policy.KEEP:
+                    self._kept_bytes[shape_key] = {i: self.ledger.device.get((mb, i), 0) for i in segment}
             else:
-                out = layer.module(inp)
-                self.ledger.add(mb, index, known)
-            self._ctx[(mb, index)] = (leaves, out)
-        st = layer.stats
-        if layer.policy is not Policy.RECOMPUTE:
-            st.activation_bytes = max(st.activation_bytes, self.ledger.device.get((mb, index), 0))
-        st.input_bytes = max(st.input_bytes, sum(t.numel() * t.element_size() for t in leaves))
-        st.output_bytes = max(st.output_bytes, sum(t.numel() * t.element_size() for t in tensors_of(out)))
-        st.forwards += 1
+                out = self._run(mb, segment, inp, False)
+                for index, nbytes in known.items():
+                    self.ledger.add(mb, index, nbytes)
+            self._ctx[key] = (leaves, out)
+        if timer is not None:
+            st = self.layers[segment[0]].stats
+            if policy is not Policy.RECOMPUTE:
+                st.activation_bytes = max(st.activation_bytes, self.ledger.device.get(key, 0))
+            st.input_bytes = max(st.input_bytes, sum(tensor_bytes(t) for t in leaves))
+            st.output_bytes = max(st.output_bytes, sum(tensor_bytes(t) for t in tensors_of(out)))
+            st.forwards += 1
         result = recompute.detach(out)
-        st.forward_s += timer() - start
+        if timer is not None:
+            self.layers[segment[0]].stats.forward_s += timer() - start
         return result
 
-    def rematerialise(self, mb: int, index: int, timer: Callable[[], float]) -> None:
-        """RECOMPUTE: rebuild the layer's graph from its saved input, right before its backward."""
-        layer = self.layers[index]
-        saved = self._ctx.get((mb, index))
+    def owner(self, index: int, profile: bool = False) -> Segment | None:
+        """The segment that runs layer ``index`` in this iteration's grouping."""
+        for segment in self.segments(profile):
+            if index in segment:
+                return segment
+        return None
+
+    def rematerialise(self, mb: int, segment: Segment, timer: Timer | None = None) -> None:
+        """RECOMPUTE: rebuild the segment's graph from its saved input, right before its backward (once per
+        segment: the schedule asks for each of its layers)."""
+        key = (mb, segment[0])
+        saved = self._ctx.get(key)
         if not isinstance(saved, recompute.Saved):
             return
-        start = timer()
-        self.ledger.release(mb, index)
-        with self.swap.recording(mb, index):
-            leaves, out = recompute.rematerialise(layer.module, saved)
-        pending = self._losses.pop((mb, index), None)
+        start = timer() if timer is not None else 0.0
+        self.ledger.release(mb, segment[0])
+        buffers = [b for i in segment for b in self.layers[i].module.buffers()]
+        leaves, out = recompute.rematerialise(lambda v: self._run(mb, segment, v, True), saved, buffers)
+        pending = self._losses.pop(key, None)
         if pending is not None:
             out = pending[0](out, pending[1]) * self.loss_scale
-        self._ctx[(mb, index)] = (leaves, out)
-        layer.stats.recompute_s += timer() - start
-        layer.stats.activation_bytes = max(layer.stats.activation_bytes, self.ledger.device.get((mb, index), 0))
+        self._ctx[key] = (leaves, out)
+        if timer is not None:
+            st = self.layers[segment[0]].stats
+            st.recompute_s += timer() - start
+            st.activation_bytes = max(st.activation_bytes, self.ledger.device.get(key, 0))
 
-    def attach_loss(self, mb: int, index: int, output: Any, loss_fn: Callable[[Any, Any], torch.Tensor],
-                    target: Any, timer: Callable[[], float]) -> float:
-        """Make the last layer's backward start from its micro-batch's scaled loss; returns the loss value.
+    def attach_loss(self, mb: int, segment: Segment, output: Any, loss_fn: Callable[[Any, Any], torch.Tensor],
+                    target: Any, timer: Timer | None = None) -> torch.Tensor:
+        """Make the last segment's backward start from its micro-batch's scaled loss; returns the loss (detached,
+        still on the device: reading it would synchronise a GPU in the middle of the iteration).
 
-        The loss counts as part of the last layer's forward. A recomputed last layer ran without autograd, so its
-        loss is rebuilt when the layer is rematerialised.
+        The loss counts as part of the last layer's forward. A recomputed last segment ran without autograd, so its
+        loss is rebuilt when the segment is rematerialised.
         """
-        start = timer()
-        ctx = self._ctx[(mb, index)]
+        start = timer() if timer is not None else 0.0
+        key = (mb, segment[0])
+        ctx = self._ctx[key]
         if isinstance(ctx, recompute.Saved):
-            self._losses[(mb, index)] = (loss_fn, target)
+            self._losses[key] = (loss_fn, target)
             with torch.no_grad():
-                value = float(loss_fn(output, target))
+                value = loss_fn(output, target).detach()
         else:
             leaves, out = ctx
             loss = loss_fn(out, target)
-            self._ctx[(mb, index)] = (leaves, loss * self.loss_scale)
-            value = float(loss.detach())
-        self.layers[index].stats.forward_s += timer() - start
+            self._ctx[key] = (leaves, loss * self.loss_scale)
+            value = loss.detach()
+        if timer is not None:
+            self.layers[segment[-1]].stats.forward_s += timer() - start
         return value
 
-    def backward(self, mb: int, index: int, grads: tuple[torch.Tensor, ...] | None,
-                 timer: Callable[[], float]) -> tuple[torch.Tensor, ...]:
-        """Backpropagate through one layer; returns the gradients of its floating inputs."""
-        if isinstance(self._ctx.get((mb, index)), recompute.Saved):
-            self.rematerialise(mb, index, timer)
-        start = timer()
-        leaves, out = self._ctx.pop((mb, index))
+    def backward(self, mb: int, segment: Segment, grads: tuple[torch.Tensor, ...] | None,
+                 timer: Timer | None = None) -> tuple[torch.Tensor, ...]:
+        """Backpropagate through one segment; returns the gradients of its floating inputs."""
+        key = (mb, segment[0])
+        if isinstance(self._ctx.get(key), recompute.Saved):
+            self.rematerialise(mb, segment, timer)
+        start = timer() if timer is not None else 0.0
+        leaves, out = self._ctx.pop(key)
         if grads is None:  # the loss
             outs, grad_list = [t for t in tensors_of(out) if t.requires_grad], None
         else:  # gradients arrive for the floating outputs, in order; pair them before dropping constants
@@ -273,17 +263,18 @@ class Stage:
             outs, grad_list = [t for t, _ in pairs], [g for _, g in pairs]
         if outs:
             torch.autograd.backward(outs, grad_tensors=grad_list)
-        layer = self.layers[index]
-        self.swap.release(mb, index)
+        for index in segment:
+            self.swap.release(mb, index)
         grads_in = tuple(leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in leaves)
-        layer.stats.backward_s += timer() - start
-        layer.stats.backwards += 1
+        if timer is not None:
+            st = self.layers[segment[0]].stats
+            st.backward_s += timer() - start
+            st.backwards += 1
         return grads_in
 
     # --- iteration boundary ----------------------------------------------------------------------------------------
     def step(self) -> None:
-        if self.optimizer is not None:
-            self.optimizer.step()
+        self.optim.step()
         self.zero_grad()
 
     def zero_grad(self) -> None:

@@ -46,6 +46,10 @@ from vpipe_lab.runtime.tensors import pack_state
 from vpipe_lab.runtime.ties import Ties
 
 log = logging.getLogger("vpipe_lab.worker")
+# Iterations that run every layer on its own and time it, for the online profiler (besides the first after start,
+# after any command, and after a plan change): one in PROFILE_EVERY, so its cost (~10-30% of one iteration) stays
+# under 1% of throughput.
+PROFILE_EVERY = 50
 
 
 def watch_parent(fd: int) -> None:
@@ -104,6 +108,8 @@ class Worker:
                 to_meta(unit, self.chain.tensors[i])  # only the structure stays: a shell for migration
         self.stage.set_policies({i: self.plan.policies[i] for i in self.stage.owned})
         self.ties = Ties(self)
+        self._agreed: str | None = None  # rank 0: the input signature this shape epoch began with
+        self._profile_next = True
         budget = spec.memory_budget[rank] if spec.memory_budget else None
         self.executor = Executor(rank, world, self.stage, self.peer, self.placement, self.clock, self.loss_fn, budget,
                                  record_spans=spec.telemetry, chain=self.chain)
@@ -185,7 +191,9 @@ class Worker:
         just run and which commands to apply. One all-reduce in the common case (no commands); the commands' JSON
         follows as a broadcast only when rank 0 has some."""
         blob = b""
+        changed = 0.0
         if self.rank == 0:
+            changed = float(self._input_changed())
             cmds = []
             wait = 0.0 if self.ctl.active else 0.2
             deadline = time.monotonic() + wait
@@ -197,11 +205,29 @@ class Worker:
                 except Empty:
                     break
             blob = json.dumps(cmds).encode() if cmds else b""
-        flag, size = self.peer.all_max([1.0 if violated else 0.0, float(len(blob))])
+        flag, size, changed = self.peer.all_max([1.0 if violated else 0.0, float(len(blob)), changed])
         commands: list[dict[str, Any]] = []
         if size > 0:
             commands = self.peer.broadcast_json(json.loads(blob) if self.rank == 0 else None)
+        if size > 0 or changed > 0:
+            # A new shape epoch on every rank at once: commands may change the plan or the run state, and new input
+            # shapes change what crosses every boundary (see runtime/comm.py).
+            self.peer.reset_shapes()
+            self._agreed = None
+            self._profile_next = True
         return commands, flag > 0
+
+    def _input_changed(self) -> bool:
+        """Rank 0: whether the next iteration's batch has other shapes than the one the shape epoch began with
+        (it is read now, and the iteration gets the same batch)."""
+        if not self.ctl.active or self._agreed is None:
+            return False
+        assert self.source is not None
+        return self._signature(*self.source.peek(self.ctl.iteration)) != self._agreed
+
+    @staticmethod
+    def _signature(inputs: Any, targets: Any) -> str:
+        return json.dumps([describe(inputs)[0], describe(targets)[0]])
 
     def ack(self, cmd: dict[str, Any], **extra: Any) -> None:
         if self.rank == 0:
@@ -267,12 +293,16 @@ class Worker:
             assert self.source is not None
             inputs, targets = self.source.get(it)
             self.samples = batch_size(inputs)
+            if self._agreed is None:
+                self._agreed = self._signature(inputs, targets)
             if not self.last:
-                self.peer.send_tree(targets, self.world - 1, TAG_TARGET)
+                self.peer.post_send(targets, self.world - 1, TAG_TARGET, agreed=True, exact=True)
             batch = (inputs, targets)
         elif self.last:
-            batch = (None, self.peer.recv_tree(0, TAG_TARGET, self.placement.device))
-        return self.executor.run(it, self.plan, batch)
+            batch = (None, self.peer.wait(self.peer.post_recv(0, TAG_TARGET, agreed=True)))
+        profile = self._profile_next or it % PROFILE_EVERY == 0
+        self._profile_next = False
+        return self.executor.run(it, self.plan, batch, profile=profile)
 
     def finish(self, result: IterationResult, failed: bool) -> None:
         """Step, or (when any rank went over its budget) drop the iteration on every rank and pause."""

@@ -1,0 +1,142 @@
+"""A stage's one optimizer, with a parameter group per unit, so a unit can leave or arrive without a rebuild.
+
+The user's factory (``params -> optimizer``) is called on each arriving unit's parameters: the first call's optimizer
+becomes the stage's, later calls only lend their parameter groups (with whatever per-parameter options the factory
+sets, such as no weight decay on biases) to ``add_param_group``. Every group is tagged with the unit it belongs to.
+A migrating unit takes its groups' options (a learning rate a scheduler changed, say) and each parameter's state to
+its new stage, where they are restored instead of the factory's defaults. A weight tied between units sits in one
+group only: the first unit here that uses it; when that unit leaves, the group stays with the next unit using it.
+Adding or removing a unit costs time in its own size, not the stage's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
+UNIT = "vpipe_unit"  # the key tagging a parameter group with its unit's index
+
+
+def _options(group: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in group.items() if k not in ("params", UNIT)}
+
+
+class StageOptimizer:
+    """The one ``torch.optim.Optimizer`` of a stage and which unit each of its groups belongs to."""
+
+    def __init__(self, factory: OptimizerFactory | None, device: torch.device) -> None:
+        self.factory = factory
+        self.device = device
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.names: dict[torch.Tensor, str] = {}  # parameter -> canonical name, for every parameter in a group
+
+    def holds(self, p: torch.Tensor) -> bool:
+        return p in self.names
+
+    def add_unit(self, unit: int, params: Sequence[tuple[str, torch.nn.Parameter]],
+                 groups: list[dict[str, Any]] | None = None, states: dict[str, dict[str, Any]] | None = None) -> None:
+        """Give ``unit``'s parameters that no group here holds yet a group (or the groups it brought: ``groups``
+        as ``unit_groups`` describes them) and their state from ``states`` (by name) when given."""
+        if self.factory is None:
+            return
+        new = [(n, p) for n, p in params if not self.holds(p)]
+        if not new:
+            return
+        if self.optimizer is None and not groups:
+            # The factory's own optimizer becomes the stage's: its class, defaults and groups.
+            self.optimizer = self.factory([p for _, p in new])
+            for group in self.optimizer.param_groups:
+                group[UNIT] = unit
+        else:
+            by_name = dict(new)
+            if groups:  # the unit's own groups, as it had them on its last stage
+                made = [{**g["options"], "params": [by_name.pop(n) for n in g["params"] if n in by_name]}
+                        for g in groups]
+                made = [g for g in made if g["params"]]
+                if by_name:  # a parameter the description did not name: the factory's options for it
+                    made += self._fresh(list(by_name.values()))
+            else:
+                made = self._fresh([p for _, p in new])
+            if self.optimizer is None:  # the factory's optimizer, emptied: its class and defaults are the stage's
+                self.optimizer = self.factory([p for _, p in new])
+                self.optimizer.param_groups.clear()
+                self.optimizer.state.clear()
+            for group in made:
+                group[UNIT] = unit
+                self.optimizer.add_param_group(group)
+        self.names.update({p: n for n, p in new})
+        for name, p in new:
+            if states and name in states:
+                self.optimizer.state[p] = {k: v.to(self.device) if isinstance(v, torch.Tensor) and v.dim() else v  # type: ignore[union-attr]
+                                           for k, v in states[name].items()}
+
+    def _fresh(self, params: list[torch.nn.Parameter]) -> list[dict[str, Any]]:
+        assert self.factory is not None
+        lent = self.factory(params)
+        return [{**_options(g), "params": list(g["params"])} for g in lent.param_groups]
+
+    def unit_groups(self, unit: int) -> list[dict[str, Any]]:
+        """The unit's groups as plain data: their options and their parameters' names."""
+        if self.optimizer is None:
+            return []
+        return [{"options": _options(g), "params": [self.names[p] for p in g["params"]]}
+                for g in self.optimizer.param_groups if g.get(UNIT) == unit]
+
+    def remove_unit(self, unit: int, stays: dict[str, int]) -> None:
+        """Drop the unit's groups and the state of its parameters; a parameter in ``stays`` (name -> another unit
+        here that uses it: a tie) keeps its group and state, now under that unit."""
+        if self.optimizer is None:
+            return
+        kept: list[dict[str, Any]] = []
+        for group in self.optimizer.param_groups:
+            if group.get(UNIT) != unit:
+                kept.append(group)
+                continue
+            remaining = []
+            for p in group["params"]:
+                name = self.names[p]
+                if name in stays:
+                    remaining.append(p)
+                else:
+                    self.optimizer.state.pop(p, None)
+                    del self.names[p]
+            if remaining:
+                group["params"] = remaining
+                group[UNIT] = min(stays[self.names[p]] for p in remaining)
+                kept.append(group)
+        self.optimizer.param_groups[:] = kept
+
+    def state(self, names: Sequence[str], tensors: dict[str, torch.Tensor]) -> dict[str, dict[str, Any]]:
+        """Each named parameter's optimizer state (those that have one)."""
+        if self.optimizer is None:
+            return {}
+        out = {}
+        for name in names:
+            p = tensors.get(name)
+            if p is not None and p in self.optimizer.state:
+                out[name] = dict(self.optimizer.state[p])
+        return out
+
+    def load(self, states: dict[str, dict[str, Any]], groups: list[dict[str, Any]] | None,
+             tensors: dict[str, torch.Tensor]) -> None:
+        """Put back saved state (by parameter name) and saved group options (a checkpoint's): the group holding a
+        named parameter takes the options saved for it."""
+        if self.optimizer is None:
+            return
+        for name, state in states.items():
+            p = tensors.get(name)
+            if p is not None and p in self.names:
+                self.optimizer.state[p] = {k: v.to(self.device) if isinstance(v, torch.Tensor) and v.dim() else v
+                                           for k, v in state.items()}
+        for saved in groups or []:
+            wanted = {tensors[n] for n in saved["params"] if n in tensors}
+            for group in self.optimizer.param_groups:
+                if any(p in wanted for p in group["params"]):
+                    group.update(saved["options"])
+
+    def step(self) -> None:
+        if self.optimizer is not None and self.optimizer.param_groups:
+            self.optimizer.step()

@@ -1,0 +1,73 @@
+"""A stage's layers (partition units) and the helpers that reach into a unit's tensors by name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from vpipe_lab.core.model import Policy
+from vpipe_lab.runtime.capture import UnitTensors
+
+
+def layer_seed(seed: int, iteration: int, mb: int, layer: int) -> int:
+    """The RNG seed of one layer's forward on one micro-batch: the same on whichever stage runs the layer."""
+    return (((seed * 1_000_003 + iteration) * 10_007 + mb) * 1_009 + layer) % (2**62)
+
+
+def tensors_of(value: Any) -> tuple[torch.Tensor, ...]:
+    """The tensors in a value of any structure (tensor, tuple, dict, ModelOutput), in pytree order."""
+    if isinstance(value, torch.Tensor):
+        return (value,)
+    return tuple(v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor))
+
+
+def set_tensor(module: torch.nn.Module, path: str, value: torch.Tensor) -> None:
+    """Make ``module``'s parameter or buffer at ``path`` be ``value`` (the very object: ties stay ties)."""
+    owner_path, _, name = path.rpartition(".")
+    owner = module.get_submodule(owner_path) if owner_path else module
+    if name in owner._parameters:
+        owner._parameters[name] = value  # type: ignore[assignment]
+    elif name in owner._buffers:
+        owner._buffers[name] = value
+    else:
+        raise KeyError(f"{type(module).__name__} has no parameter or buffer {path!r}")
+
+
+def get_tensor(module: torch.nn.Module, path: str) -> torch.Tensor:
+    owner_path, _, name = path.rpartition(".")
+    owner = module.get_submodule(owner_path) if owner_path else module
+    value = owner._parameters.get(name) if name in owner._parameters else owner._buffers.get(name)
+    if value is None:
+        raise KeyError(f"{type(module).__name__} has no parameter or buffer {path!r}")
+    return value
+
+
+@dataclass
+class LayerStats:
+    """Per-layer measurements from profiling iterations since the last reset, for the online profiler."""
+
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    recompute_s: float = 0.0
+    forwards: int = 0
+    backwards: int = 0
+    activation_bytes: int = 0
+    input_bytes: int = 0
+    output_bytes: int = 0
+
+
+@dataclass
+class Layer:
+    index: int
+    module: torch.nn.Module
+    tensors: UnitTensors
+    policy: Policy = Policy.KEEP
+    stats: LayerStats = field(default_factory=LayerStats)
+
+    @property
+    def names(self) -> list[str]:
+        """Canonical names of this layer's parameters and buffers."""
+        return [c for _, c in self.tensors.params] + [c for _, c in self.tensors.buffers]
