@@ -272,10 +272,12 @@ class Worker:
 
     def loop(self) -> None:
         result: IterationResult | None = None
+        memory: dict[str, Any] = {}
+        stepped = False
         while True:
             commands, failed = self.boundary(result is not None and result.violation is not None)
             if result is not None:
-                self.finish(result, failed)
+                self.finish(result, failed, memory, stepped)
                 result = None
             for cmd in commands:
                 self.apply(cmd)
@@ -283,6 +285,14 @@ class Worker:
                 return
             if self.ctl.active:
                 result = self.iteration()
+                memory = self.memory_snapshot()
+                # Without memory budgets no stage can veto the step, so each stage steps as soon as its own
+                # backward is done (the last stage while the first still runs its last backward), as plain
+                # pipelines do, instead of after the boundary's agreement.
+                stepped = self.spec.memory_budget is None
+                if stepped:
+                    self.ties.reduce_grads()
+                    self.stage.step()
 
     def iteration(self) -> IterationResult:
         """Rank 0 reads the batch and sends the targets to the last stage, which alone needs them."""
@@ -304,9 +314,9 @@ class Worker:
         self._profile_next = False
         return self.executor.run(it, self.plan, batch, profile=profile)
 
-    def finish(self, result: IterationResult, failed: bool) -> None:
-        """Step, or (when any rank went over its budget) drop the iteration on every rank and pause."""
-        memory = self.memory_snapshot()
+    def finish(self, result: IterationResult, failed: bool, memory: dict[str, Any], stepped: bool) -> None:
+        """Step (unless done already), or (when any rank went over its budget) drop the iteration on every rank and
+        pause."""
         if failed:
             # No parameter or optimizer state changes; the same iteration runs again after resume.
             self.stage.discard()
@@ -317,8 +327,9 @@ class Worker:
                                     "used": v.used_bytes, "budget": v.budget_bytes, "layers": v.layers,
                                     "memory": memory})
             return
-        self.ties.reduce_grads()
-        self.stage.step()
+        if not stepped:
+            self.ties.reduce_grads()
+            self.stage.step()
         self.ctl.iteration += 1
         self.report(result, memory)
 
