@@ -16,3 +16,15 @@ def test_cpu_and_auto_without_gpus() -> None:
 
 def test_clock_offset() -> None:
     assert Clock(100.0).now() - Clock(0.0).now() == pytest.approx(100.0, abs=0.01)
+
+
+def test_stopwatch_marks_are_clock_seconds_on_cpu() -> None:
+    from vpipe_lab.runtime.device import Stopwatch
+
+    watch = Stopwatch(select("cpu", 0, 1), Clock(50.0))
+    start = watch.begin()
+    a = watch.mark()
+    b = watch.mark()
+    end = watch.end()
+    assert 50.0 <= start <= watch.seconds(a) <= watch.seconds(b) <= end
+    assert watch.exact() >= end

@@ -314,6 +314,7 @@ class MigratingWorker(Worker):
         stage.layers = dict(sorted(stage.layers.items()))
         stage.set_policies({j: plan.policies[j] for j in stage.owned})
         stage.reset_stats()
+        self.profile_soon()
         if new_chain is not None:
             for j, unit in enumerate(new_chain.units):
                 if j not in stage.layers:

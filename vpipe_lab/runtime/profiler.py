@@ -1,7 +1,7 @@
 """The online profiler: every layer's measured costs per micro-batch, as the ``LayerCost`` the planners take.
 
-The measurements come from profiling iterations, which the worker schedules itself (the first iteration, the first
-after any command or plan change, and one in ``worker.PROFILE_EVERY``): in them every layer runs as its own segment
+The measurements come from profiling iterations, which the worker schedules itself (after start-up, a plan change,
+new input shapes or a profile reset, and one in ``worker.PROFILE_EVERY``; see ``Worker.profile_soon``): in them every layer runs as its own segment
 and is timed with the device synchronised (see ``stage.Stage``); the iterations between run fused and untimed per
 layer. Averages cover the profiling iterations since the last reset. A recomputed layer's saved bytes are measured when it is rematerialised; its
 forward time is the no-grad forward, a slight underestimate of a kept forward.

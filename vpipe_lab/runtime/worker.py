@@ -46,9 +46,9 @@ from vpipe_lab.runtime.tensors import pack_state
 from vpipe_lab.runtime.ties import Ties
 
 log = logging.getLogger("vpipe_lab.worker")
-# Iterations that run every layer on its own and time it, for the online profiler (besides the first after start,
-# after any command, and after a plan change): one in PROFILE_EVERY, so its cost (~10-30% of one iteration) stays
-# under 1% of throughput.
+# Iterations that run every layer on its own and time it, for the online profiler: two after start-up, a plan change,
+# new input shapes or a profile reset (see ``Worker.profile_soon``), and one in PROFILE_EVERY, so their cost (~10-30%
+# of one iteration) stays under 1% of throughput.
 PROFILE_EVERY = 50
 
 
@@ -109,7 +109,7 @@ class Worker:
         self.stage.set_policies({i: self.plan.policies[i] for i in self.stage.owned})
         self.ties = Ties(self)
         self._agreed: str | None = None  # rank 0: the input signature this shape epoch began with
-        self._profile_next = True
+        self._profile_left = 2  # profiling iterations still to run (see ``profile_soon``)
         budget = spec.memory_budget[rank] if spec.memory_budget else None
         self.executor = Executor(rank, world, self.stage, self.peer, self.placement, self.clock, self.loss_fn, budget,
                                  record_spans=spec.telemetry, chain=self.chain)
@@ -214,8 +214,14 @@ class Worker:
             # shapes change what crosses every boundary (see runtime/comm.py).
             self.peer.reset_shapes()
             self._agreed = None
-            self._profile_next = True
+            if changed > 0:
+                self.profile_soon()
         return commands, flag > 0
+
+    def profile_soon(self) -> None:
+        """Measure every layer again in the next two iterations (the second replaces the first, which runs cold):
+        at start-up, after a plan change, on new input shapes and when the controller resets the profile."""
+        self._profile_left = 2
 
     def _input_changed(self) -> bool:
         """Rank 0: whether the next iteration's batch has other shapes than the one the shape epoch began with
@@ -256,6 +262,7 @@ class Worker:
             self.send(P.LAYERS, {"id": cmd.get("id"), "rank": self.rank, "layers": costs})
             if cmd.get("reset"):
                 self.stage.reset_stats()
+                self.profile_soon()
         elif kind == P.STATE:
             meta, buffers = pack_state(self.stage)
             self.send(P.TENSORS, {"id": cmd.get("id"), "rank": self.rank, "tensors": meta}, buffers)
@@ -310,8 +317,10 @@ class Worker:
             batch = (inputs, targets)
         elif self.last:
             batch = (None, self.peer.wait(self.peer.post_recv(0, TAG_TARGET, agreed=True)))
-        profile = self._profile_next or it % PROFILE_EVERY == 0
-        self._profile_next = False
+        profile = self._profile_left > 0 or it % PROFILE_EVERY == 0
+        if self._profile_left == 1:
+            self.stage.reset_stats()  # the first of the two ran cold (allocator, caches, new layers): drop it
+        self._profile_left = max(0, self._profile_left - 1)
         return self.executor.run(it, self.plan, batch, profile=profile)
 
     def finish(self, result: IterationResult, failed: bool, memory: dict[str, Any], stepped: bool) -> None:
