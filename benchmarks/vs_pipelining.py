@@ -11,6 +11,7 @@ reported is the median over rounds of each round's torch/vpipe ratio (with its r
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import socket
 import statistics
@@ -31,6 +32,7 @@ WARMUP = 3
 ROWS = [("gpt-tiny", (0, 4, 8), "1f1b", 4), ("gpt-tiny", (0, 4, 8), "gpipe", 4),
         ("mlp", (0, 5, 10), "1f1b", 4), ("mlp", (0, 5, 10), "gpipe", 4),
         ("mlp", (0, 3, 10), "1f1b", 8), ("gpt-tiny", (0, 3, 8), "1f1b", 8)]
+REPLANNED = [("mlp", (0, 5, 10), "1f1b", 8), ("gpt-tiny", (0, 4, 8), "1f1b", 8)]
 
 
 def _port() -> int:
@@ -98,17 +100,31 @@ def torch_pipelining(name: str, schedule: str, m: int, iterations: int, bounds: 
     return max(out.values()) / iterations
 
 
-def vpipe(name: str, schedule: str, m: int, iterations: int, bounds: tuple[int, ...], telemetry: bool = True) -> float:
-    """Seconds per iteration of vpipe_lab, from the first timed iteration's start to the last one's end."""
+def vpipe(name: str, schedule: str, m: int, iterations: int, bounds: tuple[int, ...], telemetry: bool = True,
+          replan: bool = False) -> tuple[float, tuple[int, ...]]:
+    """Seconds per iteration of vpipe_lab, from the first timed iteration's start to the last one's end, and the
+    partition it ran. ``replan``: start on ``bounds``, let the online planner repartition from the profile of the
+    first iterations (live migration), then time."""
     n = bounds[-1]
     plan = Plan(bounds, ("keep",) * n, m, schedule)
     with vpipe_lab.launch(name, stages=2, microbatches=m, schedule=schedule, plan=plan, device="cpu",
                           telemetry=telemetry, timeout=300) as s:
+        first = 0
+        if replan:
+            s.run(WARMUP)
+            s.wait(timeout=600)
+            s.replan(method="vpipe", apply=True)
+            first = int(s.metrics.iterations["iteration"].max()) + 1
         s.run(WARMUP + iterations)
         s.wait(timeout=1800)
         frame = s.metrics.iterations
-    timed = frame[frame["iteration"] >= WARMUP]
-    return float(timed["end_s"].max() - timed["start_s"].min()) / iterations
+        ran = tuple(s.plan.boundaries)
+    timed = frame[frame["iteration"] >= first + WARMUP]
+    return float(timed["end_s"].max() - timed["start_s"].min()) / iterations, ran
+
+
+def _split(bounds: tuple[int, ...]) -> str:
+    return "/".join(str(b - a) for a, b in itertools.pairwise(bounds))
 
 
 def main() -> None:
@@ -117,18 +133,34 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    print("| model | split | schedule | M | torch.distributed.pipelining (ms/it) | vpipe_lab (ms/it) | throughput ratio, median (range) of rounds |")
+    print("| model | split | schedule | M | torch.distributed.pipelining (ms/it) | vpipe_lab (ms/it) "
+          "| throughput ratio, median (range) of rounds |")
     print("|---|---|---|---|---|---|---|")
     for name, bounds, schedule, m in ROWS:
         ts, vs = [], []
         for _ in range(args.rounds):
             ts.append(torch_pipelining(name, schedule, m, args.iterations, bounds))
-            vs.append(vpipe(name, schedule, m, args.iterations, bounds))
+            vs.append(vpipe(name, schedule, m, args.iterations, bounds)[0])
         t, v = statistics.median(ts), statistics.median(vs)
         ratios = sorted(a / b for a, b in zip(ts, vs))  # each round's pair ran back to back: its ratio is fairest
-        split = "/".join(str(b - a) for a, b in zip(bounds, bounds[1:]))
-        print(f"| {name} | {split} | {schedule} | {m} | {1e3 * t:.1f} | {1e3 * v:.1f} | "
+        print(f"| {name} | {_split(bounds)} | {schedule} | {m} | {1e3 * t:.1f} | {1e3 * v:.1f} | "
               f"{statistics.median(ratios):.3f} ({ratios[0]:.2f}-{ratios[-1]:.2f}) |", flush=True)
+    print("\nvpipe_lab replanned: it starts on the even split, its online planner repartitions from the first "
+          "iterations' profile (applied by live migration), then it is timed; torch.distributed.pipelining runs the "
+          "even split, as a user would without a planner.\n")
+    print("| model | schedule | M | torch split | torch (ms/it) | vpipe_lab split after replanning "
+          "| vpipe_lab (ms/it) | throughput ratio, median (range) of rounds |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, bounds, schedule, m in REPLANNED:
+        ts, vs, ran = [], [], bounds
+        for _ in range(args.rounds):
+            ts.append(torch_pipelining(name, schedule, m, args.iterations, bounds))
+            v, ran = vpipe(name, schedule, m, args.iterations, bounds, replan=True)
+            vs.append(v)
+        ratios = sorted(a / b for a, b in zip(ts, vs))
+        print(f"| {name} | {schedule} | {m} | {_split(bounds)} | {1e3 * statistics.median(ts):.1f} | {_split(ran)} | "
+              f"{1e3 * statistics.median(vs):.1f} | {statistics.median(ratios):.3f} "
+              f"({ratios[0]:.2f}-{ratios[-1]:.2f}) |", flush=True)
 
 
 if __name__ == "__main__":

@@ -32,3 +32,16 @@ def test_tensors_of_any_structure_in_order() -> None:
 def test_layer_seed_is_deterministic_and_bounded() -> None:
     assert layer_seed(1, 2, 3, 4) == layer_seed(1, 2, 3, 4)
     assert 0 <= layer_seed(10**9, 10**6, 64, 1000) < 2**62
+
+
+def test_layer_stats_keep_samples_and_report_their_median() -> None:
+    from vpipe_lab.runtime.units import LayerStats
+
+    st = LayerStats()
+    for seconds in (1.0, 2.0, 100.0):  # one slow outlier
+        st.add_forward(seconds)
+    st.add_forward(0.5, extend=True)  # the loss belongs to the latest forward
+    assert st.forward_times == [1.0, 2.0, 100.5] and st.typical(st.forward_times) == 2.0
+    st.add_backward(3.0)
+    st.add_backward(5.0)
+    assert st.backwards == 2 and st.typical(st.backward_times) == 4.0 and LayerStats.typical([]) == 0.0

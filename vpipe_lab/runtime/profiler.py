@@ -3,7 +3,7 @@
 The measurements come from profiling iterations, which the worker schedules itself (after start-up, a plan change,
 new input shapes or a profile reset, and one in ``worker.PROFILE_EVERY``; see ``Worker.profile_soon``): in them every layer runs as its own segment
 and is timed with the device synchronised (see ``stage.Stage``); the iterations between run fused and untimed per
-layer. Averages cover the profiling iterations since the last reset. A recomputed layer's saved bytes are measured when it is rematerialised; its
+layer. Times are the median per micro-batch over the profiling iterations since the last reset. A recomputed layer's saved bytes are measured when it is rematerialised; its
 forward time is the no-grad forward, a slight underestimate of a kept forward.
 """
 
@@ -31,8 +31,8 @@ def layer_costs(stage: Stage, names_of: dict[int, str]) -> list[dict[str, Any]]:
         out.append({
             "index": index,
             "name": names_of.get(index, str(index)),
-            "forward_s": st.forward_s / st.forwards if st.forwards else 0.0,
-            "backward_s": st.backward_s / st.backwards if st.backwards else 0.0,
+            "forward_s": st.typical(st.forward_times),
+            "backward_s": st.typical(st.backward_times),
             "activation_bytes": int(st.activation_bytes),
             "input_bytes": int(st.input_bytes),
             "output_bytes": int(st.output_bytes),

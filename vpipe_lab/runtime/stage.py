@@ -193,7 +193,7 @@ class Stage:
             st.forwards += 1
         result = recompute.detach(out)
         if timer is not None:
-            self.layers[segment[0]].stats.forward_s += timer() - start
+            self.layers[segment[0]].stats.add_forward(timer() - start)
         return result
 
     def owner(self, index: int, profile: bool = False) -> Segment | None:
@@ -244,7 +244,7 @@ class Stage:
             self._ctx[key] = (leaves, loss * self.loss_scale)
             value = loss.detach()
         if timer is not None:
-            self.layers[segment[-1]].stats.forward_s += timer() - start
+            self.layers[segment[-1]].stats.add_forward(timer() - start, extend=True)
         return value
 
     def backward(self, mb: int, segment: Segment, grads: tuple[torch.Tensor, ...] | None,
@@ -268,8 +268,7 @@ class Stage:
         grads_in = tuple(leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in leaves)
         if timer is not None:
             st = self.layers[segment[0]].stats
-            st.backward_s += timer() - start
-            st.backwards += 1
+            st.add_backward(timer() - start)
         return grads_in
 
     # --- iteration boundary ----------------------------------------------------------------------------------------

@@ -45,9 +45,15 @@ def get_tensor(module: torch.nn.Module, path: str) -> torch.Tensor:
     return value
 
 
+SAMPLES = 512  # the most recent timings kept per layer and kind
+
+
 @dataclass
 class LayerStats:
-    """Per-layer measurements from profiling iterations since the last reset, for the online profiler."""
+    """Per-layer measurements from profiling iterations since the last reset, for the online profiler.
+
+    Times are kept per micro-batch so the profiler can take their median: on a busy machine one slow sample (a
+    page fault after the allocator gave memory back, a garbage collection) would otherwise move a mean a lot."""
 
     forward_s: float = 0.0
     backward_s: float = 0.0
@@ -57,6 +63,32 @@ class LayerStats:
     activation_bytes: int = 0
     input_bytes: int = 0
     output_bytes: int = 0
+    forward_times: list[float] = field(default_factory=list)
+    backward_times: list[float] = field(default_factory=list)
+
+    def add_forward(self, seconds: float, extend: bool = False) -> None:
+        """One forward's time; ``extend`` adds to the latest one (the loss belongs to the last layer's forward)."""
+        self.forward_s += seconds
+        if extend and self.forward_times:
+            self.forward_times[-1] += seconds
+        elif not extend:
+            self.forward_times.append(seconds)
+            del self.forward_times[:-SAMPLES]
+
+    def add_backward(self, seconds: float) -> None:
+        self.backward_s += seconds
+        self.backwards += 1
+        self.backward_times.append(seconds)
+        del self.backward_times[:-SAMPLES]
+
+    @staticmethod
+    def typical(times: list[float]) -> float:
+        """The median time, 0 when there is none."""
+        if not times:
+            return 0.0
+        ordered = sorted(times)
+        mid = len(ordered) // 2
+        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 @dataclass
