@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from vpipe_lab.core.model import LayerCost, Policy
@@ -29,3 +30,18 @@ def test_layer_costs_are_measured_and_valid() -> None:
     assert first.optimizer_bytes == 2 * first.param_bytes + 2 * 4
     assert first.activation_bytes == 5 * 16 * 4  # Linear saves its input
     assert docs[1]["activation_bytes"] > 0  # measured when the recomputed layer was rematerialised
+
+
+def test_profile_schedule_after_a_trigger_and_periodically() -> None:
+    from vpipe_lab.runtime.profiler import ProfileSchedule
+
+    sched = ProfileSchedule(every=10, after_trigger=3)
+    got = [sched.next(it) for it in range(1, 13)]
+    # Start-up: three profiling iterations, the measurements of the first (cold) dropped when the second begins.
+    assert got[:4] == [(True, False), (True, True), (True, False), (False, False)]
+    assert got[9] == (True, False) and sum(p for p, _ in got[3:]) == 1  # iteration 10 only, then fused
+    sched.soon()  # a plan change
+    assert [sched.next(it) for it in (13, 14, 15, 16)] == [(True, False), (True, True), (True, False), (False, False)]
+
+    with pytest.raises(ValueError, match="at least 2"):
+        ProfileSchedule(after_trigger=1)

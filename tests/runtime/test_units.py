@@ -16,9 +16,9 @@ def test_set_tensor_binds_the_very_object_and_names_a_missing_one() -> None:
     stats = torch.ones(2)
     set_tensor(model, "1.running_mean", stats)
     assert model[1].running_mean is stats
-    with pytest.raises(KeyError, match="0.nothing"):
+    with pytest.raises(KeyError, match=r"0\.nothing"):
         get_tensor(model, "0.nothing")
-    with pytest.raises(KeyError, match="1.bogus"):
+    with pytest.raises(KeyError, match=r"1\.bogus"):
         set_tensor(model, "1.bogus", stats)
 
 

@@ -92,7 +92,7 @@ class Stopwatch:
         """A mark as seconds on the clock (on CUDA only after ``end``)."""
         if not self.cuda:
             return mark
-        return self._wall + self._ref.elapsed_time(self._pool[int(mark)]) / 1e3
+        return self._wall + float(self._ref.elapsed_time(self._pool[int(mark)])) / 1e3
 
     def end(self) -> float:
         """Close the iteration (on CUDA: wait for its last event); returns its end on the clock."""

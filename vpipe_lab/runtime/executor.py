@@ -200,9 +200,9 @@ class Executor:
             elif op is Op.RECV_B:
                 grads_out[mb] = receive(step, op, mb)
             elif op is Op.RECOMPUTE:
-                segment = stage.owner(action.layer, profile) if action.layer is not None else None
-                if segment is not None:
-                    stage.rematerialise(mb, segment, timer)
+                owner = stage.owner(action.layer, profile) if action.layer is not None else None
+                if owner is not None:
+                    stage.rematerialise(mb, owner, timer)
                     self._check_budget(result)
             elif op is Op.B:
                 grads: tuple[torch.Tensor, ...] | None = None if last else grads_out.pop(mb)

@@ -70,7 +70,7 @@ class StageOptimizer:
         self.names.update({p: n for n, p in new})
         for name, p in new:
             if states and name in states:
-                self.optimizer.state[p] = {k: v.to(self.device) if isinstance(v, torch.Tensor) and v.dim() else v  # type: ignore[union-attr]
+                self.optimizer.state[p] = {k: v.to(self.device) if isinstance(v, torch.Tensor) and v.dim() else v
                                            for k, v in states[name].items()}
 
     def _fresh(self, params: list[torch.nn.Parameter]) -> list[dict[str, Any]]:

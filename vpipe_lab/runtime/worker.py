@@ -46,11 +46,6 @@ from vpipe_lab.runtime.tensors import pack_state
 from vpipe_lab.runtime.ties import Ties
 
 log = logging.getLogger("vpipe_lab.worker")
-# Iterations that run every layer on its own and time it, for the online profiler: three after start-up, a plan
-# change, new input shapes or a profile reset (see ``Worker.profile_soon``), and one in PROFILE_EVERY. A profiling
-# iteration costs ~2% more than a fused one on CPU (more on a GPU, which it synchronises per layer), so the periodic
-# ones cost well under 1% of throughput.
-PROFILE_EVERY = 25
 
 
 def watch_parent(fd: int) -> None:
@@ -110,7 +105,7 @@ class Worker:
         self.stage.set_policies({i: self.plan.policies[i] for i in self.stage.owned})
         self.ties = Ties(self)
         self._agreed: str | None = None  # rank 0: the input signature this shape epoch began with
-        self._profile_left = 3  # profiling iterations still to run (see ``profile_soon``)
+        self.profiling = profiler.ProfileSchedule()
         budget = spec.memory_budget[rank] if spec.memory_budget else None
         self.executor = Executor(rank, world, self.stage, self.peer, self.placement, self.clock, self.loss_fn, budget,
                                  record_spans=spec.telemetry, chain=self.chain)
@@ -220,9 +215,9 @@ class Worker:
         return commands, flag > 0
 
     def profile_soon(self) -> None:
-        """Measure every layer again in the next three iterations (the first runs cold and is dropped): at start-up,
-        after a plan change, on new input shapes and when the controller resets the profile."""
-        self._profile_left = 3
+        """Measure every layer again in the next profiling iterations: after a plan change, on new input shapes and
+        when the controller resets the profile (start-up asks too)."""
+        self.profiling.soon()
 
     def _input_changed(self) -> bool:
         """Rank 0: whether the next iteration's batch has other shapes than the one the shape epoch began with
@@ -318,10 +313,9 @@ class Worker:
             batch = (inputs, targets)
         elif self.last:
             batch = (None, self.peer.wait(self.peer.post_recv(0, TAG_TARGET, agreed=True)))
-        profile = self._profile_left > 0 or it % PROFILE_EVERY == 0
-        if self._profile_left == 2:
-            self.stage.reset_stats()  # the first ran cold (allocator, caches, layers just arrived): drop it
-        self._profile_left = max(0, self._profile_left - 1)
+        profile, drop = self.profiling.next(it)
+        if drop:
+            self.stage.reset_stats()
         return self.executor.run(it, self.plan, batch, profile=profile)
 
     def finish(self, result: IterationResult, failed: bool, memory: dict[str, Any], stepped: bool) -> None:
