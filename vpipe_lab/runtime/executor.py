@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from vpipe_lab.core.model import Plan
-from vpipe_lab.core.schedule import Action, Op, Schedule, for_plan
+from vpipe_lab.core.schedule import Op, Schedule, for_plan
 from vpipe_lab.runtime import faults
 from vpipe_lab.runtime.batches import loss_with_check, split, to_device
 from vpipe_lab.runtime.capture import Chain
@@ -71,17 +71,6 @@ class IterationResult:
     violation: BudgetViolation | None = None
 
 
-class _Row(NamedTuple):
-    """A plan's schedule as this stage runs it: its row, and for each receive step the micro-batch of the next
-    receive of the same kind (``following``), and the first receive of each kind (``first``)."""
-
-    plan: Plan
-    schedule: Schedule
-    row: tuple[Action, ...]
-    following: dict[int, int | None]
-    first: dict[Op, int]
-
-
 class Executor:
     """Executes a stage's schedule for each iteration."""
 
@@ -95,26 +84,23 @@ class Executor:
         self.loss_fn = loss_with_check(loss_fn, chain.finish if chain is not None else (lambda out: out))
         self.budget = budget
         self.record_spans = record_spans
-        self._schedule: _Row | None = None
+        self._schedule: tuple[Plan, Schedule, dict[int, int | None]] | None = None
         self.fault = faults.parse()
         self._static = self._param_bytes = 0
 
     def schedule(self, plan: Plan) -> Schedule:
-        return self._plan(plan).schedule
+        return self._plan(plan)[1]
 
-    def _plan(self, plan: Plan) -> _Row:
-        """The schedule and, for posting receives ahead, where each kind of receive comes next (worked out once per
-        plan, not per iteration)."""
-        if self._schedule is None or self._schedule.plan != plan:
+    def _plan(self, plan: Plan) -> tuple[Plan, Schedule, dict[int, int | None]]:
+        """The schedule, and for each receive step the micro-batch of the next receive of the same kind."""
+        if self._schedule is None or self._schedule[0] != plan:
             schedule = for_plan(plan)
             row = schedule.stages[self.rank]
             following: dict[int, int | None] = {}
             for i, action in enumerate(row):
                 if action.op in (Op.RECV_F, Op.RECV_B):
                     following[i] = next((a.microbatch for a in row[i + 1:] if a.op is action.op), None)
-            first = {op: mb for op in (Op.RECV_F, Op.RECV_B)
-                     if (mb := next((a.microbatch for a in row if a.op is op), None)) is not None}
-            self._schedule = _Row(plan, schedule, row, following, first)
+            self._schedule = (plan, schedule, following)
         return self._schedule
 
     def _check_budget(self, result: IterationResult) -> None:
@@ -159,8 +145,8 @@ class Executor:
         grads_in: dict[int, tuple[torch.Tensor, ...]] = {}
         losses: list[torch.Tensor] = []
         posted: dict[tuple[Op, int], Incoming] = {}
-        prepared = self._plan(plan)
-        row, following = prepared.row, prepared.following
+        _, schedule, following = self._plan(plan)
+        row = schedule.stages[rank]
         where = {Op.RECV_F: (rank - 1, TAG_FORWARD), Op.RECV_B: (rank + 1, TAG_BACKWARD)}
 
         def receive(step: int, op: Op, mb: int) -> Any:
@@ -173,9 +159,10 @@ class Executor:
             return value
 
         if peer.prepost:  # the first receive of each kind, when this shape epoch already knows its shapes
-            for op, first in prepared.first.items():
+            for op in (Op.RECV_F, Op.RECV_B):
+                first = next((a.microbatch for a in row if a.op is op), None)
                 src, tag = where[op]
-                if peer.knows(src, tag):
+                if first is not None and peer.knows(src, tag):
                     posted[(op, first)] = peer.post_recv(src, tag, agreed=True)
         mark = self.watch.mark
         marks: list[tuple[str, int, int | None, float, float]] = []

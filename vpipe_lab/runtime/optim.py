@@ -70,14 +70,8 @@ class StageOptimizer:
         self.names.update({p: n for n, p in new})
         for name, p in new:
             if states and name in states:
-                self._put(p, states[name])
-
-    def _put(self, p: torch.Tensor, state: dict[str, Any]) -> None:
-        """A parameter's state, its tensors on this stage's device (scalar step counters stay where torch keeps
-        them)."""
-        assert self.optimizer is not None
-        self.optimizer.state[p] = {k: v.to(self.device) if isinstance(v, torch.Tensor) and v.dim() else v
-                                   for k, v in state.items()}
+                self.optimizer.state[p] = {k: v.to(self.device) if isinstance(v, torch.Tensor) and v.dim() else v
+                                           for k, v in states[name].items()}
 
     def _fresh(self, params: list[torch.nn.Parameter]) -> list[dict[str, Any]]:
         assert self.factory is not None
@@ -135,7 +129,8 @@ class StageOptimizer:
         for name, state in states.items():
             p = tensors.get(name)
             if p is not None and p in self.names:
-                self._put(p, state)
+                self.optimizer.state[p] = {k: v.to(self.device) if isinstance(v, torch.Tensor) and v.dim() else v
+                                           for k, v in state.items()}
         for saved in groups or []:
             wanted = {tensors[n] for n in saved["params"] if n in tensors}
             for group in self.optimizer.param_groups:
