@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -15,7 +16,9 @@ from vpipe_lab.runtime.units import layer_seed
 def train(model_fn: Callable[[], torch.nn.Module] | None, data: Callable[[int], tuple[Any, Any]] | Iterable[Any],
           loss_fn: Callable[[Any, Any], torch.Tensor], optimizer_fn: Callable[[Any], torch.optim.Optimizer],
           *, iterations: int, microbatches: int, seed: int = 0, start: int = 0,
-          model: torch.nn.Module | None = None) -> tuple[torch.nn.Module, list[float]]:
+          model: torch.nn.Module | None = None, scheduler_fn: Callable[[Any], Any] | None = None,
+          clip: float | None = None, precision: torch.dtype | None = None,
+          norms: list[float] | None = None) -> tuple[torch.nn.Module, list[float]]:
     """Gradient accumulation over ``torch.chunk`` micro-batches of mean-reduced losses, one optimizer over the
     model's parameters (a tied weight once), as an ML engineer writes it.
 
@@ -28,6 +31,8 @@ def train(model_fn: Callable[[], torch.nn.Module] | None, data: Callable[[int], 
         model = model_fn()
     model.train()
     optimizer = optimizer_fn(list(model.parameters()))
+    scheduler = scheduler_fn(optimizer) if scheduler_fn is not None else None
+    autocast = (lambda: torch.autocast("cpu", dtype=precision)) if precision is not None else contextlib.nullcontext
     source = Source(data, start)
     losses = []
     for it in range(start, start + iterations):
@@ -36,19 +41,26 @@ def train(model_fn: Callable[[], torch.nn.Module] | None, data: Callable[[int], 
         ys = split(y, microbatches, "targets") if y is not None else [None] * microbatches
         total = 0.0
         for mb, (xm, ym) in enumerate(zip(xs, ys)):
-            if isinstance(model, torch.nn.Sequential):
-                h = xm
-                for i, layer in enumerate(model):
-                    torch.manual_seed(layer_seed(seed, it, mb, i))
-                    h = layer(h)
-            else:
-                args, kwargs = args_kwargs(xm)
-                h = model(*args, **kwargs)
-            loss = loss_fn(h, ym)
+            with autocast():
+                if isinstance(model, torch.nn.Sequential):
+                    h = xm
+                    for i, layer in enumerate(model):
+                        torch.manual_seed(layer_seed(seed, it, mb, i))
+                        h = layer(h)
+                else:
+                    args, kwargs = args_kwargs(xm)
+                    h = model(*args, **kwargs)
+                loss = loss_fn(h, ym)
             (loss / microbatches).backward()
             total += float(loss.detach())
         losses.append(total / microbatches)
+        if clip is not None:
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            if norms is not None:
+                norms.append(float(norm))
         optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
         optimizer.zero_grad(set_to_none=True)
     return model, losses
 

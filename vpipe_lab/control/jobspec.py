@@ -32,6 +32,14 @@ class JobSpec:
     imports: dict[str, str] = field(default_factory=dict)  # role -> "package.module:attribute" (torchrun jobs)
     start_iteration: int = 0
     resume_path: str | None = None
+    clip_grad_norm: float | None = None  # the largest global gradient 2-norm (runtime/step.py)
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (runtime/precision.py)
+    eval_every: int | None = None  # evaluate on the eval_data role every this many iterations
+    eval_batches: int = 1
+    iterations: int | None = None  # unattended: train until this iteration without waiting for a client
+    save_every: int | None = None  # unattended: checkpoint into run_dir every this many iterations
+    run_dir: str | None = None  # unattended: checkpoints, metrics and how to attach
+    log: str | None = None  # unattended: "tensorboard:DIR" | "wandb:PROJECT" | "mlflow:URI" (control/sinks.py)
 
     def save(self, path: Path) -> None:
         write_private(path, json.dumps(asdict(self), indent=1).encode())  # it holds the session key

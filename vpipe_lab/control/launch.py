@@ -39,6 +39,22 @@ def _budgets(memory_budget: int | Sequence[int] | None, stages: int) -> list[int
     return budgets
 
 
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def check_training(clip_grad_norm: Any, precision: str, eval_every: Any, eval_batches: Any) -> None:
+    """Refuse training options that cannot work, naming the value (shared by launch and the CLI)."""
+    if clip_grad_norm is not None and (isinstance(clip_grad_norm, bool) or not isinstance(clip_grad_norm, (int, float))
+                                       or not clip_grad_norm > 0):
+        raise ValueError(f"clip_grad_norm must be a positive number (the largest global gradient 2-norm), got "
+                         f"{clip_grad_norm!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+    for name, value in (("eval_every", eval_every), ("eval_batches", eval_batches)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+
+
 def launch(
     model: Any,
     data: Any = None,
@@ -60,6 +76,13 @@ def launch(
     resume: str | Path | None = None,
     auto_replan: bool | dict[str, Any] = False,
     split: Sequence[str] | Any = None,
+    lr_scheduler: Any = None,
+    clip_grad_norm: float | None = None,
+    precision: str = "fp32",
+    eval_data: Any = None,
+    eval_every: int | None = None,
+    eval_batches: int = 1,
+    log: Any = None,
 ) -> Session:
     """Start one worker process per stage and return the Session once every stage is ready (training not started).
 
@@ -74,7 +97,15 @@ def launch(
     targets are None, else cross-entropy / MSE on the logits).
     ``resume`` restores a ``Session.save()`` checkpoint (parameters, optimizer state, plan unless ``plan`` is given,
     iteration); ``auto_replan`` turns on vPipe's online replanning (True, or the options of ``Session.auto_replan``).
+
+    A training job's other parts: ``lr_scheduler`` is ``optimizer -> scheduler`` (stepped once per iteration, carried
+    through migration and checkpoints); ``clip_grad_norm`` clips by the global 2-norm over every stage, as
+    ``torch.nn.utils.clip_grad_norm_`` does on the whole model; ``precision`` is "fp32", "bf16" or "fp16" (autocast,
+    float32 master weights, a loss scale all stages agree on); ``eval_data`` (like ``data``) is evaluated every
+    ``eval_every`` iterations on ``eval_batches`` batches (see ``Session.evaluate``); ``log`` sends the metrics to
+    "tensorboard:DIR", "wandb:PROJECT", "mlflow:URI" or a function (see ``control/sinks.py``).
     """
+    from vpipe_lab.control import sinks
     from vpipe_lab import examples
 
     if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
@@ -85,6 +116,8 @@ def launch(
         raise ValueError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"unknown device {device!r}: use 'auto', 'cpu' or 'cuda'")
+    check_training(clip_grad_norm, precision, eval_every, eval_batches)
+    sinks.check(log)
     manifest = None
     if resume is not None:
         manifest = Manifest.read(resume)
@@ -107,8 +140,11 @@ def launch(
             isinstance(n, str) and n for n in split)):
         raise ValueError(f"split must be a list of module names or a function (name, module) -> bool, got {split!r}")
     for role, value in (("model", model), ("data", data), ("loss", loss), ("optimizer", optimizer),
+                        ("lr_scheduler", lr_scheduler), ("eval_data", eval_data),
                         ("split", None if split is None else (split if callable(split) else list(split)))):
         if isinstance(value, str):
+            if role in ("lr_scheduler", "split"):
+                raise ValueError(f"{role}={value!r}: give a function, not a name")
             examples.get(value)  # fails early with the list of names
             named[role] = value
         elif value is not None:
@@ -139,11 +175,18 @@ def launch(
         callables_path=str(callables_path) if callables_path else None, examples=named,
         start_iteration=manifest.iteration if manifest else 0,
         resume_path=str(Path(resume).absolute()) if resume is not None else None,
+        clip_grad_norm=None if clip_grad_norm is None else float(clip_grad_norm), precision=precision,
+        eval_every=eval_every, eval_batches=eval_batches,
     )
     spec_path = job_dir / "job.json"
     spec.save(spec_path)
     launcher = Launcher(session_id, job_dir)
     session = Session(spec, hub, launcher, job_dir)
+    try:
+        session.logger.sink = sinks.open_sink(log)
+    except Exception:
+        session.stop()
+        raise
     try:
         for rank in range(stages):
             launcher.spawn(rank, ["--config", str(spec_path), "--rank", str(rank)])

@@ -19,6 +19,20 @@ class Metrics:
         self._memory: deque[dict[str, Any]] = deque(maxlen=max_rows)
         self._spans: deque[tuple[int, list[Span]]] = deque(maxlen=span_window)
         self._latest_memory: list[dict[str, Any]] = []
+        self._evaluations: deque[dict[str, Any]] = deque(maxlen=max_rows)
+
+    def add_evaluation(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            self._evaluations.append(record)
+
+    @property
+    def evaluations(self) -> Any:
+        """Evaluation passes: the iteration they ran at (after that many steps), mean loss, batches, seconds."""
+        import pandas as pd
+
+        with self._lock:
+            rows = list(self._evaluations)
+        return pd.DataFrame(rows, columns=["iteration", "loss", "batches", "seconds"] if not rows else None)
 
     def add(self, iteration: dict[str, Any], spans: list[Span], memory: list[dict[str, Any]]) -> None:
         with self._lock:
@@ -82,3 +96,25 @@ class Metrics:
 
 def spans_from_wire(stage: int, iteration: int, rows: list[list[Any]]) -> list[Span]:
     return [Span(stage, KINDS[k], mb, None if layer < 0 else layer, s, e, iteration) for k, mb, layer, s, e in rows]
+
+
+def combine(iteration: int, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One iteration's record from every stage's report (ordered by stage): the mean micro-batch loss (the last
+    stage's), the time from the first start to the last end, throughput, and what the step did (global gradient norm,
+    learning rate, fp16 loss scale, whether an overflow skipped it)."""
+    start, end = min(b["start"] for b in parts), max(b["end"] for b in parts)
+    losses = parts[-1]["losses"]
+    first = parts[0]
+    record: dict[str, Any] = {
+        "iteration": iteration, "loss": sum(losses) / len(losses) if losses else float("nan"),
+        "time_s": end - start, "start_s": start, "end_s": end,
+        "samples": first.get("samples"), "microbatches": first.get("microbatches"),
+        "plan_version": first.get("plan_version", 0),
+        "grad_norm": first.get("grad_norm"), "lr": first.get("lr"),
+    }
+    if first.get("loss_scale") is not None:
+        record["loss_scale"] = first["loss_scale"]
+        record["skipped"] = bool(first.get("skipped"))
+    if record["samples"]:
+        record["samples_per_s"] = record["samples"] / record["time_s"] if record["time_s"] > 0 else float("nan")
+    return record

@@ -24,11 +24,11 @@ from typing import Any
 VERSION = 1
 
 # Commands: controller -> rank 0 (which broadcasts them to every rank at an iteration boundary).
-RUN, PAUSE, RESUME, STOP, APPLY, PROFILE, STATE, SAVE, PING, MODEL, TELEMETRY = (
-    "run", "pause", "resume", "stop", "apply", "profile", "state", "save", "ping", "model", "telemetry")
+RUN, PAUSE, RESUME, STOP, APPLY, PROFILE, STATE, SAVE, PING, MODEL, TELEMETRY, EVAL = (
+    "run", "pause", "resume", "stop", "apply", "profile", "state", "save", "ping", "model", "telemetry", "eval")
 # Events: workers -> controller.
-HELLO, READY, ITERATION, LAYERS, ERROR, ACK, HEARTBEAT, TENSORS, MIGRATED = (
-    "hello", "ready", "iteration", "layers", "error", "ack", "heartbeat", "tensors", "migrated")
+HELLO, READY, ITERATION, LAYERS, ERROR, ACK, HEARTBEAT, TENSORS, MIGRATED, EVALUATED = (
+    "hello", "ready", "iteration", "layers", "error", "ack", "heartbeat", "tensors", "migrated", "evaluated")
 
 
 # Attaching to a job served by a broker (torchrun): client <-> broker, and rank 0's "plan in force" updates.

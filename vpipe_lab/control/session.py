@@ -24,7 +24,8 @@ from vpipe_lab.control.errors import BudgetError, SessionClosed, WorkerError
 from vpipe_lab.control.jobspec import JobSpec
 from vpipe_lab.control.launcher import Launcher
 from vpipe_lab.control.live import LiveMixin
-from vpipe_lab.control.metrics import Metrics, spans_from_wire
+from vpipe_lab.control.metrics import Metrics, combine, spans_from_wire
+from vpipe_lab.control.sinks import Logger
 from vpipe_lab.core.model import Cluster, LayerCost, ModelProfile, Plan
 from vpipe_lab.core.timeline import Span
 
@@ -77,6 +78,7 @@ class Session(LiveMixin):
         self._autoplan: Any = None
         self._profile_cache: dict[int, LayerCost] = {}  # last measurement of each layer that had samples
         self._trouble_since = 0.0
+        self.logger = Logger(None)  # launch(log=...) sets the sink (control/sinks.py)
         self._monitor = threading.Thread(target=self._watch, name="vpipe-monitor", daemon=True)
         self._monitor.start()
         SESSIONS.add(self)
@@ -86,50 +88,60 @@ class Session(LiveMixin):
     # --- messages from workers (hub thread) ---------------------------------------------------------------------
     def _handle(self, msg: P.Message) -> None:
         body = msg.body
+        logged: Callable[[], None] | None = None  # the sink writes outside the lock: it may be slow
         with self._cond:
             if msg.type == P.READY:
                 self._ready[int(body["rank"])] = body
             elif msg.type == P.ITERATION:
-                self._on_iteration(body)
+                done = self._on_iteration(body)
+                if done is not None:
+                    logged = lambda: self.logger.iteration(*done)  # noqa: E731
             elif msg.type == P.ACK:
                 self._acks[int(body.get("id") or 0)] = body
             elif msg.type in (P.LAYERS, P.TENSORS):
                 self._replies.setdefault(int(body.get("id") or 0), []).append(msg)
+            elif msg.type == P.EVALUATED:
+                if body.get("id"):
+                    self._replies.setdefault(int(body["id"]), []).append(msg)
+                if not body.get("error"):
+                    record = {k: body[k] for k in ("iteration", "loss", "batches", "seconds")}
+                    self.metrics.add_evaluation(record)
+                    self._pending_events.append({"type": "evaluated", **record})
+                    logged = lambda: self.logger.evaluation(record)  # noqa: E731
             elif msg.type == P.MIGRATED:
                 start, end = body["span"]
                 span = Span(int(body["rank"]), "migrate", -1, None, float(start), float(end), int(body["iteration"]))
                 self.metrics.add_spans([span])
                 self._pending_events.append({"type": "migrated", **body})
+                if int(body["rank"]) == 0:
+                    text = f"plan version {body['version']}: layers in {body['layers_in']}, out {body['layers_out']}"
+                    logged = lambda: self.logger.event(int(body["iteration"]), "plan", text)  # noqa: E731
             elif msg.type == P.ERROR:
                 self._on_error(body)
             self._cond.notify_all()
+        if logged is not None:
+            logged()
         event = {"type": msg.type, **body} if msg.type in (P.ERROR, P.ACK) else None
         if event:
             self._emit(event)
 
-    def _on_iteration(self, body: dict[str, Any]) -> None:
+    def _on_iteration(self, body: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]],
+                                                              list[dict[str, Any]]] | None:
+        """Keep a stage's report; once every stage reported the iteration, its (record, memory, reports)."""
         it = int(body["iteration"])
         parts = self._partial.setdefault(it, {})
         parts[int(body["stage"])] = body
         if len(parts) < self.stages:
-            return
+            return None
         del self._partial[it]
         ranks = [parts[s] for s in range(self.stages)]
-        start, end = min(b["start"] for b in ranks), max(b["end"] for b in ranks)
-        losses = ranks[-1]["losses"]
-        record = {
-            "iteration": it, "loss": sum(losses) / len(losses) if losses else float("nan"),
-            "time_s": end - start, "start_s": start, "end_s": end,
-            "samples": ranks[0].get("samples"), "microbatches": ranks[0].get("microbatches"),
-            "plan_version": ranks[0].get("plan_version", 0),
-        }
-        if record["samples"]:
-            record["samples_per_s"] = record["samples"] / record["time_s"] if record["time_s"] > 0 else float("nan")
+        record = combine(it, ranks)
         spans = [s for b in ranks for s in spans_from_wire(int(b["stage"]), it, b.get("spans", []))]
         memory = [{"iteration": it, "stage": int(b["stage"]), **b["memory"]} for b in ranks]
         self.metrics.add(record, spans, memory)
         self._iteration = max(self._iteration, it + 1)
         self._pending_events.append({"type": "iteration", **record, "spans": spans, "memory": memory})
+        return record, memory, ranks
 
     def _on_error(self, body: dict[str, Any]) -> None:
         stage = int(body.get("stage", -1))
@@ -244,14 +256,15 @@ class Session(LiveMixin):
                 self._cond.wait(min(left, 0.1))
             return self._acks.pop(cid)
 
-    def _gather(self, kind: str, body: dict[str, Any] | None = None, timeout: float | None = None) -> list[P.Message]:
-        """A command every rank answers; returns the answers ordered by rank."""
+    def _gather(self, kind: str, body: dict[str, Any] | None = None, timeout: float | None = None,
+                answers: int | None = None) -> list[P.Message]:
+        """A command every rank answers (or ``answers`` of them); returns the answers ordered by rank."""
         self._check()
         cid = next(self._ids)
         self._hub.send("rank0", P.Message(kind, body={"id": cid, **(body or {})}))
         deadline = time.monotonic() + (timeout if timeout is not None else self.spec.timeout_s)
         with self._cond:
-            while len(self._replies.get(cid, [])) < self.stages:
+            while len(self._replies.get(cid, [])) < (answers or self.stages):
                 if self._fatal is not None:
                     raise self._fatal
                 left = deadline - time.monotonic()
@@ -378,6 +391,21 @@ class Session(LiveMixin):
                 layers[index] = cost
         return ModelProfile(tuple(layers[i] for i in sorted(layers)), name="measured")
 
+    def evaluate(self, data: Any = None, batches: int = 1, timeout: float | None = None) -> float:
+        """The mean loss of a forward-only pass over ``batches`` batches of ``data`` (like ``launch``'s data: a
+        function of the batch index, an iterable, a bundled example name or 'package.module:attribute'; default: the
+        job's ``eval_data``, else its training data from its first batch), with the model in eval mode. It runs at
+        the next iteration boundary, between two training iterations, and changes nothing of training's state."""
+        from vpipe_lab.control.evaluation import data_ref
+
+        if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
+            raise ValueError(f"batches must be a whole number >= 1, got {batches!r}")
+        ref = data_ref(self, data)
+        reply = self._gather(P.EVAL, {"data": ref, "batches": batches}, timeout, answers=1)[0]
+        if reply.body.get("error"):
+            raise ValueError(f"the workers cannot evaluate on {data!r}: {reply.body['error']}")
+        return float(reply.body["loss"])
+
     def state_dict(self, timeout: float | None = None) -> Any:
         """The whole model's parameters and buffers, gathered from every stage, keyed by their names in the model (a
         tied weight once, under its first name), in layer order."""
@@ -424,6 +452,7 @@ class Session(LiveMixin):
         self._closed = True
         self._monitor.join(timeout=2)
         self._hub.close()
+        self.logger.close()
         if self._job_dir is not None and self._fatal is None:
             shutil.rmtree(self._job_dir, ignore_errors=True)
 

@@ -75,6 +75,37 @@ class GraphUnit(nn.Module):
         produced = dict(zip(self.out_keys, self.graph(*(carry[k] for k in self.in_keys))))
         return {k: produced[k] if k in produced else carry[k] for k in self.carry_keys}
 
+    def inference(self) -> GraphUnit:
+        """This unit as eval mode runs it, over the same parameter objects. torch.export baked training mode into
+        the graph, so ``.eval()`` changes nothing: here dropout becomes the identity, batch norm uses its running
+        statistics, and in-place writes to buffers (``num_batches_tracked += 1``) are dropped."""
+        graph = torch.fx.Graph()
+        graph.output(graph.graph_copy(self.graph.graph, {}))  # type: ignore[union-attr, arg-type]
+        for node in list(graph.nodes):
+            if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+                continue
+            name = node.target.name()
+            schema = node.target._schema
+            if "dropout" in name:
+                node.replace_all_uses_with(node.args[0])
+                graph.erase_node(node)
+            elif name == "aten::batch_norm":
+                node.args = (*node.args[:5], False, *node.args[6:])
+            elif (schema.arguments and schema.arguments[0].alias_info is not None
+                  and schema.arguments[0].alias_info.is_write and isinstance(node.args[0], torch.fx.Node)
+                  and node.args[0].op == "get_attr"):
+                node.replace_all_uses_with(node.args[0])
+                graph.erase_node(node)
+        return GraphUnit(torch.fx.GraphModule(self.graph, graph), self.in_keys, self.out_keys, self.carry_keys)
+
+
+def for_inference(unit: nn.Module) -> tuple[nn.Module, bool]:
+    """What runs a unit in eval mode, and whether it must be put back into training mode afterwards."""
+    if isinstance(unit, GraphUnit):
+        return unit.inference(), False
+    unit.eval()
+    return unit, True
+
 
 @dataclass
 class Chain:

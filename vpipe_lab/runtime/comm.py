@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from vpipe_lab.runtime.batches import describe, rebuild
 
-TAG_FORWARD, TAG_BACKWARD, TAG_MIGRATE, TAG_TARGET = 1, 2, 3, 4
+TAG_FORWARD, TAG_BACKWARD, TAG_MIGRATE, TAG_TARGET, TAG_EVAL, TAG_EVAL_TARGET = 1, 2, 3, 4, 5, 6
 MAX_TENSORS = 32
 _DIMS = 8
 _SLOT = 3 + _DIMS

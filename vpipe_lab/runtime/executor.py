@@ -7,7 +7,12 @@ A forward or backward runs the stage's fused segments (see ``stage.Stage``); in 
 runs and is timed on its own, for the online profiler, and the caller decides which iterations profile. Transfers
 use the shape-agreed path of ``comm.Peer``: the next receive of each kind is posted as soon as the previous one has
 arrived, and consecutive transfer actions go out as one batch. Spans are marks of a ``Stopwatch``, so a GPU is not
-synchronised between actions; losses stay tensors until the iteration ends.
+synchronised between actions; losses stay tensors until the iteration ends. Every action runs inside a
+``torch.profiler.record_function`` labelled like the timeline (``vpipe/forward mb2``), so a torch.profiler trace of a
+worker reads like vpipe_lab's own timeline.
+
+``evaluate`` is the forward-only pass: every micro-batch forward through the stages with the layers in eval mode and
+no autograd, the last stage returning the losses; no gradient, optimizer state or statistic of training changes.
 """
 
 from __future__ import annotations
@@ -22,8 +27,8 @@ from vpipe_lab.core.model import Plan
 from vpipe_lab.core.schedule import Op, Schedule, for_plan
 from vpipe_lab.runtime import faults
 from vpipe_lab.runtime.batches import loss_with_check, split, to_device
-from vpipe_lab.runtime.capture import Chain
-from vpipe_lab.runtime.comm import TAG_BACKWARD, TAG_FORWARD, Incoming, Peer
+from vpipe_lab.runtime.capture import Chain, for_inference
+from vpipe_lab.runtime.comm import TAG_BACKWARD, TAG_EVAL, TAG_FORWARD, Incoming, Peer
 from vpipe_lab.runtime.device import Clock, Placement, Stopwatch
 from vpipe_lab.runtime.stage import Stage
 
@@ -87,6 +92,7 @@ class Executor:
         self._schedule: tuple[Plan, Schedule, dict[int, int | None]] | None = None
         self.fault = faults.parse()
         self._static = self._param_bytes = 0
+        self.loss_multiplier = 1.0  # the fp16 loss scale (see runtime/precision.py); 1 otherwise
 
     def schedule(self, plan: Plan) -> Schedule:
         return self._plan(plan)[1]
@@ -122,7 +128,7 @@ class Executor:
         rank, last = self.rank, self.rank == self.world - 1
         m = plan.microbatches
         stage, peer = self.stage, self.peer
-        stage.loss_scale = 1.0 / m
+        stage.loss_scale = self.loss_multiplier / m
         stage.iteration = iteration
         stage.ledger.reset_peaks()
         if self.budget is not None:
@@ -173,6 +179,9 @@ class Executor:
                 peer.issue()  # transfers queued by the actions before this one leave before it computes
             if op in (Op.RECV_B, Op.RECOMPUTE, Op.B):
                 stage.ledger.in_backward = True  # from here on, working sets of the backward phase
+            label = torch.profiler.record_function(
+                f"vpipe/{_KIND[op]} mb{mb}" if action.layer is None else f"vpipe/{_KIND[op]} mb{mb} layer{action.layer}")
+            label.__enter__()
             start = mark()
             if op is Op.RECV_F:
                 got = receive(step, op, mb)
@@ -220,9 +229,49 @@ class Executor:
                 peer.post_send(grads_in.pop(mb), rank - 1, TAG_BACKWARD, agreed=True)
             if self.record_spans:
                 marks.append((_KIND[op], mb, action.layer, start, mark()))
+            label.__exit__(None, None, None)
         peer.flush()
         result.end_s = self.watch.end()
         seconds = self.watch.seconds
         result.spans = [(kind, mb, layer, seconds(a), seconds(b)) for kind, mb, layer, a, b in marks]
         result.losses = [float(v) for v in losses]
         return result
+
+    def evaluate(self, plan: Plan, batch: tuple[Any, Any] | None) -> list[float]:
+        """Forward only, micro-batch after micro-batch (no schedule is needed without a backward); returns the last
+        stage's per-micro-batch losses (empty elsewhere). Modules are in eval mode for the pass (dropout off, batch
+        norm on its running statistics, which it then does not update) and back in train mode after."""
+        rank, last, m = self.rank, self.rank == self.world - 1, plan.microbatches
+        stage, peer, chain = self.stage, self.peer, self.chain
+        inputs = split(batch[0], m, "inputs") if batch is not None and rank == 0 else None
+        targets = None
+        if batch is not None and last:
+            targets = [None] * m if batch[1] is None else split(batch[1], m, "targets")
+        modules = [for_inference(stage.layers[i].module) for i in stage.owned]
+        losses: list[torch.Tensor] = []
+        try:
+            with torch.no_grad():
+                for mb in range(m):
+                    with torch.profiler.record_function(f"vpipe/eval mb{mb}"):
+                        if rank == 0:
+                            x = to_device(inputs[mb], self.placement.device)  # type: ignore[index]
+                            x = chain.start(x) if chain is not None else x
+                        else:
+                            got = peer.recv(rank - 1, TAG_EVAL)
+                            x = chain.unpack(stage.owned[0] - 1, got) if chain is not None else (
+                                got[0] if isinstance(got, tuple) and len(got) == 1 else got)
+                        for module, _ in modules:
+                            with stage.autocast():
+                                x = module(x)
+                        if last:
+                            target = to_device(targets[mb], self.placement.device)  # type: ignore[index]
+                            with stage.autocast():
+                                losses.append(self.loss_fn(x, target).detach())
+                        else:
+                            peer.send(chain.pack(x) if chain is not None else x, rank + 1, TAG_EVAL)
+            peer.flush()
+        finally:
+            for module, back in modules:
+                if back:
+                    module.train()
+        return [float(v) for v in losses]

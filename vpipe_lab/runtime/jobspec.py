@@ -22,6 +22,8 @@ class Callables:
     loss: Any
     optimizer: Any
     split: Any = None  # split points: module names or a function (name, module) -> bool
+    lr_scheduler: Any = None  # optimizer -> scheduler
+    eval_data: Any = None  # like data: what periodic evaluation reads
 
 
 def load_callables(spec: JobSpec) -> Callables:
@@ -31,7 +33,7 @@ def load_callables(spec: JobSpec) -> Callables:
         with open(Path(spec.callables_path), "rb") as fh:
             user = cloudpickle.load(fh)
     found: dict[str, Any] = {}
-    for role in ("model", "data", "loss", "optimizer"):
+    for role in ("model", "data", "loss", "optimizer", "lr_scheduler", "eval_data"):
         if role in user and user[role] is not None:
             found[role] = user[role]
         elif role in spec.imports:
@@ -42,7 +44,7 @@ def load_callables(spec: JobSpec) -> Callables:
                 raise ValueError(f"cannot load the {role} {spec.imports[role]!r}: {exc}; it must be importable on "
                                  "every node (same package, same PYTHONPATH)") from None
         elif role in spec.examples:
-            found[role] = getattr(examples.get(spec.examples[role]), role)
+            found[role] = getattr(examples.get(spec.examples[role]), "data" if role == "eval_data" else role)
         else:
             found[role] = None
     if found["model"] is not None and "model" in spec.examples:  # a bundled model brings its own parts
@@ -53,3 +55,21 @@ def load_callables(spec: JobSpec) -> Callables:
     if found["model"] is None or found["data"] is None:
         raise ValueError("the job has no model or no data function: give both, or a bundled example name")
     return Callables(**found, split=user.get("split"))
+
+
+def load_data(ref: str) -> Any:
+    """Data a command names: a file of the controller's (a pickled function or iterable, in its job directory), a
+    bundled example, or 'package.module:attribute'."""
+    if ref.startswith("file:"):
+        with open(Path(ref[5:]), "rb") as fh:  # written by the controller into the job directory, not a socket
+            return cloudpickle.load(fh)
+    if ref in examples.EXAMPLES:
+        return examples.get(ref).data
+    module, sep, attr = ref.partition(":")
+    if not sep:
+        raise ValueError(f"data {ref!r}: give a bundled example ({', '.join(examples.EXAMPLES)}) or "
+                         "'package.module:attribute'")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot load the data {ref!r}: {exc}") from None

@@ -130,6 +130,7 @@ class MigratingWorker(Worker):
                 states.update(state["optimizer"])
                 groups += state.get("groups", [])  # absent in checkpoints written before parameter groups
         self.stage.optim.load(states, groups, self.stage.tensors)
+        self.scale.load(manifest.extra.get("loss_scale", {}))
         self.ctl.plan_version = manifest.plan_version
         self.model_version = manifest.model_version
         log.info("restored layers %s from %s at iteration %d", self.stage.owned, path, manifest.iteration)
@@ -160,13 +161,34 @@ class MigratingWorker(Worker):
         if self.rank == 0:
             try:
                 complete(version, Manifest(self.ctl.iteration, self.plan.to_dict(), self.num_layers, self.names,
-                                           self.spec.seed, self.ctl.plan_version, self.model_version), self.world,
-                         keep)
+                                           self.spec.seed, self.ctl.plan_version, self.model_version,
+                                           extra={"loss_scale": self.scale.state()}), self.world, keep)
             except OSError as exc:
                 problem = f"stage 0 cannot complete the checkpoint in {version}: {exc.strerror or exc}"
         if self.peer.all_max([1.0 if problem else 0.0])[0] > 0:
             return problem or "stage 0 could not complete the checkpoint"
         return None
+
+    # --- unattended runs (``vpipe-lab worker --run-dir DIR``) -----------------------------------------------------
+    def after_iteration(self) -> None:
+        super().after_iteration()
+        every, run_dir = self.spec.save_every, self.spec.run_dir
+        if every and run_dir and self.ctl.iteration % every == 0:
+            self._save_run()
+
+    def finish_unattended(self) -> None:
+        run_dir = self.spec.run_dir
+        if run_dir and not (self.spec.save_every and self.ctl.iteration % self.spec.save_every == 0):
+            self._save_run()  # the last iterations are not lost to the next restart
+        super().finish_unattended()
+
+    def _save_run(self) -> None:
+        assert self.spec.run_dir is not None
+        problem = self.save(Path(self.spec.run_dir) / "checkpoints", keep=3)
+        if problem is not None:  # training goes on; the next save may succeed (a full disk freed, say)
+            log.error("the checkpoint at iteration %d failed: %s", self.ctl.iteration, problem)
+        elif self.rank == 0:
+            log.info("checkpoint at iteration %d in %s", self.ctl.iteration, self.spec.run_dir)
 
     # --- commands ----------------------------------------------------------------------------------------------
     def handle_extra(self, cmd: dict[str, Any]) -> None:

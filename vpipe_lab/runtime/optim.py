@@ -7,6 +7,14 @@ A migrating unit takes its groups' options (a learning rate a scheduler changed,
 its new stage, where they are restored instead of the factory's defaults. A weight tied between units sits in one
 group only: the first unit here that uses it; when that unit leaves, the group stays with the next unit using it.
 Adding or removing a unit costs time in its own size, not the stage's.
+
+A learning-rate scheduler (``optimizer -> scheduler``) is built on the stage's optimizer and stepped once per
+iteration. Its lists are per group, so it is rebuilt whenever the groups change (a unit arrives or leaves, a
+checkpoint is loaded); the rebuilt one continues at the iteration it was built at (``last_epoch``) from each group's
+current learning rate and ``initial_lr``, which travel with the group. That is exact for the schedulers whose next
+value depends only on the step count, ``initial_lr`` and the current ``lr`` (LambdaLR, StepLR, MultiStepLR,
+ExponentialLR, CosineAnnealingLR, LinearLR, PolynomialLR), not for ones that hold other schedulers (SequentialLR,
+ChainedScheduler) or extra history (ReduceLROnPlateau, OneCycleLR's phases are closed-form and work).
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from typing import Any
 import torch
 
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
+SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
 UNIT = "vpipe_unit"  # the key tagging a parameter group with its unit's index
 
 
@@ -27,11 +36,15 @@ def _options(group: dict[str, Any]) -> dict[str, Any]:
 class StageOptimizer:
     """The one ``torch.optim.Optimizer`` of a stage and which unit each of its groups belongs to."""
 
-    def __init__(self, factory: OptimizerFactory | None, device: torch.device) -> None:
+    def __init__(self, factory: OptimizerFactory | None, device: torch.device,
+                 scheduler: SchedulerFactory | None = None) -> None:
         self.factory = factory
         self.device = device
         self.optimizer: torch.optim.Optimizer | None = None
         self.names: dict[torch.Tensor, str] = {}  # parameter -> canonical name, for every parameter in a group
+        self.scheduler_factory = scheduler
+        self.scheduler: Any = None
+        self._stale = True  # the groups changed since the scheduler was built
 
     def holds(self, p: torch.Tensor) -> bool:
         return p in self.names
@@ -68,6 +81,7 @@ class StageOptimizer:
                 group[UNIT] = unit
                 self.optimizer.add_param_group(group)
         self.names.update({p: n for n, p in new})
+        self._stale = True
         for name, p in new:
             if states and name in states:
                 self.optimizer.state[p] = {k: v.to(self.device) if isinstance(v, torch.Tensor) and v.dim() else v
@@ -108,6 +122,7 @@ class StageOptimizer:
                 group[UNIT] = min(stays[self.names[p]] for p in remaining)
                 kept.append(group)
         self.optimizer.param_groups[:] = kept
+        self._stale = True
 
     def state(self, names: Sequence[str], tensors: dict[str, torch.Tensor]) -> dict[str, dict[str, Any]]:
         """Each named parameter's optimizer state (those that have one)."""
@@ -136,7 +151,39 @@ class StageOptimizer:
             for group in self.optimizer.param_groups:
                 if any(p in wanted for p in group["params"]):
                     group.update(saved["options"])
+        self._stale = True
 
-    def step(self) -> None:
-        if self.optimizer is not None and self.optimizer.param_groups:
+    def lr(self) -> float | None:
+        """The first group's learning rate (what a log shows), None without an optimizer."""
+        if self.optimizer is None or not self.optimizer.param_groups:
+            return None
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def _schedule(self, iteration: int) -> None:
+        """Build the scheduler for the groups in force, continuing at ``iteration`` (see the module docstring)."""
+        assert self.optimizer is not None and self.scheduler_factory is not None
+        groups = self.optimizer.param_groups
+        carried = bool(groups) and all("initial_lr" in g for g in groups)
+        lrs = [g["lr"] for g in groups]
+        self.scheduler = self.scheduler_factory(self.optimizer)  # sets initial_lr where missing, lr to step 0's
+        if carried and iteration > 0:
+            for group, lr in zip(groups, lrs):
+                group["lr"] = lr
+            self.scheduler.last_epoch = iteration
+            self.scheduler._step_count = iteration + 1  # it has stepped before: no "step order" warning
+            self.scheduler._last_lr = list(lrs)
+        self._stale = False
+
+    def step(self, iteration: int = 0, skip: bool = False) -> float | None:
+        """The optimizer step of ``iteration`` (not when ``skip``: an fp16 overflow), then the scheduler's; returns
+        the learning rate it stepped with (the first group's)."""
+        if self.optimizer is None or not self.optimizer.param_groups:
+            return None
+        if self.scheduler_factory is not None and (self.scheduler is None or self._stale):
+            self._schedule(iteration)
+        lr = self.lr()
+        if not skip:
             self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return lr

@@ -17,7 +17,7 @@ with one gradient and one optimizer entry on this stage, whichever layers come a
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -26,7 +26,7 @@ from vpipe_lab.core.model import Policy
 from vpipe_lab.runtime import recompute
 from vpipe_lab.runtime.capture import UnitTensors
 from vpipe_lab.runtime.memory import Ledger, optimizer_bytes, tensor_bytes
-from vpipe_lab.runtime.optim import OptimizerFactory, StageOptimizer
+from vpipe_lab.runtime.optim import OptimizerFactory, SchedulerFactory, StageOptimizer
 from vpipe_lab.runtime.swap import SwapEngine
 from vpipe_lab.runtime.units import Layer, LayerStats, get_tensor, layer_seed, set_tensor, tensors_of
 
@@ -37,12 +37,15 @@ Timer = Callable[[], float]
 class Stage:
     """The layers one worker owns, and the per-micro-batch autograd state between their forward and backward."""
 
-    def __init__(self, device: torch.device, make_optimizer: OptimizerFactory | None, seed: int) -> None:
+    def __init__(self, device: torch.device, make_optimizer: OptimizerFactory | None, seed: int,
+                 scheduler: SchedulerFactory | None = None,
+                 autocast: Callable[[], AbstractContextManager[object]] = nullcontext) -> None:
         self.device = device
         self.seed = seed
         self.layers: dict[int, Layer] = {}
         self.tensors: dict[str, torch.Tensor] = {}  # canonical name -> the one parameter or buffer object
-        self.optim = StageOptimizer(make_optimizer, device)
+        self.optim = StageOptimizer(make_optimizer, device, scheduler)
+        self.autocast = autocast  # the compute's precision (see runtime/precision.py); recompute replays it too
         self.ledger = Ledger()
         self.swap = SwapEngine(device, self.ledger)
         self.iteration = 0
@@ -154,7 +157,7 @@ class Stage:
         """The segment's layers in order, each seeded for itself; ``record`` registers what each saves."""
         for index in segment:
             self._seed(layer_seed(self.seed, self.iteration, mb, index))
-            with self.swap.recording(mb, index) if record else nullcontext():
+            with self.swap.recording(mb, index) if record else nullcontext(), self.autocast():
                 x = self.layers[index].module(x)
         return x
 
@@ -216,7 +219,8 @@ class Stage:
         leaves, out = recompute.rematerialise(lambda v: self._run(mb, segment, v, True), saved, buffers)
         pending = self._losses.pop(key, None)
         if pending is not None:
-            out = pending[0](out, pending[1]) * self.loss_scale
+            with self.autocast():
+                out = pending[0](out, pending[1]) * self.loss_scale
         self._ctx[key] = (leaves, out)
         if timer is not None:
             st = self.layers[segment[0]].stats
@@ -236,11 +240,12 @@ class Stage:
         ctx = self._ctx[key]
         if isinstance(ctx, recompute.Saved):
             self._losses[key] = (loss_fn, target)
-            with torch.no_grad():
+            with torch.no_grad(), self.autocast():
                 value = loss_fn(output, target).detach()
         else:
             leaves, out = ctx
-            loss = loss_fn(out, target)
+            with self.autocast():
+                loss = loss_fn(out, target)
             self._ctx[key] = (leaves, loss * self.loss_scale)
             value = loss.detach()
         if timer is not None:
@@ -273,7 +278,8 @@ class Stage:
 
     # --- iteration boundary ----------------------------------------------------------------------------------------
     def step(self) -> None:
-        self.optim.step()
+        """A plain step (the worker's ``step.Stepper`` adds clipping and precision)."""
+        self.optim.step(self.iteration)
         self.zero_grad()
 
     def zero_grad(self) -> None:

@@ -39,9 +39,12 @@ from vpipe_lab.runtime.capture import Chain, build_model, capture, to_meta
 from vpipe_lab.runtime.comm import TAG_TARGET, Peer
 from vpipe_lab.runtime.compat import allow_torchvision_without_ops
 from vpipe_lab.runtime.device import Clock, select
+from vpipe_lab.runtime.evaluate import evaluate
 from vpipe_lab.runtime.executor import Executor, IterationResult, default_loss
-from vpipe_lab.runtime.jobspec import JobSpec, load_callables
+from vpipe_lab.runtime.jobspec import JobSpec, load_callables, load_data
+from vpipe_lab.runtime.precision import LossScale, autocast
 from vpipe_lab.runtime.stage import Stage
+from vpipe_lab.runtime.step import Stepper, StepReport
 from vpipe_lab.runtime.tensors import pack_state
 from vpipe_lab.runtime.ties import Ties
 
@@ -84,9 +87,11 @@ class Worker:
         self.last = rank == world - 1
         self.placement = select(spec.device, local_rank, local_world)
         self.clock = Clock(0.0)
-        self.ctl = Control(iteration=spec.start_iteration)
+        # Unattended (``vpipe-lab worker --iterations N``): train until iteration N without waiting for a client.
+        self.ctl = Control(iteration=spec.start_iteration, target=spec.iterations or 0)
         fns = load_callables(spec)
         self.model_fn, self.split = fns.model, fns.split
+        self.eval_data, self.train_data = fns.eval_data, fns.data
         self.loss_fn = fns.loss or default_loss
         self.peer = Peer(rank, world, self.placement.device if self.placement.is_cuda else torch.device("cpu"),
                          spec.timeout_s)
@@ -95,7 +100,8 @@ class Worker:
         self.names = list(self.chain.names)
         if fns.optimizer is None and rank == 0:
             log.warning("no optimizer was given: the parameters will not change; pass optimizer=lambda params: ...")
-        self.stage = Stage(self.placement.device, fns.optimizer, spec.seed)
+        self.stage = Stage(self.placement.device, fns.optimizer, spec.seed, fns.lr_scheduler,
+                           autocast(spec.precision, self.placement.device))
         mine = set(self.plan.layers_of(rank))
         for i, unit in enumerate(self.chain.units):
             if i in mine:
@@ -104,6 +110,8 @@ class Worker:
                 to_meta(unit, self.chain.tensors[i])  # only the structure stays: a shell for migration
         self.stage.set_policies({i: self.plan.policies[i] for i in self.stage.owned})
         self.ties = Ties(self)
+        self.scale = LossScale(spec.precision == "fp16")
+        self.stepper = Stepper(self.stage, self.ties, self.peer, rank, world, spec.clip_grad_norm, self.scale)
         self._agreed: str | None = None  # rank 0: the input signature this shape epoch began with
         self.profiling = profiler.ProfileSchedule()
         budget = spec.memory_budget[rank] if spec.memory_budget else None
@@ -267,35 +275,71 @@ class Worker:
         elif kind == P.TELEMETRY:
             self.executor.record_spans = bool(cmd.get("spans", True))
             self.ack(cmd)
+        elif kind == P.EVAL:
+            ref, data, problem = str(cmd["data"]), None, ""
+            if self.rank == 0:  # only rank 0 reads data
+                own = self.eval_data if self.eval_data is not None else self.train_data
+                try:
+                    data = own if ref == "job:" else load_data(ref)
+                except ValueError as exc:  # bad input from the client: say so, change nothing, train on
+                    problem = str(exc)
+            if self.peer.all_max([1.0 if problem else 0.0])[0] > 0:
+                if self.rank == 0:
+                    self.send(P.EVALUATED, {"id": cmd.get("id"), "rank": self.rank, "error": problem})
+                return
+            self.evaluation(data, int(cmd.get("batches", 1)), cmd.get("id"))
         else:
             self.handle_extra(cmd)
 
     def handle_extra(self, cmd: dict[str, Any]) -> None:
         raise ValueError(f"rank {self.rank} got an unknown command {cmd['type']!r}")
 
+    def evaluation(self, data: Any, batches: int, cid: Any = None) -> None:
+        """Every rank: an evaluation pass at this boundary; the last stage reports its mean loss."""
+        found = evaluate(self, data, batches)
+        if found is not None:
+            self.send(P.EVALUATED, {"id": cid, "rank": self.rank, "iteration": self.ctl.iteration, **found})
+
+    def after_iteration(self) -> None:
+        """Every rank, after an iteration was taken: the periodic evaluation (subclasses add checkpoints)."""
+        every = self.spec.eval_every
+        if every and self.ctl.iteration % every == 0:
+            own = self.eval_data if self.eval_data is not None else self.train_data
+            self.evaluation(own if self.rank == 0 else None, self.spec.eval_batches)
+
+    def unattended_done(self) -> bool:
+        """An unattended job ends once it has trained the iterations it was started for (nobody will stop it)."""
+        return self.spec.iterations is not None and self.ctl.iteration >= self.spec.iterations and not self.ctl.paused
+
     def loop(self) -> None:
         result: IterationResult | None = None
         memory: dict[str, Any] = {}
-        stepped = False
+        stepped: StepReport | None = None
         while True:
             commands, failed = self.boundary(result is not None and result.violation is not None)
             if result is not None:
-                self.finish(result, failed, memory, stepped)
+                if self.finish(result, failed, memory, stepped):
+                    self.after_iteration()
                 result = None
             for cmd in commands:
                 self.apply(cmd)
             if self.ctl.stopping:
                 return
+            if self.unattended_done():
+                self.finish_unattended()
+                return
             if self.ctl.active:
+                self.executor.loss_multiplier = self.scale.scale
                 result = self.iteration()
                 memory = self.memory_snapshot()
                 # Without memory budgets no stage can veto the step, so each stage steps as soon as its own
                 # backward is done (the last stage while the first still runs its last backward), as plain
                 # pipelines do, instead of after the boundary's agreement.
-                stepped = self.spec.memory_budget is None
-                if stepped:
-                    self.ties.reduce_grads()
-                    self.stage.step()
+                stepped = self.stepper.step(result.iteration) if self.spec.memory_budget is None else None
+
+    def finish_unattended(self) -> None:
+        """What an unattended job does when it is done (subclasses save a last checkpoint)."""
+        log.info("trained to iteration %d; the unattended job ends", self.ctl.iteration)
 
     def iteration(self) -> IterationResult:
         """Rank 0 reads the batch and sends the targets to the last stage, which alone needs them."""
@@ -318,9 +362,10 @@ class Worker:
             self.stage.reset_stats()
         return self.executor.run(it, self.plan, batch, profile=profile)
 
-    def finish(self, result: IterationResult, failed: bool, memory: dict[str, Any], stepped: bool) -> None:
+    def finish(self, result: IterationResult, failed: bool, memory: dict[str, Any], stepped: StepReport | None
+               ) -> bool:
         """Step (unless done already), or (when any rank went over its budget) drop the iteration on every rank and
-        pause."""
+        pause; whether the iteration was taken."""
         if failed:
             # No parameter or optimizer state changes; the same iteration runs again after resume.
             self.stage.discard()
@@ -330,12 +375,12 @@ class Worker:
                 self.send(P.ERROR, {"kind": "budget", "stage": self.rank, "iteration": result.iteration,
                                     "used": v.used_bytes, "budget": v.budget_bytes, "layers": v.layers,
                                     "memory": memory})
-            return
-        if not stepped:
-            self.ties.reduce_grads()
-            self.stage.step()
+            return False
+        if stepped is None:
+            stepped = self.stepper.step(result.iteration)
         self.ctl.iteration += 1
-        self.report(result, memory)
+        self.report(result, memory, stepped)
+        return True
 
     def memory_snapshot(self) -> dict[str, Any]:
         static = self.stage.static_bytes()
@@ -350,12 +395,12 @@ class Worker:
             torch.cuda.reset_peak_memory_stats(self.placement.device)
         return snap
 
-    def report(self, result: IterationResult, memory: dict[str, Any]) -> None:
+    def report(self, result: IterationResult, memory: dict[str, Any], step: StepReport) -> None:
         spans = [[KINDS.index(k), mb, -1 if layer is None else layer, s, e] for k, mb, layer, s, e in result.spans]
         self.send(P.ITERATION, {
             "iteration": result.iteration, "stage": self.rank, "start": result.start_s, "end": result.end_s,
             "losses": result.losses, "plan_version": self.ctl.plan_version, "memory": memory, "spans": spans,
-            "microbatches": self.plan.microbatches, "samples": self.samples,
+            "microbatches": self.plan.microbatches, "samples": self.samples, **step.to_dict(),
         })
 
 

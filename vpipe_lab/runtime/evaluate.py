@@ -1,0 +1,49 @@
+"""Evaluation on the running pipeline: ``batches`` batches forward through every stage, the mean loss back.
+
+Every rank runs it at the same iteration boundary (an EVAL command, or every ``eval_every`` iterations). Rank 0 reads
+the evaluation data from its start (``data(0) ... data(batches - 1)``, or the first batches of a fresh iterator, so
+every evaluation sees the same batches) and sends the targets to the last stage; the stages run
+``Executor.evaluate``. Nothing that training holds changes: no gradient, no optimizer or scheduler state, no buffer,
+no RNG stream of training (dropout is off in eval mode), and the iteration count stays.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+from vpipe_lab.runtime.batches import Source
+from vpipe_lab.runtime.comm import TAG_EVAL_TARGET
+
+if TYPE_CHECKING:
+    from vpipe_lab.runtime.worker import Worker
+
+
+def evaluate(worker: Worker, data: Any, batches: int) -> dict[str, Any] | None:
+    """Run the pass; the last stage returns {loss, losses (per batch), batches, seconds}, the others None."""
+    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
+        raise ValueError(f"batches must be a whole number >= 1, got {batches!r}")
+    rank, world, peer = worker.rank, worker.world, worker.peer
+    last = rank == world - 1
+    start = time.perf_counter()
+    source = Source(data, 0) if rank == 0 else None
+    means: list[float] = []
+    for b in range(batches):
+        batch: tuple[Any, Any] | None = None
+        if source is not None:
+            inputs, targets = source.get(b)
+            if not last:
+                peer.post_send(targets, world - 1, TAG_EVAL_TARGET, exact=True)
+                peer.issue()
+            batch = (inputs, targets)
+        elif last:
+            batch = (None, peer.wait(peer.post_recv(0, TAG_EVAL_TARGET)))
+        losses = worker.executor.evaluate(worker.plan, batch)
+        if last:
+            means.append(sum(losses) / len(losses))
+    peer.flush()
+    if not last:
+        return None
+    return {"loss": sum(means) / len(means) if means else math.nan, "losses": means, "batches": batches,
+            "seconds": time.perf_counter() - start}

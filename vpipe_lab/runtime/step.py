@@ -1,0 +1,84 @@
+"""A stage's optimizer step as one training step of the whole model: tied gradients summed, fp16 gradients unscaled,
+clipping by the global 2-norm, the step (or the same skipped step on every stage), the LR scheduler.
+
+``torch.nn.utils.clip_grad_norm_(model.parameters(), c)`` on the whole model computes ``sqrt(sum of the squared norms
+of every gradient)``: each stage contributes the squares of its own parameters' gradient norms (a weight tied across
+stages counts once, on the lowest stage holding it), one all-reduce sums them, and every stage scales its gradients
+by the same ``c / (norm + 1e-6)`` clamped to 1. The fp16 overflow flag rides in the same all-reduce, so clipping and
+mixed precision cost one collective per iteration; without either there is none.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from vpipe_lab.runtime.precision import LossScale
+
+if TYPE_CHECKING:
+    from vpipe_lab.runtime.comm import Peer
+    from vpipe_lab.runtime.stage import Stage
+    from vpipe_lab.runtime.ties import Ties
+
+
+@dataclass
+class StepReport:
+    """What one step did, for the metrics: the global gradient norm (before clipping; None when not computed), the
+    learning rate it stepped with, the fp16 loss scale it used and whether it was skipped (an fp16 overflow)."""
+
+    grad_norm: float | None = None
+    lr: float | None = None
+    loss_scale: float | None = None
+    skipped: bool = False
+
+    def to_dict(self) -> dict[str, float | bool | None]:
+        return {"grad_norm": self.grad_norm, "lr": self.lr, "loss_scale": self.loss_scale, "skipped": self.skipped}
+
+
+class Stepper:
+    """Steps one stage in agreement with the others."""
+
+    def __init__(self, stage: Stage, ties: Ties, peer: Peer, rank: int, world: int, clip: float | None,
+                 scale: LossScale) -> None:
+        if clip is not None and (isinstance(clip, bool) or not clip > 0):
+            raise ValueError(f"clip_grad_norm must be a positive number (the largest global 2-norm), got {clip!r}")
+        self.stage, self.ties, self.peer = stage, ties, peer
+        self.rank, self.world = rank, world
+        self.clip = None if clip is None else float(clip)
+        self.scale = scale
+
+    def _counted(self) -> list[torch.Tensor]:
+        """This stage's gradients that count towards the global norm: a tie only on its lowest holder."""
+        elsewhere = {name for name, ranks in self.ties.shared if self.rank in ranks and min(ranks) != self.rank}
+        return [p.grad for name, p in self.stage.params() if p.grad is not None and name not in elsewhere]
+
+    def step(self, iteration: int) -> StepReport:
+        stage = self.stage
+        self.ties.reduce_grads()
+        report = StepReport(loss_scale=self.scale.scale if self.scale.enabled else None)
+        grads = [p.grad for _, p in stage.params() if p.grad is not None]
+        overflow = self.scale.unscale(grads)
+        if self.clip is not None or overflow is not None or self.scale.enabled:
+            squares = torch.zeros((), dtype=torch.float32, device=stage.device)
+            if self.clip is not None:
+                counted = self._counted()
+                if counted:
+                    norms = torch._foreach_norm(counted, 2.0)
+                    squares = torch.stack(norms).float().pow(2).sum()
+            local = [float(overflow) if overflow is not None else 0.0, float(squares)]
+            bad, total = self.peer.all_sum(local) if self.world > 1 else local
+            report.skipped = bad > 0
+            if self.clip is not None:
+                report.grad_norm = math.sqrt(total) if not report.skipped else float("inf")
+        if report.skipped:
+            stage.zero_grad()
+        elif self.clip is not None and report.grad_norm is not None and grads:
+            coef = min(self.clip / (report.grad_norm + 1e-6), 1.0)
+            torch._foreach_mul_(grads, coef)
+        report.lr = stage.optim.step(iteration, skip=report.skipped)
+        stage.zero_grad()
+        self.scale.update(report.skipped)
+        return report
