@@ -36,14 +36,15 @@ def _name(req: str) -> str:
 def test_environment_yml_matches_pyproject() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    wanted = {_name(r) for key in ("runtime", "jupyter", "test") for r in extras[key]}
+    keys = ("runtime", "jupyter", "test", "tensorboard", "wandb", "mlflow")
+    wanted = {_name(r) for key in keys for r in extras[key]}
     conda_names = {"torch": "pytorch"}
     lines = (ROOT / "environment.yml").read_text().splitlines()
     listed = {_name(line.strip()[2:]) for line in lines if line.strip().startswith("- ") and "=" in line}
     missing = {conda_names.get(w, w) for w in wanted} - listed
     assert not missing, f"environment.yml lacks {sorted(missing)} that pyproject.toml needs"
     # Versions agree too, where both give a lower bound.
-    for req in (r for key in ("runtime", "jupyter", "test") for r in extras[key]):
+    for req in (r for key in keys for r in extras[key]):
         name, low = _name(req), req.split(">=")[-1] if ">=" in req else None
         if low:
             line = next(x for x in lines if x.strip().startswith(f"- {conda_names.get(name, name)}>="))

@@ -111,3 +111,37 @@ def test_buffers_written_in_forward_are_known() -> None:
     assert chain.mutated is not None
     assert {"bn1.running_mean", "bn1.running_var", "bn1.num_batches_tracked"} <= chain.mutated
     assert not any(name.endswith("weight") for name in chain.mutated)
+
+
+def test_inference_copy_runs_a_captured_unit_in_eval_mode() -> None:
+    """torch.export bakes training mode into the graph: the inference copy turns dropout off, uses batch norm's
+    running statistics and leaves every buffer as it was, like ``model.eval()`` on the original."""
+    from vpipe_lab.runtime.capture import for_inference
+
+    class Blocks(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4),
+                                                                  torch.nn.Dropout(0.5)) for _ in range(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    torch.manual_seed(0)
+    model = Blocks().train()
+    chain = capture(model, torch.randn(8, 4))
+    x = torch.randn(8, 4)
+    buffers = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        carry = chain.start(x)
+        for unit in chain.units:
+            run, back = for_inference(unit)
+            assert not back
+            carry = run(carry)
+        out = chain.finish(carry)
+        expected = model.eval()(x)
+    torch.testing.assert_close(out, expected)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, buffers[key]), key

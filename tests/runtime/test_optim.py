@@ -91,3 +91,42 @@ def test_no_factory_or_no_trainable_parameters_means_no_optimizer() -> None:
     other = StageOptimizer(lambda ps: torch.optim.SGD(ps, lr=0.1), torch.device("cpu"))
     other.add_unit(0, [])
     assert other.optimizer is None
+
+
+def test_the_schedule_continues_when_a_unit_moves_to_another_stage() -> None:
+    """StepLR on two stages whose unit 1 moves from the first to the second at step 3: every group's learning rate
+    follows the one-optimizer schedule (the moved group carries lr and initial_lr; both schedulers are rebuilt)."""
+    def sgd(ps):  # type: ignore[no-untyped-def]
+        return torch.optim.SGD(ps, lr=1.0)
+
+    def step_lr(opt):  # type: ignore[no-untyped-def]
+        return torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+
+    a, b, c = (torch.nn.Linear(2, 2) for _ in range(3))
+    plain = sgd(list(a.parameters()))
+    expected = []
+    sched = step_lr(plain)
+    for _ in range(6):
+        expected.append(plain.param_groups[0]["lr"])
+        plain.step()
+        sched.step()
+    first = StageOptimizer(sgd, torch.device("cpu"), step_lr)
+    second = StageOptimizer(sgd, torch.device("cpu"), step_lr)
+    first.add_unit(0, named(a, "0"))
+    first.add_unit(1, named(b, "1"))
+    second.add_unit(2, named(c, "2"))
+    seen: list[list[float]] = []
+    for it in range(6):
+        if it == 3:
+            groups = first.unit_groups(1)
+            first.remove_unit(1, {})
+            second.add_unit(1, named(b, "1"), groups)
+        for p in (*a.parameters(), *b.parameters(), *c.parameters()):
+            p.grad = torch.zeros_like(p)
+        lrs = [g["lr"] for o in (first, second) for g in o.optimizer.param_groups]  # type: ignore[union-attr]
+        seen.append(lrs)
+        first.step(it)
+        second.step(it)
+    for it, lrs in enumerate(seen[1:], 1):
+        assert lrs == [expected[it]] * len(lrs), it
+    assert first.lr() == second.lr() == expected[5] * (0.5 if 6 % 2 == 0 else 1.0)

@@ -1,0 +1,61 @@
+"""The stage step: global-norm clipping equals torch.nn.utils.clip_grad_norm_ on one stage (world 1)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from vpipe_lab.runtime.precision import LossScale
+from vpipe_lab.runtime.stage import Stage
+from vpipe_lab.runtime.step import Stepper
+
+
+def stage_and_copy() -> tuple[Stage, torch.nn.Sequential]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    copy = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    copy.load_state_dict(model.state_dict())
+    stage = Stage(torch.device("cpu"), lambda ps: torch.optim.SGD(ps, lr=0.1), seed=0)
+    for i, layer in enumerate(model):
+        stage.add_layer(i, layer)
+    return stage, copy
+
+
+def no_ties() -> Any:
+    return SimpleNamespace(shared=[], reduce_grads=lambda: None)
+
+
+def test_clipping_matches_clip_grad_norm() -> None:
+    stage, copy = stage_and_copy()
+    x = torch.randn(8, 4) * 10
+    for model in (torch.nn.Sequential(*(stage.layers[i].module for i in stage.owned)), copy):
+        model(x).pow(2).sum().backward()
+    stepper = Stepper(stage, no_ties(), None, 0, 1, 0.5, LossScale(False))  # type: ignore[arg-type]
+    report = stepper.step(0)
+    expected = torch.nn.utils.clip_grad_norm_(copy.parameters(), 0.5)
+    torch.optim.SGD(copy.parameters(), lr=0.1).step()
+    assert report.grad_norm == pytest.approx(float(expected), rel=1e-6) and report.grad_norm > 0.5
+    assert report.lr == 0.1 and not report.skipped
+    for (_, p), q in zip(stage.params(), copy.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach())
+        assert p.grad is None
+
+
+def test_an_overflow_skips_the_step_and_halves_the_scale() -> None:
+    stage, _ = stage_and_copy()
+    before = [p.detach().clone() for _, p in stage.params()]
+    for _, p in stage.params():
+        p.grad = torch.full_like(p, float("nan"))
+    scale = LossScale(True)
+    report = Stepper(stage, no_ties(), None, 0, 1, None, scale).step(0)  # type: ignore[arg-type]
+    assert report.skipped and scale.scale == 2.0 ** 15
+    assert all(torch.equal(a, p) for a, (_, p) in zip(before, stage.params()))
+
+
+def test_bad_clip_values_are_refused() -> None:
+    stage, _ = stage_and_copy()
+    with pytest.raises(ValueError, match="clip_grad_norm"):
+        Stepper(stage, no_ties(), None, 0, 1, 0.0, LossScale(False))  # type: ignore[arg-type]
