@@ -161,6 +161,20 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
                    help="read the key from here; rank 0 creates it if missing")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--threads", type=int, default=1)
+    t = p.add_argument_group("training", "the same options as launch()")
+    t.add_argument("--lr-scheduler", help="package.module:factory, optimizer -> scheduler")
+    t.add_argument("--clip-grad-norm", type=float, help="clip by the global gradient 2-norm over every stage")
+    t.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
+    t.add_argument("--eval-data", help="bundled example or package.module:data for periodic evaluation")
+    t.add_argument("--eval-every", type=int, help="evaluate every this many iterations")
+    t.add_argument("--eval-batches", type=int, default=1)
+    t.add_argument("--log", help="tensorboard:DIR, wandb:PROJECT or mlflow:URI (rank 0 logs every iteration)")
+    u = p.add_argument_group("unattended runs", "train without a client; attaching later still works")
+    u.add_argument("--iterations", type=int, help="train until this iteration, then save and exit (default: wait "
+                   "for a client's run command)")
+    u.add_argument("--save-every", type=int, help="checkpoint into --run-dir every this many iterations")
+    u.add_argument("--run-dir", help="checkpoints, metrics.jsonl and attach.json; a restart resumes from the newest "
+                   "complete checkpoint here")
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -52,6 +53,8 @@ class Broker:
         self._sender = P.Sender(session)
         self._guard = P.ReplayGuard(session, exempt=frozenset({P.ATTACH, P.DETACH, P.HEARTBEAT}))
         self._replay: deque[list[bytes]] = deque(maxlen=REPLAY)
+        self._busy = time.monotonic()  # when the loop last had something to read
+        self.observer: Callable[[P.Message], None] | None = None  # an unattended job's run log (control/runlog.py)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="vpipe-broker", daemon=True)
         self._thread.start()
@@ -87,6 +90,8 @@ class Broker:
         poller.register(self._front, zmq.POLLIN)
         while not self._stop.is_set():
             events = dict(poller.poll(50))
+            if events:
+                self._busy = time.monotonic()
             if self._back in events:
                 while True:
                     try:
@@ -96,6 +101,11 @@ class Broker:
                     msg = self._verify(frames[1:], "backend")
                     if msg is None or msg.type == P.HEARTBEAT:
                         continue
+                    if self.observer is not None:
+                        try:
+                            self.observer(msg)
+                        except Exception:  # the run log must never stop the job's control traffic
+                            log.exception("broker: the run log failed on a %s message", msg.type)
                     if msg.type == P.READY:
                         self.ready[int(msg.body["rank"])] = msg.body
                         self.current = {**self.current, "plan": msg.body["plan"], "names": msg.body["names"],
@@ -132,7 +142,11 @@ class Broker:
                 if now - seen > CLIENT_TIMEOUT_S:
                     self.clients.pop(client, None)
 
-    def close(self) -> None:
+    def close(self, drain_s: float = 2.0) -> None:
+        """Stop, after the ranks' last messages (an unattended job's final iteration reports) have been read."""
+        deadline = time.monotonic() + drain_s
+        while time.monotonic() - self._busy < 0.3 and time.monotonic() < deadline:
+            time.sleep(0.05)
         self._stop.set()
         self._thread.join(timeout=2)
         self._back.close(0)

@@ -65,7 +65,45 @@ def _key(args: argparse.Namespace, rank: int) -> str:
     return read_key(path) if rank == 0 else ""
 
 
+def _check(args: argparse.Namespace) -> None:
+    """Refuse options that cannot work before joining anything, naming the value."""
+    from vpipe_lab.control.launch import check_training
+    from vpipe_lab.control.sinks import check
+
+    check_training(args.clip_grad_norm, args.precision, args.eval_every, args.eval_batches)
+    check(args.log)
+    for name in ("iterations", "save_every"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.save_every and not args.run_dir:
+        raise ValueError("--save-every needs --run-dir: where the checkpoints go")
+
+
+def _resume_point(run_dir: Path, stages: int) -> dict[str, Any] | None:
+    """Rank 0: the newest complete checkpoint in the run directory, if any (a restarted job continues from it)."""
+    from vpipe_lab.control.checkpoint import Manifest
+    from vpipe_lab.core.errors import ProfileError
+    from vpipe_lab.core.model import Plan
+    from vpipe_lab.core.partition import uniform
+
+    root = run_dir / "checkpoints"
+    if not root.exists():
+        return None
+    try:
+        manifest = Manifest.read(root)
+    except ProfileError as exc:
+        log.warning("not resuming from %s: %s", root, exc)
+        return None
+    plan = Plan.from_dict(manifest.plan)
+    if plan.stages != stages:  # layers are saved one file each: another stage count resumes on an even split
+        plan = Plan(uniform(manifest.num_layers, stages), plan.policies, plan.microbatches, plan.schedule)
+    log.info("resuming from %s at iteration %d", manifest.directory, manifest.iteration)
+    return {"path": str(root.absolute()), "iteration": manifest.iteration, "plan": plan.to_dict()}
+
+
 def main(args: argparse.Namespace) -> int:
+    _check(args)
     rank, world = _env("RANK"), _env("WORLD_SIZE")
     local_rank, local_world = _env("LOCAL_RANK"), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
@@ -78,28 +116,47 @@ def main(args: argparse.Namespace) -> int:
            "schedule": args.schedule, "device": args.device, "seed": args.seed, "memory_budget": budget,
            "timeout_s": args.timeout, "master_addr": os.environ.get("MASTER_ADDR", ""),
            "master_port": int(os.environ.get("MASTER_PORT", "0"))}
-    broker = None
+    broker = runlog = None
     shared: dict[str, Any] | None = None
+    run_dir = Path(args.run_dir).absolute() if args.run_dir else None
     if rank == 0:
+        resume = _resume_point(run_dir, world) if run_dir is not None else None
         key = _key(args, rank)
         master = socket.gethostbyname(os.environ.get("MASTER_ADDR", "127.0.0.1"))
         backend = f"tcp://{master}:{args.backend_port}" if args.backend_port else f"tcp://{master}:0"
         broker = Broker(key, backend.replace(":0", ":*") if backend.endswith(":0") else backend,
                         f"tcp://{args.control_host}:{args.control_port}", job)
-        shared = {"key": key, "backend": broker.backend, "job": job}
+        shared = {"key": key, "backend": broker.backend, "job": job, "resume": resume}
         log.info("control endpoint for clients: %s (backend for ranks: %s)", broker.frontend, broker.backend)
+        if run_dir is not None:
+            from vpipe_lab.control import runlog as runlogs
+            from vpipe_lab.control.sinks import open_sink
+
+            runlog = runlogs.RunLog(run_dir, world, resume["iteration"] if resume else 0, open_sink(args.log))
+            broker.observer = runlog.observe
+            key_file = None if (args.key or os.environ.get("VPIPE_LAB_KEY")) else str(Path(args.key_file).absolute())
+            where = runlogs.write_attach(run_dir, broker.frontend, socket.gethostname(), key_file)
+            log.info("how to attach: %s", where)
     # Every rank learns the key, the backend and the job's id over the process group it already trusts.
     shared = peer.broadcast_json(shared)
     assert shared is not None
     spec = JobSpec(session_id=shared["job"]["session_id"], key=shared["key"], address=shared["backend"],
                    master_addr=job["master_addr"], master_port=job["master_port"], stages=world,
                    microbatches=args.microbatches, schedule=args.schedule, device=args.device, seed=args.seed,
-                   memory_budget=budget, timeout_s=args.timeout, threads=args.threads)
+                   memory_budget=budget, timeout_s=args.timeout, threads=args.threads,
+                   clip_grad_norm=args.clip_grad_norm, precision=args.precision, eval_every=args.eval_every,
+                   eval_batches=args.eval_batches, iterations=args.iterations, save_every=args.save_every,
+                   run_dir=str(run_dir) if run_dir is not None else None)
+    resume = shared.get("resume")
+    if resume is not None:
+        spec.resume_path, spec.start_iteration, spec.plan = resume["path"], resume["iteration"], resume["plan"]
     _role(args.model, "model", spec)
     _role(args.data, "data", spec)
     _role(args.loss, "loss", spec)
     _role(args.optimizer, "optimizer", spec)
-    if args.plan:
+    _role(args.lr_scheduler, "lr_scheduler", spec)
+    _role(args.eval_data, "eval_data", spec)
+    if args.plan and resume is None:
         from vpipe_lab.core.model import Plan
 
         spec.plan = Plan.from_json(Path(args.plan)).to_dict()
@@ -110,3 +167,5 @@ def main(args: argparse.Namespace) -> int:
     finally:
         if broker is not None:
             broker.close()
+        if runlog is not None:
+            runlog.close()

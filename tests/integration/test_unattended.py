@@ -1,0 +1,98 @@
+"""Unattended torchrun jobs (``vpipe-lab worker --iterations N --save-every K --run-dir DIR``): they train without a
+client, write metrics and checkpoints into the run directory, say where to attach, and a job that is killed and
+restarted continues from its last checkpoint with the same losses as a run that was never interrupted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import vpipe_lab
+from vpipe_lab.control import runlog
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+KEY = "fedcba9876543210" * 4
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(run_dir: Path, iterations: int, log: Path) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "--max-restarts", "0", "-m", "vpipe_lab.cli", "worker", "--model", "mlp",
+           "--data", "tests.integration.slow_data:data", "--microbatches", "4", "--device", "cpu",
+           "--control-port", str(_port()), "--iterations", str(iterations), "--save-every", "4",
+           "--run-dir", str(run_dir), "--clip-grad-norm", "1.0"]
+    env = {**os.environ, "VPIPE_LAB_KEY": KEY, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        family = psutil.Process(proc.pid).children(recursive=True)
+        os.killpg(proc.pid, signal.SIGKILL)
+        for child in family:
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
+        proc.wait(timeout=30)
+
+
+def latest_iteration(run_dir: Path) -> int:
+    pointer = run_dir / "checkpoints" / "latest"
+    return int(pointer.read_text().split("-")[1]) if pointer.exists() else -1
+
+
+def test_killed_job_resumes_with_the_same_losses_and_can_be_attached(tmp_path: Path) -> None:
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    proc = start(whole, 12, tmp_path / "whole.log")
+    try:
+        assert proc.wait(timeout=300) == 0, (tmp_path / "whole.log").read_text()[-3000:]
+    finally:
+        kill(proc)
+    expected = runlog.read(whole)
+    assert list(expected["iteration"]) == list(range(12))
+    assert expected["grad_norm"].notna().all()
+    assert latest_iteration(whole) == 12  # --save-every 4 ends on a checkpoint
+
+    proc = start(broken, 12, tmp_path / "broken.log")
+    try:
+        deadline = time.monotonic() + 240
+        while latest_iteration(broken) < 4:
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "broken.log").read_text()[-3000:]
+            time.sleep(0.05)
+        where = json.loads((broken / "attach.json").read_text())
+        assert where["key_file"] is None  # the key came from VPIPE_LAB_KEY
+        session = vpipe_lab.attach(where["address"], key=KEY, timeout=10)  # a client comes and goes
+        assert session.stages == 2
+        session.detach()
+        kill(proc)  # mid-run, after the checkpoint at 4 (and maybe 8)
+    finally:
+        kill(proc)
+    resumed_from = latest_iteration(broken)
+    assert 4 <= resumed_from < 12
+    proc = start(broken, 12, tmp_path / "broken.log")
+    try:
+        assert proc.wait(timeout=300) == 0, (tmp_path / "broken.log").read_text()[-3000:]
+    finally:
+        kill(proc)
+    got = runlog.read(broken)
+    assert list(got["iteration"]) == list(range(12))  # the restart replaced what the kill cut off
+    assert list(got["loss"]) == list(expected["loss"])
+    assert list(got["grad_norm"]) == list(expected["grad_norm"])
+    assert list(runlog.read(broken, "start")["iteration"]) == [0, resumed_from]  # it did resume
