@@ -37,8 +37,10 @@ class FakeSession:
         spans += spans_from_wire(1, it, [[0, 0, -1, it + 0.4, it + 0.5], [5, 0, -1, it + 0.5, it + 0.55]])
         memory = [{"iteration": it, "stage": s, "params": 10, "grads": 10, "optimizer": 20, "resident": 100,
                    "activations": 120, "host": 0} for s in range(2)]
-        self.metrics.add({"iteration": it, "loss": 2.0 / (it + 1), "time_s": 1.0, "samples_per_s": float("nan")},
-                         spans, memory)
+        self.metrics.add({"iteration": it, "loss": 2.0 / (it + 1), "time_s": 1.0, "samples_per_s": float("nan"),
+                          "grad_norm": 0.5, "lr": 0.01}, spans, memory)
+        if it % 10 == 9:
+            self.metrics.add_evaluation({"iteration": it + 1, "loss": 1.0, "batches": 1, "seconds": 0.1})
         self.iteration = it + 1
         for cb in list(self.callbacks):
             cb({"type": "iteration", "iteration": it})
@@ -59,7 +61,8 @@ def test_refreshes_are_bounded_and_windows_roll() -> None:
         # 2 forward spans per iteration (one per stage), 3 entries each; only the last 2 iterations are drawn
         assert forward.name == "forward" and len(forward.x) == 3 * 2 * 2
         assert list(board.loss.data[0].x)[-1] == 59 and board.loss.data[1].y[-1] is None  # NaN drawn as a gap
-        assert "iteration 60" in board.header.value
+        assert "iteration 60" in board.header.value and "grad norm 0.5, lr 0.01" in board.header.value
+        assert list(board.loss.data[2].x) == [10, 20, 30, 40, 50, 60] and board.loss.data[3].y[-1] == 0.5
         assert board.memory.data[1].y[0] == pytest.approx(100 / 2**30)
     finally:
         board.close()

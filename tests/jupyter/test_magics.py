@@ -56,9 +56,17 @@ def test_completion() -> None:
 
 @pytest.mark.slow
 def test_a_session_driven_from_magics(ip, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
-    ip.run_line_magic("vpipe", "start mlp --stages 2 --microbatches 4 --device cpu --run 4 --name pipe")
+    import torch
+
+    ip.user_ns["halve"] = lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    ip.run_line_magic("vpipe", "start mlp --stages 2 --microbatches 4 --device cpu --run 4 --name pipe "
+                      "--lr-scheduler halve --clip-grad-norm 5 --eval-data mlp --eval-every 2")
     pipe = ip.user_ns["pipe"]
     assert ip.run_line_magic("vpipe", "wait 4 --timeout 120") >= 4
+    frame = pipe.metrics.iterations
+    assert list(frame["lr"][:4]) == [0.05, 0.05, 0.025, 0.025] and frame["grad_norm"].notna().all()
+    value = ip.run_line_magic("vpipe", "eval mlp --batches 2")
+    assert value > 0 and pipe.metrics.evaluations["loss"].iloc[-1] == value
     ip.run_line_magic("vpipe", "policy 3=swap 4=recompute")
     ip.run_line_magic("vpipe", "partition 0 4 10")
     assert pipe.plan.boundaries == (0, 4, 10) and pipe.plan.policies[3].value == "swap"
@@ -83,3 +91,4 @@ def test_a_session_driven_from_magics(ip, tmp_path: Path, capsys: pytest.Capture
     ip.run_line_magic("vpipe", "stop")
     out = capsys.readouterr().out
     assert "bound to `pipe`" in out and "stopped; no worker process is left" in out
+    assert "evaluation loss" in out

@@ -25,6 +25,10 @@ class Metrics:
         with self._lock:
             self._evaluations.append(record)
 
+    def evaluation_records(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._evaluations)
+
     @property
     def evaluations(self) -> Any:
         """Evaluation passes: the iteration they ran at (after that many steps), mean loss, batches, seconds."""

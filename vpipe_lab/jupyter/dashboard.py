@@ -29,6 +29,8 @@ def loss_figure(widget: bool = True) -> Any:
     fig = (go.FigureWidget if widget else go.Figure)(data=[
         go.Scatter(x=[], y=[], mode="lines", name="loss", line={"color": "#4C78A8"}),
         go.Scatter(x=[], y=[], mode="lines", name="samples/s", yaxis="y2", line={"color": "#F58518"}),
+        go.Scatter(x=[], y=[], mode="markers", name="eval loss", marker={"color": "#54A24B", "size": 8}),
+        go.Scatter(x=[], y=[], mode="lines", name="grad norm", line={"color": "#B279A2", "dash": "dot"}),
     ])
     fig.update_layout(title="loss and throughput", height=300, xaxis_title="iteration", uirevision="loss",
                       margin={"l": 50, "r": 50, "t": 40, "b": 30}, legend={"orientation": "h", "y": -0.3},
@@ -91,7 +93,10 @@ class Dashboard:
         text = f"<b>vpipe_lab</b> - {state}, iteration {s.iteration}, plan v{s.plan_version}: {s.plan.describe()}"
         if latest:
             text += (f" - last iteration {human_time(latest['time_s'])}, loss {latest['loss']:.4f}"
-                     + (f", {latest['samples_per_s']:.0f} samples/s" if latest.get("samples_per_s") else ""))
+                     + (f", {latest['samples_per_s']:.0f} samples/s" if latest.get("samples_per_s") else "")
+                     + (f", grad norm {latest['grad_norm']:.3g}" if _finite(latest.get("grad_norm")) else "")
+                     + (f", lr {latest['lr']:.3g}" if latest.get("lr") is not None else "")
+                     + (" (fp16 overflow: step skipped)" if latest.get("skipped") else ""))
         self.header.value = text
         self.draw_timeline(timeline)
         if mem:
@@ -106,6 +111,10 @@ class Dashboard:
             xs = [r["iteration"] for r in records]
             self.loss.data[0].x, self.loss.data[0].y = xs, [_finite(r["loss"]) for r in records]
             self.loss.data[1].x, self.loss.data[1].y = xs, [_finite(r.get("samples_per_s")) for r in records]
+            evals = s.metrics.evaluation_records()[-self.points:]
+            self.loss.data[2].x, self.loss.data[2].y = [e["iteration"] for e in evals], [_finite(e["loss"])
+                                                                                          for e in evals]
+            self.loss.data[3].x, self.loss.data[3].y = xs, [_finite(r.get("grad_norm")) for r in records]
         self.refreshes += 1
 
     def draw_timeline(self, timeline: Timeline, title: str | None = None) -> None:

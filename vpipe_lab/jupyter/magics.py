@@ -27,7 +27,7 @@ from vpipe_lab.core.report import human_time, plan_table
 
 log = logging.getLogger(__name__)
 COMMANDS = ("start", "status", "run", "wait", "pause", "resume", "stop", "plan", "apply", "partition", "policy",
-            "trace", "dashboard", "editor", "help")
+            "eval", "trace", "dashboard", "editor", "help")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -71,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plan", help="notebook variable holding a Plan")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--auto-replan", action="store_true", help="let vPipe replan and migrate on its own")
+    s.add_argument("--lr-scheduler", help="notebook variable holding an optimizer -> scheduler factory")
+    s.add_argument("--clip-grad-norm", type=float, help="clip by the global gradient 2-norm over every stage")
+    s.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
+    s.add_argument("--eval-data", help="evaluation data: bundled name or notebook variable")
+    s.add_argument("--eval-every", type=int, help="evaluate every this many iterations")
+    s.add_argument("--eval-batches", type=int, default=1)
+    s.add_argument("--log", help="tensorboard:DIR, wandb:PROJECT, mlflow:URI or a notebook variable (a function)")
     s.add_argument("--run", default=None, help="start training right away: N iterations or 'forever'")
     s.add_argument("--name", default="session", help="notebook variable to bind the Session to (default: session)")
     sub.add_parser("status", help="the session, its plan and the last iteration")
@@ -93,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("boundaries", nargs="+", type=int)
     po = sub.add_parser("policy", help="set layer policies, e.g. 3=swap 4=recompute 5=keep")
     po.add_argument("assignments", nargs="+")
+    ev = sub.add_parser("eval", help="mean loss of a forward-only pass (eval mode) at the next iteration boundary")
+    ev.add_argument("data", nargs="?", help="bundled name or notebook variable (default: the job's eval data)")
+    ev.add_argument("--batches", type=int, default=1)
     t = sub.add_parser("trace", help="write the last iterations as a Chrome trace (open it in Perfetto)")
     t.add_argument("file")
     t.add_argument("--iterations", type=int, default=3)
@@ -163,6 +173,10 @@ class VpipeMagics(Magics):
             optimizer=self._value(args.optimizer, "optimizer factory") if args.optimizer else None,
             plan=self._value(args.plan, "plan") if args.plan else None, auto_replan=args.auto_replan,
             split=self._split(args.split),
+            lr_scheduler=self._value(args.lr_scheduler, "LR scheduler factory") if args.lr_scheduler else None,
+            clip_grad_norm=args.clip_grad_norm, precision=args.precision,
+            eval_data=self._data(args.eval_data), eval_every=args.eval_every, eval_batches=args.eval_batches,
+            log=args.log if args.log is None or ":" in args.log else self._value(args.log, "logging function"),
         )
         self.session = session
         self.shell.user_ns[args.name] = session
@@ -173,6 +187,16 @@ class VpipeMagics(Magics):
         print(f"vpipe: {session.stages} stages ready on {session._ready[0].get('device')}, bound to `{args.name}`"
               + training)
         return None
+
+    def _data(self, name: str | None) -> Any:
+        from vpipe_lab.examples import EXAMPLES
+
+        return None if name is None else name if name in EXAMPLES or ":" in name else self._value(name, "data")
+
+    def cmd_eval(self, args: argparse.Namespace) -> float:
+        value = self._need().evaluate(self._data(args.data), batches=args.batches)
+        print(f"vpipe: evaluation loss {value:.4f} over {args.batches} batch(es)")
+        return value
 
     def _split(self, text: str | None) -> Any:
         if not text:
