@@ -63,6 +63,7 @@ def test_tied_gpt_with_clipping_counts_the_shared_weight_once() -> None:
     norms: list[float] = []
     model, losses = reference.train(gpt.model, gpt.data, gpt.loss, gpt.optimizer, iterations=2, microbatches=2,
                                     clip=0.1, norms=norms)
+    assert list(frame["loss"]) == pytest.approx(losses, rel=1e-5)
     assert list(frame["grad_norm"]) == pytest.approx(norms, rel=1e-4)
     reference.assert_state_matches(state, model)
 
@@ -118,7 +119,7 @@ def test_evaluate_is_forward_only_and_changes_nothing() -> None:
         session.wait(timeout=120)
         frame = session.metrics.iterations
         evaluations = session.metrics.evaluations
-    model, losses = reference.train(gpt.model, gpt.data, gpt.loss, gpt.optimizer, iterations=1, microbatches=2)
+    model, _ = reference.train(gpt.model, gpt.data, gpt.loss, gpt.optimizer, iterations=1, microbatches=2)
     model.eval()
     with torch.no_grad():
         expected = []
@@ -184,3 +185,32 @@ def test_bad_training_options_are_refused_before_anything_starts() -> None:
                           ({"lr_scheduler": "mlp"}, "lr_scheduler")):
         with pytest.raises(ValueError, match=words):
             vpipe_lab.launch("mlp", stages=2, microbatches=2, device="cpu", **kwargs)
+
+
+def test_transformers_gpt2_with_schedule_clipping_and_evaluation() -> None:
+    """A HuggingFace GPT-2 (captured with torch.export, tied embedding and LM head on different stages, dict inputs
+    with an attention mask): AdamW + warm-up + global clipping match plain PyTorch, and evaluation runs its
+    captured graph in eval mode."""
+    from tests.integration import zoo
+
+    plan = Plan((0, 3, 6), ("keep", "recompute", "keep", "keep", "swap", "keep"), 4, "1f1b")
+    with vpipe_lab.launch(zoo.gpt2, zoo.gpt2_data, loss=zoo.lm_loss, optimizer=zoo.adamw, lr_scheduler=warmup,
+                          clip_grad_norm=0.5, stages=2, microbatches=4, plan=plan, device="cpu", timeout=90,
+                          start_timeout=180) as session:
+        session.run(3)
+        session.wait(timeout=240)
+        value = session.evaluate(batches=1)
+        frame = session.metrics.iterations
+        state = session.state_dict()
+    norms: list[float] = []
+    model, losses = reference.train(zoo.gpt2, zoo.gpt2_data, zoo.lm_loss, zoo.adamw, iterations=3, microbatches=4,
+                                    scheduler_fn=warmup, clip=0.5, norms=norms)
+    assert list(frame["loss"]) == pytest.approx(losses, rel=1e-5)
+    assert list(frame["grad_norm"]) == pytest.approx(norms, rel=1e-4) and max(norms) > 0.5
+    reference.assert_state_matches(state, model)
+    model.eval()
+    x, y = zoo.gpt2_data(0)
+    with torch.no_grad():
+        parts = [zoo.lm_loss(model(**{k: v.chunk(4)[i] for k, v in x.items()}), y.chunk(4)[i])
+                 for i in range(4)]
+    assert value == pytest.approx(float(sum(parts)) / 4, rel=1e-5)

@@ -35,7 +35,8 @@ def start(run_dir: Path, iterations: int, log: Path) -> subprocess.Popen[bytes]:
            "--max-restarts", "0", "-m", "vpipe_lab.cli", "worker", "--model", "mlp",
            "--data", "tests.integration.slow_data:data", "--microbatches", "4", "--device", "cpu",
            "--control-port", str(_port()), "--iterations", str(iterations), "--save-every", "4",
-           "--run-dir", str(run_dir), "--clip-grad-norm", "1.0"]
+           "--run-dir", str(run_dir), "--clip-grad-norm", "1.0",
+           "--lr-scheduler", "tests.integration.slow_data:warmup"]
     env = {**os.environ, "VPIPE_LAB_KEY": KEY, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -95,4 +96,5 @@ def test_killed_job_resumes_with_the_same_losses_and_can_be_attached(tmp_path: P
     assert list(got["iteration"]) == list(range(12))  # the restart replaced what the kill cut off
     assert list(got["loss"]) == list(expected["loss"])
     assert list(got["grad_norm"]) == list(expected["grad_norm"])
+    assert list(got["lr"]) == list(expected["lr"]) == pytest.approx([0.05 * min(1.0, (s + 1) / 10) for s in range(12)])
     assert list(runlog.read(broken, "start")["iteration"]) == [0, resumed_from]  # it did resume

@@ -64,3 +64,28 @@ def test_default_loss_reads_model_outputs() -> None:
     assert default_loss(out, torch.zeros(2, 3, dtype=torch.long)).item() == pytest.approx(torch.log(torch.tensor(7.)).item())
     with pytest.raises(ValueError, match="no targets and the model's output has no loss"):
         default_loss(torch.zeros(2), None)
+
+
+def test_a_torch_profiler_trace_reads_like_the_timeline() -> None:
+    """Every action is a record_function range named like the timeline's spans."""
+    ex, plan = executor("kkkkkrrrrr", "1f1b")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        ex.run(0, plan, mlp.data(0))
+    names = {e.name for e in prof.events()}
+    for mb in range(4):
+        assert f"vpipe/forward mb{mb}" in names and f"vpipe/backward mb{mb}" in names
+    assert any(n.startswith("vpipe/recompute mb0 layer") for n in names)
+
+
+def test_evaluate_is_forward_only_in_eval_mode() -> None:
+    """The mean of the evaluation losses is plain eval-mode PyTorch's, and no parameter gets a gradient."""
+    ex, plan = executor("kkkkkrrrrr", "1f1b")
+    x, y = mlp.data(0)
+    losses = ex.evaluate(plan, (x, y))
+    torch.manual_seed(0)
+    model = mlp.model().eval()
+    with torch.no_grad():
+        expected = [float(mlp.loss(model(xm), ym)) for xm, ym in zip(x.chunk(4), y.chunk(4))]
+    assert losses == pytest.approx(expected, rel=1e-6)
+    assert all(p.grad is None for _, p in ex.stage.params())
+    assert all(ex.stage.layers[i].module.training for i in ex.stage.owned)

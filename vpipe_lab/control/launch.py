@@ -105,8 +105,8 @@ def launch(
     ``eval_every`` iterations on ``eval_batches`` batches (see ``Session.evaluate``); ``log`` sends the metrics to
     "tensorboard:DIR", "wandb:PROJECT", "mlflow:URI" or a function (see ``control/sinks.py``).
     """
-    from vpipe_lab.control import sinks
     from vpipe_lab import examples
+    from vpipe_lab.control import sinks
 
     if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
         raise ValueError(f"stages must be a whole number >= 1, got {stages!r}")

@@ -35,7 +35,7 @@ class RunLog:
         self._partial: dict[int, dict[int, dict[str, Any]]] = {}
         run_dir.mkdir(parents=True, exist_ok=True)
         self._truncate(start)
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - open for the run's lifetime
+        self._file = open(self.path, "a", encoding="utf-8")
         self._write({"kind": "start", "iteration": start})
 
     def _truncate(self, start: int) -> None:

@@ -95,7 +95,7 @@ class Session(LiveMixin):
             elif msg.type == P.ITERATION:
                 done = self._on_iteration(body)
                 if done is not None:
-                    logged = lambda: self.logger.iteration(*done)  # noqa: E731
+                    logged = lambda: self.logger.iteration(*done)
             elif msg.type == P.ACK:
                 self._acks[int(body.get("id") or 0)] = body
             elif msg.type in (P.LAYERS, P.TENSORS):
@@ -107,7 +107,7 @@ class Session(LiveMixin):
                     record = {k: body[k] for k in ("iteration", "loss", "batches", "seconds")}
                     self.metrics.add_evaluation(record)
                     self._pending_events.append({"type": "evaluated", **record})
-                    logged = lambda: self.logger.evaluation(record)  # noqa: E731
+                    logged = lambda: self.logger.evaluation(record)
             elif msg.type == P.MIGRATED:
                 start, end = body["span"]
                 span = Span(int(body["rank"]), "migrate", -1, None, float(start), float(end), int(body["iteration"]))
@@ -115,7 +115,7 @@ class Session(LiveMixin):
                 self._pending_events.append({"type": "migrated", **body})
                 if int(body["rank"]) == 0:
                     text = f"plan version {body['version']}: layers in {body['layers_in']}, out {body['layers_out']}"
-                    logged = lambda: self.logger.event(int(body["iteration"]), "plan", text)  # noqa: E731
+                    logged = lambda: self.logger.event(int(body["iteration"]), "plan", text)
             elif msg.type == P.ERROR:
                 self._on_error(body)
             self._cond.notify_all()
