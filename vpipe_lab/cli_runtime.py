@@ -148,6 +148,8 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loss", help="package.module:loss")
     p.add_argument("--optimizer", help="package.module:optimizer_factory")
     p.add_argument("--microbatches", "-m", type=int, default=4)
+    p.add_argument("--replicas", type=int, default=1, help="data-parallel copies of the pipeline: torchrun starts "
+                   "stages x replicas processes")
     p.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--seed", type=int, default=0)

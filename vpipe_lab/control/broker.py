@@ -112,7 +112,8 @@ class Broker:
                                         "iteration": msg.body.get("iteration", 0)}
                     elif msg.type == P.CURRENT:
                         self.current = {**self.current, **msg.body}
-                    elif msg.type == P.ITERATION and int(msg.body.get("stage", -1)) == 0:
+                    elif msg.type == P.ITERATION and int(msg.body.get("stage", -1)) == 0 \
+                            and int(msg.body.get("replica", 0)) == 0:
                         self.current["iteration"] = int(msg.body["iteration"]) + 1
                     if msg.type in (P.ITERATION, P.MIGRATED):
                         self._replay.append(frames[1:])

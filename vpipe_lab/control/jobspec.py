@@ -19,6 +19,7 @@ class JobSpec:
     master_port: int
     stages: int
     microbatches: int
+    replicas: int = 1  # data-parallel copies of the pipeline (runtime/replicas.py): stages x replicas ranks
     schedule: str = "1f1b"
     device: str = "auto"
     seed: int = 0

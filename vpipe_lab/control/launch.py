@@ -83,6 +83,7 @@ def launch(
     eval_every: int | None = None,
     eval_batches: int = 1,
     log: Any = None,
+    replicas: int = 1,
 ) -> Session:
     """Start one worker process per stage and return the Session once every stage is ready (training not started).
 
@@ -103,7 +104,9 @@ def launch(
     ``torch.nn.utils.clip_grad_norm_`` does on the whole model; ``precision`` is "fp32", "bf16" or "fp16" (autocast,
     float32 master weights, a loss scale all stages agree on); ``eval_data`` (like ``data``) is evaluated every
     ``eval_every`` iterations on ``eval_batches`` batches (see ``Session.evaluate``); ``log`` sends the metrics to
-    "tensorboard:DIR", "wandb:PROJECT", "mlflow:URI" or a function (see ``control/sinks.py``).
+    "tensorboard:DIR", "wandb:PROJECT", "mlflow:URI" or a function (see ``control/sinks.py``). ``replicas=R``
+    trains R data-parallel copies of the pipeline (stages x R worker processes), each on 1/R of every batch, with
+    gradients averaged per stage across them (see ``runtime/replicas.py``).
     """
     from vpipe_lab import examples
     from vpipe_lab.control import sinks
@@ -117,6 +120,8 @@ def launch(
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"unknown device {device!r}: use 'auto', 'cpu' or 'cuda'")
     check_training(clip_grad_norm, precision, eval_every, eval_batches)
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise ValueError(f"replicas must be a whole number >= 1, got {replicas!r}")
     sinks.check(log)
     manifest = None
     if resume is not None:
@@ -176,7 +181,7 @@ def launch(
         start_iteration=manifest.iteration if manifest else 0,
         resume_path=str(Path(resume).absolute()) if resume is not None else None,
         clip_grad_norm=None if clip_grad_norm is None else float(clip_grad_norm), precision=precision,
-        eval_every=eval_every, eval_batches=eval_batches,
+        eval_every=eval_every, eval_batches=eval_batches, replicas=replicas,
     )
     spec_path = job_dir / "job.json"
     spec.save(spec_path)
@@ -188,7 +193,7 @@ def launch(
         session.stop()
         raise
     try:
-        for rank in range(stages):
+        for rank in range(stages * replicas):
             launcher.spawn(rank, ["--config", str(spec_path), "--rank", str(rank)])
     except Exception:
         session.stop()
@@ -221,13 +226,14 @@ def attach(address: str, *, key: str | None = None, key_file: str | Path | None 
     spec = JobSpec(session_id=job["session_id"], key=key, address=address, master_addr=job.get("master_addr", ""),
                    master_port=int(job.get("master_port", 0)), stages=int(job["stages"]),
                    microbatches=int(job["microbatches"]), schedule=job["schedule"], device=job["device"],
+                   replicas=int(job.get("replicas", 1)),
                    seed=int(job["seed"]), memory_budget=job.get("memory_budget"), timeout_s=float(job["timeout_s"]))
     session = Session(spec, client, launcher=None, job_dir=None, attached=True)
     for body in welcome["ready"]:
         session._ready[int(body["rank"])] = body
-    if len(session._ready) < session.stages:
+    if len(session._ready) < session.workers:
         client.close()
-        raise TimeoutError(f"only {len(session._ready)} of {session.stages} stages are ready yet; attach again shortly")
+        raise TimeoutError(f"only {len(session._ready)} of {session.workers} ranks are ready yet; attach again shortly")
     current = welcome.get("current", {})
     session._plan = Plan.from_dict(current.get("plan") or welcome["ready"][0]["plan"])
     session.names = list(current.get("names") or welcome["ready"][0]["names"])

@@ -20,6 +20,20 @@ class Metrics:
         self._spans: deque[tuple[int, list[Span]]] = deque(maxlen=span_window)
         self._latest_memory: list[dict[str, Any]] = []
         self._evaluations: deque[dict[str, Any]] = deque(maxlen=max_rows)
+        self._replicas: deque[dict[str, Any]] = deque(maxlen=max_rows)
+
+    def add_replicas(self, rows: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self._replicas.extend(rows)
+
+    @property
+    def replicas(self) -> Any:
+        """With ``replicas=R``: each pipeline replica's loss, samples and time per iteration (``iterations`` holds
+        the totals)."""
+        import pandas as pd
+
+        with self._lock:
+            return pd.DataFrame(list(self._replicas))
 
     def add_evaluation(self, record: dict[str, Any]) -> None:
         with self._lock:
@@ -103,16 +117,20 @@ def spans_from_wire(stage: int, iteration: int, rows: list[list[Any]]) -> list[S
 
 
 def combine(iteration: int, parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """One iteration's record from every stage's report (ordered by stage): the mean micro-batch loss (the last
-    stage's), the time from the first start to the last end, throughput, and what the step did (global gradient norm,
-    learning rate, fp16 loss scale, whether an overflow skipped it)."""
+    """One iteration's record from every rank's report (any order; several pipeline replicas with ``replicas=R``):
+    the mean micro-batch loss over every replica's last stage, the time from the first start to the last end,
+    throughput over all replicas, and what the step did (global gradient norm, learning rate, fp16 loss scale,
+    whether an overflow skipped it)."""
     start, end = min(b["start"] for b in parts), max(b["end"] for b in parts)
-    losses = parts[-1]["losses"]
-    first = parts[0]
+    last = max(int(b["stage"]) for b in parts)
+    losses = [v for b in parts if int(b["stage"]) == last for v in b["losses"]]
+    firsts = [b for b in parts if int(b["stage"]) == 0]
+    first = min(firsts, key=lambda b: int(b.get("replica", 0)))
+    samples = [b.get("samples") for b in firsts]
     record: dict[str, Any] = {
         "iteration": iteration, "loss": sum(losses) / len(losses) if losses else float("nan"),
         "time_s": end - start, "start_s": start, "end_s": end,
-        "samples": first.get("samples"), "microbatches": first.get("microbatches"),
+        "samples": sum(samples) if all(samples) else None, "microbatches": first.get("microbatches"),
         "plan_version": first.get("plan_version", 0),
         "grad_norm": first.get("grad_norm"), "lr": first.get("lr"),
     }
@@ -122,3 +140,17 @@ def combine(iteration: int, parts: list[dict[str, Any]]) -> dict[str, Any]:
     if record["samples"]:
         record["samples_per_s"] = record["samples"] / record["time_s"] if record["time_s"] > 0 else float("nan")
     return record
+
+
+def per_replica(iteration: int, parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each pipeline replica's own loss, samples and time in one iteration (``Metrics.replicas``)."""
+    rows = []
+    for replica in sorted({int(b.get("replica", 0)) for b in parts}):
+        mine = [b for b in parts if int(b.get("replica", 0)) == replica]
+        last = max(mine, key=lambda b: int(b["stage"]))
+        first = min(mine, key=lambda b: int(b["stage"]))
+        losses = last["losses"]
+        rows.append({"iteration": iteration, "replica": replica,
+                     "loss": sum(losses) / len(losses) if losses else float("nan"), "samples": first.get("samples"),
+                     "time_s": max(b["end"] for b in mine) - min(b["start"] for b in mine)})
+    return rows

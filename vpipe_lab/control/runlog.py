@@ -28,9 +28,9 @@ ATTACH = "attach.json"
 class RunLog:
     """Collects every stage's reports of an iteration and appends the iteration's line once all are in."""
 
-    def __init__(self, run_dir: Path, stages: int, start: int, sink: Sink | None = None) -> None:
+    def __init__(self, run_dir: Path, stages: int, start: int, sink: Sink | None = None, replicas: int = 1) -> None:
         self.path = run_dir / METRICS
-        self.stages = stages
+        self.stages, self.workers = stages, stages * replicas
         self.logger = Logger(sink)
         self._partial: dict[int, dict[int, dict[str, Any]]] = {}
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -64,12 +64,12 @@ class RunLog:
         if msg.type == P.ITERATION:
             it = int(body["iteration"])
             parts = self._partial.setdefault(it, {})
-            parts[int(body["stage"])] = body
-            if len(parts) < self.stages:
+            parts[int(body.get("replica", 0)) * self.stages + int(body["stage"])] = body
+            if len(parts) < self.workers:
                 return
             del self._partial[it]
-            ranks = [parts[s] for s in range(self.stages)]
-            record = combine(it, ranks)
+            ranks = [parts[s] for s in range(self.stages)]  # per-stage columns: the first replica's
+            record = combine(it, list(parts.values()))
             stages = [{"stage": int(b["stage"]), "time_s": b["end"] - b["start"],
                        "peak_bytes": b.get("memory", {}).get("peak")} for b in ranks]
             self._write({"kind": "iteration", **record, "stages": stages})

@@ -24,7 +24,7 @@ from vpipe_lab.control.errors import BudgetError, SessionClosed, WorkerError
 from vpipe_lab.control.jobspec import JobSpec
 from vpipe_lab.control.launcher import Launcher
 from vpipe_lab.control.live import LiveMixin
-from vpipe_lab.control.metrics import Metrics, combine, spans_from_wire
+from vpipe_lab.control.metrics import Metrics, combine, per_replica, spans_from_wire
 from vpipe_lab.control.sinks import Logger
 from vpipe_lab.core.model import Cluster, LayerCost, ModelProfile, Plan
 from vpipe_lab.core.timeline import Span
@@ -47,6 +47,8 @@ class Session(LiveMixin):
                  attached: bool = False) -> None:
         self.spec = spec
         self.stages = spec.stages
+        self.replicas = spec.replicas
+        self.workers = spec.stages * spec.replicas  # worker processes (ranks)
         self._hub = hub
         self._launcher = launcher
         self._job_dir = job_dir
@@ -130,12 +132,15 @@ class Session(LiveMixin):
         """Keep a stage's report; once every stage reported the iteration, its (record, memory, reports)."""
         it = int(body["iteration"])
         parts = self._partial.setdefault(it, {})
-        parts[int(body["stage"])] = body
-        if len(parts) < self.stages:
+        parts[int(body.get("replica", 0)) * self.stages + int(body["stage"])] = body
+        if len(parts) < self.workers:
             return None
         del self._partial[it]
-        ranks = [parts[s] for s in range(self.stages)]
-        record = combine(it, ranks)
+        everyone = list(parts.values())
+        ranks = [parts[s] for s in range(self.stages)]  # the timeline and memory show the first replica's stages
+        record = combine(it, everyone)
+        if self.replicas > 1:
+            self.metrics.add_replicas(per_replica(it, everyone))
         spans = [s for b in ranks for s in spans_from_wire(int(b["stage"]), it, b.get("spans", []))]
         memory = [{"iteration": it, "stage": int(b["stage"]), **b["memory"]} for b in ranks]
         self.metrics.add(record, spans, memory)
@@ -277,13 +282,14 @@ class Session(LiveMixin):
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         with self._cond:
-            while len(self._ready) < self.stages:
+            while len(self._ready) < self.workers:
                 if self._fatal is not None:
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    missing = sorted(set(range(self.stages)) - set(self._ready))
-                    self._fatal = WorkerError(missing[0], f"stages {missing} did not start within {timeout:.0f} s")
+                    missing = sorted(set(range(self.workers)) - set(self._ready))
+                    self._fatal = WorkerError(missing[0] % self.stages,
+                                              f"ranks {missing} did not start within {timeout:.0f} s")
                     break
                 self._cond.wait(min(left, 0.1))
         if self._fatal is not None:

@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "or a notebook variable holding a function (name, module) -> bool")
     s.add_argument("--stages", "-k", type=int, default=2)
     s.add_argument("--microbatches", "-m", type=int, default=4)
+    s.add_argument("--replicas", type=int, default=1, help="data-parallel copies of the pipeline")
     s.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b")
     s.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     s.add_argument("--budget", type=_size, help="memory budget per stage, e.g. 2GiB")
@@ -174,7 +175,7 @@ class VpipeMagics(Magics):
             plan=self._value(args.plan, "plan") if args.plan else None, auto_replan=args.auto_replan,
             split=self._split(args.split),
             lr_scheduler=self._value(args.lr_scheduler, "LR scheduler factory") if args.lr_scheduler else None,
-            clip_grad_norm=args.clip_grad_norm, precision=args.precision,
+            clip_grad_norm=args.clip_grad_norm, precision=args.precision, replicas=args.replicas,
             eval_data=self._data(args.eval_data), eval_every=args.eval_every, eval_batches=args.eval_batches,
             log=args.log if args.log is None or ":" in args.log else self._value(args.log, "logging function"),
         )

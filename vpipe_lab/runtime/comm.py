@@ -140,9 +140,12 @@ def _slots(header: torch.Tensor) -> list[Slot]:
 class Peer:
     """Transfers for one rank, on ``device`` (CPU for gloo, the stage's GPU for NCCL)."""
 
-    def __init__(self, rank: int, world: int, device: torch.device, timeout_s: float) -> None:
-        self.rank = rank
+    def __init__(self, rank: int, world: int, device: torch.device, timeout_s: float, base: int = 0,
+                 replicas: int = 1) -> None:
+        self.rank = rank  # in the whole job: collectives (boundary agreement, broadcasts) span every rank
         self.world = world
+        # Point-to-point transfers name *stages* of this rank's pipeline replica: stage s is global rank base + s.
+        self.base, self.replicas = base, replicas
         self.device = device
         self.timeout = timedelta(seconds=timeout_s)
         # Receives may be posted ahead of need on gloo; on NCCL a lone receive posted before a send to the same
@@ -174,7 +177,7 @@ class Peer:
     # --- queueing and issuing ---------------------------------------------------------------------------------
     def _op(self, op: Any, tensor: torch.Tensor, peer: int, tag: int, sink: list[Any]) -> None:
         self.messages += op is dist.isend
-        self._queue.append((dist.P2POp(op, tensor, peer, tag=tag), sink))
+        self._queue.append((dist.P2POp(op, tensor, self.base + peer, tag=tag), sink))
 
     def issue(self) -> None:
         """Post every queued send and receive as one batch."""

@@ -104,6 +104,10 @@ def materialise(unit: torch.nn.Module, tensors: UnitTensors, values: dict[str, t
         set_tensor(unit, local, values[name].to(device))
 
 
+class _Skip(Exception):
+    """A replica other than the first writes nothing."""
+
+
 class MigratingWorker(Worker):
     """A stage worker that can change its plan, its layers and even its model between iterations."""
 
@@ -143,6 +147,8 @@ class MigratingWorker(Worker):
         version = root / (name or f"ckpt-{self.ctl.iteration:08d}-{self.ctl.plan_version}-{self.model_version}")
         problem: str | None = None
         try:
+            if self.replica > 0:  # the replicas hold the same state: the first one writes it, the others agree
+                raise _Skip
             version.mkdir(parents=True, exist_ok=True)
             sums: dict[str, str] = {}
             for index in self.stage.owned:
@@ -152,13 +158,15 @@ class MigratingWorker(Worker):
                 write_synced(target, buffer.getvalue())
                 sums[target.name] = sha256(buffer.getvalue())
             write_synced(sums_file(version, self.rank), json.dumps(sums).encode())
+        except _Skip:
+            pass
         except OSError as exc:
             problem = f"stage {self.rank} cannot write {exc.filename or version}: {exc.strerror or exc}"
             log.error("save failed: %s", problem)
         faults.hit(faults.parse(), "save", self.rank, self.ctl.iteration)
         if self.peer.all_max([1.0 if problem else 0.0])[0] > 0:  # everyone learns; nothing is switched
             return problem or "another stage could not write its layers"
-        if self.rank == 0:
+        if self.leader:
             try:
                 complete(version, Manifest(self.ctl.iteration, self.plan.to_dict(), self.num_layers, self.names,
                                            self.spec.seed, self.ctl.plan_version, self.model_version,
@@ -187,7 +195,7 @@ class MigratingWorker(Worker):
         problem = self.save(Path(self.spec.run_dir) / "checkpoints", keep=3)
         if problem is not None:  # training goes on; the next save may succeed (a full disk freed, say)
             log.error("the checkpoint at iteration %d failed: %s", self.ctl.iteration, problem)
-        elif self.rank == 0:
+        elif self.leader:
             log.info("checkpoint at iteration %d in %s", self.ctl.iteration, self.spec.run_dir)
 
     # --- commands ----------------------------------------------------------------------------------------------
@@ -266,7 +274,7 @@ class MigratingWorker(Worker):
         incoming = [0.0] * self.world
         for _, i, dst in sends:
             incoming[dst] += static(i)
-        incoming = self.peer.all_sum(incoming)
+        incoming = [v / self.replicas for v in self.peer.all_sum(incoming)]  # each replica added the same
         outgoing = sum(static(i) for _, i, _ in sends)
         after = sum(stage.static_bytes().values()) - outgoing + int(incoming[rank])
         budget = self.executor.budget
@@ -348,11 +356,12 @@ class MigratingWorker(Worker):
         self.ctl.plan_version = version
         pause = time.perf_counter() - start
         now = self.clock.now()
-        self.send(P.MIGRATED, {"id": None, "rank": rank, "version": version, "moved_bytes": moved,
-                               "pause_s": pause, "transfer_s": time.perf_counter() - saved_at,
-                               "layers_in": [j for j, _, _ in recvs], "layers_out": [j for j, _, _ in sends],
-                               "span": [now - pause, now], "iteration": self.ctl.iteration})
-        if rank == 0:  # an attached client learns the plan in force from this (see control/broker.py)
+        if self.replica == 0:  # the other replicas moved the same layers at the same boundary
+            self.send(P.MIGRATED, {"id": None, "rank": rank, "version": version, "moved_bytes": moved,
+                                   "pause_s": pause, "transfer_s": time.perf_counter() - saved_at,
+                                   "layers_in": [j for j, _, _ in recvs], "layers_out": [j for j, _, _ in sends],
+                                   "span": [now - pause, now], "iteration": self.ctl.iteration})
+        if self.leader:  # an attached client learns the plan in force from this (see control/broker.py)
             self.send(P.CURRENT, {"plan": plan.to_dict(), "plan_version": version, "names": self.names})
         total = self.peer.all_sum([float(moved), pause])
         return {"ok": True, "moved_bytes": int(total[0]), "pause_s": pause, "version": version,

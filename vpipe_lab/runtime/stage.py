@@ -49,6 +49,7 @@ class Stage:
         self.ledger = Ledger()
         self.swap = SwapEngine(device, self.ledger)
         self.iteration = 0
+        self.mb_offset = 0  # replica r's micro-batch m is the global batch's micro-batch r * M + m (dropout seeds)
         self._ctx: dict[tuple[int, int], Any] = {}  # (micro-batch, segment's first layer) -> autograd state
         self._losses: dict[tuple[int, int], tuple[Callable[[Any, Any], torch.Tensor], Any]] = {}
         self._kept_bytes: dict[tuple[Any, ...], dict[int, int]] = {}  # (segment, input shapes) -> bytes saved per layer
@@ -156,7 +157,7 @@ class Stage:
     def _run(self, mb: int, segment: Segment, x: Any, record: bool) -> Any:
         """The segment's layers in order, each seeded for itself; ``record`` registers what each saves."""
         for index in segment:
-            self._seed(layer_seed(self.seed, self.iteration, mb, index))
+            self._seed(layer_seed(self.seed, self.iteration, mb + self.mb_offset, index))
             with self.swap.recording(mb, index) if record else nullcontext(), self.autocast():
                 x = self.layers[index].module(x)
         return x

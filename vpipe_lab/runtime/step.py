@@ -1,6 +1,8 @@
 """A stage's optimizer step as one training step of the whole model: tied gradients summed, fp16 gradients unscaled,
 clipping by the global 2-norm, the step (or the same skipped step on every stage), the LR scheduler.
 
+With data-parallel replicas each stage first averages its gradients over its replicas (``runtime/replicas.py``).
+
 ``torch.nn.utils.clip_grad_norm_(model.parameters(), c)`` on the whole model computes ``sqrt(sum of the squared norms
 of every gradient)``: each stage contributes the squares of its own parameters' gradient norms (a weight tied across
 stages counts once, on the lowest stage holding it), one all-reduce sums them, and every stage scales its gradients
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from vpipe_lab.runtime.precision import LossScale
+from vpipe_lab.runtime.replicas import DataParallel
 
 if TYPE_CHECKING:
     from vpipe_lab.runtime.comm import Peer
@@ -42,13 +45,15 @@ class Stepper:
     """Steps one stage in agreement with the others."""
 
     def __init__(self, stage: Stage, ties: Ties, peer: Peer, rank: int, world: int, clip: float | None,
-                 scale: LossScale) -> None:
+                 scale: LossScale, data_parallel: DataParallel | None = None) -> None:
         if clip is not None and (isinstance(clip, bool) or not clip > 0):
             raise ValueError(f"clip_grad_norm must be a positive number (the largest global 2-norm), got {clip!r}")
         self.stage, self.ties, self.peer = stage, ties, peer
         self.rank, self.world = rank, world
         self.clip = None if clip is None else float(clip)
         self.scale = scale
+        self.data_parallel = data_parallel
+        self.replicas = data_parallel.replicas if data_parallel is not None else 1
 
     def _counted(self) -> list[torch.Tensor]:
         """This stage's gradients that count towards the global norm: a tie only on its lowest holder."""
@@ -57,6 +62,8 @@ class Stepper:
 
     def step(self, iteration: int) -> StepReport:
         stage = self.stage
+        if self.data_parallel is not None:  # the replicas' gradients, averaged: one model over the global batch
+            self.data_parallel.average([p.grad for _, p in stage.params() if p.grad is not None])
         self.ties.reduce_grads()
         report = StepReport(loss_scale=self.scale.scale if self.scale.enabled else None)
         grads = [p.grad for _, p in stage.params() if p.grad is not None]
@@ -69,7 +76,8 @@ class Stepper:
                     norms = torch._foreach_norm(counted, 2.0)
                     squares = torch.stack(norms).float().pow(2).sum()
             local = [float(overflow) if overflow is not None else 0.0, float(squares)]
-            bad, total = self.peer.all_sum(local) if self.world > 1 else local
+            bad, total = self.peer.all_sum(local) if self.world * self.replicas > 1 else local
+            total /= self.replicas  # every replica added the same (averaged) gradients' squares
             report.skipped = bad > 0
             if self.clip is not None:
                 report.grad_norm = math.sqrt(total) if not report.skipped else float("inf")

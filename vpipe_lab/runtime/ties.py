@@ -57,8 +57,13 @@ class Ties:
             raise ValueError(problem)
         self.shared = holders(plan_layers, [[c for _, c in t.params] for t in w.chain.tensors])
         for ranks in sorted({r for _, r in self.shared}):
-            if ranks not in self._groups and len(ranks) < w.world:
-                self._groups[ranks] = dist.new_group(list(ranks))
+            if ranks in self._groups or (len(ranks) == w.world and w.replicas == 1):
+                continue  # the whole (single) pipeline: the default group
+            # One group per pipeline replica; every rank creates all of them, in the same order (it is collective).
+            for replica in range(w.replicas):
+                group = dist.new_group([replica * w.world + r for r in ranks])
+                if replica == w.replica:
+                    self._groups[ranks] = group
 
     def conflict(self, plan: Any, chain: Any = None) -> str | None:
         chain = chain or self.worker.chain

@@ -28,7 +28,7 @@ from vpipe_lab.control.jobspec import JobSpec
 from vpipe_lab.control.private import read_key, write_private
 from vpipe_lab.runtime.comm import Peer
 from vpipe_lab.runtime.device import select
-from vpipe_lab.runtime.worker import serve
+from vpipe_lab.runtime.process import serve
 
 log = logging.getLogger("vpipe_lab.torchrun")
 
@@ -111,8 +111,13 @@ def main(args: argparse.Namespace) -> int:
     placement = select(args.device, local_rank, local_world)
     dist.init_process_group(placement.backend, init_method="env://", timeout=timedelta(seconds=args.timeout))
     peer = Peer(rank, world, placement.device if placement.is_cuda else torch.device("cpu"), args.timeout)
-    budget = [args.memory_budget] * world if args.memory_budget else None
-    job = {"session_id": uuid.uuid4().hex[:12], "stages": world, "microbatches": args.microbatches,
+    if args.replicas < 1 or world % args.replicas:
+        raise ValueError(f"--replicas {args.replicas} does not divide the {world} ranks torchrun started: the job "
+                         "has stages x replicas ranks")
+    stages = world // args.replicas
+    budget = [args.memory_budget] * stages if args.memory_budget else None
+    job = {"session_id": uuid.uuid4().hex[:12], "stages": stages, "replicas": args.replicas,
+           "microbatches": args.microbatches,
            "schedule": args.schedule, "device": args.device, "seed": args.seed, "memory_budget": budget,
            "timeout_s": args.timeout, "master_addr": os.environ.get("MASTER_ADDR", ""),
            "master_port": int(os.environ.get("MASTER_PORT", "0"))}
@@ -120,7 +125,7 @@ def main(args: argparse.Namespace) -> int:
     shared: dict[str, Any] | None = None
     run_dir = Path(args.run_dir).absolute() if args.run_dir else None
     if rank == 0:
-        resume = _resume_point(run_dir, world) if run_dir is not None else None
+        resume = _resume_point(run_dir, stages) if run_dir is not None else None
         key = _key(args, rank)
         master = socket.gethostbyname(os.environ.get("MASTER_ADDR", "127.0.0.1"))
         backend = f"tcp://{master}:{args.backend_port}" if args.backend_port else f"tcp://{master}:0"
@@ -132,7 +137,8 @@ def main(args: argparse.Namespace) -> int:
             from vpipe_lab.control import runlog as runlogs
             from vpipe_lab.control.sinks import open_sink
 
-            runlog = runlogs.RunLog(run_dir, world, resume["iteration"] if resume else 0, open_sink(args.log))
+            runlog = runlogs.RunLog(run_dir, stages, resume["iteration"] if resume else 0, open_sink(args.log),
+                                    replicas=args.replicas)
             broker.observer = runlog.observe
             key_file = None if (args.key or os.environ.get("VPIPE_LAB_KEY")) else str(Path(args.key_file).absolute())
             where = runlogs.write_attach(run_dir, broker.frontend, socket.gethostname(), key_file)
@@ -141,7 +147,8 @@ def main(args: argparse.Namespace) -> int:
     shared = peer.broadcast_json(shared)
     assert shared is not None
     spec = JobSpec(session_id=shared["job"]["session_id"], key=shared["key"], address=shared["backend"],
-                   master_addr=job["master_addr"], master_port=job["master_port"], stages=world,
+                   master_addr=job["master_addr"], master_port=job["master_port"], stages=stages,
+                   replicas=args.replicas,
                    microbatches=args.microbatches, schedule=args.schedule, device=args.device, seed=args.seed,
                    memory_budget=budget, timeout_s=args.timeout, threads=args.threads,
                    clip_grad_norm=args.clip_grad_norm, precision=args.precision, eval_every=args.eval_every,

@@ -1,4 +1,5 @@
-"""A stage worker process: ``python -m vpipe_lab.runtime.worker --config job.json --rank R``.
+"""A stage worker: ``python -m vpipe_lab.runtime.worker --config job.json --rank R`` (the process around it is
+``runtime/process.py``).
 
 At every iteration boundary rank 0 broadcasts the controller's pending commands to all ranks (as JSON), so a change
 takes effect at the same iteration everywhere. Each rank reports its spans, memory and loss to the controller after
@@ -7,25 +8,15 @@ every iteration; any exception is reported with the stage and its traceback befo
 
 from __future__ import annotations
 
-import argparse
-import faulthandler
 import json
 import logging
-import os
-import signal
-import socket
 import sys
-import threading
 import time
-import traceback
 from dataclasses import dataclass, field
-from datetime import timedelta
-from pathlib import Path
 from queue import Empty
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from vpipe_lab.control import protocol as P
 from vpipe_lab.control.channel import Link
@@ -33,36 +24,21 @@ from vpipe_lab.core.model import Plan, Policy
 from vpipe_lab.core.partition import uniform
 from vpipe_lab.core.timeline import KINDS
 from vpipe_lab.runtime import build, profiler
-from vpipe_lab.runtime.bandwidth import probe_bandwidth
 from vpipe_lab.runtime.batches import Source, batch_size, describe, rebuild, split
 from vpipe_lab.runtime.capture import Chain, build_model, capture, to_meta
 from vpipe_lab.runtime.comm import TAG_TARGET, Peer
-from vpipe_lab.runtime.compat import allow_torchvision_without_ops
 from vpipe_lab.runtime.device import Clock, select
 from vpipe_lab.runtime.evaluate import evaluate
 from vpipe_lab.runtime.executor import Executor, IterationResult, default_loss
 from vpipe_lab.runtime.jobspec import JobSpec, load_callables, load_data
 from vpipe_lab.runtime.precision import LossScale, autocast
+from vpipe_lab.runtime.replicas import DataParallel, shard
 from vpipe_lab.runtime.stage import Stage
 from vpipe_lab.runtime.step import Stepper, StepReport
 from vpipe_lab.runtime.tensors import pack_state
 from vpipe_lab.runtime.ties import Ties
 
 log = logging.getLogger("vpipe_lab.worker")
-
-
-def watch_parent(fd: int) -> None:
-    """Exit as soon as the controller is gone: the pipe's write end closes when its process dies, however it dies."""
-    def run() -> None:
-        try:
-            while os.read(fd, 1):
-                pass
-        except OSError:
-            pass
-        log.error("the controller process is gone; exiting")
-        os._exit(3)
-
-    threading.Thread(target=run, name="vpipe-parent-watch", daemon=True).start()
 
 
 @dataclass
@@ -83,6 +59,14 @@ class Control:
 
 class Worker:
     def __init__(self, spec: JobSpec, rank: int, world: int, link: Link, local_rank: int, local_world: int) -> None:
+        # ``rank``/``world`` arrive for the whole job (stages x replicas); from here on ``rank`` is this worker's
+        # stage and ``world`` the pipeline's stage count, and ``replica`` says which copy of the pipeline it is in.
+        stages = spec.stages
+        if world != stages * spec.replicas:
+            raise ValueError(f"the job has {world} ranks but {stages} stages x {spec.replicas} replicas")
+        self.global_rank, self.leader = rank, rank == 0  # global rank 0 talks to the controller for everyone
+        self.replica, self.replicas = divmod(rank, stages)[0], spec.replicas
+        rank, world = rank % stages, stages
         self.spec, self.rank, self.world, self.link = spec, rank, world, link
         self.last = rank == world - 1
         self.placement = select(spec.device, local_rank, local_world)
@@ -93,12 +77,13 @@ class Worker:
         self.model_fn, self.split = fns.model, fns.split
         self.eval_data, self.train_data = fns.eval_data, fns.data
         self.loss_fn = fns.loss or default_loss
-        self.peer = Peer(rank, world, self.placement.device if self.placement.is_cuda else torch.device("cpu"),
-                         spec.timeout_s)
+        self.peer = Peer(self.global_rank, world * self.replicas,
+                         self.placement.device if self.placement.is_cuda else torch.device("cpu"), spec.timeout_s,
+                         base=self.replica * world, replicas=self.replicas)
         self.source = Source(fns.data, spec.start_iteration) if rank == 0 else None
         self.chain, self.plan = self._build()
         self.names = list(self.chain.names)
-        if fns.optimizer is None and rank == 0:
+        if fns.optimizer is None and self.leader:
             log.warning("no optimizer was given: the parameters will not change; pass optimizer=lambda params: ...")
         self.stage = Stage(self.placement.device, fns.optimizer, spec.seed, fns.lr_scheduler,
                            autocast(spec.precision, self.placement.device))
@@ -111,7 +96,9 @@ class Worker:
         self.stage.set_policies({i: self.plan.policies[i] for i in self.stage.owned})
         self.ties = Ties(self)
         self.scale = LossScale(spec.precision == "fp16")
-        self.stepper = Stepper(self.stage, self.ties, self.peer, rank, world, spec.clip_grad_norm, self.scale)
+        self.data_parallel = DataParallel(self.peer.device, world, self.replicas)
+        self.stepper = Stepper(self.stage, self.ties, self.peer, rank, world, spec.clip_grad_norm, self.scale,
+                               self.data_parallel)
         self._agreed: str | None = None  # rank 0: the input signature this shape epoch began with
         self.profiling = profiler.ProfileSchedule()
         budget = spec.memory_budget[rank] if spec.memory_budget else None
@@ -162,6 +149,7 @@ class Worker:
         if self.rank == 0:
             assert self.source is not None
             inputs, _ = self.source.peek(self.ctl.iteration)
+            inputs = shard(inputs, self.replica, self.replicas, "inputs")
             desc, _ = describe(split(inputs, self.spec.microbatches, "inputs")[0])
         return self.peer.broadcast_json(desc) if self.world > 1 else desc
 
@@ -195,9 +183,8 @@ class Worker:
         just run and which commands to apply. One all-reduce in the common case (no commands); the commands' JSON
         follows as a broadcast only when rank 0 has some."""
         blob = b""
-        changed = 0.0
-        if self.rank == 0:
-            changed = float(self._input_changed())
+        changed = float(self._input_changed()) if self.rank == 0 else 0.0
+        if self.leader:
             cmds = []
             wait = 0.0 if self.ctl.active else 0.2
             deadline = time.monotonic() + wait
@@ -212,7 +199,7 @@ class Worker:
         flag, size, changed = self.peer.all_max([1.0 if violated else 0.0, float(len(blob)), changed])
         commands: list[dict[str, Any]] = []
         if size > 0:
-            commands = self.peer.broadcast_json(json.loads(blob) if self.rank == 0 else None)
+            commands = self.peer.broadcast_json(json.loads(blob) if self.leader else None)
         if size > 0 or changed > 0:
             # A new shape epoch on every rank at once: commands may change the plan or the run state, and new input
             # shapes change what crosses every boundary (see runtime/comm.py).
@@ -240,7 +227,7 @@ class Worker:
         return json.dumps([describe(inputs)[0], describe(targets)[0]])
 
     def ack(self, cmd: dict[str, Any], **extra: Any) -> None:
-        if self.rank == 0:
+        if self.leader:
             self.send(P.ACK, {"id": cmd.get("id"), "type": cmd["type"], "iteration": self.ctl.iteration, **extra})
 
     def apply(self, cmd: dict[str, Any]) -> None:
@@ -250,7 +237,7 @@ class Worker:
             self.ctl.target = None if n is None else self.ctl.iteration + int(n)
             self.ctl.paused = False
             self.ack(cmd, target=self.ctl.target)
-            if self.rank == 0:
+            if self.leader:
                 self.send(P.CURRENT, {"running": self.ctl.target is None, "target": self.ctl.target})
         elif kind == P.PAUSE:
             self.ctl.paused = True
@@ -263,13 +250,16 @@ class Worker:
             self.ack(cmd)
         elif kind == P.PROFILE:
             costs = profiler.layer_costs(self.stage, dict(enumerate(self.names)))
-            self.send(P.LAYERS, {"id": cmd.get("id"), "rank": self.rank, "layers": costs})
+            if self.replica == 0:  # every replica measures the same layers; the first one answers
+                self.send(P.LAYERS, {"id": cmd.get("id"), "rank": self.rank, "layers": costs})
             if cmd.get("reset"):
                 self.stage.reset_stats()
                 self.profile_soon()
-        elif kind == P.STATE:
+        elif kind == P.STATE and self.replica == 0:  # the replicas hold the same state
             meta, buffers = pack_state(self.stage)
             self.send(P.TENSORS, {"id": cmd.get("id"), "rank": self.rank, "tensors": meta}, buffers)
+        elif kind == P.STATE:
+            pass
         elif kind == P.PING:
             self.ack(cmd)
         elif kind == P.TELEMETRY:
@@ -277,14 +267,14 @@ class Worker:
             self.ack(cmd)
         elif kind == P.EVAL:
             ref, data, problem = str(cmd["data"]), None, ""
-            if self.rank == 0:  # only rank 0 reads data
+            if self.rank == 0:  # only the first stage reads data
                 own = self.eval_data if self.eval_data is not None else self.train_data
                 try:
                     data = own if ref == "job:" else load_data(ref)
                 except ValueError as exc:  # bad input from the client: say so, change nothing, train on
                     problem = str(exc)
             if self.peer.all_max([1.0 if problem else 0.0])[0] > 0:
-                if self.rank == 0:
+                if self.leader:
                     self.send(P.EVALUATED, {"id": cmd.get("id"), "rank": self.rank, "error": problem})
                 return
             self.evaluation(data, int(cmd.get("batches", 1)), cmd.get("id"))
@@ -297,7 +287,7 @@ class Worker:
     def evaluation(self, data: Any, batches: int, cid: Any = None) -> None:
         """Every rank: an evaluation pass at this boundary; the last stage reports its mean loss."""
         found = evaluate(self, data, batches)
-        if found is not None:
+        if found is not None and self.replica == 0:  # every replica evaluates the same batches
             self.send(P.EVALUATED, {"id": cid, "rank": self.rank, "iteration": self.ctl.iteration, **found})
 
     def after_iteration(self) -> None:
@@ -349,6 +339,8 @@ class Worker:
         if self.rank == 0:
             assert self.source is not None
             inputs, targets = self.source.get(it)
+            inputs = shard(inputs, self.replica, self.replicas, "inputs")
+            targets = shard(targets, self.replica, self.replicas, "targets")
             self.samples = batch_size(inputs)
             if self._agreed is None:
                 self._agreed = self._signature(inputs, targets)
@@ -357,6 +349,7 @@ class Worker:
             batch = (inputs, targets)
         elif self.last:
             batch = (None, self.peer.wait(self.peer.post_recv(0, TAG_TARGET, agreed=True)))
+        self.stage.mb_offset = self.replica * self.plan.microbatches
         profile, drop = self.profiling.next(it)
         if drop:
             self.stage.reset_stats()
@@ -401,79 +394,11 @@ class Worker:
             "iteration": result.iteration, "stage": self.rank, "start": result.start_s, "end": result.end_s,
             "losses": result.losses, "plan_version": self.ctl.plan_version, "memory": memory, "spans": spans,
             "microbatches": self.plan.microbatches, "samples": self.samples, **step.to_dict(),
+            "replica": self.replica,
         })
 
 
-def _args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m vpipe_lab.runtime.worker")
-    ap.add_argument("--config", required=True, help="job spec JSON written by the controller")
-    ap.add_argument("--rank", type=int, required=True)
-    ap.add_argument("--parent-fd", type=int, default=-1, help="pipe whose EOF means the controller died")
-    return ap.parse_args(argv)
+if __name__ == "__main__":  # what launch() starts: python -m vpipe_lab.runtime.worker
+    from vpipe_lab.runtime.process import main
 
-
-def main(argv: list[str] | None = None) -> int:
-    args = _args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s rank{args.rank} %(levelname)s %(name)s: %(message)s")
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>` dumps every thread's stack
-    if args.parent_fd >= 0:
-        watch_parent(args.parent_fd)
-    spec = JobSpec.load(Path(args.config))
-    return run(spec, args.rank, spec.stages, args.rank, spec.stages)
-
-
-def run(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: int,
-        worker_cls: type[Worker] | None = None) -> int:
-    """A worker started by ``launch()``: connect to the controller, join the process group, serve."""
-    torch.set_num_threads(spec.threads)
-    link = Link(spec.address, spec.key, f"rank{rank}", session=spec.session_id)
-    link.send(P.Message(P.HELLO, body={"rank": rank, "pid": os.getpid(), "host": socket.gethostname()}))
-
-    def join() -> None:
-        log.info("joining the process group at %s:%d as rank %d of %d", spec.master_addr, spec.master_port, rank, world)
-        placement = select(spec.device, local_rank, local_world)
-        dist.init_process_group(placement.backend, init_method=f"tcp://{spec.master_addr}:{spec.master_port}",
-                                rank=rank, world_size=world, timeout=timedelta(seconds=spec.timeout_s))
-
-    return serve(spec, rank, world, local_rank, local_world, link, join, worker_cls)
-
-
-def serve(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: int, link: Link,
-          join: Any = None, worker_cls: type[Worker] | None = None, on_ready: Any = None) -> int:
-    """Build the stage, report READY, run the control loop until STOP; any failure is reported with its stage."""
-    try:
-        allow_torchvision_without_ops()  # user models may import transformers/torchvision (see runtime/compat.py)
-        if join is not None:
-            join()
-        from vpipe_lab.runtime.migrate import MigratingWorker  # it builds on Worker, so it is imported here
-
-        worker = (worker_cls or MigratingWorker)(spec, rank, world, link, local_rank, local_world)
-        worker.peer.barrier()
-        bandwidth = probe_bandwidth(worker)
-        link.send(P.Message(P.READY, body={**bandwidth,
-            "rank": rank, "layers": worker.num_layers, "names": worker.names, "plan": worker.plan.to_dict(),
-            "device": str(worker.placement.device), "backend": worker.placement.backend,
-            "iteration": worker.ctl.iteration}))
-        if on_ready is not None:
-            on_ready(worker)
-        worker.loop()
-        log.info("stopped cleanly")
-        return 0
-    except BaseException as exc:  # report anything, even KeyboardInterrupt, with the stage it happened on
-        cause = f"{type(exc).__name__}: {exc}"
-        log.error("stage %d failed: %s", rank, cause)
-        link.send(P.Message(P.ERROR, body={"kind": "exception", "stage": rank, "cause": cause,
-                                           "traceback": traceback.format_exc()}))
-        return 1
-    finally:
-        link.close()
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:  # the group may be broken by the failure we are reporting
-                pass
-
-
-if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,120 @@
+"""The worker process around a ``Worker``: parse its arguments, watch the controller, join the process group, build
+the stage, report READY, serve until STOP, and report any failure with its stage before exiting."""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from vpipe_lab.control import protocol as P
+from vpipe_lab.control.channel import Link
+from vpipe_lab.runtime.bandwidth import probe_bandwidth
+from vpipe_lab.runtime.compat import allow_torchvision_without_ops
+from vpipe_lab.runtime.device import select
+from vpipe_lab.runtime.jobspec import JobSpec
+from vpipe_lab.runtime.worker import Worker
+
+log = logging.getLogger("vpipe_lab.worker")
+
+
+def watch_parent(fd: int) -> None:
+    """Exit as soon as the controller is gone: the pipe's write end closes when its process dies, however it dies."""
+    def run() -> None:
+        try:
+            while os.read(fd, 1):
+                pass
+        except OSError:
+            pass
+        log.error("the controller process is gone; exiting")
+        os._exit(3)
+
+    threading.Thread(target=run, name="vpipe-parent-watch", daemon=True).start()
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m vpipe_lab.runtime.worker")
+    ap.add_argument("--config", required=True, help="job spec JSON written by the controller")
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--parent-fd", type=int, default=-1, help="pipe whose EOF means the controller died")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s rank{args.rank} %(levelname)s %(name)s: %(message)s")
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>` dumps every thread's stack
+    if args.parent_fd >= 0:
+        watch_parent(args.parent_fd)
+    spec = JobSpec.load(Path(args.config))
+    world = spec.stages * spec.replicas
+    return run(spec, args.rank, world, args.rank, world)
+
+
+def run(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: int,
+        worker_cls: type[Worker] | None = None) -> int:
+    """A worker started by ``launch()``: connect to the controller, join the process group, serve."""
+    torch.set_num_threads(spec.threads)
+    link = Link(spec.address, spec.key, f"rank{rank}", session=spec.session_id)
+    link.send(P.Message(P.HELLO, body={"rank": rank, "pid": os.getpid(), "host": socket.gethostname()}))
+
+    def join() -> None:
+        log.info("joining the process group at %s:%d as rank %d of %d", spec.master_addr, spec.master_port, rank, world)
+        placement = select(spec.device, local_rank, local_world)
+        dist.init_process_group(placement.backend, init_method=f"tcp://{spec.master_addr}:{spec.master_port}",
+                                rank=rank, world_size=world, timeout=timedelta(seconds=spec.timeout_s))
+
+    return serve(spec, rank, world, local_rank, local_world, link, join, worker_cls)
+
+
+def serve(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: int, link: Link,
+          join: Any = None, worker_cls: type[Worker] | None = None, on_ready: Any = None) -> int:
+    """Build the stage, report READY, run the control loop until STOP; any failure is reported with its stage."""
+    try:
+        allow_torchvision_without_ops()  # user models may import transformers/torchvision (see runtime/compat.py)
+        if join is not None:
+            join()
+        from vpipe_lab.runtime.migrate import MigratingWorker  # it builds on Worker, so it is imported here
+
+        worker = (worker_cls or MigratingWorker)(spec, rank, world, link, local_rank, local_world)
+        worker.peer.barrier()
+        bandwidth = probe_bandwidth(worker)
+        link.send(P.Message(P.READY, body={**bandwidth,
+            "rank": rank, "stage": worker.rank, "replica": worker.replica, "layers": worker.num_layers,
+            "names": worker.names, "plan": worker.plan.to_dict(),
+            "device": str(worker.placement.device), "backend": worker.placement.backend,
+            "iteration": worker.ctl.iteration}))
+        if on_ready is not None:
+            on_ready(worker)
+        worker.loop()
+        log.info("stopped cleanly")
+        return 0
+    except BaseException as exc:  # report anything, even KeyboardInterrupt, with the stage it happened on
+        cause = f"{type(exc).__name__}: {exc}"
+        stage, replica = rank % spec.stages, rank // spec.stages
+        log.error("stage %d%s failed: %s", stage, f" of replica {replica}" if spec.replicas > 1 else "", cause)
+        link.send(P.Message(P.ERROR, body={"kind": "exception", "stage": stage, "replica": replica, "rank": rank,
+                                           "cause": cause, "traceback": traceback.format_exc()}))
+        return 1
+    finally:
+        link.close()
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # the group may be broken by the failure we are reporting
+                pass
+
+
