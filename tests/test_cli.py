@@ -56,3 +56,11 @@ def test_bad_profile_file_names_the_field(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "layers[0].forward_s must be finite and >= 0" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_plan_chooses_the_microbatch_count_for_a_batch(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "bert-24", "--stages", "4", "--batch-size", "32", "--memory", "11GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "micro-batches x size for a batch of 32: 1 x 32:" in out and "chosen" in out
+    with pytest.raises(SystemExit):  # argparse: one or the other
+        main(["plan", "bert-24", "--stages", "4", "--batch-size", "32", "-m", "4"])

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from vpipe_lab.core import workloads
+from vpipe_lab.core import scaling, workloads
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.errors import VpipeError
 from vpipe_lab.core.model import Cluster, ModelProfile, Plan
@@ -56,7 +56,10 @@ def _cluster(args: argparse.Namespace) -> Cluster:
 def _add_planning_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("profile", help=f"profile JSON file, or a bundled workload: {', '.join(workloads.WORKLOADS)}")
     p.add_argument("--stages", "-k", type=int, required=True, help="pipeline stages (one device each)")
-    p.add_argument("--microbatches", "-m", type=int, required=True, help="micro-batches per mini-batch")
+    count = p.add_mutually_exclusive_group(required=True)
+    count.add_argument("--microbatches", "-m", type=int, help="micro-batches per mini-batch")
+    count.add_argument("--batch-size", type=int, help="the global batch: the planner chooses how many micro-batches "
+                       "(each count dividing it, on the profile rescaled to its micro-batch size)")
     p.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b")
     p.add_argument("--method", choices=METHODS, default="vpipe")
     p.add_argument("--device", choices=sorted(workloads.DEVICES), default="rtx2080ti",
@@ -69,9 +72,15 @@ def _add_planning_args(p: argparse.ArgumentParser) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     profile = _load_profile(args.profile, args.device, args.microbatch_size)
     cluster = _cluster(args)
-    result = search(profile, cluster, microbatches=args.microbatches, schedule=args.schedule, method=args.method)
+    result = search(profile, cluster, microbatches=args.microbatches, batch_size=args.batch_size,
+                    schedule=args.schedule, method=args.method)
     print(f"{profile.name or args.profile}: {len(profile)} layers on {cluster.name or f'{cluster.stages} stages'}, "
           f"method {args.method}")
+    if result.candidates:
+        tried = ", ".join(f"{m} x {args.batch_size // m}: " + (human_time(t) if t is not None else "does not fit")
+                          for m, t in result.candidates)
+        print(f"micro-batches x size for a batch of {args.batch_size}: {tried}; chosen {result.plan.microbatches} "
+              f"x {result.microbatch_size}")
     print(plan_table(result.plan, result.estimate, profile))
     bound = "proven optimal" if result.proven_optimal else f"lower bound {human_time(result.lower_bound_s)}"
     print(f"{bound}; within {result.gap:.2%} of the bound")
@@ -89,8 +98,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.plan:
         plan = Plan.from_json(Path(args.plan)).validate(len(profile), cluster.stages)
     else:
-        plan = search(profile, cluster, microbatches=args.microbatches, schedule=args.schedule,
-                      method=args.method).plan
+        found = search(profile, cluster, microbatches=args.microbatches, batch_size=args.batch_size,
+                       schedule=args.schedule, method=args.method)
+        plan = found.plan
+        if found.microbatch_size is not None:
+            profile = scaling.at(profile, found.microbatch_size)
     est = estimate(plan, profile, cluster)
     timeline = simulate(plan, profile, cluster)
     print(plan_table(plan, est, profile))

@@ -11,6 +11,7 @@ def test_layer_costs_are_measured_and_valid() -> None:
     stage.add_layer(3, torch.nn.Linear(16, 32))
     stage.add_layer(4, torch.nn.Sequential(torch.nn.Linear(32, 8), torch.nn.ReLU()))
     stage.set_policies({4: Policy.RECOMPUTE})
+    stage.probing = True
     clock = iter(range(1000)).__next__
     for mb in range(2):
         h = torch.randn(5, 16)
@@ -30,6 +31,8 @@ def test_layer_costs_are_measured_and_valid() -> None:
     assert first.optimizer_bytes == 2 * first.param_bytes + 2 * 4
     assert first.activation_bytes == 5 * 16 * 4  # Linear saves its input
     assert docs[1]["activation_bytes"] > 0  # measured when the recomputed layer was rematerialised
+    assert [t[0] for t in first.times] == [2, 10]  # probed at half and twice the micro-batch of 5
+    assert all(f > 0 and b > 0 for _, f, b in first.times)
 
 
 def test_profile_schedule_after_a_trigger_and_periodically() -> None:

@@ -138,3 +138,41 @@ def test_a_tied_weight_is_one_tensor_with_one_update() -> None:
 def test_layer_seed_is_distinct_per_coordinate() -> None:
     seeds = {layer_seed(0, it, mb, layer) for it in range(3) for mb in range(3) for layer in range(3)}
     assert len(seeds) == 27
+
+
+def test_probes_time_other_microbatch_sizes_and_leave_no_trace() -> None:
+    """In a profiling iteration a probing stage times each layer on half and twice the micro-batch: the sizes are
+    recorded, and no gradient, buffer or result of the real run changes."""
+    def built(probing: bool) -> Stage:
+        torch.manual_seed(0)
+        stage = Stage(torch.device("cpu"), lambda p: torch.optim.SGD(p, lr=0.1), seed=0)
+        stage.add_layer(0, torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.BatchNorm1d(6)))
+        stage.add_layer(1, torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh()))
+        stage.set_policies({0: Policy.KEEP, 1: Policy.KEEP})
+        stage.probing = probing
+        return stage
+
+    x = torch.randn(8, 6)
+    plain, probed = built(False), built(True)
+    expected, got = run(plain, x, profile=True), run(probed, x, profile=True)
+    for a, b in zip(expected, got):
+        assert torch.equal(a, b)
+    for i in (0, 1):
+        assert sorted(probed.layers[i].stats.sizes) == [4, 16]
+        assert not plain.layers[i].stats.sizes
+    for a, b in zip(plain.layers[0].module.buffers(), probed.layers[0].module.buffers()):
+        assert torch.equal(a, b)
+
+
+def test_a_layer_that_cannot_be_probed_is_left_linear() -> None:
+    class FixedBatch(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.reshape(8, 6) * 2  # only runs on its own batch size
+
+    stage = Stage(torch.device("cpu"), None, seed=0)
+    stage.add_layer(0, FixedBatch())
+    stage.set_policies({0: Policy.KEEP})
+    stage.probing = True
+    run(stage, torch.randn(8, 6), profile=True)
+    run(stage, torch.randn(8, 6), profile=True)  # not tried again
+    assert stage.layers[0].stats.sizes == {} and stage._unprobed == {0}

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from vpipe_lab.control import protocol as P
 from vpipe_lab.control.checkpoint import Manifest
 from vpipe_lab.control.private import write_private
+from vpipe_lab.core import scaling
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
 from vpipe_lab.core.migration import LayerMove, layer_moves, migration_time_s, moved_bytes
@@ -73,7 +74,15 @@ class LiveMixin:
         self._check()
         plan = plan.validate(self.num_layers, self.stages)
         if not force and self.spec.memory_budget:
-            est = estimate(plan, self.profile(), self.cluster())
+            profile = self.profile()
+            if plan.microbatches != self.plan.microbatches and profile.microbatch_size:
+                # The same global batch in another number of micro-batches: the profile at that size.
+                batch = profile.microbatch_size * self.plan.microbatches
+                if batch % plan.microbatches:
+                    raise PlanError(f"{plan.microbatches} micro-batches do not divide the batch of {batch}; nothing "
+                                    "changed")
+                profile = scaling.at(profile, batch // plan.microbatches)
+            est = estimate(plan, profile, self.cluster())
             over = {s: o for s, o in enumerate(est.over_budget) if o > 0}
             if over:
                 stage = max(over, key=over.__getitem__)
@@ -189,15 +198,26 @@ class LiveMixin:
         return self._autoplan
 
     def replan(self: Session, method: str = "vpipe", *, apply: bool = False, cluster: Cluster | None = None,
-               profile: ModelProfile | None = None) -> Replan:
+               profile: ModelProfile | None = None, choose_microbatches: bool = False) -> Replan:
         """Profile the running model, plan it from the current plan, and report the predicted gain and the moves;
-        ``apply=True`` also applies the new plan (if it differs)."""
+        ``apply=True`` also applies the new plan (if it differs). ``choose_microbatches`` lets the planner choose
+        the number of micro-batches too, for the same global batch, from the throughput-vs-micro-batch-size curve
+        the profiler measured (``core/scaling.py``); a new count is applied live like any other plan change."""
         profile = profile or self.profile()
         cluster = cluster or self.cluster()
         current = self.plan
-        result = search(profile, cluster, microbatches=current.microbatches, schedule=current.schedule,
-                        method=method, current=current)
+        if choose_microbatches:
+            if not profile.microbatch_size:
+                raise PlanError("no iteration has run yet, so the micro-batch size is not known: run a few "
+                                "iterations before choose_microbatches")
+            result = search(profile, cluster, batch_size=profile.microbatch_size * current.microbatches,
+                            schedule=current.schedule, method=method, current=current)
+        else:
+            result = search(profile, cluster, microbatches=current.microbatches, schedule=current.schedule,
+                            method=method, current=current)
         now = estimate(current, profile, cluster).iteration_s
+        if result.microbatch_size is not None:
+            profile = scaling.at(profile, result.microbatch_size)  # the costs the chosen plan runs with
         moves = result.moves
         found = Replan(result.plan, now, result.estimate.iteration_s, moves,
                        migration_time_s(moves, profile, cluster), moved_bytes(moves, profile), None, profile)

@@ -391,11 +391,20 @@ class Session(LiveMixin):
                     # Not run since it moved or the plan changed: its last measurement is the best we know.
                     cost = LayerCost(cost.name, cached.forward_s, cached.backward_s,
                                      max(cost.activation_bytes, cached.activation_bytes), cached.input_bytes,
-                                     cached.output_bytes, cost.param_bytes, cost.optimizer_bytes or cached.optimizer_bytes)
+                                     cached.output_bytes, cost.param_bytes, cost.optimizer_bytes or cached.optimizer_bytes,
+                                     cost.times or cached.times)
                 elif doc.get("samples", 0) > 0:
                     self._profile_cache[index] = cost
                 layers[index] = cost
-        return ModelProfile(tuple(layers[i] for i in sorted(layers)), name="measured")
+        return ModelProfile(tuple(layers[i] for i in sorted(layers)), name="measured",
+                            microbatch_size=self.microbatch_size())
+
+    def microbatch_size(self) -> int:
+        """Samples per micro-batch in the latest iteration (0 before the first): what a profile is measured at."""
+        latest = self.metrics.latest()
+        if not latest or not latest.get("samples") or not latest.get("microbatches"):
+            return 0
+        return int(latest["samples"]) // (int(latest["microbatches"]) * self.replicas)
 
     def evaluate(self, data: Any = None, batches: int = 1, timeout: float | None = None) -> float:
         """The mean loss of a forward-only pass over ``batches`` batches of ``data`` (like ``launch``'s data: a

@@ -67,7 +67,9 @@ class LayerCost:
     """One partition unit (a layer or a block) and its costs per micro-batch.
 
     ``activation_bytes`` is what the layer saves for backward (held while kept), ``input_bytes`` what recompute holds
-    instead, ``output_bytes`` what crosses a stage boundary after it.
+    instead, ``output_bytes`` what crosses a stage boundary after it. ``times`` are forward and backward seconds
+    measured at other micro-batch sizes, ``(size, forward_s, backward_s)``: a layer runs closer to the hardware's
+    peak on larger micro-batches, which a linear model cannot see (``core/scaling.py`` interpolates them).
     """
 
     name: str
@@ -78,8 +80,14 @@ class LayerCost:
     output_bytes: int
     param_bytes: int
     optimizer_bytes: int = 0
+    times: tuple[tuple[int, float, float], ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "times", tuple(sorted((int(b), float(f), float(w)) for b, f, w in self.times)))
+        for size, fwd, bwd in self.times:
+            if size < 1 or not (fwd >= 0 and bwd >= 0 and math.isfinite(fwd) and math.isfinite(bwd)):
+                raise ProfileError(f"layer {self.name!r}: times entries are (micro-batch size >= 1, forward_s >= 0, "
+                                   f"backward_s >= 0), got {(size, fwd, bwd)!r}")
         _check_nonneg(
             f"layer {self.name!r}",
             forward_s=self.forward_s,
@@ -110,6 +118,7 @@ class LayerCost:
             "output_bytes": self.output_bytes,
             "param_bytes": self.param_bytes,
             "optimizer_bytes": self.optimizer_bytes,
+            **({"times": [list(t) for t in self.times]} if self.times else {}),
         }
 
     @classmethod
@@ -128,7 +137,15 @@ class LayerCost:
             output_bytes=_number(doc, "output_bytes", where, integer=True),
             param_bytes=_number(doc, "param_bytes", where, integer=True),
             optimizer_bytes=_number(doc, "optimizer_bytes", where, integer=True, default=0),
+            times=_times(doc.get("times", ()), where),
         )
+
+
+def _times(value: Any, where: str) -> tuple[tuple[int, float, float], ...]:
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(t, (list, tuple)) and len(t) == 3 and all(isinstance(v, (int, float)) for v in t) for t in value):
+        raise ProfileError(f"{where}.times must be a list of [micro-batch size, forward_s, backward_s], got {value!r}")
+    return tuple((int(t[0]), float(t[1]), float(t[2])) for t in value)
 
 
 def _load_doc(text_or_path: str | Path, what: str) -> Any:
@@ -160,10 +177,12 @@ def _check_kind(doc: Any, kind: str) -> Mapping[str, Any]:
 
 @dataclass(frozen=True)
 class ModelProfile:
-    """The partition units of a model in order, with their measured or analytic costs."""
+    """The partition units of a model in order, with their measured or analytic costs per micro-batch of
+    ``microbatch_size`` samples (0: not known, so the costs cannot be rescaled to another size)."""
 
     layers: tuple[LayerCost, ...]
     name: str = ""
+    microbatch_size: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
@@ -182,6 +201,7 @@ class ModelProfile:
             "kind": "profile",
             "version": SCHEMA_VERSION,
             "name": self.name,
+            **({"microbatch_size": self.microbatch_size} if self.microbatch_size else {}),
             "layers": [layer.to_dict() for layer in self.layers],
         }
 
@@ -197,6 +217,7 @@ class ModelProfile:
         return cls(
             layers=tuple(LayerCost.from_dict(item, f"layers[{i}]") for i, item in enumerate(layers)),
             name=str(doc.get("name", "")),
+            microbatch_size=_number(doc, "microbatch_size", "profile", integer=True, default=0),
         )
 
     @classmethod

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
+from vpipe_lab.core import scaling
 from vpipe_lab.core.costmodel import CostModel
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
 from vpipe_lab.core.migration import LayerMove, layer_moves
@@ -21,7 +24,9 @@ class PlanResult:
     """A plan with its estimate and how it was found.
 
     ``lower_bound_s`` is an iteration time no plan beats under the cost model; for ``optimal`` with ``proven`` it
-    equals the plan's own time. ``moves`` are the layer moves from ``current`` when one was given.
+    equals the plan's own time. ``moves`` are the layer moves from ``current`` when one was given. With a global
+    ``batch_size``, ``candidates`` holds each micro-batch count tried and its estimated iteration time (None: nothing
+    fit), and ``microbatch_size`` the size the chosen plan runs (``batch_size // plan.microbatches``).
     """
 
     plan: Plan
@@ -31,6 +36,8 @@ class PlanResult:
     proven_optimal: bool
     moves: tuple[LayerMove, ...]
     evaluations: int
+    candidates: tuple[tuple[int, float | None], ...] = ()
+    microbatch_size: int | None = None
 
     @property
     def gap(self) -> float:
@@ -157,13 +164,75 @@ def search(
     profile: ModelProfile,
     cluster: Cluster,
     *,
-    microbatches: int,
+    microbatches: int | None = None,
+    batch_size: int | None = None,
     schedule: str = "1f1b",
     method: str = "vpipe",
     current: Plan | None = None,
     node_limit: int = 200_000,
+    counts: Sequence[int] | None = None,
 ) -> PlanResult:
-    """Plan ``profile`` on ``cluster`` with ``method`` and report the estimate, a lower bound and the layer moves."""
+    """Plan ``profile`` on ``cluster`` with ``method`` and report the estimate, a lower bound and the layer moves.
+
+    Give ``microbatches`` to plan for that many micro-batches of the profile's size. Give the global ``batch_size``
+    instead to choose the micro-batch count too: every count that divides it (or those in ``counts``) is planned on
+    the profile rescaled to its micro-batch size (``core/scaling.py``), each within the method's own rules (GPipe
+    recomputes everything, PipeDream keeps everything), and the fastest feasible plan wins.
+    """
+    if batch_size is not None:
+        if microbatches is not None:
+            raise PlanError("give either microbatches (a fixed count) or batch_size (the planner chooses the count), "
+                            "not both")
+        return _search_counts(profile, cluster, batch_size, counts, schedule=schedule, method=method,
+                              current=current, node_limit=node_limit)
+    if microbatches is None:
+        raise PlanError("give microbatches (how many per iteration) or batch_size (the global batch, to choose them)")
+    return _search(profile, cluster, microbatches=microbatches, schedule=schedule, method=method, current=current,
+                   node_limit=node_limit)
+
+
+def _search_counts(profile: ModelProfile, cluster: Cluster, batch_size: int, counts: Sequence[int] | None,
+                   **options: Any) -> PlanResult:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise PlanError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
+    wanted = sorted(set(counts)) if counts is not None else [m for m in range(1, batch_size + 1)
+                                                              if batch_size % m == 0]
+    bad = [m for m in wanted if isinstance(m, bool) or not isinstance(m, int) or m < 1 or batch_size % m]
+    if bad or not wanted:
+        raise PlanError(f"micro-batch counts {bad or wanted} do not divide the batch of {batch_size}: give counts "
+                        "that divide it")
+    tried: list[tuple[int, float | None]] = []
+    best: PlanResult | None = None
+    closest: InfeasiblePlan | None = None
+    for m in wanted:
+        try:
+            found = _search(scaling.at(profile, batch_size // m), cluster, microbatches=m, **options)
+        except InfeasiblePlan as exc:
+            tried.append((m, None))
+            if closest is None or exc.missing_bytes < closest.missing_bytes:
+                closest = exc
+            continue
+        tried.append((m, found.estimate.iteration_s))
+        if best is None or found.estimate.iteration_s < best.estimate.iteration_s:
+            best = found
+    if best is None:
+        assert closest is not None
+        raise InfeasiblePlan(f"{options['method']} fits no plan for a batch of {batch_size} with any micro-batch count "
+                             f"in {wanted}; the closest: {closest}", stage=closest.stage,
+                             missing_bytes=closest.missing_bytes, suggestions=closest.suggestions)
+    return replace(best, candidates=tuple(tried), microbatch_size=batch_size // best.plan.microbatches)
+
+
+def _search(
+    profile: ModelProfile,
+    cluster: Cluster,
+    *,
+    microbatches: int,
+    schedule: str,
+    method: str,
+    current: Plan | None,
+    node_limit: int,
+) -> PlanResult:
     if method not in METHODS:
         raise PlanError(f"unknown planning method {method!r}: use one of {', '.join(METHODS)}")
     cm = CostModel(profile, cluster, microbatches, schedule)
@@ -241,4 +310,5 @@ def plan(
     current: Plan | None = None,
 ) -> Plan:
     """The plan ``method`` finds for ``profile`` on ``cluster`` (see ``search`` for the estimate and the bound)."""
-    return search(profile, cluster, microbatches=microbatches, schedule=schedule, method=method, current=current).plan
+    return search(profile, cluster, microbatches=microbatches, schedule=schedule, method=method,
+                  current=current).plan

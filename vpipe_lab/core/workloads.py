@@ -4,6 +4,13 @@ FLOPs per block follow the usual transformer counts (attention ``8bsh^2 + 4bs^2h
 backward twice the forward); activation bytes follow Korthikanti et al. 2022 (attention ``13sbh + 5as^2b``,
 feed-forward ``21sbh`` at 16-bit, LayerNorm included), scaled to the activation width. Blocks are cut at residual
 adds, as in the paper (BERT-24 has 49 units: the embedding and an attention and a feed-forward block per layer).
+
+Time as a function of micro-batch size: these profiles have no efficiency curve. Their times come from FLOPs at a
+fixed fraction of the device's peak, so they are linear in the micro-batch size (each layer's ``times`` is empty), and
+planning them with a global batch (``search(..., batch_size=B)``) sees no gain from larger micro-batches except what
+memory and the pipeline bubble give. We found no published per-micro-batch-size measurement of these models on
+these devices to take a curve from, and a made-up one would decide the comparison; measured profiles
+(``Session.profile()``) carry real curves.
 """
 
 from __future__ import annotations
@@ -106,7 +113,7 @@ def bert(layers: int = 24, *, device: str = "rtx2080ti", microbatch_size: int = 
     for i in range(layers):
         bld.attention(f"attn{i}")
         bld.feedforward(f"ffn{i}")
-    return ModelProfile(tuple(bld.layers), f"bert-{layers}")
+    return ModelProfile(tuple(bld.layers), f"bert-{layers}", microbatch_size)
 
 
 def transformer(encoder: int = 6, decoder: int = 6, *, device: str = "rtx2080ti", microbatch_size: int = 8,
@@ -122,7 +129,7 @@ def transformer(encoder: int = 6, decoder: int = 6, *, device: str = "rtx2080ti"
         bld.attention(f"dec{i}.cross", out_mult=2, in_mult=2)
         bld.feedforward(f"dec{i}.ffn", out_mult=2)
     bld.head(vocab)
-    return ModelProfile(tuple(bld.layers), f"transformer-{encoder}-{decoder}")
+    return ModelProfile(tuple(bld.layers), f"transformer-{encoder}-{decoder}", microbatch_size)
 
 
 def gpt(layers: int = 32, *, device: str = "rtx2080ti", microbatch_size: int = 1, seq: int = 1024,
@@ -134,7 +141,7 @@ def gpt(layers: int = 32, *, device: str = "rtx2080ti", microbatch_size: int = 1
         bld.attention(f"attn{i}")
         bld.feedforward(f"ffn{i}")
     bld.head(vocab)
-    return ModelProfile(tuple(bld.layers), name)
+    return ModelProfile(tuple(bld.layers), name, microbatch_size)
 
 
 WORKLOADS = ("bert-24", "bert-48", "transformer-6-6", "transformer-12-12", "gpt-cpm-medium", "gpt-cpm-large")

@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--method", default="vpipe", choices=("uniform", "balanced", "gpipe", "pipedream", "vpipe",
                                                             "optimal"))
     pl.add_argument("--apply", action="store_true", help="apply it (live migration)")
+    pl.add_argument("--choose-microbatches", action="store_true",
+                    help="let the planner choose the micro-batch count too, for the same global batch")
     a = sub.add_parser("apply", help="apply a Plan held in a notebook variable")
     a.add_argument("plan")
     a.add_argument("--force", action="store_true", help="even if its estimate exceeds a memory budget")
@@ -238,7 +240,9 @@ class VpipeMagics(Magics):
 
     def cmd_plan(self, args: argparse.Namespace) -> Any:
         s = self._need()
-        found = s.replan(args.method, apply=args.apply)
+        found = s.replan(args.method, apply=args.apply, choose_microbatches=args.choose_microbatches)
+        if args.choose_microbatches:
+            print(f"micro-batches: {found.plan.microbatches} of {found.profile.microbatch_size} samples")
         est = estimate(found.plan, found.profile, s.cluster())
         print(plan_table(found.plan, est, found.profile))
         print(f"predicted {human_time(found.predicted_s)} per iteration, now {human_time(found.current_s)} "

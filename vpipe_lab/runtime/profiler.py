@@ -5,7 +5,11 @@ after start-up, a plan change, new input shapes or a profile reset (the first ru
 25 otherwise. A profiling iteration costs ~2% more than a fused one on CPU (more on a GPU, which it synchronises per
 layer), so the periodic ones cost well under 1% of throughput. In them every layer runs as its own segment and is
 timed with the device synchronised (see ``stage.Stage``); the iterations between run fused and untimed per layer.
-Times are the median per micro-batch over the profiling iterations since the last reset. A recomputed layer's saved
+Times are the median per micro-batch over the profiling iterations since the last reset. On an ``nn.Sequential``
+model a profiling iteration also times each layer on its first micro-batch's input cut to half and repeated to twice
+its size (``Stage.probe``): the points of its throughput-vs-micro-batch-size curve, so the planners can choose the
+micro-batch count (``core/scaling.py``). That adds about 2.5 micro-batches' compute to a profiling iteration. A
+captured model's graph is specialised to one micro-batch shape, so it is not probed. A recomputed layer's saved
 bytes are measured when it is rematerialised; its forward time is the no-grad forward, a slight underestimate of a
 kept forward.
 """
@@ -42,6 +46,7 @@ def layer_costs(stage: Stage, names_of: dict[int, str]) -> list[dict[str, Any]]:
             "param_bytes": int(params),
             "optimizer_bytes": int(opt),
             "samples": st.forwards,
+            "times": [[size, st.typical(fwd), st.typical(bwd)] for size, (fwd, bwd) in sorted(st.sizes.items())],
         })
     return out
 

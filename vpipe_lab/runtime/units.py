@@ -65,6 +65,14 @@ class LayerStats:
     output_bytes: int = 0
     forward_times: list[float] = field(default_factory=list)
     backward_times: list[float] = field(default_factory=list)
+    # Micro-batch size -> (forward times, backward times) of probes at sizes other than the running one.
+    sizes: dict[int, tuple[list[float], list[float]]] = field(default_factory=dict)
+
+    def add_size(self, size: int, forward_s: float, backward_s: float) -> None:
+        fwd, bwd = self.sizes.setdefault(size, ([], []))
+        fwd.append(forward_s)
+        bwd.append(backward_s)
+        del fwd[:-SAMPLES], bwd[:-SAMPLES]
 
     def add_forward(self, seconds: float, extend: bool = False) -> None:
         """One forward's time; ``extend`` adds to the latest one (the loss belongs to the last layer's forward)."""

@@ -94,6 +94,7 @@ class Worker:
             else:
                 to_meta(unit, self.chain.tensors[i])  # only the structure stays: a shell for migration
         self.stage.set_policies({i: self.plan.policies[i] for i in self.stage.owned})
+        self.stage.probing = not self.chain.graph  # a captured graph runs one micro-batch shape only
         self.ties = Ties(self)
         self.scale = LossScale(spec.precision == "fp16")
         self.data_parallel = DataParallel(self.peer.device, world, self.replicas)

@@ -1,0 +1,166 @@
+"""vPipe vs GPipe vs PipeDream, measured: each method's best plan for a fixed global batch, actually trained.
+
+    python benchmarks/paper_table.py [--models mlp gpt-tiny gpt2] [--ranks 2 4] [--budgets 1.0 0.6 0.4]
+                                     [--iterations 8]
+
+For each model and rank count: a first run measures the profile (with its throughput-vs-micro-batch-size curve, for
+nn.Sequential models) and the cluster; the budget is a fraction of what an even, everything-kept split needs at the
+default micro-batch count (the peak of the fullest stage under the cost model). Each method then plans the same global
+batch, choosing its micro-batch count within its own rules (``search(..., batch_size=B)``: GPipe recomputes every
+layer on an even split, PipeDream keeps every layer on its best split, vPipe searches the partition and per-layer
+keep/swap/recompute), and its plan is launched under that budget and timed (median iteration over ``--iterations``
+after 3 warm-up ones). A plan the planner cannot fit is "no fit"; a plan whose measured memory exceeds the budget at
+run time is "over budget". The simulator's prediction for the plan stands next to each measurement.
+All runs: CPU ranks (gloo), one thread each, on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from typing import Any
+
+import torch
+
+import vpipe_lab
+from vpipe_lab import Plan
+from vpipe_lab.control.errors import BudgetError, WorkerError
+from vpipe_lab.core import scaling
+from vpipe_lab.core.costmodel import estimate
+from vpipe_lab.core.errors import InfeasiblePlan
+from vpipe_lab.core.model import Cluster, Policy
+from vpipe_lab.core.partition import uniform
+from vpipe_lab.core.simulator import simulate
+
+WARMUP = 3
+METHODS = ("vpipe", "gpipe", "pipedream")
+
+
+def gpt2() -> torch.nn.Module:
+    """A small GPT-2 from transformers (random weights, dropout off), captured with torch.export."""
+    import transformers
+
+    from vpipe_lab.runtime.compat import allow_torchvision_without_ops
+
+    allow_torchvision_without_ops()
+    transformers.logging.set_verbosity_error()
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=256, n_positions=64, n_embd=96, n_layer=6, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0, use_cache=False, bos_token_id=0, eos_token_id=0))
+
+
+def gpt2_data(iteration: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    g = torch.Generator().manual_seed(900 + iteration)
+    ids = torch.randint(0, 256, (32, 65), generator=g)
+    return {"input_ids": ids[:, :-1]}, ids[:, 1:]
+
+
+def job(model: str) -> tuple[dict[str, Any], int]:
+    """launch() arguments for a model, and its global batch."""
+    if model == "gpt2":
+        return {"model": gpt2, "data": gpt2_data,
+                "optimizer": lambda ps: torch.optim.AdamW(ps, lr=1e-3)}, 32
+    return {"model": model}, 32
+
+
+def measure(model: str, ranks: int, plan: Plan | None, microbatches: int, budget: int | None, iterations: int
+            ) -> dict[str, Any]:
+    """Train ``plan`` and return the median iteration time, or why it could not run."""
+    kwargs, _ = job(model)
+    try:
+        with vpipe_lab.launch(**kwargs, stages=ranks, microbatches=microbatches, plan=plan, memory_budget=budget,
+                              device="cpu", timeout=300, start_timeout=300) as s:
+            s.run(WARMUP + iterations)
+            s.wait(timeout=1800)
+            frame = s.metrics.iterations
+            timed = frame[frame["iteration"] >= WARMUP]
+            out: dict[str, Any] = {"median_s": float(timed["time_s"].median()),
+                                   "peak": max(r["peak"] for r in s.metrics.latest_memory())}
+            if plan is None:
+                out["profile"], out["cluster"] = s.profile(), s.cluster()
+            return out
+    except BudgetError as exc:
+        return {"error": f"over budget at run time (stage {exc.stage})"}
+    except WorkerError as exc:
+        return {"error": f"failed: {exc.cause.splitlines()[0][:80]}"}
+
+
+def table(model: str, ranks: int, budgets: list[float], iterations: int, m0: int = 4) -> list[dict[str, Any]]:
+    _, batch = job(model)
+    first = measure(model, ranks, None, m0, None, 4)
+    profile, cluster = first["profile"], first["cluster"]
+    n = len(profile)
+    even = estimate(Plan(uniform(n, ranks), (Policy.KEEP,) * n, m0, "1f1b"), profile, cluster)
+    need = max(even.peak_bytes)
+    rows = []
+    for fraction in budgets:
+        budget = int(fraction * need)
+        limited = Cluster(ranks, budget, cluster.swap_bandwidth, cluster.link_bandwidth, cluster.link_latency_s,
+                          False, f"{ranks} CPU ranks, {fraction:.0%} budget")
+        for method in METHODS:
+            row: dict[str, Any] = {"model": model, "ranks": ranks, "budget": fraction, "method": method}
+            try:
+                found = vpipe_lab.search(profile, limited, batch_size=batch, method=method)
+            except InfeasiblePlan:
+                row["result"] = "no fit"
+                rows.append(row)
+                print(row, flush=True)
+                continue
+            size = found.microbatch_size or batch // found.plan.microbatches
+            row["plan"] = found.plan.describe()
+            row["microbatches"] = found.plan.microbatches
+            row["predicted_s"] = simulate(found.plan, scaling.at(profile, size), limited).iteration_s
+            got = measure(model, ranks, found.plan, found.plan.microbatches, budget, iterations)
+            if "error" in got:
+                row["result"] = got["error"]
+            else:
+                row["measured_s"] = got["median_s"]
+                row["samples_per_s"] = batch / got["median_s"]
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
+def summary(rows: list[dict[str, Any]]) -> None:
+    print("\n| model | ranks | budget | vPipe plan | vPipe samples/s | vs GPipe | vs PipeDream | predicted/measured |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    keys = sorted({(r["model"], r["ranks"], r["budget"]) for r in rows}, key=lambda k: (k[0], k[1], -k[2]))
+    for key in keys:
+        by = {r["method"]: r for r in rows if (r["model"], r["ranks"], r["budget"]) == key}
+        v = by.get("vpipe", {})
+
+        def versus(other: str, by: dict[str, dict[str, Any]] = by, v: dict[str, Any] = v) -> str:
+            o = by.get(other, {})
+            if "samples_per_s" not in o:
+                return o.get("result", "-")
+            if "samples_per_s" not in v:
+                return "-"
+            return f"{v['samples_per_s'] / o['samples_per_s']:.2f}x"
+
+        rate = f"{v['samples_per_s']:.0f}" if "samples_per_s" in v else v.get("result", "-")
+        ratio = (f"{v['predicted_s'] / v['measured_s']:.2f}" if "measured_s" in v else "-")
+        print(f"| {key[0]} | {key[1]} | {key[2]:.0%} | {v.get('plan', '-')} | {rate} | {versus('gpipe')} | "
+              f"{versus('pipedream')} | {ratio} |")
+    ratios = [r["predicted_s"] / r["measured_s"] for r in rows if "measured_s" in r]
+    if ratios:
+        print(f"\nsimulator/measured over all {len(ratios)} runs: median {statistics.median(ratios):.2f}, "
+              f"range {min(ratios):.2f}-{max(ratios):.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", nargs="+", default=["mlp", "gpt-tiny", "gpt2"])
+    ap.add_argument("--ranks", nargs="+", type=int, default=[2, 4])
+    ap.add_argument("--budgets", nargs="+", type=float, default=[1.0, 0.6, 0.4])
+    ap.add_argument("--iterations", type=int, default=8)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    rows = []
+    for model in args.models:
+        for ranks in args.ranks:
+            rows += table(model, ranks, args.budgets, args.iterations)
+    summary(rows)
+
+
+if __name__ == "__main__":
+    main()
