@@ -8,7 +8,7 @@ nn.Sequential models) and the cluster; the budget is a fraction of what an even,
 default micro-batch count (the peak of the fullest stage under the cost model). Each method then plans the same global
 batch, choosing its micro-batch count within its own rules (``search(..., batch_size=B)``: GPipe recomputes every
 layer on an even split, PipeDream keeps every layer on its best split, vPipe searches the partition and per-layer
-keep/swap/recompute), and its plan is launched under that budget and timed (median iteration over ``--iterations``
+keep/swap/recompute; GPipe runs its own schedule, the others 1F1B), and its plan is launched under that budget and timed (median iteration over ``--iterations``
 after 3 warm-up ones). A plan the planner cannot fit is "no fit"; a plan whose measured memory exceeds the budget at
 run time is "over budget". The simulator's prediction for the plan stands next to each measurement.
 All runs: CPU ranks (gloo), one thread each, on this machine.
@@ -34,6 +34,7 @@ from vpipe_lab.core.simulator import simulate
 
 WARMUP = 3
 METHODS = ("vpipe", "gpipe", "pipedream")
+SCHEDULE = {"vpipe": "1f1b", "gpipe": "gpipe", "pipedream": "1f1b"}  # each method with its own schedule
 
 
 def gpt2() -> torch.nn.Module:
@@ -63,13 +64,13 @@ def job(model: str) -> tuple[dict[str, Any], int]:
     return {"model": model}, 32
 
 
-def measure(model: str, ranks: int, plan: Plan | None, microbatches: int, budget: int | None, iterations: int
-            ) -> dict[str, Any]:
+def measure(model: str, ranks: int, plan: Plan | None, microbatches: int, budget: int | None, iterations: int,
+            schedule: str = "1f1b") -> dict[str, Any]:
     """Train ``plan`` and return the median iteration time, or why it could not run."""
     kwargs, _ = job(model)
     try:
-        with vpipe_lab.launch(**kwargs, stages=ranks, microbatches=microbatches, plan=plan, memory_budget=budget,
-                              device="cpu", timeout=300, start_timeout=300) as s:
+        with vpipe_lab.launch(**kwargs, stages=ranks, microbatches=microbatches, schedule=schedule, plan=plan,
+                              memory_budget=budget, device="cpu", timeout=300, start_timeout=300) as s:
             s.run(WARMUP + iterations)
             s.wait(timeout=1800)
             frame = s.metrics.iterations
@@ -100,7 +101,8 @@ def table(model: str, ranks: int, budgets: list[float], iterations: int, m0: int
         for method in METHODS:
             row: dict[str, Any] = {"model": model, "ranks": ranks, "budget": fraction, "method": method}
             try:
-                found = vpipe_lab.search(profile, limited, batch_size=batch, method=method)
+                found = vpipe_lab.search(profile, limited, batch_size=batch, method=method,
+                                         schedule=SCHEDULE[method])
             except InfeasiblePlan:
                 row["result"] = "no fit"
                 rows.append(row)
@@ -110,7 +112,8 @@ def table(model: str, ranks: int, budgets: list[float], iterations: int, m0: int
             row["plan"] = found.plan.describe()
             row["microbatches"] = found.plan.microbatches
             row["predicted_s"] = simulate(found.plan, scaling.at(profile, size), limited).iteration_s
-            got = measure(model, ranks, found.plan, found.plan.microbatches, budget, iterations)
+            got = measure(model, ranks, found.plan, found.plan.microbatches, budget, iterations,
+                          found.plan.schedule)
             if "error" in got:
                 row["result"] = got["error"]
             else:
