@@ -31,3 +31,12 @@ def test_memory_values_and_html(tmp_path: Path) -> None:
     save_html([gantt_figure(timeline()), fig], str(out), intro="hello")
     text = out.read_text()
     assert text.count("plotly.js") >= 1 and "hello" in text
+
+
+def test_the_budget_marker_shows_only_where_there_is_a_budget() -> None:
+    from vpipe_lab.jupyter.figures import memory_figure
+
+    none = memory_figure(2, None).data[3]
+    assert none.name == "budget" and none.visible is False and list(none.y) == [None, None]
+    some = memory_figure(2, [2**30, 0]).data[3]
+    assert some.visible is True and list(some.y) == [1.0, None]

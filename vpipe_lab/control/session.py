@@ -10,10 +10,8 @@ from __future__ import annotations
 import itertools
 import logging
 import shutil
-import socket
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,14 +28,7 @@ from vpipe_lab.core.model import Cluster, LayerCost, ModelProfile, Plan
 from vpipe_lab.core.timeline import Span
 
 log = logging.getLogger(__name__)
-SESSIONS: weakref.WeakSet[Session] = weakref.WeakSet()
 EventCallback = Callable[[dict[str, Any]], None]
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class Session(LiveMixin):
@@ -83,7 +74,6 @@ class Session(LiveMixin):
         self.logger = Logger(None)  # launch(log=...) sets the sink (control/sinks.py)
         self._monitor = threading.Thread(target=self._watch, name="vpipe-monitor", daemon=True)
         self._monitor.start()
-        SESSIONS.add(self)
         if not attached:
             hub._on_message = self._handle
 

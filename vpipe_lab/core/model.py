@@ -271,15 +271,6 @@ class Cluster:
             raise ProfileError(f"cluster.link_bandwidth must be a positive number of bytes/s, got {self.link_bandwidth!r}")
         _check_nonneg("cluster", link_latency_s=self.link_latency_s)
 
-    def with_stages(self, stages: int) -> Cluster:
-        """The same devices, ``stages`` of them (a per-stage memory list must then be given again)."""
-        if isinstance(self.memory_bytes, tuple):
-            raise ProfileError("this cluster has per-stage memory; build a new Cluster with one entry per stage")
-        return Cluster(
-            stages, self.memory_bytes, self.swap_bandwidth, self.link_bandwidth,
-            self.link_latency_s, self.shared_link, self.name,
-        )
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": "cluster",

@@ -71,7 +71,9 @@ def memory_figure(stages: int, budgets: Sequence[int] | None = None, *, widget: 
         go.Bar(x=names, y=zeros, name="params+grads+optimizer", marker_color="#4C78A8"),
         go.Bar(x=names, y=zeros, name="activations", marker_color="#F58518"),
         go.Bar(x=names, y=zeros, name="peak transient", marker_color="#FFBF79"),
-        go.Scatter(x=names, y=[b / 2**30 for b in budgets] if budgets else zeros, name="budget", mode="markers",
+        # No budget, no marker: a stage without one gets a gap, not a red line at 0.
+        go.Scatter(x=names, y=[b / 2**30 if b else None for b in budgets] if budgets else [None] * stages,
+                   name="budget", mode="markers", visible=bool(budgets and any(budgets)),
                    marker={"symbol": "line-ew-open", "size": 40, "color": "#E45756", "line": {"width": 3}}),
         go.Bar(x=names, y=zeros, name="swapped to host", marker_color="#72B7B2", visible="legendonly"),
     ]

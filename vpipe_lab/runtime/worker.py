@@ -171,7 +171,7 @@ class Worker:
                              f"{self.num_layers} stages, or more split points")
         if self.spec.plan is not None:
             plan = Plan.from_dict(self.spec.plan)
-            return plan.replace(microbatches=plan.microbatches).validate(self.num_layers, self.world)
+            return plan.validate(self.num_layers, self.world)
         return Plan(uniform(self.num_layers, self.world), (Policy.KEEP,) * self.num_layers, self.spec.microbatches,
                     self.spec.schedule).validate(self.num_layers, self.world)
 
