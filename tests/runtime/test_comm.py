@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import torch
@@ -44,11 +45,12 @@ def _ranks(rank: int, port: int, out: dict) -> None:  # type: ignore[type-arg]
     dist.destroy_process_group()
 
 
-def test_two_ranks_exchange_tuples_dtypes_json_and_maxima() -> None:
+def two_ranks(target: Any) -> Any:
+    """Run ``target(rank, port, out)`` on two spawned ranks, each with a deadline; what they put in ``out``."""
     ctx = mp.get_context("spawn")
     out = ctx.Manager().dict()
     port = _port()
-    procs = [ctx.Process(target=_ranks, args=(r, port, out)) for r in range(2)]
+    procs = [ctx.Process(target=target, args=(r, port, out)) for r in range(2)]
     for p in procs:
         p.start()
     for p in procs:
@@ -58,6 +60,11 @@ def test_two_ranks_exchange_tuples_dtypes_json_and_maxima() -> None:
         p.kill()
     assert not alive, "a rank hung"
     assert all(p.exitcode == 0 for p in procs)
+    return out
+
+
+def test_two_ranks_exchange_tuples_dtypes_json_and_maxima() -> None:
+    out = two_ranks(_ranks)
     assert out[0][0] == [7.0, 7.0] and out[0][1] == {"cmds": ["go"]} and out[0][2] == [3.0, 5.0]
     assert out[1][0] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] and out[1][1] == [1, 2]
     assert out[1][2] and out[1][3] and out[1][4] == {"cmds": ["go"]} and out[1][5] == [3.0, 5.0]
@@ -114,19 +121,7 @@ def _agreed(rank: int, port: int, out: dict) -> None:  # type: ignore[type-arg]
 
 
 def test_agreed_shapes_send_headers_once_per_epoch_and_receives_post_ahead() -> None:
-    ctx = mp.get_context("spawn")
-    out = ctx.Manager().dict()
-    port = _port()
-    procs = [ctx.Process(target=_agreed, args=(r, port, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=90)
-    alive = [p for p in procs if p.is_alive()]
-    for p in alive:
-        p.kill()
-    assert not alive, "a rank hung"
-    assert all(p.exitcode == 0 for p in procs)
+    out = two_ranks(_agreed)
     # First epoch transfer: header + tensors (+ the structure for the dict); later ones: one message per tensor.
     assert out[0] == [3 + 3, 2 + 1, 2 + 1, "refused"]
     values, trees, last, preposted = out[1]

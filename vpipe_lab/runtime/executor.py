@@ -89,7 +89,7 @@ class Executor:
         self.loss_fn = loss_with_check(loss_fn, chain.finish if chain is not None else (lambda out: out))
         self.budget = budget
         self.record_spans = record_spans
-        self._schedule: tuple[Plan, Schedule, dict[int, int | None]] | None = None
+        self._schedule: tuple[Plan, Schedule, dict[int, int | None], dict[Op, int | None]] | None = None
         self.fault = faults.parse()
         self._static = self._param_bytes = 0
         self.loss_multiplier = 1.0  # the fp16 loss scale (see runtime/precision.py); 1 otherwise
@@ -97,8 +97,9 @@ class Executor:
     def schedule(self, plan: Plan) -> Schedule:
         return self._plan(plan)[1]
 
-    def _plan(self, plan: Plan) -> tuple[Plan, Schedule, dict[int, int | None]]:
-        """The schedule, and for each receive step the micro-batch of the next receive of the same kind."""
+    def _plan(self, plan: Plan) -> tuple[Plan, Schedule, dict[int, int | None], dict[Op, int | None]]:
+        """The schedule; for each receive step the micro-batch of the next receive of the same kind; and the
+        micro-batch of the first receive of each kind (worked out once per plan, not per iteration)."""
         if self._schedule is None or self._schedule[0] != plan:
             schedule = for_plan(plan)
             row = schedule.stages[self.rank]
@@ -106,7 +107,8 @@ class Executor:
             for i, action in enumerate(row):
                 if action.op in (Op.RECV_F, Op.RECV_B):
                     following[i] = next((a.microbatch for a in row[i + 1:] if a.op is action.op), None)
-            self._schedule = (plan, schedule, following)
+            firsts = {op: next((a.microbatch for a in row if a.op is op), None) for op in (Op.RECV_F, Op.RECV_B)}
+            self._schedule = (plan, schedule, following, firsts)
         return self._schedule
 
     def _check_budget(self, result: IterationResult) -> None:
@@ -151,7 +153,7 @@ class Executor:
         grads_in: dict[int, tuple[torch.Tensor, ...]] = {}
         losses: list[torch.Tensor] = []
         posted: dict[tuple[Op, int], Incoming] = {}
-        _, schedule, following = self._plan(plan)
+        _, schedule, following, firsts = self._plan(plan)
         row = schedule.stages[rank]
         where = {Op.RECV_F: (rank - 1, TAG_FORWARD), Op.RECV_B: (rank + 1, TAG_BACKWARD)}
 
@@ -165,8 +167,7 @@ class Executor:
             return value
 
         if peer.prepost:  # the first receive of each kind, when this shape epoch already knows its shapes
-            for op in (Op.RECV_F, Op.RECV_B):
-                first = next((a.microbatch for a in row if a.op is op), None)
+            for op, first in firsts.items():
                 src, tag = where[op]
                 if first is not None and peer.knows(src, tag):
                     posted[(op, first)] = peer.post_recv(src, tag, agreed=True)

@@ -84,8 +84,12 @@ class StageOptimizer:
         self._stale = True
         for name, p in new:
             if states and name in states:
-                self.optimizer.state[p] = {k: v.to(self.device) if isinstance(v, torch.Tensor) and v.dim() else v
-                                           for k, v in states[name].items()}
+                self.optimizer.state[p] = self._put(states[name])
+
+    def _put(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A parameter's saved state on this stage's device (0-dim step counters stay where the optimizer keeps
+        them)."""
+        return {k: v.to(self.device) if isinstance(v, torch.Tensor) and v.dim() else v for k, v in state.items()}
 
     def _fresh(self, params: list[torch.nn.Parameter]) -> list[dict[str, Any]]:
         assert self.factory is not None
@@ -144,8 +148,7 @@ class StageOptimizer:
         for name, state in states.items():
             p = tensors.get(name)
             if p is not None and p in self.names:
-                self.optimizer.state[p] = {k: v.to(self.device) if isinstance(v, torch.Tensor) and v.dim() else v
-                                           for k, v in state.items()}
+                self.optimizer.state[p] = self._put(state)
         for saved in groups or []:
             wanted = {tensors[n] for n in saved["params"] if n in tensors}
             for group in self.optimizer.param_groups:

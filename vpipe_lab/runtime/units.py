@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,8 +56,6 @@ class LayerStats:
     Times are kept per micro-batch so the profiler can take their median: on a busy machine one slow sample (a
     page fault after the allocator gave memory back, a garbage collection) would otherwise move a mean a lot."""
 
-    forward_s: float = 0.0
-    backward_s: float = 0.0
     recompute_s: float = 0.0
     forwards: int = 0
     backwards: int = 0
@@ -76,7 +75,6 @@ class LayerStats:
 
     def add_forward(self, seconds: float, extend: bool = False) -> None:
         """One forward's time; ``extend`` adds to the latest one (the loss belongs to the last layer's forward)."""
-        self.forward_s += seconds
         if extend and self.forward_times:
             self.forward_times[-1] += seconds
         elif not extend:
@@ -84,7 +82,6 @@ class LayerStats:
             del self.forward_times[:-SAMPLES]
 
     def add_backward(self, seconds: float) -> None:
-        self.backward_s += seconds
         self.backwards += 1
         self.backward_times.append(seconds)
         del self.backward_times[:-SAMPLES]
@@ -92,11 +89,7 @@ class LayerStats:
     @staticmethod
     def typical(times: list[float]) -> float:
         """The median time, 0 when there is none."""
-        if not times:
-            return 0.0
-        ordered = sorted(times)
-        mid = len(ordered) // 2
-        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+        return statistics.median(times) if times else 0.0
 
 
 @dataclass
