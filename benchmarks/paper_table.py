@@ -9,8 +9,9 @@ default micro-batch count (the peak of the fullest stage under the cost model). 
 batch, choosing its micro-batch count within its own rules (``search(..., batch_size=B)``: GPipe recomputes every
 layer on an even split, PipeDream keeps every layer on its best split, vPipe searches the partition and per-layer
 keep/swap/recompute; GPipe runs its own schedule, the others 1F1B), and its plan is launched under that budget and
-timed (median iteration over ``--iterations`` after 3 warm-up ones). A plan the planner cannot fit is "no fit"; a plan whose measured memory exceeds the budget at
-run time is "over budget". The simulator's prediction for the plan stands next to each measurement.
+timed (median iteration over ``--iterations`` after 3 warm-up ones). A plan the planner cannot fit is "no fit"; a
+plan whose measured memory exceeds the budget at run time is "over budget". The simulator's prediction for the plan
+stands next to each measurement.
 All runs: CPU ranks (gloo), one thread each, on this machine.
 """
 

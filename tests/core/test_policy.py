@@ -73,7 +73,8 @@ def test_greedy_swaps_largest_first_while_hidden() -> None:
 
 def test_greedy_recomputes_when_swap_cannot_hide() -> None:
     layers = (LayerCost("a", 1.0, 2.0, 1000, 10, 1, 1),)
-    cm = CostModel(ModelProfile(layers), Cluster(1, 500, swap_bandwidth=1.0, link_bandwidth=1e9), 4, "gpipe")
+    # Recompute: 4 inputs of 10 plus the layer's 1000 while it is rebuilt; swap would need 2 x 1000 resident.
+    cm = CostModel(ModelProfile(layers), Cluster(1, 1100, swap_bandwidth=1.0, link_bandwidth=1e9), 4, "gpipe")
     sol = greedy(StageProblem.of(cm, 0, 0, 1))
     assert sol is not None and sol.policies == (Policy.RECOMPUTE,) and sol.extra_s == 1.0
 

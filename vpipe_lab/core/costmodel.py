@@ -13,6 +13,8 @@ with ``hide`` the stage's compute time (less its boundary traffic when that shar
     + inflight * (activation_bytes of kept layers + input_bytes of recomputed layers)
     + min(inflight, 2) * activation_bytes of swapped layers (the micro-batch being computed and the one being
       prefetched for its backward, which the schedule issues one compute step early; the rest live on the host)
+    + the largest activation_bytes among recomputed layers (the one layer rebuilt at a time, for one micro-batch,
+      held from its rematerialisation through its backward)
 
 with ``inflight = M`` for GPipe and ``min(M, K - s)`` for 1F1B. The iteration takes
 ``sum(T) + (M - 1) * max(T)`` for 1F1B and ``sum(T) + (M - 1) * (max(F) + max(B))`` for GPipe, which both reduce
@@ -43,6 +45,7 @@ class StageCost:
     swap_buffer_bytes: int
     host_bytes: int
     inflight: int
+    rebuild_bytes: int = 0  # the largest recomputed layer's activations, held while it is rebuilt (transient)
 
     @property
     def total_s(self) -> float:
@@ -50,7 +53,7 @@ class StageCost:
 
     @property
     def peak_bytes(self) -> int:
-        return self.static_bytes + self.activation_bytes + self.swap_buffer_bytes
+        return self.static_bytes + self.activation_bytes + self.swap_buffer_bytes + self.rebuild_bytes
 
 
 def policy_overhead(recompute_s: float, swap_bytes: int, hide_s: float, bandwidth: float) -> float:
@@ -170,6 +173,7 @@ class CostModel:
         resident = 0
         swapped = 0
         recompute = 0.0
+        rebuilt = 0  # the largest recomputed layer: rebuilt for one micro-batch at a time
         for i in range(lo, hi):
             policy = policies[i]
             if policy is Policy.KEEP:
@@ -177,6 +181,7 @@ class CostModel:
             elif policy is Policy.RECOMPUTE:
                 resident += self.inp[i]
                 recompute += self.fwd[i]
+                rebuilt = max(rebuilt, self.act[i])
             else:
                 swapped += self.act[i]
         extra = policy_overhead(recompute, swapped, self.hide_s(stage, lo, hi), self.cluster.swap_bandwidth)
@@ -192,6 +197,7 @@ class CostModel:
             swap_buffer_bytes=swap_buffers(n) * swapped,
             host_bytes=(n - swap_buffers(n)) * swapped,
             inflight=n,
+            rebuild_bytes=rebuilt,
         )
 
     def estimate(self, plan: Plan) -> Estimate:
