@@ -23,12 +23,13 @@ def test_memory_by_policy_matches_the_formula() -> None:
     static = (2 * 7 + 3) + (2 * 5 + 0)
     for pa, pb, resident, swap_buffer in [
         ("keep", "keep", m * (1000 + 500), 0),
-        # A recomputed layer keeps its input per micro-batch, and holds its activations once while it is rebuilt.
+        # A recomputed layer keeps its input per micro-batch, and holds its activations again while one micro-batch
+        # is rebuilt for its backward.
         ("recompute", "keep", m * (100 + 500) + 1000, 0),
         # A swapped layer keeps two micro-batches resident: one computed, one prefetched for its backward.
         ("swap", "keep", m * 500, 2 * 1000),
         ("swap", "recompute", m * 10 + 500, 2 * 1000),
-        ("recompute", "recompute", m * (100 + 10) + 1000, 0),  # one layer rebuilt at a time: the larger counts
+        ("recompute", "recompute", m * (100 + 10) + 1000 + 500, 0),  # a micro-batch's layers are rebuilt together
     ]:
         est = estimate(Plan((0, 2), (pa, pb), m, "gpipe"), profile, cluster)
         assert est.static_bytes == (static,)

@@ -38,7 +38,7 @@ def test_segments_are_runs_of_one_policy_or_single_layers_when_profiling() -> No
     assert stage.segments() == [(0,), (1,), (2,)]
     assert stage.owner(1) == (1,)
     stage.set_policies({0: Policy.RECOMPUTE, 1: Policy.RECOMPUTE, 2: Policy.RECOMPUTE})
-    assert stage.segments() == [(0,), (1,), (2,)]  # rebuilt one at a time: the memory the plan was made for
+    assert stage.segments() == [(0, 1, 2)]
 
 
 def test_a_fused_segment_is_one_backward_and_profiling_fills_every_layers_stats() -> None:

@@ -13,8 +13,8 @@ with ``hide`` the stage's compute time (less its boundary traffic when that shar
     + inflight * (activation_bytes of kept layers + input_bytes of recomputed layers)
     + min(inflight, 2) * activation_bytes of swapped layers (the micro-batch being computed and the one being
       prefetched for its backward, which the schedule issues one compute step early; the rest live on the host)
-    + the largest activation_bytes among recomputed layers (the one layer rebuilt at a time, for one micro-batch,
-      held from its rematerialisation through its backward)
+    + activation_bytes of every recomputed layer, once: the runtime rebuilds a micro-batch's recomputed layers right
+      before that micro-batch's backward on the stage, and holds them until it is done
 
 with ``inflight = M`` for GPipe and ``min(M, K - s)`` for 1F1B. The iteration takes
 ``sum(T) + (M - 1) * max(T)`` for 1F1B and ``sum(T) + (M - 1) * (max(F) + max(B))`` for GPipe, which both reduce
@@ -45,7 +45,7 @@ class StageCost:
     swap_buffer_bytes: int
     host_bytes: int
     inflight: int
-    rebuild_bytes: int = 0  # the largest recomputed layer's activations, held while it is rebuilt (transient)
+    rebuild_bytes: int = 0  # the recomputed layers' activations, held while one micro-batch is rebuilt (transient)
 
     @property
     def total_s(self) -> float:
@@ -173,7 +173,7 @@ class CostModel:
         resident = 0
         swapped = 0
         recompute = 0.0
-        rebuilt = 0  # the largest recomputed layer: rebuilt for one micro-batch at a time
+        rebuilt = 0  # the recomputed layers' activations, rebuilt for one micro-batch at a time
         for i in range(lo, hi):
             policy = policies[i]
             if policy is Policy.KEEP:
@@ -181,7 +181,7 @@ class CostModel:
             elif policy is Policy.RECOMPUTE:
                 resident += self.inp[i]
                 recompute += self.fwd[i]
-                rebuilt = max(rebuilt, self.act[i])
+                rebuilt += self.act[i]
             else:
                 swapped += self.act[i]
         extra = policy_overhead(recompute, swapped, self.hide_s(stage, lo, hi), self.cluster.swap_bandwidth)

@@ -35,10 +35,11 @@ class StageProblem:
 
     def __post_init__(self) -> None:
         n = self.inflight
-        # Swapping frees every in-flight micro-batch but the transfer buffers; recompute keeps only the input.
+        # Swapping frees every in-flight micro-batch but the transfer buffers; recompute keeps only the input, and
+        # holds the layer's activations again for the micro-batch being rebuilt (see core/costmodel.py).
         object.__setattr__(self, "swap_save", tuple((n - swap_buffers(n)) * a for a in self.activation))
         object.__setattr__(self, "rec_save", tuple(
-            n * (a - x) if a > x else 0 for a, x in zip(self.activation, self.inputs)))
+            max(0, n * (a - x) - a) for a, x in zip(self.activation, self.inputs)))
 
     @classmethod
     def of(cls, cm: CostModel, stage: int, lo: int, hi: int) -> StageProblem:
@@ -94,15 +95,7 @@ def greedy(p: StageProblem) -> StageSolution | None:
     policies = [_K] * n
     remaining = p.need_bytes
     sigma, rho = 0, 0.0
-    rebuilt = 0  # the largest recomputed activation: held while that layer is rebuilt (never lowered: safe)
     chosen: list[int] = []
-
-    def charge(i: int) -> int:
-        """The extra bytes of rebuilding layer i, beyond the largest recomputed layer so far."""
-        nonlocal rebuilt
-        extra = max(0, p.activation[i] - rebuilt)
-        rebuilt = max(rebuilt, p.activation[i])
-        return extra
     # Largest activations first; on ties the earlier layer, whose forward-to-backward gap is longer.
     by_size = sorted(range(n), key=lambda i: (-p.activation[i], i))
 
@@ -130,7 +123,7 @@ def greedy(p: StageProblem) -> StageSolution | None:
             continue
         policies[i] = _R
         rho += p.forward_s[i]
-        remaining -= p.recompute_saving(i) - charge(i)
+        remaining -= p.recompute_saving(i)
         chosen.append(i)
         swap_hidden()  # recompute lengthens the backward, so more swap may now hide under it
     # Still over: move layers to whichever option frees the most (now at the price of exposed transfers or
@@ -154,7 +147,6 @@ def greedy(p: StageProblem) -> StageSolution | None:
             sigma -= p.activation[i]
         if best is _R:
             rho += p.forward_s[i]
-            extra -= charge(i)
         else:
             sigma += p.activation[i]
         policies[i] = best
@@ -219,9 +211,7 @@ class _Search:
         rate = self.best_rate[j] + (swap_rate * p.bandwidth if self.rest_act[j] > free_swap else 0.0)
         return cur + remaining_f / rate if rate > 0 else math.inf
 
-    def run(self, j: int, rho: float, sigma: int, remaining: int, floor: int, rebuilt: int = 0) -> None:
-        """``rebuilt``: the largest activation among the layers chosen for recompute so far (held while it is
-        rebuilt); choosing a larger one costs the difference."""
+    def run(self, j: int, rho: float, sigma: int, remaining: int, floor: int) -> None:
         self.nodes += 1
         if self.nodes > self.node_limit:
             self.aborted = True
@@ -246,18 +236,16 @@ class _Search:
                 if saving <= 0:
                     continue
                 self.choice[j] = _R
-                grown = max(0, p.activation[i] - rebuilt)
-                self.run(j + 1, rho + p.forward_s[i], sigma, remaining - saving + grown, 0,
-                         max(rebuilt, p.activation[i]))
+                self.run(j + 1, rho + p.forward_s[i], sigma, remaining - saving, 0)
             elif rank == 1:
                 saving = p.swap_saving(i)
                 if saving <= 0:
                     continue
                 self.choice[j] = _S
-                self.run(j + 1, rho, sigma + p.activation[i], remaining - saving, 1, rebuilt)
+                self.run(j + 1, rho, sigma + p.activation[i], remaining - saving, 1)
             else:
                 self.choice[j] = _K
-                self.run(j + 1, rho, sigma, remaining, 2, rebuilt)
+                self.run(j + 1, rho, sigma, remaining, 2)
             if self.aborted:
                 return
         self.choice[j] = _K

@@ -4,8 +4,10 @@ A layer's time is not linear in the micro-batch size: small micro-batches leave 
 thin matrix products), so a sample costs less on a larger micro-batch until the device saturates. vPipe's gains come
 from exactly that: by swapping and recomputing per layer it fits larger micro-batches. A profile measured at
 ``microbatch_size`` with extra points in each layer's ``times`` is rescaled here: forward and backward times are
-interpolated linearly between measured sizes; outside them the per-sample time of the nearest measured size is
-used (no efficiency gain is invented beyond what was measured). Activation, recompute-input and boundary bytes are
+interpolated linearly between measured sizes; above the largest the per-sample time of the largest is used (no
+efficiency gain is invented beyond what was measured); below the smallest the line through the two smallest points
+is extended (a micro-batch keeps its fixed cost: launches, transfers, Python), between the proportional time and the
+smallest point's own time. Activation, recompute-input and boundary bytes are
 proportional to the micro-batch size; parameters and optimizer state do not change.
 """
 
@@ -19,7 +21,14 @@ def _time(points: list[tuple[int, float]], size: int) -> float:
     """Seconds at ``size`` from (size, seconds) points sorted by size."""
     lo_size, lo_t = points[0]
     if size <= lo_size:
-        return lo_t * size / lo_size
+        linear = lo_t * size / lo_size
+        if len(points) < 2:
+            return linear
+        # Below the smallest measured size the fixed per-micro-batch cost stays: extend the line through the two
+        # smallest points, between the proportional time (no fixed cost) and the smallest point's own time.
+        (s1, t1), (s2, t2) = points[0], points[1]
+        affine = t1 - (s1 - size) * (t2 - t1) / (s2 - s1)
+        return min(lo_t, max(linear, affine))
     for hi_size, hi_t in points[1:]:
         if size <= hi_size:
             w = (size - lo_size) / (hi_size - lo_size)

@@ -1,11 +1,11 @@
 """One pipeline stage: its layers (partition units) by global index, run as fused segments, and one optimizer.
 
-Consecutive kept (or swapped) layers run as one *segment*: one autograd graph from the segment's input (a fresh
-leaf) to its output, one backward call, as a plain model would run them. Policy boundaries split segments (a swapped
-segment's saved tensors leave the device between its forward and backward). A recomputed layer is always a segment
-of its own: it keeps its own input and is rebuilt right before its own backward, so at most one layer's activations
-are rematerialised at a time, which is the memory the cost model plans with (a fused run of recomputed layers would
-rebuild all of them at once and could exceed the budget the plan was made for). Saved tensors are still attributed to
+Consecutive layers with the same policy run as one *segment*: one autograd graph from the segment's input (a fresh
+leaf) to its output, one backward call, as a plain model would run them. Recompute boundaries must split segments (a
+recomputed segment runs without autograd and is rebuilt before its backward) and so do swap boundaries (a swapped
+segment's saved tensors leave the device between its forward and backward). A micro-batch's recomputed layers are
+rebuilt together right before its backward on the stage (the schedule's RECOMPUTE steps), so their activations are
+all held then, which is what the cost model charges (``core/costmodel.py``). Saved tensors are still attributed to
 the layer that saved them (the saved-tensor hooks know the layer running), so a layer's swap moves only its own.
 In a *profiling* iteration every layer is a segment of its own, timed with the device synchronised, which is what the
 online profiler reads; the executor decides which iterations profile (see ``executor.Executor``).
@@ -140,16 +140,14 @@ class Stage:
         self._segments.clear()
 
     def segments(self, profile: bool = False) -> list[Segment]:
-        """The owned layers as segments: maximal runs of kept or of swapped layers (a recomputed layer alone), or one
-        layer each in a profiling iteration."""
+        """The owned layers as segments: maximal runs of one policy, or one layer each in a profiling iteration."""
         key = (profile, tuple((i, self.layers[i].policy) for i in self.owned))
         found = self._segments.get(key)
         if found is None:
             found = []
             for index in self.owned:
                 policy = self.layers[index].policy
-                if (found and not profile and policy is not Policy.RECOMPUTE
-                        and self.layers[found[-1][-1]].policy is policy and found[-1][-1] == index - 1):
+                if found and not profile and self.layers[found[-1][-1]].policy is policy and found[-1][-1] == index - 1:
                     found[-1] = (*found[-1], index)
                 else:
                     found.append((index,))
