@@ -105,7 +105,7 @@ class LiveMixin:
             finally:
                 self._migrating = None
             if not ack.get("ok", False):
-                refusal = self._refusals.pop(version, None)
+                refusal = self._refusals.pop(version, None) or ack.get("refused")
                 if refusal is None and ack.get("error"):
                     raise PlanError(f"the plan was refused: {ack['error']}; nothing moved")
                 detail = (f": stage {refusal['stage']} would need {human_bytes(refusal['needed'])} of its "

@@ -279,11 +279,16 @@ class MigratingWorker(Worker):
         after = sum(stage.static_bytes().values()) - outgoing + int(incoming[rank])
         budget = self.executor.budget
         refuse = budget is not None and after > budget
-        if self.peer.all_max([1.0 if refuse else 0.0])[0] > 0:
+        # The verdict carries who refused and by how much, so rank 0's acknowledgement says it (a separate message
+        # from the refusing stage could arrive after the acknowledgement).
+        verdict = self.peer.all_max([1.0, float(rank), float(after), float(budget or 0)] if refuse else [0.0, -1.0, 0.0,
+                                                                                                       0.0])
+        if verdict[0] > 0:
             if refuse:
                 self.send(P.ERROR, {"kind": "migration", "stage": rank, "needed": after, "budget": budget,
                                     "incoming": int(incoming[rank]), "version": version})
             return {"ok": False, "error": "a receiving stage lacks memory for the incoming layers; nothing moved",
+                    "refused": {"stage": int(verdict[1]), "needed": int(verdict[2]), "budget": int(verdict[3])},
                     "pause_s": time.perf_counter() - start}
         # 2. The state to fall back on if a worker dies during the move.
         # Every rank takes part in the same collectives: whether anything moves anywhere is agreed by all of them
