@@ -60,7 +60,7 @@ def workers(layers: int, width: int, stages: int) -> list[tuple[int, list[str]]]
     with vpipe_lab.launch(namespace["gpt2"], data, stages=stages, microbatches=4, device="cpu",
                           timeout=300, start_timeout=600) as session:
         procs = [p for p in psutil.Process().children(recursive=True)
-                 if "vpipe_lab.runtime.worker" in " ".join(p.cmdline())]
+                 if "vpipe_lab.runtime.process" in " ".join(p.cmdline())]
         procs.sort(key=lambda p: int(p.cmdline()[p.cmdline().index("--rank") + 1]))
         return [(hwm(p.pid), [session.names[i] for i in session.plan.layers_of(rank)])
                 for rank, p in enumerate(procs)]

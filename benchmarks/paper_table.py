@@ -29,8 +29,9 @@ from vpipe_lab.control.errors import BudgetError, WorkerError
 from vpipe_lab.core import scaling
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.errors import InfeasiblePlan
-from vpipe_lab.core.model import Cluster, Policy
 from vpipe_lab.core.partition import uniform
+from vpipe_lab.core.plan import Policy
+from vpipe_lab.core.profile import Cluster
 from vpipe_lab.core.simulator import simulate
 
 WARMUP = 3

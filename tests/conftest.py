@@ -14,7 +14,7 @@ def worker_processes() -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["pid", "cmdline", "status"]):
         cmd = " ".join(proc.info.get("cmdline") or [])
-        if "vpipe_lab.runtime.worker" in cmd or "vpipe-lab worker" in cmd:
+        if "vpipe_lab.runtime.process" in cmd or "vpipe-lab worker" in cmd:
             if proc.info.get("status") != psutil.STATUS_ZOMBIE:
                 found.append(proc)
     return found

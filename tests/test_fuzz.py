@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vpipe_lab.control.protocol import ProtocolError, ReplayGuard, decode, encode, new_key
 from vpipe_lab.core.errors import PlanError, ProfileError, ScheduleError
-from vpipe_lab.core.model import Plan, Policy
+from vpipe_lab.core.plan import Plan, Policy
 from vpipe_lab.core.schedule import Action, Schedule
+from vpipe_lab.wire.protocol import ProtocolError, ReplayGuard, decode, encode, new_key
 
 KEY = new_key()
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -34,7 +34,7 @@ def test_the_decoder_refuses_junk_frames(frames: list[bytes]) -> None:
 @given(json_values)
 def test_signed_headers_of_any_shape_decode_or_raise_protocol_errors(doc: object) -> None:
     """Even a holder of the key cannot crash a receiver with a strange header."""
-    from vpipe_lab.control.protocol import _sign
+    from vpipe_lab.wire.protocol import _sign
 
     header = json.dumps(doc).encode()
     try:
@@ -105,7 +105,7 @@ def test_the_magic_parser_raises_only_usage_errors(words: list[str]) -> None:
 
 
 def test_encoded_messages_round_trip() -> None:
-    from vpipe_lab.control.protocol import Message
+    from vpipe_lab.wire.protocol import Message
 
     frames = [bytes(f) for f in encode(Message("run", body={"iterations": 3}, seq=1, sid="ab"), KEY)]
     assert decode(frames, KEY).sid == "ab"

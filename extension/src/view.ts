@@ -2,20 +2,25 @@
 // click a layer to cycle keep/swap/recompute, a what-if preview from the simulator, Apply with pending -> applied.
 import {
   cyclePolicy, formatBytes, formatSeconds, layerEdges, moveBoundary, nearestEdge, sameList, stageColor, stageOf,
+  type Policy,
 } from "./logic";
+import type { EditorMessage } from "./messages";
 
 export interface LayerInfo { name: string; weight: number; forward_ms?: number; backward_ms?: number }
 export interface Estimate {
   iteration_s: number; stage_s: number[]; peak_bytes: number[]; budget_bytes: number[]; feasible: boolean;
 }
 export interface Preview { current?: Estimate; draft?: Estimate; error?: string }
-export interface Status { state: "idle" | "pending" | "applied" | "error"; message: string; iteration?: number }
+export interface Status {
+  state: "idle" | "pending" | "applied" | "error" | "ended"; message: string; iteration?: number;
+}
 
 /** The part of anywidget's model this view uses (also what the tests fake). */
 export interface Model {
   get(name: string): unknown;
   set(name: string, value: unknown): void;
   save_changes(): void;
+  send(content: EditorMessage): void;
   on(event: string, callback: () => void): void;
   off(event?: string | null, callback?: (() => void) | null): void;
 }
@@ -37,6 +42,8 @@ const CSS = `
 .vpipe-row { display: flex; gap: 8px; align-items: center; margin-top: 6px; }
 .vpipe-status.error { color: #c0392b; } .vpipe-status.applied { color: #2e7d32; } .vpipe-status.pending { color: #b26a00; }
 .vpipe-editor button { padding: 3px 10px; }
+.vpipe-editor.ended .vpipe-bar { opacity: .6; } .vpipe-editor.ended .vpipe-handle { display: none; }
+.vpipe-status.ended { color: #666; font-style: italic; }
 `;
 
 function list<T>(model: Model, name: string): T[] {
@@ -53,6 +60,9 @@ export class PartitionView {
   private readonly apply: HTMLButtonElement;
   private readonly reset: HTMLButtonElement;
   private dragging: { index: number; bounds: number[] } | null = null;
+  // The draft just sent to Python, shown until Python's draft traits echo it (no flicker back to the old one).
+  private local: { boundaries: number[]; policies: Policy[] } | null = null;
+  private pending = false; // Apply clicked; cleared when Python reports a status
   private readonly listeners: [string, () => void][] = [];
 
   constructor(private readonly model: Model, private readonly el: HTMLElement, private readonly width = 0) {
@@ -86,7 +96,11 @@ export class PartitionView {
     this.bar.addEventListener("pointerup", (e) => this.onUp(e));
     this.bar.addEventListener("pointercancel", () => { this.dragging = null; this.draw(); });
     for (const name of ["layers", "boundaries", "policies", "draft_boundaries", "draft_policies", "preview", "status"]) {
-      const cb = (): void => this.draw();
+      const cb = (): void => {
+        if (name.startsWith("draft_")) this.local = null;
+        if (name === "status") this.pending = false;
+        this.draw();
+      };
       this.listeners.push([`change:${name}`, cb]);
       model.on(`change:${name}`, cb);
     }
@@ -103,7 +117,24 @@ export class PartitionView {
   }
 
   private bounds(): number[] {
-    return this.dragging ? this.dragging.bounds : list<number>(this.model, "draft_boundaries");
+    return this.dragging ? this.dragging.bounds : this.draftBounds();
+  }
+
+  private draftBounds(): number[] {
+    return this.local?.boundaries ?? list<number>(this.model, "draft_boundaries");
+  }
+
+  private draftPolicies(): Policy[] {
+    return this.local?.policies ?? list<Policy>(this.model, "draft_policies");
+  }
+
+  private ended(): boolean {
+    return ((this.model.get("status") ?? {}) as Status).state === "ended";
+  }
+
+  private send(message: EditorMessage): void {
+    if (message.kind === "draft") this.local = { boundaries: message.boundaries, policies: message.policies };
+    this.model.send(message);
   }
 
   private edges(): number[] {
@@ -114,7 +145,7 @@ export class PartitionView {
     const layers = list<LayerInfo>(this.model, "layers");
     const bounds = this.bounds();
     const committed = list<number>(this.model, "boundaries");
-    const policies = list<string>(this.model, "draft_policies");
+    const policies = this.draftPolicies();
     const applied = list<string>(this.model, "policies");
     const edges = this.edges();
     this.bar.replaceChildren();
@@ -187,16 +218,20 @@ export class PartitionView {
   }
 
   private drawStatus(): void {
-    const status = (this.model.get("status") ?? { state: "idle", message: "" }) as Status;
+    const reported = (this.model.get("status") ?? { state: "idle", message: "" }) as Status;
+    const status: Status = this.pending
+      ? { state: "pending", message: "pending: waiting for the next iteration boundary" } : reported;
+    const ended = status.state === "ended";
+    this.root.classList.toggle("ended", ended);
     this.status.className = `vpipe-status ${status.state}`;
     this.status.textContent = status.message;
-    this.apply.disabled = !this.isDirty() || status.state === "pending";
-    this.reset.disabled = !this.isDirty();
+    this.apply.disabled = ended || !this.isDirty() || status.state === "pending";
+    this.reset.disabled = ended || !this.isDirty();
   }
 
   isDirty(): boolean {
-    return !sameList(list<number>(this.model, "draft_boundaries"), list<number>(this.model, "boundaries")) ||
-      !sameList(list<string>(this.model, "draft_policies"), list<string>(this.model, "policies"));
+    return !sameList(this.draftBounds(), list<number>(this.model, "boundaries")) ||
+      !sameList(this.draftPolicies(), list<string>(this.model, "policies"));
   }
 
   private x(e: PointerEvent): number {
@@ -206,7 +241,8 @@ export class PartitionView {
   private onDown(e: PointerEvent, index: number): void {
     e.preventDefault();
     e.stopPropagation();
-    this.dragging = { index, bounds: list<number>(this.model, "draft_boundaries").slice() };
+    if (this.ended()) return;
+    this.dragging = { index, bounds: this.draftBounds().slice() };
     try { this.bar.setPointerCapture(e.pointerId); } catch { /* not every environment supports capture */ }
     this.draw();
   }
@@ -214,7 +250,7 @@ export class PartitionView {
   private onMove(e: PointerEvent): void {
     if (!this.dragging) return;
     const target = nearestEdge(this.x(e), this.edges());
-    const moved = moveBoundary(list<number>(this.model, "draft_boundaries"), this.dragging.index, target);
+    const moved = moveBoundary(this.draftBounds(), this.dragging.index, target);
     if (!sameList(moved, this.dragging.bounds)) {
       this.dragging.bounds = moved;
       this.draw();
@@ -227,30 +263,29 @@ export class PartitionView {
     const bounds = this.dragging.bounds;
     this.dragging = null;
     // Commit on release only: one message per drag, not one per pixel.
-    if (!sameList(bounds, list<number>(this.model, "draft_boundaries"))) {
-      this.model.set("draft_boundaries", bounds);
-      this.model.save_changes();
-    }
+    if (!sameList(bounds, this.draftBounds())) this.send({ kind: "draft", boundaries: bounds, policies: this.draftPolicies() });
     this.draw();
   }
 
   private onClick(layer: number): void {
-    if (this.dragging) return;
-    const policies = list<string>(this.model, "draft_policies").slice();
+    if (this.dragging || this.ended()) return;
+    const policies = this.draftPolicies().slice();
     policies[layer] = cyclePolicy(policies[layer] ?? "keep");
-    this.model.set("draft_policies", policies);
-    this.model.save_changes();
+    this.send({ kind: "draft", boundaries: this.draftBounds(), policies });
+    this.draw();
   }
 
   private onApply(): void {
-    this.model.set("apply_count", Number(this.model.get("apply_count") ?? 0) + 1);
-    this.model.set("status", { state: "pending", message: "pending: waiting for the next iteration boundary" });
-    this.model.save_changes();
+    this.send({ kind: "apply", boundaries: this.draftBounds(), policies: this.draftPolicies() });
+    this.pending = true;
+    this.draw();
   }
 
   private onReset(): void {
-    this.model.set("draft_boundaries", list<number>(this.model, "boundaries").slice());
-    this.model.set("draft_policies", list<string>(this.model, "policies").slice());
-    this.model.save_changes();
+    this.send({
+      kind: "draft", boundaries: list<number>(this.model, "boundaries").slice(),
+      policies: list<Policy>(this.model, "policies").slice(),
+    });
+    this.draw();
   }
 }

@@ -1,9 +1,11 @@
 import { beforeEach, describe, expect, it } from "vitest";
+import type { EditorMessage } from "../src/messages";
 import { PartitionView, type Model } from "../src/view";
 
 class FakeModel implements Model {
   data: Record<string, unknown>;
   saves = 0;
+  sent: EditorMessage[] = [];
   private handlers = new Map<string, Set<() => void>>();
   constructor(data: Record<string, unknown>) {
     this.data = { ...data };
@@ -17,6 +19,17 @@ class FakeModel implements Model {
   }
   save_changes(): void {
     this.saves += 1;
+  }
+  send(content: EditorMessage): void {
+    this.sent.push(content);
+  }
+  /** What Python does with a draft message: it becomes the draft traits. */
+  echo(): void {
+    const last = this.sent[this.sent.length - 1];
+    if (last?.kind === "draft") {
+      this.set("draft_boundaries", last.boundaries);
+      this.set("draft_policies", last.policies);
+    }
   }
   on(event: string, cb: () => void): void {
     if (!this.handlers.has(event)) this.handlers.set(event, new Set());
@@ -43,7 +56,6 @@ function model(): FakeModel {
       current: { iteration_s: 0.1, stage_s: [0.02, 0.01], peak_bytes: [3e6, 1e6], budget_bytes: [4e6, 4e6], feasible: true },
     },
     status: { state: "idle", message: "" },
-    apply_count: 0,
   });
 }
 
@@ -84,25 +96,30 @@ describe("PartitionView", () => {
     pointer("pointermove", el.querySelector(".vpipe-bar") as HTMLElement, 310);
     expect(q("boundary-1").style.left).toBe("300px"); // snapped to the edge of layer 3
     expect(q("layer-3").dataset.stage).toBe("1");
-    expect(m.saves).toBe(0); // nothing sent while dragging
+    expect(m.sent).toHaveLength(0); // nothing sent while dragging
     pointer("pointerup", el.querySelector(".vpipe-bar") as HTMLElement, 290);
-    expect(m.get("draft_boundaries")).toEqual([0, 3, 10]);
-    expect(m.saves).toBe(1);
+    expect(m.sent).toEqual([{ kind: "draft", boundaries: [0, 3, 10], policies: Array(10).fill("keep") }]);
+    expect(m.saves).toBe(0); // a message, not a trait write
+    // Until Python echoes the draft, the view keeps showing what was dropped (no flicker back).
+    expect(q("boundary-1").style.left).toBe("300px");
     expect(q("layer-3").classList.contains("changed")).toBe(true);
     expect((q("apply") as HTMLButtonElement).disabled).toBe(false);
+    m.echo();
+    expect(q("boundary-1").style.left).toBe("300px");
   });
 
   it("never empties a stage", () => {
     pointer("pointerdown", q("boundary-1"), 500);
     pointer("pointerup", el.querySelector(".vpipe-bar") as HTMLElement, 2000);
-    expect(m.get("draft_boundaries")).toEqual([0, 9, 10]);
+    expect(m.sent[0]).toMatchObject({ kind: "draft", boundaries: [0, 9, 10] });
   });
 
   it("cycles a layer's policy on click", () => {
     q("layer-2").click();
-    expect((m.get("draft_policies") as string[])[2]).toBe("swap");
+    expect(m.sent[0]?.policies[2]).toBe("swap");
+    m.echo();
     q("layer-2").click();
-    expect((m.get("draft_policies") as string[])[2]).toBe("recompute");
+    expect(m.sent[1]?.policies[2]).toBe("recompute");
     expect(q("layer-2").textContent).toBe("R");
   });
 
@@ -120,7 +137,7 @@ describe("PartitionView", () => {
   it("applies: pending, then what Python reports", () => {
     m.set("draft_boundaries", [0, 3, 10]);
     q("apply").click();
-    expect(m.get("apply_count")).toBe(1);
+    expect(m.sent).toEqual([{ kind: "apply", boundaries: [0, 3, 10], policies: Array(10).fill("keep") }]);
     expect(q("status").textContent).toContain("pending");
     expect((q("apply") as HTMLButtonElement).disabled).toBe(true);
     m.set("boundaries", [0, 3, 10]);
@@ -134,10 +151,24 @@ describe("PartitionView", () => {
   it("resets the drafts and cleans up its listeners", () => {
     m.set("draft_boundaries", [0, 2, 10]);
     q("reset").click();
-    expect(m.get("draft_boundaries")).toEqual([0, 5, 10]);
+    expect(m.sent[0]).toMatchObject({ kind: "draft", boundaries: [0, 5, 10] });
+    expect(q("boundary-1").style.left).toBe("500px");
     const before = m.listeners();
     view.destroy();
     expect(m.listeners()).toBe(before - 7);
     expect(el.children).toHaveLength(0);
+  });
+
+  it("freezes when the session ended: no drags, clicks or apply", () => {
+    m.set("draft_boundaries", [0, 3, 10]);
+    m.set("status", { state: "ended", message: "session ended (stopped): this editor is frozen" });
+    expect(el.querySelector(".vpipe-editor")?.classList.contains("ended")).toBe(true);
+    expect((q("apply") as HTMLButtonElement).disabled).toBe(true);
+    expect((q("reset") as HTMLButtonElement).disabled).toBe(true);
+    q("layer-2").click();
+    pointer("pointerdown", q("boundary-1"), 300);
+    pointer("pointerup", el.querySelector(".vpipe-bar") as HTMLElement, 700);
+    expect(m.sent).toHaveLength(0);
+    expect(q("status").textContent).toContain("frozen");
   });
 });

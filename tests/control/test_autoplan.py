@@ -7,7 +7,6 @@ from vpipe_lab.core.timeline import Span
 class FakeSession:
     def __init__(self) -> None:
         self.callbacks = []  # type: ignore[var-annotated]
-        self._pending_events = []  # type: ignore[var-annotated]
 
     def on_event(self, cb):  # type: ignore[no-untyped-def]
         self.callbacks.append(cb)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import cloudpickle
 import pytest
@@ -12,7 +11,7 @@ from vpipe_lab.control.evaluation import JOB_DATA, data_ref
 
 
 def test_references(tmp_path: Path) -> None:
-    launched = SimpleNamespace(_job_dir=tmp_path)
+    launched = tmp_path  # a launched session's job directory
     assert data_ref(launched, None) == JOB_DATA
     assert data_ref(launched, "mlp") == "mlp"
     ref = data_ref(launched, lambda i: (i, i))
@@ -22,4 +21,4 @@ def test_references(tmp_path: Path) -> None:
 
 def test_an_attached_session_cannot_ship_a_function() -> None:
     with pytest.raises(ValueError, match="importable on every node"):
-        data_ref(SimpleNamespace(_job_dir=None), lambda i: i)
+        data_ref(None, lambda i: i)

@@ -8,7 +8,8 @@ import math
 from hypothesis import strategies as st
 
 from vpipe_lab.core.costmodel import CostModel
-from vpipe_lab.core.model import Cluster, LayerCost, ModelProfile, Plan, Policy
+from vpipe_lab.core.plan import Plan, Policy
+from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
 
 
 @st.composite

@@ -4,7 +4,8 @@ from hypothesis import given, settings
 
 from tests.core.strategies import layers
 from vpipe_lab.core.costmodel import CostModel, estimate, iteration_time, policy_overhead
-from vpipe_lab.core.model import Cluster, LayerCost, ModelProfile, Plan, Policy
+from vpipe_lab.core.plan import Plan, Policy
+from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
 
 L = LayerCost
 

@@ -1,7 +1,7 @@
 import pytest
 
 from vpipe_lab.core.migration import LayerMove, layer_moves, migration_time_s, moved_bytes, owners
-from vpipe_lab.core.model import Cluster, LayerCost, ModelProfile
+from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
 
 
 def test_owners_and_moves() -> None:

@@ -6,10 +6,11 @@ from hypothesis import HealthCheck, given, settings
 from tests.core.strategies import exhaustive, problems
 from vpipe_lab.core.costmodel import CostModel, estimate
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
-from vpipe_lab.core.model import Cluster, LayerCost, ModelProfile, Plan, Policy
 from vpipe_lab.core.partition import balanced
+from vpipe_lab.core.plan import Plan, Policy
 from vpipe_lab.core.planner import METHODS, plan, search
-from vpipe_lab.core.refine import StageOracle, score
+from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
+from vpipe_lab.core.vpipe_search import StageOracle, score
 from vpipe_lab.core.workloads import cluster, pressured_cluster, random_chain, workload
 
 Case = tuple[ModelProfile, Cluster, int, str]

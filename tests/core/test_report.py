@@ -1,5 +1,5 @@
 from vpipe_lab.core.costmodel import estimate
-from vpipe_lab.core.model import Plan
+from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.report import human_bytes, human_time, plan_table
 from vpipe_lab.core.workloads import cluster, workload
 

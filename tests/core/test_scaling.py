@@ -6,7 +6,7 @@ import pytest
 
 from vpipe_lab.core import scaling
 from vpipe_lab.core.errors import ProfileError
-from vpipe_lab.core.model import LayerCost, ModelProfile
+from vpipe_lab.core.profile import LayerCost, ModelProfile
 
 
 def layer(times: tuple[tuple[int, float, float], ...] = ()) -> LayerCost:

@@ -1,7 +1,7 @@
 import pytest
 
 from vpipe_lab.core.errors import ScheduleError
-from vpipe_lab.core.model import Plan
+from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.schedule import Action, Op, Schedule, for_plan, gpipe, one_f_one_b
 
 

@@ -6,7 +6,8 @@ from hypothesis import strategies as st
 
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.errors import ScheduleError
-from vpipe_lab.core.model import Cluster, LayerCost, ModelProfile, Plan
+from vpipe_lab.core.plan import Plan
+from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
 from vpipe_lab.core.schedule import Schedule, gpipe, one_f_one_b
 from vpipe_lab.core.simulator import run_schedule, simulate
 

@@ -1,7 +1,7 @@
 import pytest
 
 from vpipe_lab.core.errors import ProfileError
-from vpipe_lab.core.model import ModelProfile
+from vpipe_lab.core.profile import ModelProfile
 from vpipe_lab.core.workloads import DEVICES, WORKLOADS, cluster, pressured_cluster, random_chain, workload
 
 

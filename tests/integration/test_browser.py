@@ -154,7 +154,7 @@ def test_drag_a_boundary_in_the_quickstart_and_apply_it(lab: tuple[str, Path]) -
         result = ask(kc, f"""
 import json
 session.wait({applied_at} + 3, timeout=180)
-owned = [sorted(d["index"] for d in m.body["layers"]) for m in session._gather("profile")]
+owned = session.layers_by_stage()
 frame = session.metrics.iterations
 print(json.dumps({{"bounds": list(session.plan.boundaries), "owned": owned,
                    "before": sorted(set(frame[frame.iteration < {applied_at}].plan_version)),

@@ -13,9 +13,9 @@ import torch
 
 import vpipe_lab
 from tests.conftest import worker_processes
-from vpipe_lab.control.checkpoint import layer_file, resolve
 from vpipe_lab.control.errors import WorkerError
 from vpipe_lab.core.errors import ProfileError
+from vpipe_lab.wire.checkpoint import layer_file, resolve
 
 pytestmark = pytest.mark.slow
 
@@ -79,7 +79,7 @@ import sys, time, vpipe_lab
 s = vpipe_lab.launch("mlp", stages=2, microbatches=2, device="cpu", timeout=30)
 s.run(2); s.wait(timeout=60)
 s.save(sys.argv[1])
-print(" ".join(str(w.pid) for w in s._launcher.workers), flush=True)
+print(" ".join(str(pid) for pid in s.pids().values()), flush=True)
 s.run(1); s.wait(timeout=60)
 s.save(sys.argv[1])  # rank 0 is slowed down inside this save; the test kills this process meanwhile
 """

@@ -28,7 +28,7 @@ def gone(pids: list[int], timeout: float = 10.0) -> bool:
 
 def test_stop_leaves_no_process() -> None:
     s = vpipe_lab.launch("mlp", stages=2, microbatches=2, device="cpu", timeout=30)
-    pids = [w.pid for w in s._launcher.workers]
+    pids = list(s.pids().values())
     s.run()
     s.wait(2, timeout=60)
     s.stop()
@@ -38,7 +38,7 @@ def test_stop_leaves_no_process() -> None:
 
 def test_a_killed_worker_is_reported_and_the_others_stopped() -> None:
     s = vpipe_lab.launch("mlp", stages=2, microbatches=2, device="cpu", timeout=30)
-    pids = [w.pid for w in s._launcher.workers]
+    pids = list(s.pids().values())
     try:
         s.run()
         s.wait(2, timeout=60)
@@ -59,7 +59,7 @@ SCRIPT = """
 import sys, time, vpipe_lab
 s = vpipe_lab.launch("mlp", stages=2, microbatches=2, device="cpu", timeout=30)
 s.run()
-print(" ".join(str(w.pid) for w in s._launcher.workers), flush=True)
+print(" ".join(str(pid) for pid in s.pids().values()), flush=True)
 time.sleep(300)
 """
 

@@ -9,9 +9,9 @@ import torch
 
 import vpipe_lab
 from vpipe_lab import InfeasiblePlan, Plan, PlanError
-from vpipe_lab.control.checkpoint import resolve
 from vpipe_lab.control.errors import WorkerError
 from vpipe_lab.examples import mlp
+from vpipe_lab.wire.checkpoint import resolve
 
 pytestmark = pytest.mark.slow
 

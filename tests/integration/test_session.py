@@ -10,7 +10,7 @@ import pytest
 import vpipe_lab
 from vpipe_lab import ModelProfile, plan
 from vpipe_lab.control.errors import SessionClosed
-from vpipe_lab.core.model import Cluster
+from vpipe_lab.core.profile import Cluster
 
 pytestmark = pytest.mark.slow
 

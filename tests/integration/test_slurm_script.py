@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vpipe_lab.control import runlog
+from vpipe_lab.telemetry import runlog
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[2]

@@ -162,7 +162,7 @@ class _Both:
     """The launched TensorBoard sink and a function, side by side."""
 
     def __init__(self, first: Any, fn: Any) -> None:
-        from vpipe_lab.control.sinks import Callback
+        from vpipe_lab.telemetry.sinks import Callback
 
         self.sinks = [first, Callback(fn)]
 

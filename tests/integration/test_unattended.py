@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 import vpipe_lab
-from vpipe_lab.control import runlog
+from vpipe_lab.telemetry import runlog
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 KEY = "fedcba9876543210" * 4

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from vpipe_lab.control.metrics import Metrics, spans_from_wire
-from vpipe_lab.core.model import Plan
+from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.simulator import simulate
 from vpipe_lab.core.workloads import random_chain
 from vpipe_lab.jupyter.dashboard import Dashboard
+from vpipe_lab.telemetry.metrics import Metrics, spans_from_wire
 
 
 class FakeSession:
@@ -24,8 +24,8 @@ class FakeSession:
         self.plan_version = 0
         self.iteration = 0
         self.running = True
-        self._closed = False
-        self._fatal = None
+        self.status = "running"
+        self.failure = None
         self.callbacks: list[Any] = []
 
     def on_event(self, cb: Any) -> Any:
@@ -35,7 +35,7 @@ class FakeSession:
     def step(self, it: int) -> None:
         spans = spans_from_wire(0, it, [[0, 0, -1, it, it + 0.4], [1, 0, -1, it + 0.5, it + 0.9]])
         spans += spans_from_wire(1, it, [[0, 0, -1, it + 0.4, it + 0.5], [5, 0, -1, it + 0.5, it + 0.55]])
-        memory = [{"iteration": it, "stage": s, "params": 10, "grads": 10, "optimizer": 20, "resident": 100,
+        memory = [{"iteration": it, "stage": s, "params": 10, "grads": 10, "optimizer": 20, "static": 40, "resident": 100,
                    "activations": 120, "host": 0} for s in range(2)]
         self.metrics.add({"iteration": it, "loss": 2.0 / (it + 1), "time_s": 1.0, "samples_per_s": float("nan"),
                           "grad_norm": 0.5, "lr": 0.01}, spans, memory)
@@ -73,7 +73,7 @@ def test_simulated_timelines_use_the_same_drawing() -> None:
     board = Dashboard(s)  # type: ignore[arg-type]
     try:
         profile = random_chain(4, seed=2)
-        from vpipe_lab.core.model import Cluster
+        from vpipe_lab.core.profile import Cluster
 
         timeline = simulate(s.plan, profile, Cluster(2, 10**12, 1e9, 1e9))
         fig = board.show_timeline(timeline)
@@ -84,3 +84,25 @@ def test_simulated_timelines_use_the_same_drawing() -> None:
         board.close()
     with pytest.raises(ValueError, match="rate_hz"):
         Dashboard(s, rate_hz=50)  # type: ignore[arg-type]
+
+
+def test_the_view_stays_frozen_after_the_session_ends() -> None:
+    s = FakeSession()
+    board = Dashboard(s, rate_hz=10)  # type: ignore[arg-type]
+    try:
+        for it in range(3):
+            s.step(it)
+        s.status, s.running = "stopped", False
+        for cb in list(s.callbacks):
+            cb({"type": "closed", "status": "stopped"})
+        deadline = time.monotonic() + 5
+        while "session ended" not in board.header.value and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "session ended: stopped" in board.header.value and "frozen" in board.header.value
+        assert "iteration 3" in board.header.value
+        board._thread.join(timeout=5)
+        assert not board._thread.is_alive() and s.callbacks == []  # no more refreshes, unsubscribed
+        assert board.widget.comm is not None  # still on screen: not closed
+        assert list(board.loss.data[0].x) == [0, 1, 2]  # the last state is still drawn
+    finally:
+        board.close()

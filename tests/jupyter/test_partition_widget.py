@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from vpipe_lab.core.model import Cluster, Plan
+from vpipe_lab.core.plan import Plan
+from vpipe_lab.core.profile import Cluster
 from vpipe_lab.core.workloads import random_chain
 from vpipe_lab.jupyter.partition_widget import STATIC, PartitionEditor
 
@@ -27,20 +28,26 @@ def editor(**kw):  # type: ignore[no-untyped-def]
 
 def test_the_bundle_ships_in_the_package() -> None:
     text = (STATIC / "partition.js").read_text()
-    assert "export" in text and "vpipe-handle" in text and "apply_count" in text
+    assert "export" in text and "vpipe-handle" in text and '"apply"' in text
+    assert (STATIC / "editor_messages.schema.json").exists()  # the message contract Python validates against
+
+
+def draft(boundaries: list[int], policies: list[str], kind: str = "draft") -> dict[str, object]:
+    return {"kind": kind, "boundaries": boundaries, "policies": policies}
 
 
 def test_preview_follows_the_draft_and_apply_commits() -> None:
     ed, applied = editor()
     try:
         wait_for(lambda: "current" in ed.preview and len(ed.layers) == 8)
-        ed.draft_boundaries = [0, 2, 8]
+        ed.receive(draft([0, 2, 8], ["keep"] * 8))
         wait_for(lambda: ed.preview.get("draft", {}).get("stage_s") and
                  ed.preview["draft"]["stage_s"] != ed.preview["current"]["stage_s"])
-        ed.apply_count += 1
+        assert ed.draft_boundaries == [0, 2, 8]  # Python owns the draft; the front end reads it back
+        ed.receive(draft([0, 2, 8], ["keep"] * 7 + ["swap"], kind="apply"))
         wait_for(lambda: ed.status.get("state") == "applied")
-        assert applied == [Plan((0, 2, 8), ("keep",) * 8, 4)] and ed.boundaries == [0, 2, 8]
-        ed.draft_boundaries = [0, 0, 8]
+        assert applied == [Plan((0, 2, 8), ("keep",) * 7 + ("swap",), 4)] and ed.boundaries == [0, 2, 8]
+        ed.receive(draft([0, 0, 8], ["keep"] * 8))
         wait_for(lambda: "error" in ed.preview)
         assert "no layers" in ed.preview["error"]
     finally:
@@ -53,7 +60,7 @@ def test_edits_from_another_thread_are_safe() -> None:
     try:
         def edit(n: int) -> None:
             for i in range(20):
-                ed.draft_policies = ["keep"] * 7 + [["swap", "recompute", "keep"][(i + n) % 3]]
+                ed.receive(draft([0, 4, 8], ["keep"] * 7 + [["swap", "recompute", "keep"][(i + n) % 3]]))
         threads = [threading.Thread(target=edit, args=(n,)) for n in range(3)]
         for t in threads:
             t.start()
@@ -69,3 +76,32 @@ def test_edits_from_another_thread_are_safe() -> None:
 def test_needs_a_session_or_what_to_preview() -> None:
     with pytest.raises(ValueError, match="needs a session"):
         PartitionEditor(plan=Plan.from_counts([1, 1], 1))
+
+
+def test_messages_that_break_the_contract_change_nothing() -> None:
+    ed, applied = editor()
+    try:
+        wait_for(lambda: "current" in ed.preview)
+        for bad in ({"kind": "apply"}, {"kind": "draft", "boundaries": [0, 8], "policies": ["fast"] * 8},
+                    {"kind": "launch", "boundaries": [0, 8], "policies": []}, "apply",
+                    {"kind": "draft", "boundaries": [0, "4", 8], "policies": ["keep"] * 8}):
+            ed.receive(bad)
+            assert ed.status["state"] == "error" and "malformed" in ed.status["message"]
+        time.sleep(0.2)
+        assert applied == [] and ed.draft_boundaries == [0, 4, 8]
+    finally:
+        ed.close()
+
+
+def test_the_editor_freezes_when_the_session_ends() -> None:
+    ed, applied = editor()
+    try:
+        wait_for(lambda: "current" in ed.preview)
+        ed._on_session_event({"type": "closed", "status": "stopped"})
+        wait_for(lambda: ed.status.get("state") == "ended")
+        assert "session ended (stopped)" in ed.status["message"]
+        ed.receive(draft([0, 2, 8], ["keep"] * 8, kind="apply"))
+        time.sleep(0.2)
+        assert applied == [] and ed.boundaries == [0, 4, 8] and ed.comm is not None  # still shown, unchanged
+    finally:
+        ed.close()

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.runtime import reference
-from vpipe_lab.core.model import Plan
+from vpipe_lab.core.plan import Plan
 from vpipe_lab.examples import mlp
 from vpipe_lab.runtime.comm import Peer
 from vpipe_lab.runtime.device import Clock, Placement

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from vpipe_lab.core.model import LayerCost, Policy
+from vpipe_lab.core.plan import Policy
+from vpipe_lab.core.profile import LayerCost
 from vpipe_lab.runtime.profiler import layer_costs
 from vpipe_lab.runtime.stage import Stage
 

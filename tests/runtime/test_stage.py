@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from vpipe_lab.core.model import Policy
+from vpipe_lab.core.plan import Policy
 from vpipe_lab.runtime.stage import Stage
 from vpipe_lab.runtime.units import layer_seed
 

@@ -1,8 +1,8 @@
 import torch
 
-from vpipe_lab.control.tensorwire import rebuild
 from vpipe_lab.runtime.stage import Stage
 from vpipe_lab.runtime.tensors import pack_state, tensor_to_wire
+from vpipe_lab.wire.tensorwire import rebuild
 
 
 def test_wire_round_trip_of_dtypes() -> None:

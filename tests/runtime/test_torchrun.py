@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from vpipe_lab.control.jobspec import JobSpec
-from vpipe_lab.runtime.jobspec import load_callables
+from vpipe_lab.runtime.callables import load_callables
 from vpipe_lab.runtime.torchrun import _env, _key, _role
+from vpipe_lab.wire.jobspec import JobSpec
 
 
 def spec() -> JobSpec:

@@ -1,1 +1,1 @@
-"""Processes and messages: the launcher, the authenticated channel and the Session (no torch here)."""
+"""The controller (no torch): launch and attach, the Session and its collaborators, worker processes, live changes."""

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from vpipe_lab.core.costmodel import estimate
-
-if TYPE_CHECKING:
-    from vpipe_lab.control.session import Session
+from vpipe_lab.core.plan import Plan
+from vpipe_lab.core.profile import Cluster
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +33,30 @@ class Decision:
     note: str = ""
 
 
+class Replannable(Protocol):
+    """What the auto-replanner needs of a session (``Session`` is one)."""
+
+    @property
+    def plan(self) -> Plan: ...
+
+    def on_event(self, callback: Callable[[dict[str, Any]], None]) -> Callable[[], None]: ...
+
+    def replan(self, method: str = ...) -> Any: ...
+
+    def apply(self, plan: Plan) -> int: ...
+
+    def cluster(self) -> Cluster: ...
+
+
 class AutoReplanner:
-    def __init__(self, session: Session, *, every: int = 20, drift: float = 0.15, headroom: float = 0.05,
+    def __init__(self, session: Replannable, *, publish: Callable[[dict[str, Any]], None] | None = None,
+                 every: int = 20, drift: float = 0.15, headroom: float = 0.05,
                  horizon: int = 100, min_gain: float = 0.02, method: str = "vpipe", warmup: int = 2) -> None:
         if every < 1 or horizon < 1 or not 0 <= drift or not 0 <= headroom < 1:
             raise ValueError(f"auto_replan needs every >= 1, horizon >= 1, drift >= 0 and 0 <= headroom < 1; got "
                              f"every={every}, horizon={horizon}, drift={drift}, headroom={headroom}")
         self.session = session
+        self.publish = publish  # where decisions go as "replan" events (the session's event queue)
         self.every, self.drift, self.headroom = every, drift, headroom
         self.horizon, self.min_gain, self.method, self.warmup = horizon, min_gain, method, warmup
         self.decisions: list[Decision] = []
@@ -100,4 +117,5 @@ class AutoReplanner:
             self._busy.release()
         self.decisions.append(decision)
         log.info("auto replan at iteration %d (%s): %s", it, reason, decision.note)
-        s._pending_events.append({"type": "replan", **asdict(decision)})
+        if self.publish is not None:
+            self.publish({"type": "replan", **asdict(decision)})

@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
-from vpipe_lab.control.private import write_private
+from vpipe_lab.wire.private import write_private
 
 _count = itertools.count(1)
 JOB_DATA = "job:"  # the workers' own evaluation data, else their training data
 
 
-def data_ref(session: Any, data: Any) -> str:
+def data_ref(job_dir: Path | None, data: Any) -> str:
     """``file:PATH`` of a pickle written into the job directory (a launched session's function or iterable), a
     bundled example name, or 'package.module:attribute'; None is the job's own: its ``eval_data``, else its data."""
     if data is None:
         return JOB_DATA
     if isinstance(data, str):
         return data
-    job_dir = getattr(session, "_job_dir", None)
     if job_dir is None:
         raise ValueError("an attached session cannot send a function or a DataLoader to the workers; give evaluation "
                          "data as 'package.module:attribute' importable on every node, or a bundled example name")

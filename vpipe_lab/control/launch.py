@@ -9,16 +9,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vpipe_lab.control import protocol as P
-from vpipe_lab.control.channel import Client, Hub
-from vpipe_lab.control.checkpoint import Manifest
-from vpipe_lab.control.jobspec import JobSpec
-from vpipe_lab.control.launcher import Launcher, reap_stale
-from vpipe_lab.control.private import DEFAULT_KEY_FILE, read_key, write_private
+from vpipe_lab.control.processes import Launcher, reap_stale
 from vpipe_lab.control.session import Session
 from vpipe_lab.core.errors import PlanError
-from vpipe_lab.core.model import SCHEDULES, Plan
 from vpipe_lab.core.partition import uniform
+from vpipe_lab.core.plan import SCHEDULES, Plan
+from vpipe_lab.wire import protocol as P
+from vpipe_lab.wire.channel import Client, Hub
+from vpipe_lab.wire.checkpoint import Manifest
+from vpipe_lab.wire.jobspec import DEVICES, JobSpec, check_training
+from vpipe_lab.wire.private import DEFAULT_KEY_FILE, read_key, write_private
 
 
 def _free_port(host: str) -> int:
@@ -37,22 +37,6 @@ def _budgets(memory_budget: int | Sequence[int] | None, stages: int) -> list[int
         raise ValueError(f"memory_budget must be bytes per stage: one positive int or {stages} of them, "
                          f"got {memory_budget!r}")
     return budgets
-
-
-PRECISIONS = ("fp32", "bf16", "fp16")
-
-
-def check_training(clip_grad_norm: Any, precision: str, eval_every: Any, eval_batches: Any) -> None:
-    """Refuse training options that cannot work, naming the value (shared by launch and the CLI)."""
-    if clip_grad_norm is not None and (isinstance(clip_grad_norm, bool) or not isinstance(clip_grad_norm, (int, float))
-                                       or not clip_grad_norm > 0):
-        raise ValueError(f"clip_grad_norm must be a positive number (the largest global gradient 2-norm), got "
-                         f"{clip_grad_norm!r}")
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
-    for name, value in (("eval_every", eval_every), ("eval_batches", eval_batches)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
 
 
 def launch(
@@ -104,12 +88,12 @@ def launch(
     ``torch.nn.utils.clip_grad_norm_`` does on the whole model; ``precision`` is "fp32", "bf16" or "fp16" (autocast,
     float32 master weights, a loss scale all stages agree on); ``eval_data`` (like ``data``) is evaluated every
     ``eval_every`` iterations on ``eval_batches`` batches (see ``Session.evaluate``); ``log`` sends the metrics to
-    "tensorboard:DIR", "wandb:PROJECT", "mlflow:URI" or a function (see ``control/sinks.py``). ``replicas=R``
+    "tensorboard:DIR", "wandb:PROJECT", "mlflow:URI" or a function (see ``telemetry/sinks.py``). ``replicas=R``
     trains R data-parallel copies of the pipeline (stages x R worker processes), each on 1/R of every batch, with
     gradients averaged per stage across them (see ``runtime/replicas.py``).
     """
     from vpipe_lab import examples
-    from vpipe_lab.control import sinks
+    from vpipe_lab.telemetry import sinks
 
     if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
         raise ValueError(f"stages must be a whole number >= 1, got {stages!r}")
@@ -117,8 +101,8 @@ def launch(
         raise ValueError(f"microbatches must be a whole number >= 1, got {microbatches!r}")
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
-    if device not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"unknown device {device!r}: use 'auto', 'cpu' or 'cuda'")
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}: use one of {', '.join(DEVICES)}")
     check_training(clip_grad_norm, precision, eval_every, eval_batches)
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         raise ValueError(f"replicas must be a whole number >= 1, got {replicas!r}")
@@ -187,6 +171,7 @@ def launch(
     spec.save(spec_path)
     launcher = Launcher(session_id, job_dir)
     session = Session(spec, hub, launcher, job_dir)
+    hub.set_handler(session.receive)
     try:
         session.logger.sink = sinks.open_sink(log)
     except Exception:
@@ -198,9 +183,9 @@ def launch(
     except Exception:
         session.stop()
         raise
-    session._wait_ready(start_timeout)
+    session.wait_ready(start_timeout)
     if manifest is not None:
-        session.plan_version = manifest.plan_version
+        session.state.plan_version = manifest.plan_version
     if auto_replan:
         session.auto_replan(**(auto_replan if isinstance(auto_replan, dict) else {}))
     return session
@@ -228,18 +213,12 @@ def attach(address: str, *, key: str | None = None, key_file: str | Path | None 
                    microbatches=int(job["microbatches"]), schedule=job["schedule"], device=job["device"],
                    replicas=int(job.get("replicas", 1)),
                    seed=int(job["seed"]), memory_budget=job.get("memory_budget"), timeout_s=float(job["timeout_s"]))
-    session = Session(spec, client, launcher=None, job_dir=None, attached=True)
-    for body in welcome["ready"]:
-        session._ready[int(body["rank"])] = body
-    if len(session._ready) < session.workers:
-        client.close()
-        raise TimeoutError(f"only {len(session._ready)} of {session.workers} ranks are ready yet; attach again shortly")
-    current = welcome.get("current", {})
-    session._plan = Plan.from_dict(current.get("plan") or welcome["ready"][0]["plan"])
-    session.names = list(current.get("names") or welcome["ready"][0]["names"])
-    session.plan_version = int(current.get("plan_version", 0))
-    session._iteration = int(current.get("iteration", 0))
-    session._target = None if current.get("running") else session._iteration
+    session = Session(spec, client, launcher=None, job_dir=None)
+    if len(welcome["ready"]) < session.workers:
+        session.detach()
+        raise TimeoutError(f"only {len(welcome['ready'])} of {session.workers} ranks are ready yet; attach again "
+                           "shortly")
+    session.state.adopt(welcome["ready"], welcome.get("current", {}))
     client.wait_replay(min(timeout, 10.0))
-    client.set_handler(session._handle)  # the replayed recent iterations fill the metrics first
+    client.set_handler(session.receive)  # the replayed recent iterations fill the metrics first
     return session

@@ -1,7 +1,8 @@
 """Changing a running pipeline: plans, partitions, policies, the model itself; saving; vPipe's online replanning.
 
 Every change is validated here first (a bad plan raises and changes nothing), then sent to rank 0, which applies it
-on every rank at the next iteration boundary; the call returns the iteration from which it is in effect.
+on every rank at the next iteration boundary; the call returns the iteration from which it is in effect. ``Session``
+exposes these as its own methods (``control/session.py``).
 """
 
 from __future__ import annotations
@@ -10,24 +11,26 @@ import logging
 import shutil
 import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from vpipe_lab.control import protocol as P
-from vpipe_lab.control.checkpoint import Manifest
-from vpipe_lab.control.private import write_private
+from vpipe_lab.control.monitor import FailureMonitor
+from vpipe_lab.control.requests import Requests
+from vpipe_lab.control.state import JobState
 from vpipe_lab.core import scaling
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
 from vpipe_lab.core.migration import LayerMove, layer_moves, migration_time_s, moved_bytes
-from vpipe_lab.core.model import Cluster, ModelProfile, Plan, Policy
+from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.planner import search
+from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.report import human_bytes
-
-if TYPE_CHECKING:
-    from vpipe_lab.control.session import Session
+from vpipe_lab.wire import protocol as P
+from vpipe_lab.wire.checkpoint import Manifest
+from vpipe_lab.wire.jobspec import JobSpec
+from vpipe_lab.wire.private import write_private
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +57,20 @@ class Replan:
         return self.gain_s / self.current_s if self.current_s > 0 else 0.0
 
 
-class LiveMixin:
-    """The reconfiguration half of ``Session`` (see session.py for the rest)."""
+class Live:
+    """Plan, model and checkpoint changes of a running job."""
 
-    _apply_lock: threading.Lock
-    _autoplan: Any
-    last_checkpoint: Path | None
-    _migrating: int | None
+    def __init__(self, spec: JobSpec, job_dir: Path | None, state: JobState, requests: Requests,
+                 monitor: FailureMonitor, publish: Callable[[dict[str, Any]], None], check: Callable[[], None],
+                 profile: Callable[[], ModelProfile], cluster: Callable[[], Cluster],
+                 forget_profile: Callable[[], None]) -> None:
+        self.spec, self.job_dir, self.state, self.requests, self.monitor = spec, job_dir, state, requests, monitor
+        self.publish, self.check, self.profile, self.cluster = publish, check, profile, cluster
+        self.forget_profile = forget_profile
+        self._lock = threading.Lock()  # one change at a time
 
     # --- plans --------------------------------------------------------------------------------------------------
-    def apply(self: Session, plan: Plan, *, force: bool = False, checkpoint: bool = True,
+    def apply(self, plan: Plan, *, force: bool = False, checkpoint: bool = True,
               timeout: float | None = None) -> int:
         """Run ``plan`` from the next iteration boundary, migrating layers live; returns that iteration.
 
@@ -71,13 +78,15 @@ class LiveMixin:
         ``force``) and then changes nothing. With ``checkpoint`` the state before a migration is saved first, so a
         worker dying during the move loses nothing (``WorkerError.checkpoint`` says where it is).
         """
-        self._check()
-        plan = plan.validate(self.num_layers, self.stages)
+        self.check()
+        current = self.state.plan
+        assert current is not None
+        plan = plan.validate(len(self.state.names), self.spec.stages)
         if not force and self.spec.memory_budget:
             profile = self.profile()
-            if plan.microbatches != self.plan.microbatches and profile.microbatch_size:
+            if plan.microbatches != current.microbatches and profile.microbatch_size:
                 # The same global batch in another number of micro-batches: the profile at that size.
-                batch = profile.microbatch_size * self.plan.microbatches
+                batch = profile.microbatch_size * current.microbatches
                 if batch % plan.microbatches:
                     raise PlanError(f"{plan.microbatches} micro-batches do not divide the batch of {batch}; nothing "
                                     "changed")
@@ -92,20 +101,20 @@ class LiveMixin:
                     f"(apply(plan, force=True) to run it anyway)",
                     stage=stage, missing_bytes=over[stage],
                     suggestions=("swap or recompute more of that stage's layers", "move layers off that stage"))
-        with self._apply_lock:
-            version = self.plan_version + 1
-            moves = layer_moves(self.plan.boundaries, plan.boundaries)
+        with self._lock:
+            version = self.state.plan_version + 1
+            moves = layer_moves(current.boundaries, plan.boundaries)
             path = None
-            if checkpoint and moves and self._job_dir is not None:
-                path = self._job_dir / "checkpoints" / f"plan-v{version}"
-            self._migrating = version if moves else None
+            if checkpoint and moves and self.job_dir is not None:
+                path = self.job_dir / "checkpoints" / f"plan-v{version}"
+            self.state.migrating = version if moves else None
             try:
-                ack = self._command(P.APPLY, {"plan": plan.to_dict(), "version": version,
-                                              "checkpoint": str(path) if path else None}, timeout=timeout)
+                ack = self.requests.command(P.APPLY, {"plan": plan.to_dict(), "version": version,
+                                                      "checkpoint": str(path) if path else None}, timeout=timeout)
             finally:
-                self._migrating = None
+                self.state.migrating = None
             if not ack.get("ok", False):
-                refusal = self._refusals.pop(version, None) or ack.get("refused")
+                refusal = self.monitor.refusals.pop(version, None) or ack.get("refused")
                 if refusal is None and ack.get("error"):
                     raise PlanError(f"the plan was refused: {ack['error']}; nothing moved")
                 detail = (f": stage {refusal['stage']} would need {human_bytes(refusal['needed'])} of its "
@@ -115,30 +124,21 @@ class LiveMixin:
                                      missing_bytes=int(refusal["needed"] - refusal["budget"]) if refusal else 0)
             if path is not None:
                 self._keep_checkpoint(path)
-            self._plan = plan
-            self.plan_version = version
-            self.last_migration = {"version": version, "iteration": ack["iteration"], "moves": len(moves),
-                                   "moved_bytes": ack.get("moved_bytes", 0), "pause_s": ack.get("pause_s", 0.0)}
-            self._pending_events.append({"type": "plan", "plan": plan, "version": version, **self.last_migration})
+            self.state.plan, self.state.plan_version = plan, version
+            self.state.last_migration = {"version": version, "iteration": ack["iteration"], "moves": len(moves),
+                                         "moved_bytes": ack.get("moved_bytes", 0), "pause_s": ack.get("pause_s", 0.0)}
+            self.publish({"type": "plan", "plan": plan, "version": version, **self.state.last_migration})
             return int(ack["iteration"])
 
-    def set_partition(self: Session, boundaries: Sequence[int], **kw: Any) -> int:
-        """Move the stage boundaries (layers migrate live); returns the iteration it takes effect."""
-        return self.apply(self.plan.with_boundaries(boundaries), **kw)
-
-    def set_policy(self: Session, policies: Mapping[int, Policy | str], **kw: Any) -> int:
-        """Change layers' keep/swap/recompute policies, e.g. ``{3: "swap", 4: "recompute"}``."""
-        return self.apply(self.plan.with_policies(dict(policies)), **kw)
-
-    def _keep_checkpoint(self: Session, path: Path) -> None:
+    def _keep_checkpoint(self, path: Path) -> None:
         """Only the newest automatic checkpoint is kept."""
-        if self.last_checkpoint is not None and self.last_checkpoint != path and \
-                self._job_dir is not None and self._job_dir in self.last_checkpoint.parents:
-            shutil.rmtree(self.last_checkpoint, ignore_errors=True)
-        self.last_checkpoint = path
+        last = self.state.last_checkpoint
+        if last is not None and last != path and self.job_dir is not None and self.job_dir in last.parents:
+            shutil.rmtree(last, ignore_errors=True)
+        self.state.last_checkpoint = path
 
     # --- state ----------------------------------------------------------------------------------------------------
-    def save(self: Session, path: str | Path, *, keep: int | None = None, timeout: float | None = None) -> Path:
+    def save(self, path: str | Path, *, keep: int | None = None, timeout: float | None = None) -> Path:
         """Write parameters, optimizer state, plan and iteration at the next iteration boundary, as a new version
         of the checkpoint at ``path`` (one file per layer, checksummed, plus a manifest), switched to atomically: a
         crash during the save leaves the previous version intact. ``keep`` keeps only the newest versions.
@@ -146,7 +146,7 @@ class LiveMixin:
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
             raise ValueError(f"keep must be a whole number >= 1 (versions to keep), got {keep!r}")
         target = Path(path).absolute()
-        ack = self._command(P.SAVE, {"path": str(target), "name": f"ckpt-{uuid.uuid4().hex[:12]}", "keep": keep},
+        ack = self.requests.command(P.SAVE, {"path": str(target), "name": f"ckpt-{uuid.uuid4().hex[:12]}", "keep": keep},
                             timeout=timeout)
         if not ack.get("ok", True):
             raise OSError(f"the checkpoint was not saved: {ack.get('error')}; training goes on, and the previous "
@@ -155,49 +155,37 @@ class LiveMixin:
         return target
 
     # --- the model itself (neural architecture search) ---------------------------------------------------------------
-    def set_model(self: Session, factory: Callable[[], Any], *, plan: Plan | None = None,
+    def set_model(self, factory: Callable[[], Any], *, plan: Plan | None = None,
                   mapping: Mapping[int, int | None] | None = None, timeout: float | None = None) -> int:
         """Switch to the model ``factory()`` builds, from the next iteration. Layers of the new model keep the trained
         state of the old layers they match (by class and parameter shapes, in order; or ``mapping`` new -> old),
         new layers start fresh, and layers move between stages as the plan (default: an even split) requires."""
         import cloudpickle
 
-        self._check()
-        if self._job_dir is None:
+        self.check()
+        if self.job_dir is None:
             raise PlanError("set_model needs a session started by launch(), which owns a job directory")
-        with self._apply_lock:
-            version = self.plan_version + 1
-            path = self._job_dir / f"model-v{version}.pkl"
+        with self._lock:
+            version = self.state.plan_version + 1
+            path = self.job_dir / f"model-v{version}.pkl"
             write_private(path, cloudpickle.dumps(factory))
             body = {"path": str(path), "version": version, "plan": plan.to_dict() if plan else None,
                     "mapping": {str(j): i for j, i in mapping.items()} if mapping is not None else None}
-            ack = self._command(P.MODEL, body, timeout=timeout)
+            ack = self.requests.command(P.MODEL, body, timeout=timeout)
             if not ack.get("ok", False):
                 raise InfeasiblePlan("the new model's layers do not fit where they would go; nothing changed",
                                      stage=-1, missing_bytes=0)
-            self._plan = Plan.from_dict(ack["plan"])
-            self.names = list(ack["names"])
-            self._profile_cache.clear()  # layer indices now mean other layers
-            self.plan_version = version
-            self.last_mapping = {int(j): i for j, i in ack["mapping"].items()}
-            self._pending_events.append({"type": "model", "version": version, "plan": self._plan,
-                                         "iteration": ack["iteration"], "layers": len(self.names)})
+            self.state.plan = Plan.from_dict(ack["plan"])
+            self.state.names = list(ack["names"])
+            self.forget_profile()  # layer indices now mean other layers
+            self.state.plan_version = version
+            self.state.last_mapping = {int(j): i for j, i in ack["mapping"].items()}
+            self.publish({"type": "model", "version": version, "plan": self.state.plan,
+                          "iteration": ack["iteration"], "layers": len(self.state.names)})
             return int(ack["iteration"])
 
     # --- vPipe's online planner ------------------------------------------------------------------------------------
-    def auto_replan(self: Session, enabled: bool = True, **options: Any) -> Any:
-        """Let vPipe replan on its own (periodically, on drift, on low memory headroom) and apply a new plan only
-        when its predicted gain outweighs the migration; returns the replanner (its ``decisions`` list)."""
-        from vpipe_lab.control.autoplan import AutoReplanner
-
-        if self._autoplan is not None:
-            self._autoplan.stop()
-            self._autoplan = None
-        if enabled:
-            self._autoplan = AutoReplanner(self, **options)
-        return self._autoplan
-
-    def replan(self: Session, method: str = "vpipe", *, apply: bool = False, cluster: Cluster | None = None,
+    def replan(self, method: str = "vpipe", *, apply: bool = False, cluster: Cluster | None = None,
                profile: ModelProfile | None = None, choose_microbatches: bool = False) -> Replan:
         """Profile the running model, plan it from the current plan, and report the predicted gain and the moves;
         ``apply=True`` also applies the new plan (if it differs). ``choose_microbatches`` lets the planner choose
@@ -205,7 +193,8 @@ class LiveMixin:
         the profiler measured (``core/scaling.py``); a new count is applied live like any other plan change."""
         profile = profile or self.profile()
         cluster = cluster or self.cluster()
-        current = self.plan
+        current = self.state.plan
+        assert current is not None
         if choose_microbatches:
             if not profile.microbatch_size:
                 raise PlanError("no iteration has run yet, so the micro-batch size is not known: run a few "

@@ -1,320 +1,167 @@
-"""``launch()`` and the ``Session``: start stage workers in the background and drive them from Python or a notebook.
+"""The ``Session``: a running pipeline, driven from Python or a notebook while it trains in the background.
 
 The Session holds no tensors and needs no torch: workers talk to each other directly (torch.distributed) and to the
-Session over an authenticated ZeroMQ channel. Commands go to rank 0, which broadcasts them to every rank at the next
-iteration boundary; the Session learns from rank 0's acknowledgement at which iteration a command took effect.
+Session over an authenticated ZeroMQ channel (``wire/channel.py``). It is a small public object over collaborators:
+``Intake`` files incoming messages (hub thread), ``Requests`` sends commands and waits for answers under one
+deadline helper, ``FailureMonitor`` watches the workers and names the root cause of a failure (monitor thread, which
+also delivers ``Events``), and ``Live`` carries out plan, model and checkpoint changes. ``launch()`` and ``attach()``
+(``control/launch.py``) build it. See docs/architecture.md for the threads and the message flow.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import shutil
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from vpipe_lab.control import protocol as P
-from vpipe_lab.control.checkpoint import LATEST
-from vpipe_lab.control.errors import BudgetError, SessionClosed, WorkerError
-from vpipe_lab.control.jobspec import JobSpec
-from vpipe_lab.control.launcher import Launcher
-from vpipe_lab.control.live import LiveMixin
-from vpipe_lab.control.metrics import Metrics, combine, per_replica, spans_from_wire
-from vpipe_lab.control.sinks import Logger
-from vpipe_lab.core.model import Cluster, LayerCost, ModelProfile, Plan
-from vpipe_lab.core.timeline import Span
+from vpipe_lab.control.autoplan import AutoReplanner
+from vpipe_lab.control.errors import SessionClosed, WorkerError
+from vpipe_lab.control.evaluation import data_ref
+from vpipe_lab.control.events import EventCallback, Events
+from vpipe_lab.control.intake import Intake
+from vpipe_lab.control.live import Live, Replan
+from vpipe_lab.control.monitor import FailureMonitor
+from vpipe_lab.control.processes import Launcher
+from vpipe_lab.control.requests import Requests
+from vpipe_lab.control.state import JobState
+from vpipe_lab.core.plan import Plan, Policy
+from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
+from vpipe_lab.telemetry.metrics import Metrics
+from vpipe_lab.telemetry.sinks import Logger
+from vpipe_lab.wire import protocol as P
+from vpipe_lab.wire.jobspec import JobSpec
+from vpipe_lab.wire.tensorwire import rebuild
 
 log = logging.getLogger(__name__)
-EventCallback = Callable[[dict[str, Any]], None]
 
 
-class Session(LiveMixin):
+class Session:
     """A running pipeline. Every method is safe to call while training goes on in the background."""
 
-    def __init__(self, spec: JobSpec, hub: Any, launcher: Launcher | None, job_dir: Path | None,
-                 attached: bool = False) -> None:
+    def __init__(self, spec: JobSpec, hub: Any, launcher: Launcher | None, job_dir: Path | None) -> None:
         self.spec = spec
         self.stages = spec.stages
         self.replicas = spec.replicas
         self.workers = spec.stages * spec.replicas  # worker processes (ranks)
-        self._hub = hub
-        self._launcher = launcher
-        self._job_dir = job_dir
-        self._cond = threading.Condition()
-        self._ids = itertools.count(1)
-        self._ready: dict[int, dict[str, Any]] = {}
-        self._acks: dict[int, dict[str, Any]] = {}
-        self._replies: dict[int, list[P.Message]] = {}
-        self._partial: dict[int, dict[int, dict[str, Any]]] = {}
-        self._callbacks: list[EventCallback] = []
-        self._fatal: WorkerError | None = None
-        self._budget: BudgetError | None = None
-        self._closed = False
-        self._stopping = False
         self.metrics = Metrics()
-        self._iteration = spec.start_iteration
-        self._target: int | None = spec.start_iteration
-        self._plan: Plan | None = None
-        self.plan_version = 0
-        self.names: list[str] = []
-        self._pending_events: list[dict[str, Any]] = []
-        self._reports: dict[int, dict[str, Any]] = {}  # stage -> its error report
-        self._refusals: dict[int, dict[str, Any]] = {}  # plan version -> a stage's refusal to take layers
-        self._apply_lock = threading.Lock()
-        self._migrating: int | None = None
-        self.last_checkpoint: Path | None = None
-        self.last_migration: dict[str, Any] | None = None
-        self.last_mapping: dict[int, int | None] | None = None
-        self._autoplan: Any = None
+        self.logger = Logger(None)  # launch(log=...) sets the sink (telemetry/sinks.py)
+        self.state = JobState(iteration=spec.start_iteration, target=spec.start_iteration)
+        self._hub, self._launcher, self._job_dir = hub, launcher, job_dir
+        cond = threading.Condition()
+        self._events = Events()
+        self._monitor = FailureMonitor(launcher, job_dir, self.state, self._events, cond)
+        self._requests = Requests(hub, spec.timeout_s, cond, lambda: self._monitor.fatal)
+        self._intake = Intake(spec.stages, spec.replicas, self.state, self.metrics, self._requests, self._monitor,
+                              self._events, self.logger, cond)
+        self._live = Live(spec, job_dir, self.state, self._requests, self._monitor, self._events.publish, self._check,
+                          self.profile, self.cluster, self._forget_profile)
+        self._autoplan: AutoReplanner | None = None
         self._profile_cache: dict[int, LayerCost] = {}  # last measurement of each layer that had samples
-        self._trouble_since = 0.0
-        self.logger = Logger(None)  # launch(log=...) sets the sink (control/sinks.py)
-        self._monitor = threading.Thread(target=self._watch, name="vpipe-monitor", daemon=True)
         self._monitor.start()
-        if not attached:
-            hub._on_message = self._handle
 
-    # --- messages from workers (hub thread) ---------------------------------------------------------------------
-    def _handle(self, msg: P.Message) -> None:
-        body = msg.body
-        logged: Callable[[], None] | None = None  # the sink writes outside the lock: it may be slow
-        with self._cond:
-            if msg.type == P.READY:
-                self._ready[int(body["rank"])] = body
-            elif msg.type == P.ITERATION:
-                done = self._on_iteration(body)
-                if done is not None:
-                    logged = lambda: self.logger.iteration(*done)
-            elif msg.type == P.ACK:
-                self._acks[int(body.get("id") or 0)] = body
-            elif msg.type in (P.LAYERS, P.TENSORS):
-                self._replies.setdefault(int(body.get("id") or 0), []).append(msg)
-            elif msg.type == P.EVALUATED:
-                if body.get("id"):
-                    self._replies.setdefault(int(body["id"]), []).append(msg)
-                if not body.get("error"):
-                    record = {k: body[k] for k in ("iteration", "loss", "batches", "seconds")}
-                    self.metrics.add_evaluation(record)
-                    self._pending_events.append({"type": "evaluated", **record})
-                    logged = lambda: self.logger.evaluation(record)
-            elif msg.type == P.MIGRATED:
-                start, end = body["span"]
-                span = Span(int(body["rank"]), "migrate", -1, None, float(start), float(end), int(body["iteration"]))
-                self.metrics.add_spans([span])
-                self._pending_events.append({"type": "migrated", **body})
-                if int(body["rank"]) == 0:
-                    text = f"plan version {body['version']}: layers in {body['layers_in']}, out {body['layers_out']}"
-                    logged = lambda: self.logger.event(int(body["iteration"]), "plan", text)
-            elif msg.type == P.ERROR:
-                self._on_error(body)
-            self._cond.notify_all()
-        if logged is not None:
-            logged()
-        event = {"type": msg.type, **body} if msg.type in (P.ERROR, P.ACK) else None
-        if event:
-            self._emit(event)
+    # --- wiring (launch/attach) ----------------------------------------------------------------------------------
+    def receive(self, msg: P.Message) -> None:
+        """Take one message from a worker (the channel's handler; it runs on the channel's thread)."""
+        self._intake.receive(msg)
 
-    def _on_iteration(self, body: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]],
-                                                              list[dict[str, Any]]] | None:
-        """Keep a stage's report; once every stage reported the iteration, its (record, memory, reports)."""
-        it = int(body["iteration"])
-        parts = self._partial.setdefault(it, {})
-        parts[int(body.get("replica", 0)) * self.stages + int(body["stage"])] = body
-        if len(parts) < self.workers:
-            return None
-        del self._partial[it]
-        everyone = list(parts.values())
-        ranks = [parts[s] for s in range(self.stages)]  # the timeline and memory show the first replica's stages
-        record = combine(it, everyone)
-        if self.replicas > 1:
-            self.metrics.add_replicas(per_replica(it, everyone))
-        spans = [s for b in ranks for s in spans_from_wire(int(b["stage"]), it, b.get("spans", []))]
-        memory = [{"iteration": it, "stage": int(b["stage"]), **b["memory"]} for b in ranks]
-        self.metrics.add(record, spans, memory)
-        self._iteration = max(self._iteration, it + 1)
-        self._pending_events.append({"type": "iteration", **record, "spans": spans, "memory": memory})
-        return record, memory, ranks
-
-    def _on_error(self, body: dict[str, Any]) -> None:
-        stage = int(body.get("stage", -1))
-        if body.get("kind") == "migration":
-            self._refusals[int(body.get("version", 0))] = body
-            return
-        if body.get("kind") == "budget":
-            self._budget = BudgetError(stage, int(body["used"]), int(body["budget"]),
-                                       [tuple(x) for x in body.get("layers", [])], int(body.get("iteration", -1)))
-            return
-        if not self._stopping:
-            self._reports[stage] = body
-            self._trouble_since = self._trouble_since or time.monotonic()
-
-    def _emit(self, event: dict[str, Any]) -> None:
-        for cb in list(self._callbacks):
-            try:
-                cb(event)
-            except Exception:  # a broken callback must not take the session down with it
-                log.exception("an on_event callback raised; it stays registered")
-
-    def _watch(self) -> None:
-        """Monitor thread: deliver events, notice dead workers within ~0.1 s, stop the others on any failure."""
-        while not self._closed:
-            with self._cond:
-                events, self._pending_events = self._pending_events, []
-            for ev in events:
-                self._emit(ev)
-            if self._launcher is not None and not self._stopping and self._fatal is None:
-                if any(rc != 0 for _, rc in self._launcher.exited()):
-                    self._trouble_since = self._trouble_since or time.monotonic()
-                # Gather evidence for a moment: a killed stage makes its neighbours fail too, and the root cause
-                # (the stage that died or raised first-hand) should be what the user reads.
-                if self._trouble_since and time.monotonic() - self._trouble_since > 0.5:
-                    with self._cond:
-                        self._fatal = self._root_cause()
-                        self._cond.notify_all()
-            if self._fatal is not None and self._launcher is not None and self._launcher.alive():
-                log.error("%s; stopping the other workers", str(self._fatal).splitlines()[0])
-                self._launcher.terminate(timeout=2.0)
-                self._emit({"type": "error", "stage": self._fatal.stage, "cause": self._fatal.cause})
-            time.sleep(0.05)
-
-    def _root_cause(self) -> WorkerError:
-        """A stage's own exception beats a stage that died without a word, which beats a broken connection."""
-        workers = {w.rank: w for w in self._launcher.workers} if self._launcher else {}
-
-        def tail(stage: int) -> str:
-            return workers[stage].tail() if stage in workers else ""
-
-        ckpt = None
-        if self._migrating is not None and self._job_dir is not None:
-            path = self._job_dir / "checkpoints" / f"plan-v{self._migrating}"
-            ckpt = str(path) if (path / LATEST).exists() else (
-                str(self.last_checkpoint) if self.last_checkpoint else None)
-        def secondhand(body: dict[str, Any]) -> bool:  # a broken connection: the effect of another stage's failure
-            cause = str(body.get("cause", ""))
-            return cause.startswith("CommError") or any(
-                text in cause for text in ("Connection reset by peer", "Connection closed by peer", "Broken pipe"))
-
-        own = {s: b for s, b in self._reports.items() if not secondhand(b)}
-        if own:
-            stage = min(own)
-            return WorkerError(stage, str(own[stage].get("cause")), traceback=str(own[stage].get("traceback", "")),
-                               log_tail=tail(stage), checkpoint=ckpt)
-        dead = [(w, rc) for w, rc in (self._launcher.exited() if self._launcher else []) if w.rank not in self._reports]
-        if dead:
-            w, rc = dead[0]
-            cause = f"the worker process was killed by signal {-rc}" if rc < 0 else f"the worker process exited with code {rc}"
-            if rc == -9:
-                cause += " (SIGKILL: out of memory, or killed from outside)"
-            return WorkerError(w.rank, cause, log_tail=w.tail(), exit_code=rc, checkpoint=ckpt)
-        silent = [w.rank for w in (self._launcher.workers if self._launcher else [])
-                  if w.rank not in self._reports and w.popen.poll() is None]
-        if silent:  # neighbours timed out waiting for a stage that is alive but says nothing: it is stuck
-            stage, (waiter, body) = silent[0], min(self._reports.items())
-            return WorkerError(stage, f"stage {stage} stopped responding: stage {waiter} gave up waiting for it "
-                                      f"({str(body.get('cause')).splitlines()[0]}); it is alive but stuck (a hang in "
-                                      "user code, a deadlock): its stack is in its log (kill -USR1 dumps it)",
-                               log_tail=tail(stage), checkpoint=ckpt)
-        stage = min(self._reports)
-        body = self._reports[stage]
-        return WorkerError(stage, str(body.get("cause")), traceback=str(body.get("traceback", "")), log_tail=tail(stage),
-                           checkpoint=ckpt)
-
-    # --- helpers -----------------------------------------------------------------------------------------------
-    def _check(self) -> None:
-        if self._fatal is not None:
-            raise self._fatal
-        if self._closed:
-            raise SessionClosed("this session was stopped; start a new one with vpipe_lab.launch()")
-        if self._budget is not None:
-            err, self._budget = self._budget, None
-            raise err
-
-    def _command(self, kind: str, body: dict[str, Any] | None = None, timeout: float | None = None,
-                 wait: bool = True) -> dict[str, Any]:
-        self._check()
-        cid = next(self._ids)
-        self._hub.send("rank0", P.Message(kind, body={"id": cid, **(body or {})}))
-        if not wait:
-            return {}
-        deadline = time.monotonic() + (timeout if timeout is not None else self.spec.timeout_s)
-        with self._cond:
-            while cid not in self._acks:
-                if self._fatal is not None:
-                    raise self._fatal
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"rank 0 did not acknowledge {kind!r} within the timeout; it acts at the next "
-                                       f"iteration boundary, so a long iteration delays it")
-                self._cond.wait(min(left, 0.1))
-            return self._acks.pop(cid)
-
-    def _gather(self, kind: str, body: dict[str, Any] | None = None, timeout: float | None = None,
-                answers: int | None = None) -> list[P.Message]:
-        """A command every rank answers (or ``answers`` of them); returns the answers ordered by rank."""
-        self._check()
-        cid = next(self._ids)
-        self._hub.send("rank0", P.Message(kind, body={"id": cid, **(body or {})}))
-        deadline = time.monotonic() + (timeout if timeout is not None else self.spec.timeout_s)
-        with self._cond:
-            while len(self._replies.get(cid, [])) < (answers or self.stages):
-                if self._fatal is not None:
-                    raise self._fatal
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"not every stage answered {kind!r} within the timeout")
-                self._cond.wait(min(left, 0.1))
-            replies = self._replies.pop(cid)
-        return sorted(replies, key=lambda m: int(m.body["rank"]))
-
-    def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while len(self._ready) < self.workers:
-                if self._fatal is not None:
-                    break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    missing = sorted(set(range(self.workers)) - set(self._ready))
-                    self._fatal = WorkerError(missing[0] % self.stages,
-                                              f"ranks {missing} did not start within {timeout:.0f} s")
-                    break
-                self._cond.wait(min(left, 0.1))
-        if self._fatal is not None:
-            err = self._fatal
+    def wait_ready(self, timeout: float) -> None:
+        """Wait until every rank reported READY; on a failure or timeout stop the workers and raise."""
+        try:
+            self._requests.until(lambda: len(self.state.ready) >= self.workers, timeout, "not every rank started")
+        except TimeoutError:
+            missing = sorted(set(range(self.workers)) - set(self.state.ready))
+            self._monitor.fail(WorkerError(missing[0] % self.stages,
+                                           f"ranks {missing} did not start within {timeout:.0f} s"))
+        except WorkerError:
+            pass
+        if self._monitor.fatal is not None:
+            err = self._monitor.fatal
             self.stop()
             raise err
-        first = self._ready[0]
-        self._plan = Plan.from_dict(first["plan"])
-        self.names = list(first["names"])
-        self._iteration = int(first.get("iteration", self._iteration))
-        self._target = self._iteration
+        self.state.adopt([], {})
 
-    # --- public API -------------------------------------------------------------------------------------------
+    # --- state ---------------------------------------------------------------------------------------------------
     @property
     def iteration(self) -> int:
         """Iterations completed so far."""
-        return self._iteration
+        return self.state.iteration
 
     @property
     def plan(self) -> Plan:
-        assert self._plan is not None
-        return self._plan
+        assert self.state.plan is not None
+        return self.state.plan
+
+    @property
+    def plan_version(self) -> int:
+        return self.state.plan_version
+
+    @property
+    def names(self) -> list[str]:
+        """The partition units' names, in order."""
+        return self.state.names
 
     @property
     def num_layers(self) -> int:
-        return len(self.names)
+        return len(self.state.names)
+
+    @property
+    def last_checkpoint(self) -> Path | None:
+        return self.state.last_checkpoint
+
+    @property
+    def last_migration(self) -> dict[str, Any] | None:
+        return self.state.last_migration
+
+    @property
+    def last_mapping(self) -> dict[int, int | None] | None:
+        return self.state.last_mapping
+
+    @property
+    def device(self) -> str:
+        """What rank 0 runs on ("cpu", "cuda:0", ...)."""
+        return str(self.started(0).get("device", "?"))
+
+    def started(self, rank: int) -> dict[str, Any]:
+        """What ``rank`` reported when it started: its stage, device, backend, measured bandwidths, plan."""
+        return dict(self.state.ready.get(rank, {}))
+
+    @property
+    def failure(self) -> WorkerError | None:
+        """Why the workers stopped, when one of them failed."""
+        return self._monitor.fatal
+
+    @property
+    def closed(self) -> bool:
+        """Stopped (or detached): nothing more can be asked of the workers."""
+        return self._monitor.closed
 
     @property
     def running(self) -> bool:
-        return not self._closed and self._fatal is None and (self._target is None or self._iteration < self._target)
+        target = self.state.target
+        return not self.closed and self.failure is None and (target is None or self.state.iteration < target)
+
+    @property
+    def status(self) -> str:
+        """'stopped', 'failed', 'running' or 'idle'."""
+        return ("stopped" if self.closed else "failed" if self.failure is not None else
+                "running" if self.running else "idle")
+
+    def _check(self) -> None:
+        if self._monitor.fatal is not None:
+            raise self._monitor.fatal
+        if self.closed:
+            raise SessionClosed("this session was stopped; start a new one with vpipe_lab.launch()")
+        if self._monitor.budget is not None:
+            err, self._monitor.budget = self._monitor.budget, None
+            raise err
 
     def cluster(self) -> Cluster:
         """The running hardware as the planners see it: the stage budgets (or this machine's memory split evenly),
         and the slowest measured host-copy and stage-to-stage bandwidths."""
-        ready = [self._ready[r] for r in sorted(self._ready)]
+        ready = [self.state.ready[r] for r in sorted(self.state.ready)]
         swap = min(float(b.get("swap_bandwidth", 1e10)) for b in ready)
         link = min(float(b.get("link_bandwidth", 1e10)) for b in ready)
         latency = max(float(b.get("link_latency_s", 0.0)) for b in ready) / 2  # probes time a round trip
@@ -328,38 +175,45 @@ class Session(LiveMixin):
                        f"{self.stages} x {ready[0].get('device', '?')} (measured)")
 
     def on_event(self, callback: EventCallback) -> Callable[[], None]:
-        """Call ``callback(event)`` (from a background thread) for every iteration, error and ack; returns an
-        unsubscribe function. Iteration events carry the iteration's spans and per-stage memory."""
-        self._callbacks.append(callback)
-        return lambda: self._callbacks.remove(callback) if callback in self._callbacks else None
+        """Call ``callback(event)`` (from a background thread) for every event; returns an unsubscribe function.
+        Event types: "iteration" (with the iteration's spans and per-stage memory), "plan", "model", "migrated",
+        "evaluated", "replan", "ack", "error" (a worker's report, e.g. over budget), "failed" (the job failed:
+        stage and cause) and "closed" (stopped or detached)."""
+        return self._events.subscribe(callback)
+
+    # --- training ------------------------------------------------------------------------------------------------
+    def _command(self, kind: str, body: dict[str, Any] | None = None, timeout: float | None = None) -> dict[str, Any]:
+        self._check()
+        return self._requests.command(kind, body, timeout)
 
     def run(self, iterations: int | None = None) -> int | None:
         """Train ``iterations`` more iterations (None: until stopped) in the background; returns the target."""
         if iterations is not None and (isinstance(iterations, bool) or not isinstance(iterations, int)
                                        or iterations < 0):
             raise ValueError(f"iterations must be a whole number >= 0 or None, got {iterations!r}")
-        ack = self._command(P.RUN, {"iterations": iterations})
-        self._target = ack.get("target")
-        return self._target
+        self.state.target = self._command(P.RUN, {"iterations": iterations}).get("target")
+        return self.state.target
 
     def wait(self, iteration: int | None = None, timeout: float | None = None) -> int:
         """Block until ``iteration`` iterations are done (default: the target of the last run()); returns the count."""
-        goal = iteration if iteration is not None else self._target
+        goal = iteration if iteration is not None else self.state.target
         if goal is None:
             raise ValueError("run() was asked to train until stopped: give wait() an iteration to wait for")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while self._iteration < goal:
-                self._check()
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(f"iteration {goal} not reached within {timeout} s (at {self._iteration})")
-                self._cond.wait(0.1)
         self._check()
-        return self._iteration
+        self._requests.until(lambda: self.state.iteration >= goal or self.closed or self._monitor.budget is not None,
+                             timeout, f"iteration {goal} not reached (at {self.state.iteration})")
+        self._check()
+        return self.state.iteration
 
     def pause(self) -> int:
-        """Pause at the next iteration boundary; returns the iteration it paused before."""
-        return int(self._command(P.PAUSE)["iteration"])
+        """Pause at the next iteration boundary; returns the iteration it paused before (when it returns, every
+        iteration before that one is in ``metrics``)."""
+        at = int(self._command(P.PAUSE)["iteration"])
+        # Rank 0 acknowledges at the boundary; the other stages' reports of the last iteration may still be on
+        # their way (they travel on other sockets).
+        self._requests.until(lambda: self.state.iteration >= at, self.spec.timeout_s,
+                             f"the reports of the iterations before {at} did not arrive")
+        return at
 
     def resume(self) -> int:
         return int(self._command(P.RESUME)["iteration"])
@@ -369,10 +223,15 @@ class Session(LiveMixin):
         Iteration summaries and memory are always reported."""
         return int(self._command(P.TELEMETRY, {"spans": bool(spans)})["iteration"])
 
+    # --- what the workers know -----------------------------------------------------------------------------------
+    def _gather(self, kind: str, body: dict[str, Any], answers: int, timeout: float | None = None) -> list[P.Message]:
+        self._check()
+        return self._requests.gather(kind, body, answers, timeout)
+
     def profile(self, reset: bool = False) -> ModelProfile:
         """Every layer's measured costs per micro-batch (averaged over the iterations since the last reset)."""
         layers: dict[int, LayerCost] = {}
-        for msg in self._gather(P.PROFILE, {"reset": reset}):
+        for msg in self._gather(P.PROFILE, {"reset": reset}, self.stages):
             for doc in msg.body["layers"]:
                 index = int(doc["index"])
                 cost = LayerCost.from_dict(doc, f"layer {index}")
@@ -389,6 +248,23 @@ class Session(LiveMixin):
         return ModelProfile(tuple(layers[i] for i in sorted(layers)), name="measured",
                             microbatch_size=self.microbatch_size())
 
+    def layers_by_stage(self, timeout: float | None = None) -> list[list[int]]:
+        """Which layers each stage holds now, as the workers themselves report it (at the next iteration boundary)."""
+        return [sorted(int(doc["index"]) for doc in msg.body["layers"])
+                for msg in self._gather(P.PROFILE, {"reset": False}, self.stages, timeout)]
+
+    def pids(self) -> dict[int, int]:
+        """Each worker process's id by rank (a launched session's)."""
+        return {w.rank: w.pid for w in self._launcher.workers} if self._launcher is not None else {}
+
+    def exit_codes(self) -> dict[int, int | None]:
+        """Each worker process's exit code by rank, None while it runs (a launched session's; an attached job's
+        processes belong to torchrun)."""
+        return {w.rank: w.popen.poll() for w in self._launcher.workers} if self._launcher is not None else {}
+
+    def _forget_profile(self) -> None:
+        self._profile_cache.clear()
+
     def microbatch_size(self) -> int:
         """Samples per micro-batch in the latest iteration (0 before the first): what a profile is measured at."""
         latest = self.metrics.latest()
@@ -401,12 +277,10 @@ class Session(LiveMixin):
         function of the batch index, an iterable, a bundled example name or 'package.module:attribute'; default: the
         job's ``eval_data``, else its training data from its first batch), with the model in eval mode. It runs at
         the next iteration boundary, between two training iterations, and changes nothing of training's state."""
-        from vpipe_lab.control.evaluation import data_ref
-
         if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
             raise ValueError(f"batches must be a whole number >= 1, got {batches!r}")
-        ref = data_ref(self, data)
-        reply = self._gather(P.EVAL, {"data": ref, "batches": batches}, timeout, answers=1)[0]
+        ref = data_ref(self._job_dir, data)
+        reply = self._gather(P.EVAL, {"data": ref, "batches": batches}, 1, timeout)[0]
         if reply.body.get("error"):
             raise ValueError(f"the workers cannot evaluate on {data!r}: {reply.body['error']}")
         return float(reply.body["loss"])
@@ -414,52 +288,100 @@ class Session(LiveMixin):
     def state_dict(self, timeout: float | None = None) -> Any:
         """The whole model's parameters and buffers, gathered from every stage, keyed by their names in the model (a
         tied weight once, under its first name), in layer order."""
-        from vpipe_lab.control.tensorwire import rebuild
-
         out: dict[str, Any] = {}
-        for msg in sorted(self._gather(P.STATE, {}, timeout), key=lambda m: int(m.body["rank"])):
+        for msg in self._gather(P.STATE, {}, self.stages, timeout):
             for key, value in rebuild(msg.body["tensors"], list(msg.buffers)).items():
                 out.setdefault(key, value)  # a weight tied across stages: every copy is equal
         return out
 
+    # --- changing the running job (control/live.py) -----------------------------------------------------------------
+    def apply(self, plan: Plan, *, force: bool = False, checkpoint: bool = True, timeout: float | None = None) -> int:
+        """Run ``plan`` from the next iteration boundary, migrating layers live; returns that iteration.
+
+        Raises PlanError (an invalid plan) or InfeasiblePlan (its estimate exceeds a stage's memory budget, unless
+        ``force``) and then changes nothing. With ``checkpoint`` the state before a migration is saved first, so a
+        worker dying during the move loses nothing (``WorkerError.checkpoint`` says where it is).
+        """
+        return self._live.apply(plan, force=force, checkpoint=checkpoint, timeout=timeout)
+
+    def set_partition(self, boundaries: Sequence[int], **kw: Any) -> int:
+        """Move the stage boundaries (layers migrate live); returns the iteration it takes effect."""
+        return self.apply(self.plan.with_boundaries(boundaries), **kw)
+
+    def set_policy(self, policies: Mapping[int, Policy | str], **kw: Any) -> int:
+        """Change layers' keep/swap/recompute policies, e.g. ``{3: "swap", 4: "recompute"}``."""
+        return self.apply(self.plan.with_policies(dict(policies)), **kw)
+
+    def save(self, path: str | Path, *, keep: int | None = None, timeout: float | None = None) -> Path:
+        """Write parameters, optimizer state, plan and iteration at the next iteration boundary, as a new version
+        of the checkpoint at ``path`` (one file per layer, checksummed, plus a manifest), switched to atomically: a
+        crash during the save leaves the previous version intact. ``keep`` keeps only the newest versions.
+        ``launch(..., resume=path)`` restores the newest onto any partition."""
+        return self._live.save(path, keep=keep, timeout=timeout)
+
+    def set_model(self, factory: Callable[[], Any], *, plan: Plan | None = None,
+                  mapping: Mapping[int, int | None] | None = None, timeout: float | None = None) -> int:
+        """Switch to the model ``factory()`` builds, from the next iteration (see ``Live.set_model``)."""
+        return self._live.set_model(factory, plan=plan, mapping=mapping, timeout=timeout)
+
+    def replan(self, method: str = "vpipe", *, apply: bool = False, cluster: Cluster | None = None,
+               profile: ModelProfile | None = None, choose_microbatches: bool = False) -> Replan:
+        """Profile the running model, plan it from the current plan, and report the predicted gain and the moves;
+        ``apply=True`` also applies the new plan (if it differs). ``choose_microbatches`` lets the planner choose
+        the number of micro-batches too (see ``Live.replan``)."""
+        return self._live.replan(method, apply=apply, cluster=cluster, profile=profile,
+                                 choose_microbatches=choose_microbatches)
+
+    def auto_replan(self, enabled: bool = True, **options: Any) -> AutoReplanner | None:
+        """Let vPipe replan on its own (periodically, on drift, on low memory headroom) and apply a new plan only
+        when its predicted gain outweighs the migration; returns the replanner (its ``decisions`` list)."""
+        if self._autoplan is not None:
+            self._autoplan.stop()
+            self._autoplan = None
+        if enabled:
+            self._autoplan = AutoReplanner(self, publish=self._events.publish, **options)
+        return self._autoplan
+
+    # --- the end ---------------------------------------------------------------------------------------------------
     def detach(self) -> None:
         """Let go of an attached job without stopping it (``attach`` again any time). Idempotent."""
-        if self._closed:
+        if self.closed:
             return
         if self._launcher is not None:
             raise RuntimeError("this session started its workers itself: stop() it; only attached sessions detach")
-        self._closed = True
-        if self._autoplan is not None:
-            self._autoplan.stop()
-        self._monitor.join(timeout=2)
-        self._hub.close()
+        self._end()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the workers (gracefully, then SIGTERM, then SIGKILL) and release everything. Idempotent."""
-        if self._closed:
+        if self.closed:
             return
-        self._stopping = True
+        self._monitor.stopping = True
         if self._autoplan is not None:
             self._autoplan.stop()
         if self._launcher is not None:
-            if self._fatal is None and self._launcher.alive():
+            if self.failure is None and self._launcher.alive():
                 try:
-                    self._hub.send("rank0", P.Message(P.STOP, body={"id": next(self._ids)}))
+                    self._requests.send(P.STOP)
                 except Exception:  # the hub may already be gone; the signals below still work
                     pass
                 self._launcher.wait(timeout / 2)
             self._launcher.terminate(timeout=timeout / 2)
-        elif self._fatal is None:  # attached: ask rank 0 to end the job, and wait for its acknowledgement
+        elif self.failure is None:  # attached: ask rank 0 to end the job, and wait for its acknowledgement
             try:
-                self._command(P.STOP, timeout=timeout)
+                self._requests.command(P.STOP, timeout=timeout)
             except Exception as exc:  # the job may be gone already; detaching is all that is left
                 log.warning("the attached job did not acknowledge stop: %s", exc)
-        self._closed = True
-        self._monitor.join(timeout=2)
+        self._end()
+        if self._job_dir is not None and self.failure is None:
+            shutil.rmtree(self._job_dir, ignore_errors=True)
+
+    def _end(self) -> None:
+        if self._autoplan is not None:
+            self._autoplan.stop()
+        self._monitor.close()
         self._hub.close()
         self.logger.close()
-        if self._job_dir is not None and self._fatal is None:
-            shutil.rmtree(self._job_dir, ignore_errors=True)
+        self._events.emit({"type": "closed", "status": self.status})  # views freeze at their last state
 
     close = stop
 
@@ -470,6 +392,6 @@ class Session(LiveMixin):
         self.stop()
 
     def __repr__(self) -> str:
-        state = "stopped" if self._closed else "failed" if self._fatal else "running" if self.running else "idle"
-        plan = self._plan.describe() if self._plan else "?"
-        return f"<vpipe_lab.Session {state}: {self.stages} stages, iteration {self._iteration}, plan {plan}>"
+        plan = self.state.plan.describe() if self.state.plan else "?"
+        return (f"<vpipe_lab.Session {self.status}: {self.stages} stages, iteration {self.state.iteration}, "
+                f"plan {plan}>")

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from vpipe_lab.core.errors import PlanError
-from vpipe_lab.core.model import SCHEDULES, Cluster, Estimate, ModelProfile, Plan, Policy
+from vpipe_lab.core.plan import SCHEDULES, Estimate, Plan, Policy
+from vpipe_lab.core.profile import Cluster, ModelProfile
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from vpipe_lab.core.model import Cluster, ModelProfile
+from vpipe_lab.core.profile import Cluster, ModelProfile
 
 
 @dataclass(frozen=True, order=True)

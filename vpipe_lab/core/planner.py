@@ -10,11 +10,12 @@ from typing import Any
 from vpipe_lab.core import scaling
 from vpipe_lab.core.costmodel import CostModel
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
+from vpipe_lab.core.memory_plans import StageProblem, exact
 from vpipe_lab.core.migration import LayerMove, layer_moves
-from vpipe_lab.core.model import Cluster, Estimate, ModelProfile, Plan, Policy
 from vpipe_lab.core.partition import Objective, balanced, check_fits, pareto_dp, uniform
-from vpipe_lab.core.policy import StageProblem, exact
-from vpipe_lab.core.refine import vpipe_search
+from vpipe_lab.core.plan import Estimate, Plan, Policy
+from vpipe_lab.core.profile import Cluster, ModelProfile
+from vpipe_lab.core.vpipe_search import vpipe_search
 
 METHODS = ("uniform", "balanced", "gpipe", "pipedream", "vpipe", "optimal")
 

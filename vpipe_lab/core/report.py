@@ -4,7 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vpipe_lab.core.model import Estimate, ModelProfile, Plan, Policy
+from vpipe_lab.core.plan import Estimate, Plan, Policy
+from vpipe_lab.core.profile import ModelProfile
+
+
+def parse_bytes(text: str) -> int:
+    """A size as people write it ("8GiB", "512MiB", "1.5g", "4096") in bytes; ValueError naming the text otherwise."""
+    units = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    try:
+        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except (ValueError, IndexError):
+        raise ValueError(f"{text!r} is not a size: write bytes or e.g. 10GiB, 512MiB") from None
+    if not value >= 0:
+        raise ValueError(f"{text!r} is not a size: it must be >= 0")
+    return int(value)
 
 
 def human_bytes(n: float) -> str:

@@ -14,7 +14,7 @@ proportional to the micro-batch size; parameters and optimizer state do not chan
 from __future__ import annotations
 
 from vpipe_lab.core.errors import ProfileError
-from vpipe_lab.core.model import LayerCost, ModelProfile
+from vpipe_lab.core.profile import LayerCost, ModelProfile
 
 
 def _time(points: list[tuple[int, float]], size: int) -> float:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vpipe_lab.core.errors import ProfileError
-from vpipe_lab.core.model import Cluster, LayerCost, ModelProfile
+from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
 
 GIB = 1 << 30
 

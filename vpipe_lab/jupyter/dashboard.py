@@ -4,25 +4,30 @@ throughput per iteration, as plotly FigureWidgets.
 Session events only mark the dashboard dirty (a latest-value buffer); a refresher thread redraws at most ``rate_hz``
 times a second, sending each figure's arrays once per refresh whatever the iteration rate, and keeps rolling windows
 (the last ``window`` iterations of spans, the last ``points`` of loss), so it stays smooth over hours. Simulated
-timelines are drawn by the same code (``show_timeline``).
+timelines are drawn by the same code (``show_timeline``). When the session ends (stopped, detached or failed) the
+dashboard draws once more and stays on screen, frozen, saying so.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
+import pandas  # noqa: F401  (imported here, not first by plotly on the refresher thread while a cell imports it too)
 import plotly.graph_objects as go
 
+from vpipe_lab.charts.figures import gantt_data, gantt_figure, memory_figure, memory_values
 from vpipe_lab.core.report import human_time
 from vpipe_lab.core.timeline import KINDS, Timeline
-from vpipe_lab.jupyter.figures import gantt_data, gantt_figure, memory_figure, memory_values
 
 if TYPE_CHECKING:
     from vpipe_lab.control.session import Session
+
+log = logging.getLogger(__name__)
 
 
 def loss_figure(widget: bool = True) -> Any:
@@ -60,25 +65,37 @@ class Dashboard:
         self.widget = widgets.VBox([self.header, self.gantt, widgets.HBox([self.memory, self.loss])])
         self._dirty = threading.Event()
         self._closed = False
+        self.ended = False  # the session ended: the view is frozen at its last state
         self.refreshes = 0
         self._unsubscribe = session.on_event(self._on_event)
         self._thread = threading.Thread(target=self._loop, name="vpipe-dashboard", daemon=True)
         self._thread.start()
         self._dirty.set()
 
+    def _stop_listening(self) -> None:
+        unsubscribe, self._unsubscribe = self._unsubscribe, lambda: None
+        unsubscribe()
+
     def _on_event(self, event: dict[str, Any]) -> None:
-        if event.get("type") in ("iteration", "plan", "model", "migrated", "error", "replan"):
+        if event.get("type") in ("closed", "failed"):
+            self.ended = True  # the refresher draws the final state once more, then stops
+        if event.get("type") in ("iteration", "plan", "model", "migrated", "error", "replan", "closed", "failed"):
             self._dirty.set()  # the data itself is read from session.metrics at the next refresh
 
     def _loop(self) -> None:
         while not self._closed:
             if self._dirty.wait(timeout=0.5) and not self._closed:
                 self._dirty.clear()
+                ended = self.ended
                 try:
                     self.refresh()
-                except Exception:  # a closed comm or a stopped session: stop quietly
-                    if self.session._closed:
+                except Exception:
+                    if self.widget.comm is None:  # the widget was closed: nothing left to draw on
                         return
+                    log.warning("a dashboard refresh failed; the next event redraws it", exc_info=True)
+                if ended:
+                    self._stop_listening()
+                    return
                 time.sleep(self.period)  # at most rate_hz refreshes a second
 
     def refresh(self) -> None:
@@ -89,7 +106,11 @@ class Dashboard:
         timeline = s.metrics.timeline(self.window).with_idle()
         latest = records[-1] if records else None
         mem = sorted(s.metrics.latest_memory(), key=lambda r: r["stage"])
-        state = "stopped" if s._closed else "failed" if s._fatal else "running" if s.running else "idle"
+        state = s.status
+        if state in ("stopped", "failed"):
+            state = ("<span style='color:#c0392b'>session ended: " + state + "</span>"
+                     + (f" ({s.failure.cause.splitlines()[0]})" if s.failure is not None else "")
+                     + "; this view is frozen at its last state")
         text = f"<b>vpipe_lab</b> - {state}, iteration {s.iteration}, plan v{s.plan_version}: {s.plan.describe()}"
         if latest:
             text += (f" - last iteration {human_time(latest['time_s'])}, loss {latest['loss']:.4f}"
@@ -100,7 +121,7 @@ class Dashboard:
         self.header.value = text
         self.draw_timeline(timeline)
         if mem:
-            static = [r["params"] + r["grads"] + r["optimizer"] for r in mem]
+            static = [r["static"] for r in mem]
             values = memory_values(static, [r.get("resident", r["activations"]) for r in mem],
                                    [st + r["activations"] for st, r in zip(static, mem)], [r["host"] for r in mem])
             with self.memory.batch_update():
@@ -132,7 +153,7 @@ class Dashboard:
     def close(self) -> None:
         self._closed = True
         self._dirty.set()
-        self._unsubscribe()
+        self._stop_listening()
         self.widget.close()
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:

@@ -23,7 +23,10 @@ from IPython.core.magic import Magics, line_magic, magics_class
 
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.errors import VpipeError
-from vpipe_lab.core.report import human_time, plan_table
+from vpipe_lab.core.plan import SCHEDULES
+from vpipe_lab.core.planner import METHODS
+from vpipe_lab.core.report import human_time, parse_bytes, plan_table
+from vpipe_lab.wire.jobspec import DEVICES, add_training_options
 
 log = logging.getLogger(__name__)
 COMMANDS = ("start", "status", "run", "wait", "pause", "resume", "stop", "plan", "apply", "partition", "policy",
@@ -45,12 +48,10 @@ class _Done(Exception):
 
 
 def _size(text: str) -> int:
-    units = {"k": 2**10, "m": 2**20, "g": 2**30}
-    t = text.strip().lower().removesuffix("ib").removesuffix("b")
     try:
-        return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(float(t))
-    except (ValueError, IndexError):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size: write bytes or e.g. 2GiB, 512MiB") from None
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,19 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--stages", "-k", type=int, default=2)
     s.add_argument("--microbatches", "-m", type=int, default=4)
     s.add_argument("--replicas", type=int, default=1, help="data-parallel copies of the pipeline")
-    s.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b")
-    s.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    s.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    s.add_argument("--device", choices=DEVICES, default="auto")
     s.add_argument("--budget", type=_size, help="memory budget per stage, e.g. 2GiB")
     s.add_argument("--plan", help="notebook variable holding a Plan")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--auto-replan", action="store_true", help="let vPipe replan and migrate on its own")
-    s.add_argument("--lr-scheduler", help="notebook variable holding an optimizer -> scheduler factory")
-    s.add_argument("--clip-grad-norm", type=float, help="clip by the global gradient 2-norm over every stage")
-    s.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
-    s.add_argument("--eval-data", help="evaluation data: bundled name or notebook variable")
-    s.add_argument("--eval-every", type=int, help="evaluate every this many iterations")
-    s.add_argument("--eval-batches", type=int, default=1)
-    s.add_argument("--log", help="tensorboard:DIR, wandb:PROJECT, mlflow:URI or a notebook variable (a function)")
+    add_training_options(s, "a notebook variable")
     s.add_argument("--run", default=None, help="start training right away: N iterations or 'forever'")
     s.add_argument("--name", default="session", help="notebook variable to bind the Session to (default: session)")
     sub.add_parser("status", help="the session, its plan and the last iteration")
@@ -91,8 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("resume", help="resume training")
     sub.add_parser("stop", help="stop the workers")
     pl = sub.add_parser("plan", help="vPipe's replanning from the measured profile: show the plan, its gain, moves")
-    pl.add_argument("--method", default="vpipe", choices=("uniform", "balanced", "gpipe", "pipedream", "vpipe",
-                                                            "optimal"))
+    pl.add_argument("--method", default="vpipe", choices=METHODS)
     pl.add_argument("--apply", action="store_true", help="apply it (live migration)")
     pl.add_argument("--choose-microbatches", action="store_true",
                     help="let the planner choose the micro-batch count too, for the same global batch")
@@ -130,14 +124,14 @@ class VpipeMagics(Magics):
         return self.shell.user_ns[name]
 
     def _need(self) -> Any:
-        if self.session is None or self.session._closed:
+        if self.session is None or self.session.closed:
             raise UsageError("no running session: start one with %vpipe start gpt-tiny --stages 2")
         return self.session
 
     def on_interrupt(self, result: Any) -> None:
         """post_run_cell: an interrupted cell (Interrupt kernel) pauses training instead of killing it."""
         if isinstance(getattr(result, "error_in_exec", None), KeyboardInterrupt) and self.session is not None \
-                and not self.session._closed and self.session._fatal is None:
+                and not self.session.closed and self.session.failure is None:
             try:
                 at = self.session.pause()
                 print(f"vpipe: training paused before iteration {at} (kernel interrupted); %vpipe resume to go on")
@@ -162,14 +156,14 @@ class VpipeMagics(Magics):
         print(self.parser.format_help())
 
     def cmd_start(self, args: argparse.Namespace) -> Any:
-        import vpipe_lab
+        from vpipe_lab.control.launch import launch
         from vpipe_lab.examples import EXAMPLES
 
-        if self.session is not None and not self.session._closed:
+        if self.session is not None and not self.session.closed:
             raise UsageError("a session is already running: %vpipe stop it first")
         model = args.model if args.model in EXAMPLES else self._value(args.model, "model")
         data = None if args.data is None else args.data if args.data in EXAMPLES else self._value(args.data, "data")
-        session = vpipe_lab.launch(
+        session = launch(
             model, data, stages=args.stages, microbatches=args.microbatches, schedule=args.schedule,
             device=args.device, memory_budget=args.budget, seed=args.seed,
             loss=self._value(args.loss, "loss") if args.loss else None,
@@ -187,7 +181,7 @@ class VpipeMagics(Magics):
             session.run(None if args.run == "forever" else int(args.run))
         training = "" if args.run is None else ("; training in the background until stopped" if args.run == "forever"
                                                 else f"; training {args.run} iterations in the background")
-        print(f"vpipe: {session.stages} stages ready on {session._ready[0].get('device')}, bound to `{args.name}`"
+        print(f"vpipe: {session.stages} stages ready on {session.device}, bound to `{args.name}`"
               + training)
         return None
 
@@ -232,10 +226,8 @@ class VpipeMagics(Magics):
         if self.session is None:
             print("vpipe: no session to stop")
             return
-        for view in self.views:
-            view.close()
+        self.session.stop()  # the dashboard and editor stay on screen, frozen at their last state
         self.views.clear()
-        self.session.stop()
         print("vpipe: stopped; no worker process is left")
 
     def cmd_plan(self, args: argparse.Namespace) -> Any:

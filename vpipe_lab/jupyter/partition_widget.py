@@ -3,13 +3,19 @@
 Layers are blocks coloured by stage; dragging a boundary (committed on release) or clicking a layer (keep -> swap ->
 recompute) edits a draft; the simulator previews the draft's iteration time and per-stage memory against the budget;
 Apply hands the draft to ``Session.apply`` and the widget shows pending, then "applied at iteration N", or the error.
+When the session ends the editor stays on screen, frozen, saying so.
 
-Widget messages can arrive on a subshell thread while a cell runs (JupyterLab >= 4.4, ipykernel 7), so trait
-observers only put work into a queue; one worker thread computes previews and applies plans.
+The browser tells Python what the user did with anywidget custom messages, whose contract is written once, as a JSON
+schema in ``extension/src/messages.ts`` (TypeScript derives its types from it; the build writes it to
+``static/editor_messages.schema.json``, which every incoming message is validated against here). Python owns every
+trait; the front end only reads them. Widget messages can arrive on a subshell thread while a cell runs (JupyterLab
+>= 4.4, ipykernel 7), so the message handler only puts work into a queue; one worker thread computes previews and
+applies plans.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -17,11 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anywidget
+import jsonschema
 import traitlets
 
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.errors import VpipeError
-from vpipe_lab.core.model import Cluster, Estimate, ModelProfile, Plan
+from vpipe_lab.core.plan import Estimate, Plan
+from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.simulator import simulate
 
 if TYPE_CHECKING:
@@ -29,6 +37,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
+MESSAGES = jsonschema.Draft202012Validator(json.loads((STATIC / "editor_messages.schema.json").read_text()))
 
 
 def _estimate_doc(est: Estimate, iteration_s: float) -> dict[str, Any]:
@@ -43,11 +52,10 @@ class PartitionEditor(anywidget.AnyWidget):
     layers = traitlets.List(traitlets.Dict()).tag(sync=True)
     boundaries = traitlets.List(traitlets.Int()).tag(sync=True)
     policies = traitlets.List(traitlets.Unicode()).tag(sync=True)
-    draft_boundaries = traitlets.List(traitlets.Int()).tag(sync=True, echo_update=False)
-    draft_policies = traitlets.List(traitlets.Unicode()).tag(sync=True, echo_update=False)
+    draft_boundaries = traitlets.List(traitlets.Int()).tag(sync=True)
+    draft_policies = traitlets.List(traitlets.Unicode()).tag(sync=True)
     preview = traitlets.Dict().tag(sync=True)
     status = traitlets.Dict().tag(sync=True)
-    apply_count = traitlets.Int(0).tag(sync=True, echo_update=False)
 
     def __init__(self, session: Session | None = None, *, plan: Plan | None = None,
                  profile: ModelProfile | None = None, cluster: Cluster | None = None,
@@ -65,8 +73,8 @@ class PartitionEditor(anywidget.AnyWidget):
         self._closed = False
         self._lock = threading.Lock()
         self._load(self._plan)
-        self.observe(self._on_draft, names=["draft_boundaries", "draft_policies"])
-        self.observe(self._on_apply, names=["apply_count"])
+        self.ended = False
+        self.on_msg(lambda _widget, content, _buffers: self.receive(content))
         self._worker = threading.Thread(target=self._run, name="vpipe-editor", daemon=True)
         self._worker.start()
         self._unsubscribe = session.on_event(self._on_session_event) if session is not None else None
@@ -91,17 +99,23 @@ class PartitionEditor(anywidget.AnyWidget):
         return Plan(tuple(self.draft_boundaries), tuple(self.draft_policies), self._plan.microbatches,
                     self._plan.schedule)
 
-    # --- observers: called on whatever thread delivers widget messages; they only queue work -------------------------
-    def _on_draft(self, change: dict[str, Any]) -> None:
-        self._work.put(("preview", None))
-
-    def _on_apply(self, change: dict[str, Any]) -> None:
-        if change["new"] > change["old"]:
-            self._work.put(("apply", self.draft()))
+    # --- messages from the browser: on whatever thread delivers them; they only queue work ------------------------
+    def receive(self, message: Any) -> None:
+        """One message from the front end (see extension/src/messages.ts): a new draft, or apply a draft."""
+        problem = next(iter(MESSAGES.iter_errors(message)), None)
+        if problem is not None:  # a front end of another version, or a hand-made message: say so, change nothing
+            log.warning("partition editor: ignored a message that breaks the contract: %s", problem.message)
+            self.status = {"state": "error", "message": f"ignored a malformed editor message: {problem.message}"}
+            return
+        if self.ended:
+            return
+        self._work.put((message["kind"], (list(message["boundaries"]), list(message["policies"]))))
 
     def _on_session_event(self, event: dict[str, Any]) -> None:
         if event.get("type") in ("plan", "model"):  # applied elsewhere (magics, auto-replan): follow it
             self._work.put(("follow", event))
+        elif event.get("type") in ("closed", "failed"):
+            self._work.put(("ended", event))
 
     # --- the worker thread ------------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -113,12 +127,15 @@ class PartitionEditor(anywidget.AnyWidget):
             try:
                 if kind == "refresh":
                     self._refresh()
-                elif kind == "preview":
-                    self._preview()
+                elif kind == "draft":
+                    self._set_draft(*payload)
                 elif kind == "apply":
-                    self._apply(payload)
+                    self._set_draft(*payload)
+                    self._apply(self.draft())
                 elif kind == "follow":
                     self._follow(payload)
+                elif kind == "ended":
+                    self._end(payload)
             except Exception as exc:  # shown in the widget; the thread keeps serving
                 log.exception("partition editor: %s failed", kind)
                 self.status = {"state": "error", "message": f"{type(exc).__name__}: {exc}"}
@@ -133,6 +150,20 @@ class PartitionEditor(anywidget.AnyWidget):
             self.layers = self._layer_docs(self._profile)
             self._load(self._plan)
         self._preview()
+
+    def _set_draft(self, boundaries: list[int], policies: list[str]) -> None:
+        with self.hold_sync():
+            self.draft_boundaries, self.draft_policies = boundaries, policies
+        self._preview()
+
+    def _end(self, event: dict[str, Any]) -> None:
+        """The session ended: keep showing the last state, refuse edits, say why."""
+        self.ended = True
+        how = "failed" if event.get("type") == "failed" else str(event.get("status", "stopped"))
+        self.status = {"state": "ended", "message": f"session ended ({how}): this editor is frozen at its last plan"}
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
 
     def _preview(self) -> None:
         if self._profile is None or self._cluster is None:

@@ -11,17 +11,18 @@ import torch
 from vpipe_lab.runtime.comm import TAG_MIGRATE
 
 if TYPE_CHECKING:
-    from vpipe_lab.runtime.worker import Worker
+    from vpipe_lab.runtime.comm import Peer
+    from vpipe_lab.runtime.device import Placement
 
 
-def probe_bandwidth(worker: Worker, nbytes: int = 8 << 20) -> dict[str, float]:
+def probe_bandwidth(peer: Peer, placement: Placement, rank: int, world: int, nbytes: int = 8 << 20) -> dict[str, float]:
     """Measure this rank's host-copy (swap) bandwidth and its link to the next rank, for the planners' Cluster."""
-    device = worker.placement.device
+    device = placement.device
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
     times = []
     for _ in range(3):
         start = time.perf_counter()
-        if worker.placement.is_cuda:
+        if placement.is_cuda:
             host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
             host.copy_(src, non_blocking=True)
             torch.cuda.synchronize(device)
@@ -30,32 +31,32 @@ def probe_bandwidth(worker: Worker, nbytes: int = 8 << 20) -> dict[str, float]:
         times.append(time.perf_counter() - start)
     swap = nbytes / max(min(times), 1e-9)
     link = float("inf")
-    if worker.world > 1:
-        nxt, prv = (worker.rank + 1) % worker.world, (worker.rank - 1) % worker.world
+    if world > 1:
+        nxt, prv = (rank + 1) % world, (rank - 1) % world
         best = float("inf")
         for _ in range(2):
-            worker.peer.barrier()
+            peer.barrier()
             start = time.perf_counter()
-            worker.peer.send(src, nxt, TAG_MIGRATE)
-            worker.peer.recv(prv, TAG_MIGRATE)
-            worker.peer.flush()
+            peer.send(src, nxt, TAG_MIGRATE)
+            peer.recv(prv, TAG_MIGRATE)
+            peer.flush()
             best = min(best, time.perf_counter() - start)
         link = nbytes / max(best, 1e-9)
         # Latency: a stage-boundary transfer is a header and a payload message; time a small one each way.
         tiny = torch.zeros(4, device=device)
         rtts = []
         for _ in range(5):
-            worker.peer.barrier()
+            peer.barrier()
             start = time.perf_counter()
             # Pairs (0, 1), (2, 3), ...: the even rank pings, the odd one answers; an odd world leaves one out.
-            if worker.rank % 2 == 0 and worker.rank + 1 < worker.world:
-                worker.peer.send(tiny, worker.rank + 1, TAG_MIGRATE)
-                worker.peer.recv(worker.rank + 1, TAG_MIGRATE)
-            elif worker.rank % 2 == 1:
-                worker.peer.recv(worker.rank - 1, TAG_MIGRATE)
-                worker.peer.send(tiny, worker.rank - 1, TAG_MIGRATE)
-            worker.peer.flush()
+            if rank % 2 == 0 and rank + 1 < world:
+                peer.send(tiny, rank + 1, TAG_MIGRATE)
+                peer.recv(rank + 1, TAG_MIGRATE)
+            elif rank % 2 == 1:
+                peer.recv(rank - 1, TAG_MIGRATE)
+                peer.send(tiny, rank - 1, TAG_MIGRATE)
+            peer.flush()
             rtts.append(time.perf_counter() - start)
-        latency = min(rtts) if worker.rank + 1 < worker.world or worker.rank % 2 else 0.0  # one transfer each way
+        latency = min(rtts) if rank + 1 < world or rank % 2 else 0.0  # one transfer each way
         return {"swap_bandwidth": swap, "link_bandwidth": link, "link_latency_s": latency}
     return {"swap_bandwidth": swap, "link_bandwidth": link, "link_latency_s": 0.0}

@@ -23,7 +23,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from vpipe_lab.runtime.capture import canonical_names
+from vpipe_lab.core.partition import uniform
+from vpipe_lab.core.plan import Plan, Policy
+from vpipe_lab.runtime.batches import describe, rebuild
+from vpipe_lab.runtime.capture import Chain, build_model, canonical_names, capture
+from vpipe_lab.runtime.comm import Peer
+from vpipe_lab.wire.jobspec import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -110,3 +115,64 @@ def owned_only(factory: Callable[[], nn.Module], seed: int, names: list[str | No
         raise RuntimeError(f"the model factory registered {count} tensors on its second run and {len(names)} on its "
                            "first: it does not build the same model every time")
     return model
+
+
+# --- a stage's chain: what the worker builds at start-up ---------------------------------------------------------------
+def build_chain(spec: JobSpec, factory: Any, split_at: Any, rank: int, world: int, peer: Peer,
+                first_inputs: Callable[[], Any]) -> tuple[Chain, Plan]:
+    """The model as units, with real tensors for this stage's units only, and the plan to start with. A model given
+    as an instance was built by the caller and arrives whole; one that cannot be laid out on the meta device is built
+    whole. ``first_inputs()`` (rank 0 only) gives one micro-batch of the first batch's inputs."""
+    meta = order = layout = None
+    if callable(factory) and not isinstance(factory, torch.nn.Module):
+        try:
+            meta, order = on_meta(factory, spec.seed)
+        except Exception as exc:  # a factory that needs real tensors to build (data-dependent init)
+            log.info("the model does not build on the meta device (%s: %s); building it whole", type(exc).__name__, exc)
+    model = meta if meta is not None else build_model(factory, spec.seed)
+    example = _example(model, split_at, rank, world, peer, first_inputs)
+    if meta is not None:
+        try:
+            layout = capture(meta.train(), rebuild(example, device=torch.device("meta")) if example else None, split_at)
+        except Exception as exc:  # an op without a meta kernel, say; the real capture decides
+            log.info("cannot lay the model out on the meta device (%s); building it whole", exc)
+            model = build_model(factory, spec.seed)
+    if layout is None:
+        chain = capture(model, rebuild(example) if example else None, split_at)
+        return chain, initial_plan(spec, chain, rank, world, peer)
+    assert meta is not None and order is not None
+    plan = initial_plan(spec, layout, rank, world, peer)
+    mine = [layout.tensors[i] for i in plan.layers_of(rank)]
+    keep = {c for t in mine for _, c in t.params + t.buffers}
+    model = owned_only(factory, spec.seed, registered_names(meta, order), keep).train()
+    chain = capture(model, rebuild(example) if example else None, split_at)
+    if chain.signature() != layout.signature():
+        raise RuntimeError("the model is cut differently on the meta device and for real; build it without "
+                           "device-dependent code")
+    return chain, plan
+
+
+def _example(model: nn.Module, split_at: Any, rank: int, world: int, peer: Peer,
+             first_inputs: Callable[[], Any]) -> dict[str, Any] | None:
+    """Rank 0 describes one micro-batch of the first batch's inputs to every rank, which captures the model on zeros
+    of those shapes (only rank 0 reads data). An nn.Sequential needs no example."""
+    if isinstance(model, torch.nn.Sequential) and split_at is None:
+        return None
+    desc = describe(first_inputs())[0] if rank == 0 else None
+    return peer.broadcast_json(desc) if world > 1 else desc
+
+
+def initial_plan(spec: JobSpec, chain: Chain, rank: int, world: int, peer: Peer) -> Plan:
+    """The plan to start with, checked against the units every rank agrees on."""
+    mine = chain.signature()
+    if world > 1 and peer.broadcast_json(mine) != mine:
+        raise RuntimeError(f"stage {rank} cut the model differently from stage 0: the model factory must "
+                           "build the same model on every rank (seeded, no rank-dependent code)")
+    if len(chain) < world:
+        raise ValueError(f"the model has {len(chain)} partition units ({', '.join(chain.names)}) but the pipeline has "
+                         f"{world} stages: every stage needs at least one unit; use at most {len(chain)} stages, or "
+                         "more split points")
+    if spec.plan is not None:
+        return Plan.from_dict(spec.plan).validate(len(chain), world)
+    return Plan(uniform(len(chain), world), (Policy.KEEP,) * len(chain), spec.microbatches,
+                spec.schedule).validate(len(chain), world)

@@ -17,14 +17,16 @@ from vpipe_lab.runtime.batches import Source
 from vpipe_lab.runtime.comm import TAG_EVAL_TARGET
 
 if TYPE_CHECKING:
-    from vpipe_lab.runtime.worker import Worker
+    from vpipe_lab.core.plan import Plan
+    from vpipe_lab.runtime.comm import Peer
+    from vpipe_lab.runtime.executor import Executor
 
 
-def evaluate(worker: Worker, data: Any, batches: int) -> dict[str, Any] | None:
+def evaluate(executor: Executor, peer: Peer, plan: Plan, data: Any, batches: int) -> dict[str, Any] | None:
     """Run the pass; the last stage returns {loss, losses (per batch), batches, seconds}, the others None."""
     if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
         raise ValueError(f"batches must be a whole number >= 1, got {batches!r}")
-    rank, world, peer = worker.rank, worker.world, worker.peer
+    rank, world = executor.rank, executor.world
     last = rank == world - 1
     start = time.perf_counter()
     source = Source(data, 0) if rank == 0 else None
@@ -39,7 +41,7 @@ def evaluate(worker: Worker, data: Any, batches: int) -> dict[str, Any] | None:
             batch = (inputs, targets)
         elif last:
             batch = (None, peer.wait(peer.post_recv(0, TAG_EVAL_TARGET)))
-        losses = worker.executor.evaluate(worker.plan, batch)
+        losses = executor.evaluate(plan, batch)
         if last:
             means.append(sum(losses) / len(losses))
     peer.flush()

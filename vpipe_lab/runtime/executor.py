@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from vpipe_lab.core.model import Plan
+from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.schedule import Op, Schedule, for_plan
 from vpipe_lab.runtime import faults
 from vpipe_lab.runtime.batches import loss_with_check, split, to_device
@@ -136,7 +136,7 @@ class Executor:
         if self.budget is not None:
             sizes = stage.static_bytes()
             self._param_bytes = sizes["params"]
-            self._static = sizes["params"] + sizes["grads"] + sizes["optimizer"]
+            self._static = sum(sizes.values())
         inputs = targets = None
         if batch is not None:
             if rank == 0:
@@ -276,3 +276,17 @@ class Executor:
                 if back:
                     module.train()
         return [float(v) for v in losses]
+
+    def memory(self) -> dict[str, Any]:
+        """This stage's memory in the iteration just run, as reported to the controller (peaks, then reset)."""
+        static = self.stage.static_bytes()
+        ledger = self.stage.ledger
+        snap: dict[str, Any] = {**static, "static": sum(static.values()), "activations": ledger.peak,
+                                "resident": ledger.resident_peak, "host": ledger.host_peak,
+                                "peak": sum(static.values()) + ledger.peak,
+                                "budget": self.budget}
+        if self.placement.is_cuda:
+            snap["cuda_allocated"] = torch.cuda.memory_allocated(self.placement.device)
+            snap["cuda_peak"] = torch.cuda.max_memory_allocated(self.placement.device)
+            torch.cuda.reset_peak_memory_stats(self.placement.device)
+        return snap

@@ -17,7 +17,10 @@ from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
-PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+from vpipe_lab.wire.jobspec import PRECISIONS
+
+_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+assert tuple(_DTYPES) == PRECISIONS, "every precision of wire/jobspec.py needs its dtype here"
 
 
 def check(precision: str) -> str:
@@ -29,7 +32,7 @@ def check(precision: str) -> str:
 def autocast(precision: str, device: torch.device) -> Callable[[], AbstractContextManager[object]]:
     """A factory of the context the stage's compute runs in (a fresh one per use: autocast contexts do not nest
     re-entrantly)."""
-    dtype = PRECISIONS[check(precision)]
+    dtype = _DTYPES[check(precision)]
     if dtype is None:
         return nullcontext
     kind = device.type

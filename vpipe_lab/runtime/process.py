@@ -19,13 +19,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from vpipe_lab.control import protocol as P
-from vpipe_lab.control.channel import Link
 from vpipe_lab.runtime.bandwidth import probe_bandwidth
+from vpipe_lab.runtime.callables import JobSpec
 from vpipe_lab.runtime.compat import allow_torchvision_without_ops
 from vpipe_lab.runtime.device import select
-from vpipe_lab.runtime.jobspec import JobSpec
 from vpipe_lab.runtime.worker import Worker
+from vpipe_lab.wire import protocol as P
+from vpipe_lab.wire.channel import Link
 
 log = logging.getLogger("vpipe_lab.worker")
 
@@ -45,7 +45,7 @@ def watch_parent(fd: int) -> None:
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m vpipe_lab.runtime.worker")
+    ap = argparse.ArgumentParser(prog="python -m vpipe_lab.runtime.process")
     ap.add_argument("--config", required=True, help="job spec JSON written by the controller")
     ap.add_argument("--rank", type=int, required=True)
     ap.add_argument("--parent-fd", type=int, default=-1, help="pipe whose EOF means the controller died")
@@ -87,11 +87,9 @@ def serve(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: in
         allow_torchvision_without_ops()  # user models may import transformers/torchvision (see runtime/compat.py)
         if join is not None:
             join()
-        from vpipe_lab.runtime.migrate import MigratingWorker  # it builds on Worker, so it is imported here
-
-        worker = (worker_cls or MigratingWorker)(spec, rank, world, link, local_rank, local_world)
+        worker = (worker_cls or Worker)(spec, rank, world, link, local_rank, local_world)
         worker.peer.barrier()
-        bandwidth = probe_bandwidth(worker)
+        bandwidth = probe_bandwidth(worker.peer, worker.placement, worker.rank, worker.world)
         link.send(P.Message(P.READY, body={**bandwidth,
             "rank": rank, "stage": worker.rank, "replica": worker.replica, "layers": worker.num_layers,
             "names": worker.names, "plan": worker.plan.to_dict(),
@@ -118,3 +116,5 @@ def serve(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: in
                 pass
 
 
+if __name__ == "__main__":  # what launch() starts: python -m vpipe_lab.runtime.process
+    sys.exit(main())

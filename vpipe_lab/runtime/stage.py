@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from vpipe_lab.core.model import Policy
+from vpipe_lab.core.plan import Policy
 from vpipe_lab.runtime import recompute
 from vpipe_lab.runtime.capture import UnitTensors
 from vpipe_lab.runtime.memory import Ledger, optimizer_bytes, tensor_bytes
@@ -82,7 +82,7 @@ class Stage:
                 self.tensors[name] = get_tensor(module, local)
             elif held is not get_tensor(module, local):
                 set_tensor(module, local, held)
-        self.layers[index] = Layer(index, module, tensors)
+        self.layers = dict(sorted({**self.layers, index: Layer(index, module, tensors)}.items()))  # run in order
         self._changed()
         self.optim.add_unit(index, self._trainable(index), groups, states)
 
@@ -128,6 +128,25 @@ class Stage:
     def unit_groups(self, index: int) -> list[dict[str, Any]]:
         """The optimizer groups of one layer: their options and their parameters' names (what migration moves)."""
         return self.optim.unit_groups(index)
+
+    def unit_state(self, index: int) -> dict[str, Any]:
+        """What a layer takes with it when it moves or is saved: its parameters and buffers by canonical name, their
+        optimizer state, its optimizer groups' options (a learning rate a scheduler set travels too) and its policy."""
+        layer = self.layers[index]
+        names = list(dict.fromkeys(layer.names))
+        return {"tensors": {name: self.tensors[name].detach() for name in names},
+                "optimizer": self.optimizer_state(names), "groups": self.unit_groups(index),
+                "policy": layer.policy.value}
+
+    def load_values(self, values: dict[str, torch.Tensor]) -> None:
+        """Copy saved values into the parameters and buffers this stage holds (by canonical name)."""
+        with torch.no_grad():
+            for name, value in values.items():
+                self.tensors[name].copy_(value)
+
+    def load_optimizer(self, states: dict[str, dict[str, Any]], groups: list[dict[str, Any]]) -> None:
+        """Restore saved optimizer state and parameter-group options of the layers held here."""
+        self.optim.load(states, groups, self.tensors)
 
     @property
     def owned(self) -> list[int]:
@@ -341,12 +360,25 @@ class Stage:
         self.zero_grad()
 
     def static_bytes(self) -> dict[str, int]:
+        """What this stage holds whatever runs, by part; their sum is ``static_total``."""
         params = [p for _, p in self.params()]
         return {
             "params": sum(tensor_bytes(p) for p in params),
             "grads": sum(tensor_bytes(p.grad) for p in params if p.grad is not None),
             "optimizer": optimizer_bytes(self.optimizer),
         }
+
+    def static_total(self) -> int:
+        """Parameters, gradients and optimizer state held here: the memory no policy can free."""
+        return sum(self.static_bytes().values())
+
+    def unit_static_bytes(self, index: int) -> int:
+        """What one layer adds to a stage's static memory where it goes: its tensors, their gradients (as large) and
+        its optimizer state (what migration checks against the receiver's budget)."""
+        state = self.unit_state(index)
+        return (2 * sum(tensor_bytes(t) for t in state["tensors"].values())
+                + sum(tensor_bytes(v) for st in state["optimizer"].values() for v in st.values()
+                      if isinstance(v, torch.Tensor)))
 
     def reset_stats(self) -> None:
         for layer in self.layers.values():

@@ -14,7 +14,10 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from vpipe_lab.runtime.worker import Worker
+    from vpipe_lab.core.plan import Plan
+    from vpipe_lab.runtime.capture import Chain
+    from vpipe_lab.runtime.comm import Peer
+    from vpipe_lab.runtime.stage import Stage
 
 
 def holders(plan_layers: list[list[int]], unit_params: list[list[str]]) -> list[tuple[str, tuple[int, ...]]]:
@@ -42,41 +45,43 @@ def conflict(plan_layers: list[list[int]], unit_buffers: list[list[str]], mutate
 class Ties:
     """The tied parameters of the plan in force and the process groups that reduce their gradients."""
 
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
+    def __init__(self, peer: Peer, stage: Stage, rank: int, world: int, replica: int, replicas: int,
+                 plan: Plan, chain: Chain) -> None:
+        self.peer, self.stage = peer, stage
+        self.rank, self.world, self.replica, self.replicas = rank, world, replica, replicas
         self._groups: dict[tuple[int, ...], Any] = {}
         self.shared: list[tuple[str, tuple[int, ...]]] = []
-        self.refresh()
+        self.chain = chain
+        self.refresh(plan, chain)
 
-    def refresh(self) -> None:
+    def refresh(self, plan: Plan, chain: Chain) -> None:
         """Recompute after a plan change; every rank runs this at the same boundary (group creation is collective)."""
-        w = self.worker
-        plan_layers = [list(w.plan.layers_of(s)) for s in range(w.world)]
-        problem = self.conflict(w.plan)
+        self.chain = chain
+        plan_layers = [list(plan.layers_of(s)) for s in range(self.world)]
+        problem = self.conflict(plan)
         if problem is not None:
             raise ValueError(problem)
-        self.shared = holders(plan_layers, [[c for _, c in t.params] for t in w.chain.tensors])
+        self.shared = holders(plan_layers, [[c for _, c in t.params] for t in chain.tensors])
         for ranks in sorted({r for _, r in self.shared}):
-            if ranks in self._groups or (len(ranks) == w.world and w.replicas == 1):
+            if ranks in self._groups or (len(ranks) == self.world and self.replicas == 1):
                 continue  # the whole (single) pipeline: the default group
             # One group per pipeline replica; every rank creates all of them, in the same order (it is collective).
-            for replica in range(w.replicas):
-                group = dist.new_group([replica * w.world + r for r in ranks])
-                if replica == w.replica:
+            for replica in range(self.replicas):
+                group = dist.new_group([replica * self.world + r for r in ranks])
+                if replica == self.replica:
                     self._groups[ranks] = group
 
-    def conflict(self, plan: Any, chain: Any = None) -> str | None:
-        chain = chain or self.worker.chain
-        plan_layers = [list(plan.layers_of(s)) for s in range(self.worker.world)]
+    def conflict(self, plan: Plan, chain: Chain | None = None) -> str | None:
+        chain = chain or self.chain
+        plan_layers = [list(plan.layers_of(s)) for s in range(self.world)]
         return conflict(plan_layers, [[c for _, c in t.buffers] for t in chain.tensors], chain.mutated, chain.names)
 
     def reduce_grads(self) -> None:
         """Sum each shared parameter's gradient over the stages that hold it."""
-        w = self.worker
         for name, ranks in self.shared:
-            if w.rank not in ranks:
+            if self.rank not in ranks:
                 continue
-            param = w.stage.tensors[name]
+            param = self.stage.tensors[name]
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
-            w.peer.all_reduce_sum(param.grad, self._groups.get(ranks))
+            self.peer.all_reduce_sum(param.grad, self._groups.get(ranks))

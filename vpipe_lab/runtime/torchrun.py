@@ -21,14 +21,14 @@ import torch
 import torch.distributed as dist
 
 from vpipe_lab import examples
-from vpipe_lab.control import protocol as P
-from vpipe_lab.control.broker import Broker
-from vpipe_lab.control.channel import Link
-from vpipe_lab.control.jobspec import JobSpec
-from vpipe_lab.control.private import read_key, write_private
+from vpipe_lab.runtime.broker import Broker
 from vpipe_lab.runtime.comm import Peer
 from vpipe_lab.runtime.device import select
 from vpipe_lab.runtime.process import serve
+from vpipe_lab.wire import protocol as P
+from vpipe_lab.wire.channel import Link
+from vpipe_lab.wire.jobspec import JobSpec
+from vpipe_lab.wire.private import read_key, write_private
 
 log = logging.getLogger("vpipe_lab.torchrun")
 
@@ -67,8 +67,8 @@ def _key(args: argparse.Namespace, rank: int) -> str:
 
 def _check(args: argparse.Namespace) -> None:
     """Refuse options that cannot work before joining anything, naming the value."""
-    from vpipe_lab.control.launch import check_training
-    from vpipe_lab.control.sinks import check
+    from vpipe_lab.telemetry.sinks import check
+    from vpipe_lab.wire.jobspec import check_training
 
     check_training(args.clip_grad_norm, args.precision, args.eval_every, args.eval_batches)
     check(args.log)
@@ -82,10 +82,10 @@ def _check(args: argparse.Namespace) -> None:
 
 def _resume_point(run_dir: Path, stages: int) -> dict[str, Any] | None:
     """Rank 0: the newest complete checkpoint in the run directory, if any (a restarted job continues from it)."""
-    from vpipe_lab.control.checkpoint import Manifest
     from vpipe_lab.core.errors import ProfileError
-    from vpipe_lab.core.model import Plan
     from vpipe_lab.core.partition import uniform
+    from vpipe_lab.core.plan import Plan
+    from vpipe_lab.wire.checkpoint import Manifest
 
     root = run_dir / "checkpoints"
     if not root.exists():
@@ -134,8 +134,8 @@ def main(args: argparse.Namespace) -> int:
         shared = {"key": key, "backend": broker.backend, "job": job, "resume": resume}
         log.info("control endpoint for clients: %s (backend for ranks: %s)", broker.frontend, broker.backend)
         if run_dir is not None:
-            from vpipe_lab.control import runlog as runlogs
-            from vpipe_lab.control.sinks import open_sink
+            from vpipe_lab.telemetry import runlog as runlogs
+            from vpipe_lab.telemetry.sinks import open_sink
 
             runlog = runlogs.RunLog(run_dir, stages, resume["iteration"] if resume else 0, open_sink(args.log),
                                     replicas=args.replicas)
@@ -164,7 +164,7 @@ def main(args: argparse.Namespace) -> int:
     _role(args.lr_scheduler, "lr_scheduler", spec)
     _role(args.eval_data, "eval_data", spec)
     if args.plan and resume is None:
-        from vpipe_lab.core.model import Plan
+        from vpipe_lab.core.plan import Plan
 
         spec.plan = Plan.from_json(Path(args.plan)).to_dict()
     link = Link(spec.address, spec.key, f"rank{rank}", session=spec.session_id)

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from vpipe_lab.core.model import Policy
+from vpipe_lab.core.plan import Policy
 from vpipe_lab.runtime.capture import UnitTensors
 
 

@@ -1,5 +1,5 @@
-"""A stage worker: ``python -m vpipe_lab.runtime.worker --config job.json --rank R`` (the process around it is
-``runtime/process.py``).
+"""A stage worker: one rank's control loop and its command table (the process around it is ``runtime/process.py``,
+started as ``python -m vpipe_lab.runtime.process --config job.json --rank R``).
 
 At every iteration boundary rank 0 broadcasts the controller's pending commands to all ranks (as JSON), so a change
 takes effect at the same iteration everywhere. Each rank reports its spans, memory and loss to the controller after
@@ -10,33 +10,35 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
-import time
-from dataclasses import dataclass, field
-from queue import Empty
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from vpipe_lab.control import protocol as P
-from vpipe_lab.control.channel import Link
-from vpipe_lab.core.model import Plan, Policy
-from vpipe_lab.core.partition import uniform
+from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.timeline import KINDS
-from vpipe_lab.runtime import build, profiler
-from vpipe_lab.runtime.batches import Source, batch_size, describe, rebuild, split
-from vpipe_lab.runtime.capture import Chain, build_model, capture, to_meta
+from vpipe_lab.runtime import profiler
+from vpipe_lab.runtime.batches import Source, batch_size, signature, split
+from vpipe_lab.runtime.build import build_chain
+from vpipe_lab.runtime.callables import JobSpec, load_callables, load_data
+from vpipe_lab.runtime.capture import to_meta
+from vpipe_lab.runtime.checkpoints import Checkpoints
 from vpipe_lab.runtime.comm import TAG_TARGET, Peer
 from vpipe_lab.runtime.device import Clock, select
 from vpipe_lab.runtime.evaluate import evaluate
 from vpipe_lab.runtime.executor import Executor, IterationResult, default_loss
-from vpipe_lab.runtime.jobspec import JobSpec, load_callables, load_data
+from vpipe_lab.runtime.migrate import Migration, new_model
 from vpipe_lab.runtime.precision import LossScale, autocast
 from vpipe_lab.runtime.replicas import DataParallel, shard
 from vpipe_lab.runtime.stage import Stage
 from vpipe_lab.runtime.step import Stepper, StepReport
 from vpipe_lab.runtime.tensors import pack_state
 from vpipe_lab.runtime.ties import Ties
+from vpipe_lab.wire import protocol as P
+from vpipe_lab.wire.channel import Link
+from vpipe_lab.wire.checkpoint import Manifest
 
 log = logging.getLogger("vpipe_lab.worker")
 
@@ -50,7 +52,6 @@ class Control:
     paused: bool = False
     stopping: bool = False
     plan_version: int = 0
-    pending: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def active(self) -> bool:
@@ -58,6 +59,8 @@ class Control:
 
 
 class Worker:
+    """One rank of the pipeline: builds its stage, runs the control loop and answers the controller's commands."""
+
     def __init__(self, spec: JobSpec, rank: int, world: int, link: Link, local_rank: int, local_world: int) -> None:
         # ``rank``/``world`` arrive for the whole job (stages x replicas); from here on ``rank`` is this worker's
         # stage and ``world`` the pipeline's stage count, and ``replica`` says which copy of the pipeline it is in.
@@ -81,8 +84,8 @@ class Worker:
                          self.placement.device if self.placement.is_cuda else torch.device("cpu"), spec.timeout_s,
                          base=self.replica * world, replicas=self.replicas)
         self.source = Source(fns.data, spec.start_iteration) if rank == 0 else None
-        self.chain, self.plan = self._build()
-        self.names = list(self.chain.names)
+        self.chain, self.plan = build_chain(spec, self.model_fn, self.split, rank, world, self.peer, self._first_inputs)
+        self.num_layers, self.names = len(self.chain), list(self.chain.names)
         if fns.optimizer is None and self.leader:
             log.warning("no optimizer was given: the parameters will not change; pass optimizer=lambda params: ...")
         self.stage = Stage(self.placement.device, fns.optimizer, spec.seed, fns.lr_scheduler,
@@ -95,7 +98,7 @@ class Worker:
                 to_meta(unit, self.chain.tensors[i])  # only the structure stays: a shell for migration
         self.stage.set_policies({i: self.plan.policies[i] for i in self.stage.owned})
         self.stage.probing = not self.chain.graph  # a captured graph runs one micro-batch shape only
-        self.ties = Ties(self)
+        self.ties = Ties(self.peer, self.stage, rank, world, self.replica, self.replicas, self.plan, self.chain)
         self.scale = LossScale(spec.precision == "fp16")
         self.data_parallel = DataParallel(self.peer.device, world, self.replicas)
         self.stepper = Stepper(self.stage, self.ties, self.peer, rank, world, spec.clip_grad_norm, self.scale,
@@ -105,75 +108,25 @@ class Worker:
         budget = spec.memory_budget[rank] if spec.memory_budget else None
         self.executor = Executor(rank, world, self.stage, self.peer, self.placement, self.clock, self.loss_fn, budget,
                                  record_spans=spec.telemetry, chain=self.chain)
+        self.model_version = 0
+        self.checkpoints = Checkpoints(self.peer, self.stage, rank, world, self.replica, self.leader,
+                                       self.placement.device)
+        self.migration = Migration(self.peer, self.stage, self.ties, self.clock, self.placement.device, rank, world,
+                                   self.replica, self.replicas, self.send, lambda path: self.save(path))
+        # The one command table: what each controller command does on every rank (see wire/protocol.py).
+        self.commands: dict[str, Callable[[dict[str, Any]], None]] = {
+            P.RUN: self._run, P.PAUSE: self._pause, P.RESUME: self._resume, P.STOP: self._stop, P.PING: self.ack,
+            P.PROFILE: self._profile, P.STATE: self._state, P.TELEMETRY: self._telemetry, P.EVAL: self._evaluate,
+            P.SAVE: self._save, P.APPLY: self._apply_plan, P.MODEL: self._set_model,
+        }
+        if spec.resume_path:
+            self.restore(Path(spec.resume_path))
 
-    def _build(self) -> tuple[Chain, Plan]:
-        """The model as units, with real tensors for this stage's units only (see ``runtime/build.py``); a model
-        given as an instance was built by the caller and arrives whole, and one that cannot be laid out on the meta
-        device is built whole."""
-        spec, factory = self.spec, self.model_fn
-        meta = order = layout = None
-        if callable(factory) and not isinstance(factory, torch.nn.Module):
-            try:
-                meta, order = build.on_meta(factory, spec.seed)
-            except Exception as exc:  # a factory that needs real tensors to build (data-dependent init)
-                log.info("the model does not build on the meta device (%s: %s); building it whole",
-                         type(exc).__name__, exc)
-        model = meta if meta is not None else build_model(factory, spec.seed)
-        self.example = self._example(model)
-        if meta is not None:
-            try:
-                layout = capture(meta.train(), rebuild(self.example, device=torch.device("meta"))
-                                 if self.example else None, self.split)
-            except Exception as exc:  # an op without a meta kernel, say; the real capture decides
-                log.info("cannot lay the model out on the meta device (%s); building it whole", exc)
-                model = build_model(factory, spec.seed)
-        if layout is None:
-            chain = capture(model, rebuild(self.example) if self.example else None, self.split)
-            return chain, self._initial_plan(chain)
-        assert meta is not None and order is not None
-        plan = self._initial_plan(layout)
-        mine = [layout.tensors[i] for i in plan.layers_of(self.rank)]
-        keep = {c for t in mine for _, c in t.params + t.buffers}
-        model = build.owned_only(factory, spec.seed, build.registered_names(meta, order), keep).train()
-        chain = capture(model, rebuild(self.example) if self.example else None, self.split)
-        if chain.signature() != layout.signature():
-            raise RuntimeError("the model is cut differently on the meta device and for real; build it without "
-                               "device-dependent code")
-        return chain, plan
-
-    def _example(self, model: torch.nn.Module) -> dict[str, Any] | None:
-        """Rank 0 describes one micro-batch of the first batch's inputs to every rank, which captures the model
-        on zeros of those shapes (only rank 0 reads data). An nn.Sequential needs no example."""
-        if isinstance(model, torch.nn.Sequential) and self.split is None:
-            return None
-        desc = None
-        if self.rank == 0:
-            assert self.source is not None
-            inputs, _ = self.source.peek(self.ctl.iteration)
-            inputs = shard(inputs, self.replica, self.replicas, "inputs")
-            desc, _ = describe(split(inputs, self.spec.microbatches, "inputs")[0])
-        return self.peer.broadcast_json(desc) if self.world > 1 else desc
-
-    def _check_same_chain(self, chain: Chain) -> None:
-        """Every rank captured the model on its own; they must agree on the units and what crosses between them."""
-        mine = chain.signature()
-        if self.world > 1 and self.peer.broadcast_json(mine) != mine:
-            raise RuntimeError(f"stage {self.rank} cut the model differently from stage 0: the model factory must "
-                               "build the same model on every rank (seeded, no rank-dependent code)")
-
-    def _initial_plan(self, chain: Chain) -> Plan:
-        """The plan to start with, checked against the units every rank agrees on."""
-        self._check_same_chain(chain)
-        self.num_layers = len(chain)
-        if self.num_layers < self.world:
-            raise ValueError(f"the model has {self.num_layers} partition units ({', '.join(chain.names)}) but the "
-                             f"pipeline has {self.world} stages: every stage needs at least one unit; use at most "
-                             f"{self.num_layers} stages, or more split points")
-        if self.spec.plan is not None:
-            plan = Plan.from_dict(self.spec.plan)
-            return plan.validate(self.num_layers, self.world)
-        return Plan(uniform(self.num_layers, self.world), (Policy.KEEP,) * self.num_layers, self.spec.microbatches,
-                    self.spec.schedule).validate(self.num_layers, self.world)
+    def _first_inputs(self) -> Any:
+        """Rank 0: one micro-batch of the first batch's inputs (what a captured model is specialised to)."""
+        assert self.source is not None
+        inputs, _ = self.source.peek(self.ctl.iteration)
+        return split(shard(inputs, self.replica, self.replicas, "inputs"), self.spec.microbatches, "inputs")[0]
 
     # --- the control loop -----------------------------------------------------------------------------------------
     def send(self, kind: str, body: dict[str, Any], buffers: list[Any] | None = None) -> None:
@@ -186,16 +139,7 @@ class Worker:
         blob = b""
         changed = float(self._input_changed()) if self.rank == 0 else 0.0
         if self.leader:
-            cmds = []
-            wait = 0.0 if self.ctl.active else 0.2
-            deadline = time.monotonic() + wait
-            while True:
-                try:
-                    msg = self.link.inbox.get(timeout=max(0.0, deadline - time.monotonic()))
-                    cmds.append({"type": msg.type, **msg.body})
-                    deadline = 0.0  # got something: drain the rest without waiting
-                except Empty:
-                    break
+            cmds = [{"type": msg.type, **msg.body} for msg in self.link.drain(0.0 if self.ctl.active else 0.2)]
             blob = json.dumps(cmds).encode() if cmds else b""
         flag, size, changed = self.peer.all_max([1.0 if violated else 0.0, float(len(blob)), changed])
         commands: list[dict[str, Any]] = []
@@ -221,82 +165,145 @@ class Worker:
         if not self.ctl.active or self._agreed is None:
             return False
         assert self.source is not None
-        return self._signature(*self.source.peek(self.ctl.iteration)) != self._agreed
-
-    @staticmethod
-    def _signature(inputs: Any, targets: Any) -> str:
-        return json.dumps([describe(inputs)[0], describe(targets)[0]])
+        return signature(*self.source.peek(self.ctl.iteration)) != self._agreed
 
     def ack(self, cmd: dict[str, Any], **extra: Any) -> None:
         if self.leader:
             self.send(P.ACK, {"id": cmd.get("id"), "type": cmd["type"], "iteration": self.ctl.iteration, **extra})
 
     def apply(self, cmd: dict[str, Any]) -> None:
-        kind = cmd["type"]
-        if kind == P.RUN:
-            n = cmd.get("iterations")
-            self.ctl.target = None if n is None else self.ctl.iteration + int(n)
-            self.ctl.paused = False
-            self.ack(cmd, target=self.ctl.target)
-            if self.leader:
-                self.send(P.CURRENT, {"running": self.ctl.target is None, "target": self.ctl.target})
-        elif kind == P.PAUSE:
-            self.ctl.paused = True
-            self.ack(cmd)
-        elif kind == P.RESUME:
-            self.ctl.paused = False
-            self.ack(cmd)
-        elif kind == P.STOP:
-            self.ctl.stopping = True
-            self.ack(cmd)
-        elif kind == P.PROFILE:
-            costs = profiler.layer_costs(self.stage, dict(enumerate(self.names)))
-            if self.replica == 0:  # every replica measures the same layers; the first one answers
-                self.send(P.LAYERS, {"id": cmd.get("id"), "rank": self.rank, "layers": costs})
-            if cmd.get("reset"):
-                self.stage.reset_stats()
-                self.profile_soon()
-        elif kind == P.STATE and self.replica == 0:  # the replicas hold the same state
+        handler = self.commands.get(cmd["type"])
+        if handler is None:
+            raise ValueError(f"rank {self.rank} got an unknown command {cmd['type']!r}")
+        handler(cmd)
+
+    # --- the commands ---------------------------------------------------------------------------------------------
+    def _run(self, cmd: dict[str, Any]) -> None:
+        n = cmd.get("iterations")
+        self.ctl.target = None if n is None else self.ctl.iteration + int(n)
+        self.ctl.paused = False
+        self.ack(cmd, target=self.ctl.target)
+        if self.leader:
+            self.send(P.CURRENT, {"running": self.ctl.target is None, "target": self.ctl.target})
+
+    def _pause(self, cmd: dict[str, Any]) -> None:
+        self.ctl.paused = True
+        self.ack(cmd)
+
+    def _resume(self, cmd: dict[str, Any]) -> None:
+        self.ctl.paused = False
+        self.ack(cmd)
+
+    def _stop(self, cmd: dict[str, Any]) -> None:
+        self.ctl.stopping = True
+        self.ack(cmd)
+
+    def _profile(self, cmd: dict[str, Any]) -> None:
+        costs = profiler.layer_costs(self.stage, dict(enumerate(self.names)))
+        if self.replica == 0:  # every replica measures the same layers; the first one answers
+            self.send(P.LAYERS, {"id": cmd.get("id"), "rank": self.rank, "layers": costs})
+        if cmd.get("reset"):
+            self.stage.reset_stats()
+            self.profile_soon()
+
+    def _state(self, cmd: dict[str, Any]) -> None:
+        if self.replica == 0:  # the replicas hold the same state
             meta, buffers = pack_state(self.stage)
             self.send(P.TENSORS, {"id": cmd.get("id"), "rank": self.rank, "tensors": meta}, buffers)
-        elif kind == P.STATE:
-            pass
-        elif kind == P.PING:
-            self.ack(cmd)
-        elif kind == P.TELEMETRY:
-            self.executor.record_spans = bool(cmd.get("spans", True))
-            self.ack(cmd)
-        elif kind == P.EVAL:
-            ref, data, problem = str(cmd["data"]), None, ""
-            if self.rank == 0:  # only the first stage reads data
-                own = self.eval_data if self.eval_data is not None else self.train_data
-                try:
-                    data = own if ref == "job:" else load_data(ref)
-                except ValueError as exc:  # bad input from the client: say so, change nothing, train on
-                    problem = str(exc)
-            if self.peer.all_max([1.0 if problem else 0.0])[0] > 0:
-                if self.leader:
-                    self.send(P.EVALUATED, {"id": cmd.get("id"), "rank": self.rank, "error": problem})
-                return
-            self.evaluation(data, int(cmd.get("batches", 1)), cmd.get("id"))
-        else:
-            self.handle_extra(cmd)
 
-    def handle_extra(self, cmd: dict[str, Any]) -> None:
-        raise ValueError(f"rank {self.rank} got an unknown command {cmd['type']!r}")
+    def _telemetry(self, cmd: dict[str, Any]) -> None:
+        self.executor.record_spans = bool(cmd.get("spans", True))
+        self.ack(cmd)
+
+    def _evaluate(self, cmd: dict[str, Any]) -> None:
+        ref, data, problem = str(cmd["data"]), None, ""
+        if self.rank == 0:  # only the first stage reads data
+            own = self.eval_data if self.eval_data is not None else self.train_data
+            try:
+                data = own if ref == "job:" else load_data(ref)
+            except ValueError as exc:  # bad input from the client: say so, change nothing, train on
+                problem = str(exc)
+        if self.peer.all_max([1.0 if problem else 0.0])[0] > 0:
+            if self.leader:
+                self.send(P.EVALUATED, {"id": cmd.get("id"), "rank": self.rank, "error": problem})
+            return
+        self.evaluation(data, int(cmd.get("batches", 1)), cmd.get("id"))
+
+    def _save(self, cmd: dict[str, Any]) -> None:
+        problem = self.save(Path(cmd["path"]), cmd.get("name"), cmd.get("keep"))
+        self.ack(cmd, path=cmd["path"], ok=problem is None, error=problem)
+
+    def _apply_plan(self, cmd: dict[str, Any]) -> None:
+        plan = Plan.from_dict(cmd["plan"]).validate(self.num_layers, self.world)
+        result = self.reconfigure(plan, {j: j for j in range(self.num_layers)}, None, cmd)
+        self.ack(cmd, **result)
+
+    def _set_model(self, cmd: dict[str, Any]) -> None:
+        import cloudpickle
+
+        with open(cmd["path"], "rb") as fh:  # written by the controller into the job directory, not a socket
+            factory = cloudpickle.load(fh)
+        self.model_version += 1
+        chain, sources, plan = new_model(factory, self.spec.seed + 1_000_003 * self.model_version, self.chain,
+                                         self.plan, self.world, cmd.get("mapping"), cmd.get("plan"))
+        result = self.reconfigure(plan, sources, chain, cmd)
+        if result["ok"]:
+            self.model_fn = factory
+        self.ack(cmd, names=self.names, plan=self.plan.to_dict(), mapping={str(j): i for j, i in sources.items()},
+                 **result)
+
+    def reconfigure(self, plan: Plan, sources: dict[int, int | None], chain: Any, cmd: dict[str, Any]
+                    ) -> dict[str, Any]:
+        """Live migration to ``plan`` (``runtime/migrate.py``); on success this rank takes the new plan and chain."""
+        version = int(cmd.get("version", self.ctl.plan_version + 1))
+        out = self.migration.reconfigure(self.plan, self.chain, plan, sources, chain, cmd.get("checkpoint"), version,
+                                         self.ctl.iteration, self.executor.budget)
+        if not out.result["ok"]:
+            return out.result
+        self.profile_soon()
+        self.chain = self.executor.chain = out.chain
+        self.num_layers, self.names = len(out.chain), list(out.chain.names)
+        self.plan, self.ctl.plan_version = plan, version
+        if self.leader:  # an attached client learns the plan in force from this (see runtime/broker.py)
+            self.send(P.CURRENT, {"plan": plan.to_dict(), "plan_version": version, "names": self.names})
+        return out.result
+
+    # --- checkpoints --------------------------------------------------------------------------------------------------
+    def save(self, root: Path, name: str | None = None, keep: int | None = None) -> str | None:
+        """A new checkpoint version under ``root`` (see ``runtime/checkpoints.py``); None, or why it failed."""
+        version = root / (name or f"ckpt-{self.ctl.iteration:08d}-{self.ctl.plan_version}-{self.model_version}")
+        return self.checkpoints.save(version, lambda: Manifest(
+            self.ctl.iteration, self.plan.to_dict(), self.num_layers, self.names, self.spec.seed, self.ctl.plan_version,
+            self.model_version, extra={"loss_scale": self.scale.state()}), keep, self.ctl.iteration)
+
+    def restore(self, path: Path) -> None:
+        manifest = self.checkpoints.restore(path, self.num_layers)
+        self.scale.load(manifest.extra.get("loss_scale", {}))
+        self.ctl.plan_version, self.model_version = manifest.plan_version, manifest.model_version
+
+    def _save_run(self) -> None:
+        """An unattended job's checkpoint in its run directory (the newest three are kept)."""
+        assert self.spec.run_dir is not None
+        problem = self.save(Path(self.spec.run_dir) / "checkpoints", keep=3)
+        if problem is not None:  # training goes on; the next save may succeed (a full disk freed, say)
+            log.error("the checkpoint at iteration %d failed: %s", self.ctl.iteration, problem)
+        elif self.leader:
+            log.info("checkpoint at iteration %d in %s", self.ctl.iteration, self.spec.run_dir)
 
     def evaluation(self, data: Any, batches: int, cid: Any = None) -> None:
         """Every rank: an evaluation pass at this boundary; the last stage reports its mean loss."""
-        found = evaluate(self, data, batches)
+        found = evaluate(self.executor, self.peer, self.plan, data, batches)
         if found is not None and self.replica == 0:  # every replica evaluates the same batches
             self.send(P.EVALUATED, {"id": cid, "rank": self.rank, "iteration": self.ctl.iteration, **found})
 
     def after_iteration(self) -> None:
-        """Every rank, after an iteration was taken: the periodic evaluation (subclasses add checkpoints)."""
+        """Every rank, after an iteration was taken: the periodic evaluation and an unattended job's checkpoint."""
         every = self.spec.eval_every
         if every and self.ctl.iteration % every == 0:
             own = self.eval_data if self.eval_data is not None else self.train_data
             self.evaluation(own if self.rank == 0 else None, self.spec.eval_batches)
+        if self.spec.save_every and self.spec.run_dir and self.ctl.iteration % self.spec.save_every == 0:
+            self._save_run()
 
     def unattended_done(self) -> bool:
         """An unattended job ends once it has trained the iterations it was started for (nobody will stop it)."""
@@ -322,14 +329,16 @@ class Worker:
             if self.ctl.active:
                 self.executor.loss_multiplier = self.scale.scale
                 result = self.iteration()
-                memory = self.memory_snapshot()
+                memory = self.executor.memory()
                 # Without memory budgets no stage can veto the step, so each stage steps as soon as its own
                 # backward is done (the last stage while the first still runs its last backward), as plain
                 # pipelines do, instead of after the boundary's agreement.
                 stepped = self.stepper.step(result.iteration) if self.spec.memory_budget is None else None
 
     def finish_unattended(self) -> None:
-        """What an unattended job does when it is done (subclasses save a last checkpoint)."""
+        """An unattended job that is done saves a last checkpoint, so its last iterations are not lost to a restart."""
+        if self.spec.run_dir and not (self.spec.save_every and self.ctl.iteration % self.spec.save_every == 0):
+            self._save_run()
         log.info("trained to iteration %d; the unattended job ends", self.ctl.iteration)
 
     def iteration(self) -> IterationResult:
@@ -344,7 +353,7 @@ class Worker:
             targets = shard(targets, self.replica, self.replicas, "targets")
             self.samples = batch_size(inputs)
             if self._agreed is None:
-                self._agreed = self._signature(inputs, targets)
+                self._agreed = signature(inputs, targets)
             if not self.last:
                 self.peer.post_send(targets, self.world - 1, TAG_TARGET, agreed=True, exact=True)
             batch = (inputs, targets)
@@ -376,19 +385,6 @@ class Worker:
         self.report(result, memory, stepped)
         return True
 
-    def memory_snapshot(self) -> dict[str, Any]:
-        static = self.stage.static_bytes()
-        ledger = self.stage.ledger
-        snap: dict[str, Any] = {**static, "activations": ledger.peak, "resident": ledger.resident_peak,
-                                "host": ledger.host_peak,
-                                "peak": sum(static.values()) + ledger.peak,
-                                "budget": self.executor.budget}
-        if self.placement.is_cuda:
-            snap["cuda_allocated"] = torch.cuda.memory_allocated(self.placement.device)
-            snap["cuda_peak"] = torch.cuda.max_memory_allocated(self.placement.device)
-            torch.cuda.reset_peak_memory_stats(self.placement.device)
-        return snap
-
     def report(self, result: IterationResult, memory: dict[str, Any], step: StepReport) -> None:
         spans = [[KINDS.index(k), mb, -1 if layer is None else layer, s, e] for k, mb, layer, s, e in result.spans]
         self.send(P.ITERATION, {
@@ -398,8 +394,3 @@ class Worker:
             "replica": self.replica,
         })
 
-
-if __name__ == "__main__":  # what launch() starts: python -m vpipe_lab.runtime.worker
-    from vpipe_lab.runtime.process import main
-
-    sys.exit(main())

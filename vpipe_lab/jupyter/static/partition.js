@@ -82,6 +82,8 @@ var CSS = `
 .vpipe-row { display: flex; gap: 8px; align-items: center; margin-top: 6px; }
 .vpipe-status.error { color: #c0392b; } .vpipe-status.applied { color: #2e7d32; } .vpipe-status.pending { color: #b26a00; }
 .vpipe-editor button { padding: 3px 10px; }
+.vpipe-editor.ended .vpipe-bar { opacity: .6; } .vpipe-editor.ended .vpipe-handle { display: none; }
+.vpipe-status.ended { color: #666; font-style: italic; }
 `;
 function list(model, name) {
   const v = model.get(name);
@@ -93,6 +95,10 @@ var PartitionView = class {
     this.el = el;
     this.width = width;
     this.dragging = null;
+    // The draft just sent to Python, shown until Python's draft traits echo it (no flicker back to the old one).
+    this.local = null;
+    this.pending = false;
+    // Apply clicked; cleared when Python reports a status
     this.listeners = [];
     const style = document.createElement("style");
     style.textContent = CSS;
@@ -127,7 +133,11 @@ var PartitionView = class {
       this.draw();
     });
     for (const name of ["layers", "boundaries", "policies", "draft_boundaries", "draft_policies", "preview", "status"]) {
-      const cb = () => this.draw();
+      const cb = () => {
+        if (name.startsWith("draft_")) this.local = null;
+        if (name === "status") this.pending = false;
+        this.draw();
+      };
       this.listeners.push([`change:${name}`, cb]);
       model.on(`change:${name}`, cb);
     }
@@ -141,7 +151,20 @@ var PartitionView = class {
     return this.width || this.bar.clientWidth || this.el.clientWidth || 800;
   }
   bounds() {
-    return this.dragging ? this.dragging.bounds : list(this.model, "draft_boundaries");
+    return this.dragging ? this.dragging.bounds : this.draftBounds();
+  }
+  draftBounds() {
+    return this.local?.boundaries ?? list(this.model, "draft_boundaries");
+  }
+  draftPolicies() {
+    return this.local?.policies ?? list(this.model, "draft_policies");
+  }
+  ended() {
+    return (this.model.get("status") ?? {}).state === "ended";
+  }
+  send(message) {
+    if (message.kind === "draft") this.local = { boundaries: message.boundaries, policies: message.policies };
+    this.model.send(message);
   }
   edges() {
     return layerEdges(list(this.model, "layers").map((l) => l.weight), this.barWidth());
@@ -150,7 +173,7 @@ var PartitionView = class {
     const layers = list(this.model, "layers");
     const bounds = this.bounds();
     const committed = list(this.model, "boundaries");
-    const policies = list(this.model, "draft_policies");
+    const policies = this.draftPolicies();
     const applied = list(this.model, "policies");
     const edges = this.edges();
     this.bar.replaceChildren();
@@ -214,14 +237,17 @@ var PartitionView = class {
     });
   }
   drawStatus() {
-    const status = this.model.get("status") ?? { state: "idle", message: "" };
+    const reported = this.model.get("status") ?? { state: "idle", message: "" };
+    const status = this.pending ? { state: "pending", message: "pending: waiting for the next iteration boundary" } : reported;
+    const ended = status.state === "ended";
+    this.root.classList.toggle("ended", ended);
     this.status.className = `vpipe-status ${status.state}`;
     this.status.textContent = status.message;
-    this.apply.disabled = !this.isDirty() || status.state === "pending";
-    this.reset.disabled = !this.isDirty();
+    this.apply.disabled = ended || !this.isDirty() || status.state === "pending";
+    this.reset.disabled = ended || !this.isDirty();
   }
   isDirty() {
-    return !sameList(list(this.model, "draft_boundaries"), list(this.model, "boundaries")) || !sameList(list(this.model, "draft_policies"), list(this.model, "policies"));
+    return !sameList(this.draftBounds(), list(this.model, "boundaries")) || !sameList(this.draftPolicies(), list(this.model, "policies"));
   }
   x(e) {
     return e.clientX - this.bar.getBoundingClientRect().left;
@@ -229,7 +255,8 @@ var PartitionView = class {
   onDown(e, index) {
     e.preventDefault();
     e.stopPropagation();
-    this.dragging = { index, bounds: list(this.model, "draft_boundaries").slice() };
+    if (this.ended()) return;
+    this.dragging = { index, bounds: this.draftBounds().slice() };
     try {
       this.bar.setPointerCapture(e.pointerId);
     } catch {
@@ -239,7 +266,7 @@ var PartitionView = class {
   onMove(e) {
     if (!this.dragging) return;
     const target = nearestEdge(this.x(e), this.edges());
-    const moved = moveBoundary(list(this.model, "draft_boundaries"), this.dragging.index, target);
+    const moved = moveBoundary(this.draftBounds(), this.dragging.index, target);
     if (!sameList(moved, this.dragging.bounds)) {
       this.dragging.bounds = moved;
       this.draw();
@@ -250,28 +277,28 @@ var PartitionView = class {
     this.onMove(e);
     const bounds = this.dragging.bounds;
     this.dragging = null;
-    if (!sameList(bounds, list(this.model, "draft_boundaries"))) {
-      this.model.set("draft_boundaries", bounds);
-      this.model.save_changes();
-    }
+    if (!sameList(bounds, this.draftBounds())) this.send({ kind: "draft", boundaries: bounds, policies: this.draftPolicies() });
     this.draw();
   }
   onClick(layer) {
-    if (this.dragging) return;
-    const policies = list(this.model, "draft_policies").slice();
+    if (this.dragging || this.ended()) return;
+    const policies = this.draftPolicies().slice();
     policies[layer] = cyclePolicy(policies[layer] ?? "keep");
-    this.model.set("draft_policies", policies);
-    this.model.save_changes();
+    this.send({ kind: "draft", boundaries: this.draftBounds(), policies });
+    this.draw();
   }
   onApply() {
-    this.model.set("apply_count", Number(this.model.get("apply_count") ?? 0) + 1);
-    this.model.set("status", { state: "pending", message: "pending: waiting for the next iteration boundary" });
-    this.model.save_changes();
+    this.send({ kind: "apply", boundaries: this.draftBounds(), policies: this.draftPolicies() });
+    this.pending = true;
+    this.draw();
   }
   onReset() {
-    this.model.set("draft_boundaries", list(this.model, "boundaries").slice());
-    this.model.set("draft_policies", list(this.model, "policies").slice());
-    this.model.save_changes();
+    this.send({
+      kind: "draft",
+      boundaries: list(this.model, "boundaries").slice(),
+      policies: list(this.model, "policies").slice()
+    });
+    this.draw();
   }
 };
 

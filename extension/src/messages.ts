@@ -1,0 +1,34 @@
+// The partition editor's messages from the browser to Python, written once: this JSON schema is the contract.
+// TypeScript derives the message types from it (json-schema-to-ts); `npm run bundle` writes it next to the bundle as
+// vpipe_lab/jupyter/static/editor_messages.schema.json, which Python validates every incoming message against.
+import type { FromSchema } from "json-schema-to-ts";
+
+const boundaries = { type: "array", items: { type: "integer", minimum: 0 }, minItems: 2, maxItems: 4096 } as const;
+const policies = {
+  type: "array", items: { type: "string", enum: ["keep", "swap", "recompute"] }, maxItems: 4096,
+} as const;
+
+export const EDITOR_MESSAGES = {
+  $schema: "https://json-schema.org/draft/2020-12/schema",
+  title: "vpipe_lab partition editor message",
+  oneOf: [
+    {
+      description: "the user changed the draft (a boundary dropped after a drag, a policy clicked, Reset)",
+      type: "object",
+      properties: { kind: { const: "draft" }, boundaries, policies },
+      required: ["kind", "boundaries", "policies"],
+      additionalProperties: false,
+    },
+    {
+      description: "apply this draft to the running session (live migration at the next iteration boundary)",
+      type: "object",
+      properties: { kind: { const: "apply" }, boundaries, policies },
+      required: ["kind", "boundaries", "policies"],
+      additionalProperties: false,
+    },
+  ],
+} as const;
+
+export type EditorMessage = FromSchema<typeof EDITOR_MESSAGES>;
+export type DraftMessage = Extract<EditorMessage, { kind: "draft" }>;
+export type ApplyMessage = Extract<EditorMessage, { kind: "apply" }>;

@@ -1,0 +1,37 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vpipe_lab.cli import main
+
+
+@pytest.mark.slow
+def test_run_trains_prints_a_summary_and_writes_a_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = tmp_path / "run.html"
+    assert main(["run", "--model", "mlp", "--stages", "2", "--microbatches", "2", "--iterations", "4",
+                 "--device", "cpu", "--plan", "auto", "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "vpipe planned from the measured profile" in out
+    assert "4 iterations: loss" in out and "samples/s" in out and "stage 1:" in out
+    html = report.read_text()
+    assert "measured timeline" in html and "loss per iteration" in html
+
+
+def test_run_rejects_a_bad_plan_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "plan.json"
+    bad.write_text('{"kind": "plan", "boundaries": [0, 3], "policies": ["keep"], "microbatches": 2}')
+    assert main(["run", "--model", "mlp", "--plan", str(bad)]) == 2
+    assert "plan:" in capsys.readouterr().err
+
+
+def test_gpu_check_skips_cleanly_without_a_gpu() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: run benchmarks/gpu_check.py itself")
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "gpu_check.py")], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and '"skipped": "no CUDA device' in proc.stdout

@@ -1,0 +1,93 @@
+import time
+
+import pytest
+import zmq
+
+from vpipe_lab.runtime.broker import Broker
+from vpipe_lab.wire import protocol as P
+from vpipe_lab.wire.channel import Client, Link
+
+KEY = P.new_key()
+JOB = {"session_id": "s", "stages": 1, "microbatches": 2, "schedule": "1f1b", "device": "cpu", "seed": 0,
+       "timeout_s": 30.0}
+
+
+def wait_for(cond, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert cond()
+
+
+def test_clients_get_the_job_state_and_events_and_reach_rank0() -> None:
+    broker = Broker(KEY, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", JOB)
+    rank0 = Link(broker.backend, KEY, "rank0", session=JOB["session_id"])
+    try:
+        rank0.send(P.Message(P.READY, body={"rank": 0, "plan": {"kind": "plan"}, "names": ["0:A"], "iteration": 0}))
+        for it in range(3):
+            rank0.send(P.Message(P.ITERATION, body={"iteration": it, "stage": 0}))
+        wait_for(lambda: broker.current.get("iteration") == 3)
+        client = Client(broker.frontend, KEY)
+        got: list[P.Message] = []
+        assert client.wait_replay(5)
+        client.set_handler(got.append)
+        assert client.welcome and client.welcome["job"] == JOB and client.welcome["current"]["iteration"] == 3
+        assert [m.body["iteration"] for m in got] == [0, 1, 2]  # recent history, replayed
+        client.send("rank0", P.Message(P.RUN, body={"id": 1}))
+        cmd = rank0.inbox.get(timeout=5)
+        assert cmd.type == P.RUN and cmd.body == {"id": 1}
+        rank0.send(P.Message(P.ITERATION, body={"iteration": 3, "stage": 0}))
+        wait_for(lambda: len(got) == 4)
+        client.close()
+        wait_for(lambda: not broker.clients)
+    finally:
+        rank0.close()
+        broker.close()
+
+
+def test_messages_without_the_key_are_dropped_on_both_sides() -> None:
+    broker = Broker(KEY, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", JOB)
+    ctx = zmq.Context()
+    try:
+        with pytest.raises(TimeoutError, match="is the key right"):
+            Client(broker.frontend, P.new_key(), timeout=1.5)
+        rogue = ctx.socket(zmq.DEALER)
+        rogue.setsockopt(zmq.IDENTITY, b"rank0")
+        rogue.connect(broker.backend)
+        rogue.send_multipart(P.encode(P.Message(P.READY, body={"rank": 0, "plan": {}, "names": []}), P.new_key()))
+        wait_for(lambda: broker.rejected >= 2)
+        assert not broker.ready
+        rogue.close(0)
+    finally:
+        ctx.term()
+        broker.close()
+
+
+def test_replays_and_oversized_frames_from_the_network_are_dropped() -> None:
+    """A captured 'stop' sent again reaches rank 0 once; a frame over the command limit from a client without the key
+    is dropped unread, and the broker goes on serving."""
+    broker = Broker(KEY, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", JOB)
+    rank0 = Link(broker.backend, KEY, "rank0", session=JOB["session_id"])
+    ctx = zmq.Context()
+    try:
+        rank0.send(P.Message(P.READY, body={"rank": 0, "plan": {"kind": "plan"}, "names": ["0:A"], "iteration": 0}))
+        wait_for(lambda: 0 in broker.ready)
+        sniffed = P.encode(P.Sender("s").stamp(P.Message(P.STOP, "client", {"id": 9})), KEY)  # as a client sent it
+        attacker = ctx.socket(zmq.DEALER)
+        attacker.connect(broker.frontend)
+        attacker.send_multipart(sniffed)
+        assert rank0.inbox.get(timeout=5).type == P.STOP
+        attacker.send_multipart(sniffed)  # the replay
+        wait_for(lambda: broker.rejected == 1)
+        attacker.send_multipart([b"x" * (P.MAX_COMMAND + 1), b"{}"])
+        time.sleep(0.5)
+        assert rank0.inbox.empty() and broker.rejected == 1  # never buffered, so never even checked
+        client = Client(broker.frontend, KEY)
+        client.send("rank0", P.Message(P.RUN, body={"id": 10}))
+        assert rank0.inbox.get(timeout=5).body == {"id": 10}
+        client.close()
+        attacker.close(0)
+    finally:
+        rank0.close()
+        ctx.term()
+        broker.close()

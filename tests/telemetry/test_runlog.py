@@ -1,0 +1,44 @@
+"""An unattended job's metrics file: one line per iteration once every rank reported, restarts cut what is redone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vpipe_lab.telemetry import runlog
+from vpipe_lab.wire import protocol as P
+
+
+def report(it: int, stage: int, replica: int = 0) -> P.Message:
+    return P.Message(P.ITERATION, body={"iteration": it, "stage": stage, "replica": replica, "start": 1.0 + stage,
+                                        "end": 2.0 + stage, "losses": [float(it + replica)] * 2, "samples": 4,
+                                        "microbatches": 2, "memory": {"peak": 10 * (stage + 1)}, "grad_norm": 0.5,
+                                        "lr": 0.1})
+
+
+def test_iterations_are_written_when_every_rank_reported_and_a_restart_drops_redone_ones(tmp_path: Path) -> None:
+    log = runlog.RunLog(tmp_path, stages=2, start=0, replicas=2)
+    for it in range(3):
+        for replica in range(2):
+            for stage in range(2):
+                log.observe(report(it, stage, replica))
+    log.observe(P.Message(P.EVALUATED, body={"iteration": 2, "loss": 0.3, "batches": 1, "seconds": 0.1}))
+    log.close()
+    frame = runlog.read(tmp_path)
+    assert list(frame["iteration"]) == [0, 1, 2]
+    assert list(frame["loss"]) == [0.5, 1.5, 2.5] and list(frame["samples"]) == [8] * 3  # over both replicas
+    assert frame["stages"][0] == [{"stage": 0, "time_s": 1.0, "peak_bytes": 10},
+                                  {"stage": 1, "time_s": 1.0, "peak_bytes": 20}]
+    with open(tmp_path / runlog.METRICS, "a") as fh:
+        fh.write('{"kind": "iteration", "itera')  # a line cut short by a kill
+    again = runlog.RunLog(tmp_path, stages=2, start=1)  # resumed from the checkpoint after iteration 0
+    again.close()
+    assert list(runlog.read(tmp_path)["iteration"]) == [0]
+    assert list(runlog.read(tmp_path, "start")["iteration"]) == [0, 1]
+    assert runlog.read(tmp_path, "evaluation").empty  # it ran after iteration 2, which is redone
+
+
+def test_attach_file(tmp_path: Path) -> None:
+    import json
+
+    path = runlog.write_attach(tmp_path, "tcp://127.0.0.1:29600", "node7", None)
+    assert json.loads(path.read_text())["host"] == "node7"

@@ -1,0 +1,68 @@
+"""The architecture as tests: no import cycle between modules (lazy and type-only imports included), modules small
+enough to read, and documentation references that resolve inside the repository (docs/architecture.md)."""
+
+import re
+from pathlib import Path
+
+import grimp
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "vpipe_lab"
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected groups of modules (Tarjan), over every import grimp finds: top-level, inside functions and
+    under ``if TYPE_CHECKING`` (a type-only cycle still ties two modules into one unit to understand)."""
+    graph = grimp.build_graph("vpipe_lab", exclude_type_checking_imports=False)
+    edges = {m: graph.find_modules_directly_imported_by(m) for m in graph.modules}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in edges.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                group.append(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for module in sorted(edges):
+        if module not in index:
+            visit(module)
+    return groups
+
+
+def test_no_import_cycles() -> None:
+    assert _cycles() == [], "modules that import each other (directly or around a loop)"
+
+
+def test_modules_stay_small() -> None:
+    big = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 400}
+    assert big == {}, "modules over 400 lines: split them by what they are"
+
+
+def test_every_module_says_what_it_is() -> None:
+    silent = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py") if not p.read_text().lstrip().startswith('"""')]
+    assert silent == []
+
+
+def test_documentation_points_only_inside_the_repository() -> None:
+    """Every ``something.md`` a docstring, doc or README names is a file of this repository."""
+    sources = [*PACKAGE.rglob("*.py"), *(ROOT / "docs").glob("*.md"), ROOT / "README.md"]
+    known = {p.name for p in ROOT.rglob("*.md") if "node_modules" not in p.parts and ".ci" not in p.parts}
+    missing = {f"{src.relative_to(ROOT)}: {name}" for src in sources
+               for name in re.findall(r"([\w.-]+\.md)\b", src.read_text()) if name not in known}
+    assert missing == set()

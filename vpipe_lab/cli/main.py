@@ -1,0 +1,161 @@
+"""The `vpipe-lab` command: plan and simulate from the shell, run a pipeline, open the lab, serve a worker."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from vpipe_lab.core import scaling, workloads
+from vpipe_lab.core.costmodel import estimate
+from vpipe_lab.core.errors import VpipeError
+from vpipe_lab.core.plan import SCHEDULES, Plan
+from vpipe_lab.core.planner import METHODS, search
+from vpipe_lab.core.profile import Cluster, ModelProfile
+from vpipe_lab.core.report import human_time, parse_bytes, plan_table
+
+log = logging.getLogger("vpipe_lab.cli")
+
+
+class CliError(Exception):
+    """A bad command line or input file; printed as one line, never a traceback."""
+
+
+def _parse_bytes(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _load_profile(source: str, device: str, microbatch_size: int | None) -> ModelProfile:
+    if source in workloads.WORKLOADS:
+        return workloads.workload(source, device=device, microbatch_size=microbatch_size)
+    if not Path(source).exists():
+        raise CliError(
+            f"{source!r} is neither a profile file nor a bundled workload; bundled: {', '.join(workloads.WORKLOADS)}"
+        )
+    return ModelProfile.from_json(Path(source))
+
+
+def _cluster(args: argparse.Namespace) -> Cluster:
+    if args.cluster:
+        cluster = Cluster.from_json(Path(args.cluster))
+        if cluster.stages != args.stages:
+            raise CliError(f"--stages {args.stages} disagrees with {args.cluster}, which has {cluster.stages} stages")
+        return cluster
+    return workloads.cluster(args.device, args.stages, memory_bytes=args.memory)
+
+
+def _add_planning_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("profile", help=f"profile JSON file, or a bundled workload: {', '.join(workloads.WORKLOADS)}")
+    p.add_argument("--stages", "-k", type=int, required=True, help="pipeline stages (one device each)")
+    count = p.add_mutually_exclusive_group(required=True)
+    count.add_argument("--microbatches", "-m", type=int, help="micro-batches per mini-batch")
+    count.add_argument("--batch-size", type=int, help="the global batch: the planner chooses how many micro-batches "
+                       "(each count dividing it, on the profile rescaled to its micro-batch size)")
+    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    p.add_argument("--method", choices=METHODS, default="vpipe")
+    p.add_argument("--device", choices=sorted(workloads.DEVICES), default="rtx2080ti",
+                   help="device preset for the cluster and for bundled workloads")
+    p.add_argument("--memory", type=_parse_bytes, default=None, help="memory budget per stage (e.g. 8GiB)")
+    p.add_argument("--cluster", help="cluster JSON file instead of a device preset")
+    p.add_argument("--microbatch-size", type=int, default=None, help="samples per micro-batch (bundled workloads)")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    profile = _load_profile(args.profile, args.device, args.microbatch_size)
+    cluster = _cluster(args)
+    result = search(profile, cluster, microbatches=args.microbatches, batch_size=args.batch_size,
+                    schedule=args.schedule, method=args.method)
+    print(f"{profile.name or args.profile}: {len(profile)} layers on {cluster.name or f'{cluster.stages} stages'}, "
+          f"method {args.method}")
+    if result.candidates:
+        tried = ", ".join(f"{m} x {args.batch_size // m}: " + (human_time(t) if t is not None else "does not fit")
+                          for m, t in result.candidates)
+        print(f"micro-batches x size for a batch of {args.batch_size}: {tried}; chosen {result.plan.microbatches} "
+              f"x {result.microbatch_size}")
+    print(plan_table(result.plan, result.estimate, profile))
+    bound = "proven optimal" if result.proven_optimal else f"lower bound {human_time(result.lower_bound_s)}"
+    print(f"{bound}; within {result.gap:.2%} of the bound")
+    if args.output:
+        Path(args.output).write_text(result.plan.to_json(indent=1))
+        print(f"plan written to {args.output}")
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from vpipe_lab.core.simulator import simulate
+
+    profile = _load_profile(args.profile, args.device, args.microbatch_size)
+    cluster = _cluster(args)
+    if args.plan:
+        plan = Plan.from_json(Path(args.plan)).validate(len(profile), cluster.stages)
+    else:
+        found = search(profile, cluster, microbatches=args.microbatches, batch_size=args.batch_size,
+                       schedule=args.schedule, method=args.method)
+        plan = found.plan
+        if found.microbatch_size is not None:
+            profile = scaling.at(profile, found.microbatch_size)
+    est = estimate(plan, profile, cluster)
+    timeline = simulate(plan, profile, cluster)
+    print(plan_table(plan, est, profile))
+    print(f"simulated iteration: {human_time(timeline.iteration_s)} (cost model: {human_time(est.iteration_s)})")
+    if args.trace:
+        timeline.save_chrome_trace(args.trace)
+        print(f"Chrome trace written to {args.trace} (open it in https://ui.perfetto.dev)")
+    if args.html:
+        try:
+            from vpipe_lab.charts.figures import gantt_figure, memory_figure, memory_values, save_html
+        except ImportError as exc:
+            raise CliError(f"--html needs plotly ({exc}); pip install 'vpipe_lab[jupyter]'") from None
+        gantt = gantt_figure(timeline, title=f"simulated {plan.schedule} iteration: {human_time(timeline.iteration_s)}")
+        mem = memory_figure(plan.stages, est.budget_bytes, title="predicted memory per stage")
+        values = memory_values(est.static_bytes, est.activation_bytes, est.peak_bytes, est.host_bytes)
+        for trace, ys in zip((mem.data[0], mem.data[1], mem.data[2], mem.data[4]), values):
+            trace.y = ys
+        save_html([gantt, mem], args.html, title=f"{profile.name or args.profile}: simulated pipeline",
+                  intro=plan_table(plan, est, profile))
+        print(f"timeline written to {args.html}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vpipe-lab", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("plan", help="plan a profile: partition and per-layer keep/swap/recompute")
+    _add_planning_args(p)
+    p.add_argument("-o", "--output", help="write the plan as JSON")
+    p.set_defaults(func=cmd_plan)
+    p = sub.add_parser("simulate", help="simulate a plan's iteration; write a Gantt chart and a Chrome trace")
+    _add_planning_args(p)
+    p.add_argument("--plan", help="plan JSON (default: plan with --method)")
+    p.add_argument("--html", help="write an interactive plotly timeline here")
+    p.add_argument("--trace", help="write a Chrome-trace JSON here (Perfetto)")
+    p.set_defaults(func=cmd_simulate)
+    from vpipe_lab.cli import jobs  # the commands that start processes live apart from the planning ones
+
+    jobs.add_commands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    try:
+        return int(args.func(args))
+    except (VpipeError, CliError, ValueError, TimeoutError) as exc:
+        print(f"vpipe-lab: error: {exc}", file=sys.stderr)
+        return 2
+    except json.JSONDecodeError as exc:
+        print(f"vpipe-lab: error: bad JSON: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("vpipe-lab: interrupted", file=sys.stderr)
+        return 130
+

@@ -1,0 +1,292 @@
+"""Measured or analytic costs: layer costs, model profiles and clusters, frozen and JSON round-trippable."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vpipe_lab.core.errors import ProfileError
+
+SCHEMA_VERSION = 1
+
+
+def _number(doc: Mapping[str, Any], key: str, where: str, *, integer: bool = False, default: Any = None) -> Any:
+    """Read a finite non-negative number from ``doc[key]``; errors name the field path and the fix."""
+    if key not in doc:
+        if default is not None:
+            return default
+        raise ProfileError(f"{where}.{key} is missing: add it as a non-negative number")
+    value = doc[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProfileError(f"{where}.{key} must be a number, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ProfileError(f"{where}.{key} must be finite and >= 0, got {value!r}")
+    if integer:
+        if int(value) != value:
+            raise ProfileError(f"{where}.{key} counts bytes and must be a whole number, got {value!r}")
+        return int(value)
+    return float(value)
+
+
+def _check_nonneg(owner: str, **values: float) -> None:
+    for key, value in values.items():
+        if not math.isfinite(value) or value < 0:
+            raise ProfileError(f"{owner}.{key} must be finite and >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One partition unit (a layer or a block) and its costs per micro-batch.
+
+    ``activation_bytes`` is what the layer saves for backward (held while kept), ``input_bytes`` what recompute holds
+    instead, ``output_bytes`` what crosses a stage boundary after it. ``times`` are forward and backward seconds
+    measured at other micro-batch sizes, ``(size, forward_s, backward_s)``: a layer runs closer to the hardware's
+    peak on larger micro-batches, which a linear model cannot see (``core/scaling.py`` interpolates them).
+    """
+
+    name: str
+    forward_s: float
+    backward_s: float
+    activation_bytes: int
+    input_bytes: int
+    output_bytes: int
+    param_bytes: int
+    optimizer_bytes: int = 0
+    times: tuple[tuple[int, float, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "times", tuple(sorted((int(b), float(f), float(w)) for b, f, w in self.times)))
+        for size, fwd, bwd in self.times:
+            if size < 1 or not (fwd >= 0 and bwd >= 0 and math.isfinite(fwd) and math.isfinite(bwd)):
+                raise ProfileError(f"layer {self.name!r}: times entries are (micro-batch size >= 1, forward_s >= 0, "
+                                   f"backward_s >= 0), got {(size, fwd, bwd)!r}")
+        _check_nonneg(
+            f"layer {self.name!r}",
+            forward_s=self.forward_s,
+            backward_s=self.backward_s,
+            activation_bytes=self.activation_bytes,
+            input_bytes=self.input_bytes,
+            output_bytes=self.output_bytes,
+            param_bytes=self.param_bytes,
+            optimizer_bytes=self.optimizer_bytes,
+        )
+
+    @property
+    def compute_s(self) -> float:
+        return self.forward_s + self.backward_s
+
+    @property
+    def static_bytes(self) -> int:
+        """Parameters, their gradients and optimizer state: what the layer costs wherever it lives."""
+        return 2 * self.param_bytes + self.optimizer_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "forward_s": self.forward_s,
+            "backward_s": self.backward_s,
+            "activation_bytes": self.activation_bytes,
+            "input_bytes": self.input_bytes,
+            "output_bytes": self.output_bytes,
+            "param_bytes": self.param_bytes,
+            "optimizer_bytes": self.optimizer_bytes,
+            **({"times": [list(t) for t in self.times]} if self.times else {}),
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Any, where: str = "layer") -> LayerCost:
+        if not isinstance(doc, Mapping):
+            raise ProfileError(f"{where} must be an object with forward_s, backward_s, ... fields, got {doc!r}")
+        name = doc.get("name", where)
+        if not isinstance(name, str):
+            raise ProfileError(f"{where}.name must be a string, got {name!r}")
+        return cls(
+            name=name,
+            forward_s=_number(doc, "forward_s", where),
+            backward_s=_number(doc, "backward_s", where),
+            activation_bytes=_number(doc, "activation_bytes", where, integer=True),
+            input_bytes=_number(doc, "input_bytes", where, integer=True),
+            output_bytes=_number(doc, "output_bytes", where, integer=True),
+            param_bytes=_number(doc, "param_bytes", where, integer=True),
+            optimizer_bytes=_number(doc, "optimizer_bytes", where, integer=True, default=0),
+            times=_times(doc.get("times", ()), where),
+        )
+
+
+def _times(value: Any, where: str) -> tuple[tuple[int, float, float], ...]:
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(t, (list, tuple)) and len(t) == 3 and all(isinstance(v, (int, float)) for v in t) for t in value):
+        raise ProfileError(f"{where}.times must be a list of [micro-batch size, forward_s, backward_s], got {value!r}")
+    return tuple((int(t[0]), float(t[1]), float(t[2])) for t in value)
+
+
+def load_doc(text_or_path: str | Path, what: str) -> Any:
+    if isinstance(text_or_path, Path) or not str(text_or_path).lstrip().startswith("{"):
+        path = Path(text_or_path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ProfileError(f"cannot read {what} file {str(path)!r}: {exc.strerror}") from None
+    else:
+        text = str(text_or_path)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"{what} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
+
+
+def check_kind(doc: Any, kind: str) -> Mapping[str, Any]:
+    if not isinstance(doc, Mapping):
+        raise ProfileError(f"a {kind} document must be a JSON object, got {type(doc).__name__}")
+    found = doc.get("kind", kind)
+    if found != kind:
+        raise ProfileError(f"expected a {kind} document but 'kind' is {found!r}")
+    version = doc.get("version", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION:
+        raise ProfileError(f"{kind} schema version {version!r} is not supported: this vpipe_lab reads {SCHEMA_VERSION}")
+    return doc
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """The partition units of a model in order, with their measured or analytic costs per micro-batch of
+    ``microbatch_size`` samples (0: not known, so the costs cannot be rescaled to another size)."""
+
+    layers: tuple[LayerCost, ...]
+    name: str = ""
+    microbatch_size: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(self.layers))
+        if not self.layers:
+            raise ProfileError("a profile needs at least one layer: 'layers' is empty")
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(layer.name for layer in self.layers)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "profile",
+            "version": SCHEMA_VERSION,
+            "name": self.name,
+            **({"microbatch_size": self.microbatch_size} if self.microbatch_size else {}),
+            "layers": [layer.to_dict() for layer in self.layers],
+        }
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> ModelProfile:
+        doc = check_kind(doc, "profile")
+        layers = doc.get("layers")
+        if not isinstance(layers, list) or not layers:
+            raise ProfileError("profile.layers must be a non-empty list of layer objects")
+        return cls(
+            layers=tuple(LayerCost.from_dict(item, f"layers[{i}]") for i, item in enumerate(layers)),
+            name=str(doc.get("name", "")),
+            microbatch_size=_number(doc, "microbatch_size", "profile", integer=True, default=0),
+        )
+
+    @classmethod
+    def from_json(cls, text_or_path: str | Path) -> ModelProfile:
+        return cls.from_dict(load_doc(text_or_path, "profile"))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json())
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The pipeline's devices: one per stage, each with a memory budget, and the links between them.
+
+    ``swap_bandwidth`` is host<->device bytes/s per direction (PCIe); ``link_bandwidth`` is bytes/s between
+    neighbouring stages. ``shared_link`` says inter-stage traffic crosses the same link as swaps (no NVLink), so it
+    eats into the budget that hides swap transfers.
+    """
+
+    stages: int
+    memory_bytes: int | tuple[int, ...]
+    swap_bandwidth: float
+    link_bandwidth: float
+    link_latency_s: float = 0.0
+    shared_link: bool = False
+    name: str = ""
+    budgets: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stages, bool) or not isinstance(self.stages, int) or self.stages < 1:
+            raise ProfileError(f"cluster.stages must be a whole number >= 1, got {self.stages!r}")
+        memory = self.memory_bytes
+        if isinstance(memory, (list, tuple)):
+            memory = tuple(int(m) for m in memory)
+            object.__setattr__(self, "memory_bytes", memory)
+            if len(memory) != self.stages:
+                raise ProfileError(
+                    f"cluster.memory_bytes has {len(memory)} entries for {self.stages} stages: "
+                    "give one number, or one per stage"
+                )
+            budgets = memory
+        else:
+            budgets = (int(memory),) * self.stages
+        for i, budget in enumerate(budgets):
+            if budget <= 0:
+                raise ProfileError(f"cluster.memory_bytes for stage {i} must be > 0, got {budget}")
+        object.__setattr__(self, "budgets", budgets)
+        if not (self.swap_bandwidth > 0 and math.isfinite(self.swap_bandwidth)):
+            raise ProfileError(f"cluster.swap_bandwidth must be a positive number of bytes/s, got {self.swap_bandwidth!r}")
+        if not (self.link_bandwidth > 0 and math.isfinite(self.link_bandwidth)):
+            raise ProfileError(f"cluster.link_bandwidth must be a positive number of bytes/s, got {self.link_bandwidth!r}")
+        _check_nonneg("cluster", link_latency_s=self.link_latency_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "cluster",
+            "version": SCHEMA_VERSION,
+            "name": self.name,
+            "stages": self.stages,
+            "memory_bytes": list(self.memory_bytes) if isinstance(self.memory_bytes, tuple) else self.memory_bytes,
+            "swap_bandwidth": self.swap_bandwidth,
+            "link_bandwidth": self.link_bandwidth,
+            "link_latency_s": self.link_latency_s,
+            "shared_link": self.shared_link,
+        }
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> Cluster:
+        doc = check_kind(doc, "cluster")
+        stages = doc.get("stages")
+        if isinstance(stages, bool) or not isinstance(stages, int):
+            raise ProfileError(f"cluster.stages must be a whole number, got {stages!r}")
+        memory = doc.get("memory_bytes")
+        if isinstance(memory, list):
+            mem: int | tuple[int, ...] = tuple(
+                _number({"memory_bytes": m}, "memory_bytes", f"cluster.memory_bytes[{i}]", integer=True)
+                for i, m in enumerate(memory)
+            )
+        else:
+            mem = _number(doc, "memory_bytes", "cluster", integer=True)
+        return cls(
+            stages=stages,
+            memory_bytes=mem,
+            swap_bandwidth=_number(doc, "swap_bandwidth", "cluster"),
+            link_bandwidth=_number(doc, "link_bandwidth", "cluster"),
+            link_latency_s=_number(doc, "link_latency_s", "cluster", default=0.0),
+            shared_link=bool(doc.get("shared_link", False)),
+            name=str(doc.get("name", "")),
+        )
+
+    @classmethod
+    def from_json(cls, text_or_path: str | Path) -> Cluster:
+        return cls.from_dict(load_doc(text_or_path, "cluster"))

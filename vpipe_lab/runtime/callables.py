@@ -1,0 +1,75 @@
+"""The worker's view of the job: the spec, and the user's callables rebuilt from the controller's file."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from vpipe_lab import examples
+from vpipe_lab.wire.jobspec import JobSpec
+
+__all__ = ["Callables", "JobSpec", "load_callables"]
+
+
+@dataclass
+class Callables:
+    model: Any
+    data: Any
+    loss: Any
+    optimizer: Any
+    split: Any = None  # split points: module names or a function (name, module) -> bool
+    lr_scheduler: Any = None  # optimizer -> scheduler
+    eval_data: Any = None  # like data: what periodic evaluation reads
+
+
+def load_callables(spec: JobSpec) -> Callables:
+    """User callables from the pickle the controller wrote (a local file, never a socket), else the bundled ones."""
+    user: dict[str, Any] = {}
+    if spec.callables_path:
+        with open(Path(spec.callables_path), "rb") as fh:
+            user = cloudpickle.load(fh)
+    found: dict[str, Any] = {}
+    for role in ("model", "data", "loss", "optimizer", "lr_scheduler", "eval_data"):
+        if role in user and user[role] is not None:
+            found[role] = user[role]
+        elif role in spec.imports:
+            module, _, attr = spec.imports[role].partition(":")
+            try:
+                found[role] = getattr(importlib.import_module(module), attr)
+            except (ImportError, AttributeError) as exc:
+                raise ValueError(f"cannot load the {role} {spec.imports[role]!r}: {exc}; it must be importable on "
+                                 "every node (same package, same PYTHONPATH)") from None
+        elif role in spec.examples:
+            found[role] = getattr(examples.get(spec.examples[role]), "data" if role == "eval_data" else role)
+        else:
+            found[role] = None
+    if found["model"] is not None and "model" in spec.examples:  # a bundled model brings its own parts
+        bundled = examples.get(spec.examples["model"])
+        for role in ("data", "loss", "optimizer"):
+            if found[role] is None:
+                found[role] = getattr(bundled, role)
+    if found["model"] is None or found["data"] is None:
+        raise ValueError("the job has no model or no data function: give both, or a bundled example name")
+    return Callables(**found, split=user.get("split"))
+
+
+def load_data(ref: str) -> Any:
+    """Data a command names: a file of the controller's (a pickled function or iterable, in its job directory), a
+    bundled example, or 'package.module:attribute'."""
+    if ref.startswith("file:"):
+        with open(Path(ref[5:]), "rb") as fh:  # written by the controller into the job directory, not a socket
+            return cloudpickle.load(fh)
+    if ref in examples.EXAMPLES:
+        return examples.get(ref).data
+    module, sep, attr = ref.partition(":")
+    if not sep:
+        raise ValueError(f"data {ref!r}: give a bundled example ({', '.join(examples.EXAMPLES)}) or "
+                         "'package.module:attribute'")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot load the data {ref!r}: {exc}") from None

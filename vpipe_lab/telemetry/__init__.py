@@ -1,0 +1,1 @@
+"""Metrics as they stream in: per-iteration aggregation, the run log on disk and external sinks. No torch."""

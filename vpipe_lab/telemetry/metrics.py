@@ -1,0 +1,194 @@
+"""What the workers report, kept on the controller: iterations, spans (a rolling window) and memory per stage."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any
+
+from vpipe_lab.core.timeline import KINDS, Span, Timeline
+
+
+class Metrics:
+    """Thread-safe store; ``iterations``, ``spans`` and ``memory`` are pandas DataFrames built on access."""
+
+    def __init__(self, span_window: int = 50, max_rows: int = 200_000) -> None:
+        self._lock = threading.Lock()
+        self._iterations: deque[dict[str, Any]] = deque(maxlen=max_rows)
+        self._memory: deque[dict[str, Any]] = deque(maxlen=max_rows)
+        self._spans: deque[tuple[int, list[Span]]] = deque(maxlen=span_window)
+        self._latest_memory: list[dict[str, Any]] = []
+        self._evaluations: deque[dict[str, Any]] = deque(maxlen=max_rows)
+        self._replicas: deque[dict[str, Any]] = deque(maxlen=max_rows)
+
+    def add_replicas(self, rows: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self._replicas.extend(rows)
+
+    @property
+    def replicas(self) -> Any:
+        """With ``replicas=R``: each pipeline replica's loss, samples and time per iteration (``iterations`` holds
+        the totals)."""
+        import pandas as pd
+
+        with self._lock:
+            return pd.DataFrame(list(self._replicas))
+
+    def add_evaluation(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            self._evaluations.append(record)
+
+    def evaluation_records(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._evaluations)
+
+    @property
+    def evaluations(self) -> Any:
+        """Evaluation passes: the iteration they ran at (after that many steps), mean loss, batches, seconds."""
+        import pandas as pd
+
+        with self._lock:
+            rows = list(self._evaluations)
+        return pd.DataFrame(rows, columns=["iteration", "loss", "batches", "seconds"] if not rows else None)
+
+    def add(self, iteration: dict[str, Any], spans: list[Span], memory: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self._iterations.append(iteration)
+            self._memory.extend(memory)
+            self._latest_memory = memory
+            if spans:
+                self._spans.append((iteration["iteration"], spans))
+
+    def add_spans(self, spans: list[Span]) -> None:
+        """Spans outside an iteration (migrations), kept with the iteration they precede."""
+        with self._lock:
+            self._spans.append((spans[0].iteration if spans else -1, spans))
+
+    def records(self, last: int | None = None) -> list[dict[str, Any]]:
+        """Iteration records, oldest first; ``last`` takes only the newest ones without copying the rest."""
+        with self._lock:
+            if last is None:
+                return list(self._iterations)
+            return list(islice(reversed(self._iterations), last))[::-1]
+
+    def memory_records(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._memory)
+
+    def latest_memory(self) -> list[dict[str, Any]]:
+        """The per-stage memory rows of the newest iteration."""
+        with self._lock:
+            return list(self._latest_memory)
+
+    def latest(self) -> dict[str, Any] | None:
+        with self._lock:
+            return self._iterations[-1] if self._iterations else None
+
+    def timeline(self, last: int | None = None) -> Timeline:
+        """Measured spans of the last ``last`` iterations kept (all kept ones by default), on one clock."""
+        with self._lock:
+            chunks = list(self._spans)
+        if last:
+            # The last `last` iterations, with the migrations that preceded them (kept under the same number).
+            wanted = set(sorted({it for it, _ in chunks})[-last:])
+            chunks = [c for c in chunks if c[0] in wanted]
+        return Timeline(tuple(s for _, spans in chunks for s in spans))
+
+    @property
+    def iterations(self) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame(self.records())
+
+    @property
+    def memory(self) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame(self.memory_records())
+
+    @property
+    def spans(self) -> Any:
+        return self.timeline().to_pandas()
+
+
+def spans_from_wire(stage: int, iteration: int, rows: list[list[Any]]) -> list[Span]:
+    return [Span(stage, KINDS[k], mb, None if layer < 0 else layer, s, e, iteration) for k, mb, layer, s, e in rows]
+
+
+def combine(iteration: int, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One iteration's record from every rank's report (any order; several pipeline replicas with ``replicas=R``):
+    the mean micro-batch loss over every replica's last stage, the time from the first start to the last end,
+    throughput over all replicas, and what the step did (global gradient norm, learning rate, fp16 loss scale,
+    whether an overflow skipped it)."""
+    start, end = min(b["start"] for b in parts), max(b["end"] for b in parts)
+    last = max(int(b["stage"]) for b in parts)
+    losses = [v for b in parts if int(b["stage"]) == last for v in b["losses"]]
+    firsts = [b for b in parts if int(b["stage"]) == 0]
+    first = min(firsts, key=lambda b: int(b.get("replica", 0)))
+    samples = [b.get("samples") for b in firsts]
+    record: dict[str, Any] = {
+        "iteration": iteration, "loss": sum(losses) / len(losses) if losses else float("nan"),
+        "time_s": end - start, "start_s": start, "end_s": end,
+        "samples": sum(samples) if all(samples) else None, "microbatches": first.get("microbatches"),
+        "plan_version": first.get("plan_version", 0),
+        "grad_norm": first.get("grad_norm"), "lr": first.get("lr"),
+    }
+    if first.get("loss_scale") is not None:
+        record["loss_scale"] = first["loss_scale"]
+        record["skipped"] = bool(first.get("skipped"))
+    if record["samples"]:
+        record["samples_per_s"] = record["samples"] / record["time_s"] if record["time_s"] > 0 else float("nan")
+    return record
+
+
+def per_replica(iteration: int, parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each pipeline replica's own loss, samples and time in one iteration (``Metrics.replicas``)."""
+    rows = []
+    for replica in sorted({int(b.get("replica", 0)) for b in parts}):
+        mine = [b for b in parts if int(b.get("replica", 0)) == replica]
+        last = max(mine, key=lambda b: int(b["stage"]))
+        first = min(mine, key=lambda b: int(b["stage"]))
+        losses = last["losses"]
+        rows.append({"iteration": iteration, "replica": replica,
+                     "loss": sum(losses) / len(losses) if losses else float("nan"), "samples": first.get("samples"),
+                     "time_s": max(b["end"] for b in mine) - min(b["start"] for b in mine)})
+    return rows
+
+
+@dataclass(frozen=True)
+class Iteration:
+    """One iteration once every rank reported it: its record, the first replica's spans and memory per stage (what
+    timelines and memory charts show), each replica's own row (several replicas only) and the first replica's raw
+    per-stage reports."""
+
+    iteration: int
+    record: dict[str, Any]
+    spans: list[Span]
+    memory: list[dict[str, Any]]
+    replicas: list[dict[str, Any]]
+    ranks: list[dict[str, Any]]
+
+
+class IterationParts:
+    """Collects the per-rank ITERATION reports until an iteration is complete (the Session and the run log share it)."""
+
+    def __init__(self, stages: int, replicas: int = 1) -> None:
+        self.stages, self.replicas = stages, replicas
+        self._partial: dict[int, dict[int, dict[str, Any]]] = {}
+
+    def add(self, body: dict[str, Any]) -> Iteration | None:
+        """Keep one rank's report; the complete iteration once every rank has reported it, else None."""
+        it = int(body["iteration"])
+        parts = self._partial.setdefault(it, {})
+        parts[int(body.get("replica", 0)) * self.stages + int(body["stage"])] = body
+        if len(parts) < self.stages * self.replicas:
+            return None
+        del self._partial[it]
+        everyone = list(parts.values())
+        ranks = [parts[s] for s in range(self.stages)]
+        spans = [s for b in ranks for s in spans_from_wire(int(b["stage"]), it, b.get("spans", []))]
+        memory = [{"iteration": it, "stage": int(b["stage"]), **b["memory"]} for b in ranks]
+        return Iteration(it, combine(it, everyone), spans, memory,
+                         per_replica(it, everyone) if self.replicas > 1 else [], ranks)

@@ -1,0 +1,304 @@
+"""ZeroMQ endpoints of the control plane, each owned by one background thread (zmq sockets are not thread-safe).
+
+``Hub`` is the controller side (a ROUTER that workers connect to); ``Link`` is a worker's side (a DEALER). Both hand
+messages to their owners through thread-safe queues, sign everything with the session key and drop what does not
+verify.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from vpipe_lab.wire.protocol import (
+    ATTACH,
+    DETACH,
+    HEARTBEAT,
+    MAX_COMMAND,
+    MAX_EVENT,
+    WELCOME,
+    Message,
+    ProtocolError,
+    RateLimitedLog,
+    ReplayGuard,
+    Sender,
+    decode,
+    encode,
+)
+
+log = logging.getLogger(__name__)
+_rejections = RateLimitedLog(log)
+
+
+def bounded(sock: zmq.Socket, limit: int, what: str) -> zmq.Socket:  # type: ignore[type-arg]
+    """Refuse frames larger than ``limit`` before buffering them: the signature can only be checked after."""
+    sock.setsockopt(zmq.MAXMSGSIZE, limit)
+    log.info("%s: frames over %d bytes are dropped unread (a peer sending one is disconnected)", what, limit)
+    return sock
+
+_POLL_MS = 20
+
+
+class Hub:
+    """The controller's endpoint: binds, receives from every worker, sends to a worker by its name."""
+
+    def __init__(self, key: str, host: str = "127.0.0.1", port: int = 0,
+                 on_message: Callable[[Message], None] | None = None, session: str | None = None) -> None:
+        self.key = key
+        self._ctx = zmq.Context.instance()
+        self._sock = bounded(self._ctx.socket(zmq.ROUTER), MAX_EVENT, "controller")
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        if port:
+            self._sock.bind(f"tcp://{host}:{port}")
+            self.port = port
+        else:
+            self.port = self._sock.bind_to_random_port(f"tcp://{host}")
+        self.host = host
+        self.inbox: queue.Queue[Message] = queue.Queue()
+        self._outbox: queue.Queue[tuple[str, Message]] = queue.Queue()
+        self._on_message = on_message
+        self._stop = threading.Event()
+        self.peers: dict[str, float] = {}  # worker name -> time of its last message
+        self.rejected = 0
+        self._sender, self._guard = Sender(session or ""), ReplayGuard(session)
+        self._thread = threading.Thread(target=self._loop, name="vpipe-hub", daemon=True)
+        self._thread.start()
+
+    def set_handler(self, handler: Callable[[Message], None]) -> None:
+        """Deliver every message to ``handler`` (on the hub's thread) from now on; what arrived before goes first."""
+        while not self.inbox.empty():
+            handler(self.inbox.get_nowait())
+        self._on_message = handler
+
+    @property
+    def address(self) -> str:
+        return f"tcp://{self.host}:{self.port}"
+
+    def send(self, to: str, msg: Message) -> None:
+        self._outbox.put((to, msg))
+
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        next_beat = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_beat:  # workers exit when the controller falls silent, so keep talking
+                for peer in list(self.peers):
+                    self._outbox.put((peer, Message(HEARTBEAT)))
+                next_beat = now + 1.0
+            while True:
+                try:
+                    to, msg = self._outbox.get_nowait()
+                except queue.Empty:
+                    break
+                self._sender.stamp(msg)
+                try:
+                    self._sock.send_multipart([to.encode(), *encode(msg, self.key)], copy=False)
+                except zmq.ZMQError as exc:  # the peer is gone (ROUTER_MANDATORY): drop, the monitor reports it
+                    log.debug("cannot send %s to %s: %s", msg.type, to, exc)
+            if not poller.poll(_POLL_MS):
+                continue
+            while True:
+                try:
+                    frames = self._sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                peer = frames[0].decode(errors="replace")
+                try:
+                    msg = decode(frames[1:], self.key)
+                    self._guard.check(msg)
+                except ProtocolError as exc:
+                    self.rejected += 1
+                    _rejections.warning("rejected a message from %r: %s", peer, exc)
+                    continue
+                self.peers[peer] = time.monotonic()
+                if msg.type == HEARTBEAT:
+                    continue
+                if self._on_message is None:
+                    self.inbox.put(msg)
+                    continue
+                try:
+                    self._on_message(msg)
+                except Exception:  # a bad message must not kill the thread that every other message needs
+                    log.exception("handling a %r message from %s failed", msg.type, peer)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self._sock.close(0)
+
+
+class _Dealer:
+    """A DEALER endpoint owned by one thread: an outbox, heartbeats, and signature checks on everything received."""
+
+    def __init__(self, address: str, key: str, name: str, identity: bytes | None, heartbeat_s: float, linger_ms: int,
+                 thread_name: str, limit: int = MAX_COMMAND, session: str | None = None) -> None:
+        self.key = key
+        self.name = name
+        self.address = address
+        self._ctx = zmq.Context()
+        self._sock = bounded(self._ctx.socket(zmq.DEALER), limit, name)
+        if identity is not None:
+            self._sock.setsockopt(zmq.IDENTITY, identity)
+        self._linger = linger_ms
+        self._sock.setsockopt(zmq.LINGER, linger_ms)
+        self._sock.connect(address)
+        self._outbox: queue.Queue[Message] = queue.Queue()
+        self._stop = threading.Event()
+        self._heartbeat_s = heartbeat_s
+        self._sender, self._guard = Sender(session or ""), ReplayGuard(session)
+        self.rejected = 0
+        self._thread = threading.Thread(target=self._loop, name=thread_name, daemon=True)
+        self._thread.start()
+
+    def _deliver(self, msg: Message) -> None:
+        raise NotImplementedError
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until everything queued has been handed to the socket."""
+        deadline = time.monotonic() + timeout
+        while not self._outbox.empty() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)
+        return self._outbox.empty()
+
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        next_beat = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_beat:
+                self._outbox.put(Message(HEARTBEAT, self.name))
+                next_beat = now + self._heartbeat_s
+            while True:
+                try:
+                    msg = self._outbox.get_nowait()
+                except queue.Empty:
+                    break
+                self._sock.send_multipart(encode(self._sender.stamp(msg), self.key), copy=False)
+            if not poller.poll(_POLL_MS):
+                continue
+            while True:
+                try:
+                    frames = self._sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                try:
+                    msg = decode(frames, self.key)
+                    self._guard.check(msg)
+                except ProtocolError as exc:
+                    self.rejected += 1
+                    _rejections.warning("%s rejected a message: %s", self.name, exc)
+                    continue
+                if msg.type == HEARTBEAT:
+                    continue
+                try:
+                    self._deliver(msg)
+                except Exception:  # keep serving the other messages
+                    log.exception("handling a %r message failed", msg.type)
+
+    def _shut(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self._sock.close(self._linger)
+        self._ctx.term()
+
+
+class Link(_Dealer):
+    """A worker's endpoint: connects to the controller, sends events, receives commands, sends heartbeats."""
+
+    def __init__(self, address: str, key: str, name: str, heartbeat_s: float = 1.0, session: str | None = None) -> None:
+        self.inbox: queue.Queue[Message] = queue.Queue()
+        super().__init__(address, key, name, name.encode(), heartbeat_s, 2000, "vpipe-link", session=session)
+
+    def send(self, msg: Message) -> None:
+        msg.src = self.name
+        self._outbox.put(msg)
+
+    def _deliver(self, msg: Message) -> None:
+        self.inbox.put(msg)
+
+    def drain(self, wait: float) -> list[Message]:
+        """Every message waiting now; when there is none, wait up to ``wait`` seconds for the first one."""
+        found: list[Message] = []
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                found.append(self.inbox.get(timeout=max(0.0, deadline - time.monotonic())))
+                deadline = 0.0  # got something: take the rest without waiting
+            except queue.Empty:
+                return found
+
+    def close(self) -> None:
+        self.flush(2.0)
+        self._shut()
+
+
+class Client(_Dealer):
+    """An attached client's endpoint (a DEALER on a broker's frontend), with the interface the Session uses of Hub.
+
+    It announces itself, waits for the broker's welcome (the job and its current state) and the recent events the
+    broker replays after it, then delivers every event the ranks send; commands go to rank 0 through the broker.
+    """
+
+    def __init__(self, address: str, key: str, timeout: float = 30.0) -> None:
+        self._early: list[Message] = []
+        self._on_message: Callable[[Message], None] | None = None
+        self.peers: dict[str, float] = {}
+        self.welcome: dict[str, Any] | None = None
+        self._welcomed = threading.Event()
+        self._replayed = threading.Event()
+        self._received = 0
+        super().__init__(address, key, "client", None, 2.0, 500, "vpipe-client", limit=MAX_EVENT)
+        self._outbox.put(Message(ATTACH, "client"))
+        if not self._welcomed.wait(timeout):
+            self.close()
+            raise TimeoutError(f"no answer from {address} within {timeout:.0f} s: is the job running, is this the "
+                               "address its rank 0 serves (--control-host/--control-port), and is the key right? "
+                               "(a broker drops messages signed with another key)")
+
+    def send(self, to: str, msg: Message) -> None:  # `to` is always rank 0 through the broker
+        self._outbox.put(msg)
+
+    def wait_replay(self, timeout: float) -> bool:
+        return self._replayed.wait(timeout)
+
+    def set_handler(self, handler: Callable[[Message], None]) -> None:
+        """Start delivering events (the ones that came with the welcome first)."""
+        self._on_message = handler
+        early, self._early = self._early, []
+        for msg in early:
+            handler(msg)
+
+    def _deliver(self, msg: Message) -> None:
+        if msg.type == WELCOME:
+            # From now on this client speaks for the job's session and hears only it.
+            self._sender.session = self._guard.session = msg.session
+            self.welcome = msg.body
+            self._welcomed.set()
+            if not msg.body.get("replay"):
+                self._replayed.set()
+            return
+        self._received += 1
+        if self.welcome and self._received >= int(self.welcome.get("replay", 0)):
+            self._replayed.set()
+        if self._on_message is None:
+            self._early.append(msg)
+        else:
+            self._on_message(msg)
+
+    def close(self) -> None:
+        try:
+            self._sock.send_multipart(encode(self._sender.stamp(Message(DETACH, "client")), self.key), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+        self._shut()

@@ -1,0 +1,81 @@
+"""The job description the controller writes for its workers (pure data, JSON on disk next to the pickled callables)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vpipe_lab.wire.private import write_private
+
+DEVICES = ("auto", "cpu", "cuda")  # the one list of device choices: launch(), the CLI and the magics read it
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def check_training(clip_grad_norm: Any, precision: str, eval_every: Any, eval_batches: Any) -> None:
+    """Refuse training options that cannot work, naming the value (shared by launch and the CLI)."""
+    if clip_grad_norm is not None and (isinstance(clip_grad_norm, bool) or not isinstance(clip_grad_norm, (int, float))
+                                       or not clip_grad_norm > 0):
+        raise ValueError(f"clip_grad_norm must be a positive number (the largest global gradient 2-norm), got "
+                         f"{clip_grad_norm!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+    for name, value in (("eval_every", eval_every), ("eval_batches", eval_batches)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+
+
+def add_training_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, names: str) -> None:
+    """The training options of ``launch()`` as command-line flags, for ``vpipe-lab worker`` and ``%vpipe start``
+    alike; ``names`` says how a function is named where they are parsed ("package.module:attr", "a notebook
+    variable")."""
+    parser.add_argument("--lr-scheduler", help=f"optimizer -> scheduler factory: {names}")
+    parser.add_argument("--clip-grad-norm", type=float, help="clip by the global gradient 2-norm over every stage")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    parser.add_argument("--eval-data", help=f"evaluation data: a bundled example or {names}")
+    parser.add_argument("--eval-every", type=int, help="evaluate every this many iterations")
+    parser.add_argument("--eval-batches", type=int, default=1)
+    parser.add_argument("--log", help="tensorboard:DIR, wandb:PROJECT, mlflow:URI" +
+                        ("" if names.startswith("package") else f" or a logging function ({names})"))
+
+
+@dataclass
+class JobSpec:
+    session_id: str
+    key: str
+    address: str  # the controller's ZeroMQ endpoint
+    master_addr: str
+    master_port: int
+    stages: int
+    microbatches: int
+    replicas: int = 1  # data-parallel copies of the pipeline (runtime/replicas.py): stages x replicas ranks
+    schedule: str = "1f1b"
+    device: str = "auto"
+    seed: int = 0
+    plan: dict[str, Any] | None = None
+    memory_budget: list[int] | None = None
+    telemetry: bool = True
+    timeout_s: float = 120.0
+    threads: int = 1
+    callables_path: str | None = None  # cloudpickle of user callables; written by the controller, never a socket
+    examples: dict[str, str] = field(default_factory=dict)  # role -> bundled example name
+    imports: dict[str, str] = field(default_factory=dict)  # role -> "package.module:attribute" (torchrun jobs)
+    start_iteration: int = 0
+    resume_path: str | None = None
+    clip_grad_norm: float | None = None  # the largest global gradient 2-norm (runtime/step.py)
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (runtime/precision.py)
+    eval_every: int | None = None  # evaluate on the eval_data role every this many iterations
+    eval_batches: int = 1
+    iterations: int | None = None  # unattended: train until this iteration without waiting for a client
+    save_every: int | None = None  # unattended: checkpoint into run_dir every this many iterations
+    run_dir: str | None = None  # unattended: checkpoints, metrics and how to attach
+    log: str | None = None  # unattended: "tensorboard:DIR" | "wandb:PROJECT" | "mlflow:URI" (telemetry/sinks.py)
+
+    def save(self, path: Path) -> None:
+        write_private(path, json.dumps(asdict(self), indent=1).encode())  # it holds the session key
+
+    @classmethod
+    def load(cls, path: Path) -> JobSpec:
+        return cls(**json.loads(path.read_text()))
