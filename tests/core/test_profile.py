@@ -2,8 +2,7 @@ import json
 
 import pytest
 
-from vpipe_lab.core.errors import PlanError, ProfileError
-from vpipe_lab.core.plan import Plan, Policy
+from vpipe_lab.core.errors import ProfileError
 from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
 
 
@@ -53,48 +52,3 @@ def test_cluster_budgets_and_json() -> None:
         Cluster(3, (1, 2), 1e9, 1e9)
     with pytest.raises(ProfileError, match="swap_bandwidth"):
         Cluster(2, 10, 0.0, 1e9)
-
-
-def test_policy_parse() -> None:
-    assert Policy.parse("s") is Policy.SWAP
-    assert Policy.parse("Recompute") is Policy.RECOMPUTE
-    assert Policy.parse(Policy.KEEP) is Policy.KEEP
-    with pytest.raises(PlanError, match="unknown policy 'x'"):
-        Policy.parse("x")
-
-
-def test_plan_round_trip_and_helpers() -> None:
-    plan = Plan((0, 2, 5), ("keep", "swap", "recompute", "keep", "keep"), 4, "gpipe")
-    assert plan.stages == 2 and plan.counts == (2, 3)
-    assert plan.stage_of(4) == 1 and list(plan.layers_of(0)) == [0, 1]
-    assert Plan.from_json(plan.to_json()) == plan
-    changed = plan.with_policies({0: "r"})
-    assert changed.policies[0] is Policy.RECOMPUTE and plan.policies[0] is Policy.KEEP
-    assert Plan.from_counts([2, 3], 4, "gpipe").boundaries == (0, 2, 5)
-    assert "[0:2]KS" in plan.describe()
-
-
-@pytest.mark.parametrize(
-    ("boundaries", "policies", "m", "match"),
-    [
-        ((0, 3, 3), "kkk", 2, "stage 1 no layers"),
-        ((1, 3), "kkk", 2, "must start at 0"),
-        ((0, 2), "kkk", 2, "end at the number of layers"),
-        ((0, 3), "kk", 2, "2 policies for 3 layers"),
-        ((0, 3), "kkk", 0, "microbatches must be"),
-        ((0,), "kkk", 2, "stages \\+ 1 >= 2"),
-    ],
-)
-def test_plan_validate_names_the_problem(boundaries: tuple[int, ...], policies: str, m: int, match: str) -> None:
-    plan = Plan(boundaries, tuple(policies), m)
-    with pytest.raises(PlanError, match=match):
-        plan.validate(3)
-
-
-def test_plan_validate_checks_stages_and_schedule() -> None:
-    with pytest.raises(PlanError, match="pipeline has 3"):
-        Plan((0, 1, 2), "kk", 1).validate(2, stages=3)
-    with pytest.raises(PlanError, match="unknown schedule"):
-        Plan((0, 2), "kk", 1, "zigzag").validate()
-    with pytest.raises(PlanError, match="layer 7 does not exist"):
-        Plan((0, 2), "kk", 1).with_policies({7: "swap"})

@@ -68,3 +68,32 @@ def test_a_captured_message_sent_again_is_refused() -> None:
         ctx.term()
         hub.close()
 
+
+
+def test_a_handler_gets_what_arrived_before_it_and_drain_takes_everything_waiting() -> None:
+    key = new_key()
+    hub = Hub(key)
+    link = Link(hub.address, key, "rank0")
+    try:
+        link.send(Message("hello", body={"rank": 0}))
+        wait_deadline = time.monotonic() + 5
+        while hub.inbox.empty() and time.monotonic() < wait_deadline:
+            time.sleep(0.02)
+        seen: list[str] = []
+        hub.set_handler(lambda m: seen.append(m.type))
+        link.send(Message("ready", body={"rank": 0}))
+        while len(seen) < 2 and time.monotonic() < wait_deadline:
+            time.sleep(0.02)
+        assert seen == ["hello", "ready"]  # the early message first, then the handler on the hub's thread
+        t0 = time.monotonic()
+        assert link.drain(0.2) == [] and time.monotonic() - t0 >= 0.15  # nothing: waits up to its limit
+        for n in range(3):
+            hub.send("rank0", Message("run", body={"n": n}))
+        got = link.drain(5.0)  # waits for the first, takes whatever else has arrived by then
+        assert got and got[0].body["n"] == 0
+        while len(got) < 3 and time.monotonic() < wait_deadline + 5:
+            got += link.drain(0.5)
+        assert [m.body["n"] for m in got] == [0, 1, 2]  # in order, none lost
+    finally:
+        link.close()
+        hub.close()

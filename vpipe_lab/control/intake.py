@@ -68,5 +68,7 @@ class Intake:
             self.cond.notify_all()
         if logged is not None:
             logged()
-        if msg.type in (P.ERROR, P.ACK):
-            self.events.emit({"type": msg.type, **body})
+        if msg.type == P.ACK:  # the acknowledged command's own type is its "command"
+            self.events.emit({**body, "type": P.ACK, "command": body.get("type")})
+        elif msg.type == P.ERROR:
+            self.events.emit({**body, "type": P.ERROR})

@@ -177,8 +177,8 @@ class Session:
     def on_event(self, callback: EventCallback) -> Callable[[], None]:
         """Call ``callback(event)`` (from a background thread) for every event; returns an unsubscribe function.
         Event types: "iteration" (with the iteration's spans and per-stage memory), "plan", "model", "migrated",
-        "evaluated", "replan", "ack", "error" (a worker's report, e.g. over budget), "failed" (the job failed:
-        stage and cause) and "closed" (stopped or detached)."""
+        "evaluated", "replan", "ack" (rank 0 acknowledged a "command" at an "iteration"), "error" (a worker's
+        report, e.g. over budget), "failed" (the job failed: stage and cause) and "closed" (stopped or detached)."""
         return self._events.subscribe(callback)
 
     # --- training ------------------------------------------------------------------------------------------------

@@ -1,0 +1,60 @@
+"""Message intake: per-stage reports become one iteration, answers reach their request, errors the monitor."""
+
+import threading
+from typing import Any
+
+from vpipe_lab.control.events import Events
+from vpipe_lab.control.intake import Intake
+from vpipe_lab.control.monitor import FailureMonitor
+from vpipe_lab.control.requests import Requests
+from vpipe_lab.control.state import JobState
+from vpipe_lab.telemetry.metrics import Metrics
+from vpipe_lab.telemetry.sinks import Logger, open_sink
+from vpipe_lab.wire import protocol as P
+
+
+def report(stage: int, it: int, losses: list[float]) -> P.Message:
+    memory = {"params": 1, "grads": 1, "optimizer": 2, "static": 4, "activations": 5, "resident": 5, "host": 0,
+              "peak": 9, "budget": None}
+    return P.Message(P.ITERATION, body={"iteration": it, "stage": stage, "start": 10.0 + stage, "end": 11.0 + stage,
+                                        "losses": losses, "plan_version": 0, "memory": memory,
+                                        "spans": [[0, 0, -1, 10.0, 10.5]], "microbatches": 2, "samples": 8,
+                                        "grad_norm": 1.5, "lr": 0.1, "replica": 0})
+
+
+def make() -> tuple[Intake, JobState, Metrics, list[dict[str, Any]], list[tuple[Any, ...]]]:
+    cond, state, metrics, events = threading.Condition(), JobState(), Metrics(), Events()
+    logged: list[tuple[Any, ...]] = []
+    logger = Logger(open_sink(lambda *a: logged.append(a)))
+    monitor = FailureMonitor(None, None, state, events, cond)
+    requests = Requests(None, 1.0, cond, lambda: None)
+    seen: list[dict[str, Any]] = []
+    events.subscribe(seen.append)
+    intake = Intake(2, 1, state, metrics, requests, monitor, events, logger, cond)
+    return intake, state, metrics, seen, logged
+
+
+def test_an_iteration_counts_once_every_stage_reported_it() -> None:
+    intake, state, metrics, _, logged = make()
+    intake.receive(report(0, 0, []))
+    assert state.iteration == 0 and metrics.latest() is None
+    intake.receive(report(1, 0, [2.0, 4.0]))
+    latest = metrics.latest()
+    assert state.iteration == 1 and latest is not None and latest["loss"] == 3.0 and latest["grad_norm"] == 1.5
+    assert len(metrics.latest_memory()) == 2 and logged  # the sink heard about it
+
+
+def test_acks_answers_evaluations_and_errors_go_where_they_belong() -> None:
+    intake, state, metrics, seen, _ = make()
+    intake.receive(P.Message(P.READY, body={"rank": 1}))
+    intake.receive(P.Message(P.ACK, body={"id": 4, "type": "pause", "iteration": 3}))
+    intake.receive(P.Message(P.EVALUATED, body={"id": None, "iteration": 3, "loss": 0.5, "batches": 1,
+                                                "seconds": 0.1}))
+    intake.receive(P.Message(P.ERROR, body={"kind": "migration", "stage": 1, "version": 2}))
+    assert 1 in state.ready
+    assert metrics.evaluation_records()[-1]["loss"] == 0.5
+    assert intake.monitor.refusals[2]["stage"] == 1 and intake.monitor.fatal is None
+    assert [e["type"] for e in seen] == ["ack", "error"]  # immediate; the evaluation waits for deliver()
+    assert seen[0]["command"] == "pause" and seen[0]["iteration"] == 3
+    intake.events.deliver()
+    assert seen[-1]["type"] == "evaluated"

@@ -1,0 +1,71 @@
+"""Requests: a command waits for rank 0's acknowledgement, answers are gathered by rank, every wait has a deadline."""
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from vpipe_lab.control.requests import Requests
+from vpipe_lab.wire import protocol as P
+
+
+class Hub:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, P.Message]] = []
+
+    def send(self, to: str, msg: P.Message) -> None:
+        self.sent.append((to, msg))
+
+
+def make(failure: Exception | None = None, timeout: float = 5.0) -> tuple[Requests, Hub, threading.Condition]:
+    hub, cond = Hub(), threading.Condition()
+    return Requests(hub, timeout, cond, lambda: failure), hub, cond
+
+
+def later(cond: threading.Condition, action: Any, delay: float = 0.05) -> threading.Thread:
+    def run() -> None:
+        time.sleep(delay)
+        with cond:
+            action()
+            cond.notify_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_a_command_returns_its_own_acknowledgement() -> None:
+    req, hub, cond = make()
+    thread = later(cond, lambda: (req.acknowledged({"id": 99, "iteration": 1}),
+                                  req.acknowledged({"id": 1, "iteration": 7, "type": "pause"})))
+    ack = req.command(P.PAUSE)
+    thread.join(timeout=5)
+    assert ack["iteration"] == 7
+    assert hub.sent[0][0] == "rank0" and hub.sent[0][1].type == P.PAUSE and hub.sent[0][1].body["id"] == 1
+
+
+def test_gather_orders_the_answers_by_rank() -> None:
+    req, _, cond = make()
+
+    def answer() -> None:
+        for rank in (1, 0):
+            req.answered(P.Message(P.LAYERS, body={"id": 1, "rank": rank, "layers": []}))
+
+    thread = later(cond, answer)
+    replies = req.gather(P.PROFILE, {"reset": False}, answers=2)
+    thread.join(timeout=5)
+    assert [m.body["rank"] for m in replies] == [0, 1]
+
+
+def test_waits_end_at_their_deadline_or_on_a_failure() -> None:
+    req, _, _ = make(timeout=0.2)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"rank 0 did not acknowledge 'run'.*within 0\.2 s"):
+        req.command(P.RUN)
+    assert time.monotonic() - t0 < 2
+    failing, _, _ = make(failure=RuntimeError("stage 1 died"))
+    with pytest.raises(RuntimeError, match="stage 1 died"):
+        failing.until(lambda: False, None, "never")
+    ready, _, _ = make()
+    ready.until(lambda: True, 0.0, "already true")  # no wait when it holds already

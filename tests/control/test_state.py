@@ -1,0 +1,20 @@
+"""The controller's view of the job: what READY reports and an attached job's current state set."""
+
+from vpipe_lab.control.state import JobState
+from vpipe_lab.core.plan import Plan
+
+
+def test_adopt_takes_rank_0s_plan_and_names_unless_the_job_says_otherwise() -> None:
+    plan = Plan((0, 1, 2), "kk", 2).to_dict()
+    ready = [{"rank": 1, "plan": plan, "names": ["a", "b"]}, {"rank": 0, "plan": plan, "names": ["a", "b"],
+                                                              "iteration": 4}]
+    state = JobState()
+    state.adopt(ready, {})
+    assert state.plan == Plan((0, 1, 2), "kk", 2) and state.names == ["a", "b"] and state.iteration == 4
+    assert state.target == 4 and sorted(state.ready) == [0, 1]
+    moved = Plan((0, 2, 3), "kkk", 2).to_dict()
+    attached = JobState()
+    attached.adopt(ready, {"plan": moved, "names": ["x", "y", "z"], "plan_version": 3, "iteration": 9,
+                           "running": True})
+    assert attached.plan is not None and attached.plan.boundaries == (0, 2, 3) and attached.plan_version == 3
+    assert attached.iteration == 9 and attached.target is None  # running until stopped

@@ -1,0 +1,70 @@
+"""A stage's checkpoints: what it saves restores bit for bit (parameters, optimizer state, group options), a write
+that fails is reported and switches nothing, and a checkpoint of another model is refused by name."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from vpipe_lab.runtime.checkpoints import Checkpoints
+from vpipe_lab.runtime.stage import Stage
+from vpipe_lab.wire.checkpoint import Manifest
+
+
+class OnePeer:
+    """A pipeline of one stage: every agreement is this rank's own vote."""
+
+    def all_max(self, values: list[float]) -> list[float]:
+        return values
+
+
+def trained_stage() -> Stage:
+    torch.manual_seed(0)
+    stage = Stage(torch.device("cpu"), lambda p: torch.optim.Adam(p, lr=0.1), 0)
+    for i in range(2):
+        stage.add_layer(i, torch.nn.Linear(3, 3))
+    for _ in range(2):
+        x = torch.ones(4, 3)
+        for i in stage.owned:
+            x = stage.layers[i].module(x)
+        x.sum().backward()
+        stage.step()
+        stage.zero_grad()
+    return stage
+
+
+def manifest(iteration: int = 5) -> Manifest:
+    return Manifest(iteration, {"boundaries": [0, 2], "policies": ["keep", "keep"], "microbatches": 1}, 2,
+                    ["0:Linear", "1:Linear"], 0, 1, 0)
+
+
+def test_save_then_restore_continues_bit_for_bit(tmp_path: Path) -> None:
+    stage = trained_stage()
+    saver = Checkpoints(OnePeer(), stage, 0, 1, 0, True, torch.device("cpu"))  # type: ignore[arg-type]
+    assert saver.save(tmp_path / "ckpt-v1", manifest, keep=None, iteration=5) is None
+    fresh = Stage(torch.device("cpu"), lambda p: torch.optim.Adam(p, lr=0.1), 0)
+    torch.manual_seed(1)
+    for i in range(2):
+        fresh.add_layer(i, torch.nn.Linear(3, 3))
+    loaded = Checkpoints(OnePeer(), fresh, 0, 1, 0, True, torch.device("cpu")).restore(tmp_path, 2)  # type: ignore[arg-type]
+    assert loaded.iteration == 5 and loaded.plan_version == 1
+    for s in (stage, fresh):  # one more identical step on both
+        x = torch.ones(4, 3)
+        for i in s.owned:
+            x = s.layers[i].module(x)
+        x.sum().backward()
+        s.step()
+    for name, value in stage.tensors.items():
+        assert torch.equal(value, fresh.tensors[name]), name
+
+
+def test_a_failed_write_is_reported_and_a_wrong_model_refused(tmp_path: Path) -> None:
+    stage = trained_stage()
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    saver = Checkpoints(OnePeer(), stage, 0, 1, 0, True, torch.device("cpu"))  # type: ignore[arg-type]
+    problem = saver.save(blocked / "ckpt-v1", manifest, keep=None, iteration=5)
+    assert problem is not None and "stage 0 cannot write" in problem
+    assert saver.save(tmp_path / "ok" / "ckpt-1", manifest, keep=None, iteration=5) is None
+    with pytest.raises(ValueError, match="holds 2 layers but the model has 3"):
+        saver.restore(tmp_path / "ok", 3)
