@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,17 +23,11 @@ KEY = "fedcba9876543210" * 4
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start(run_dir: Path, iterations: int, log: Path) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "--max-restarts", "0", "-m", "vpipe_lab.cli", "worker", "--model", "mlp",
            "--data", "tests.integration.slow_data:data", "--microbatches", "4", "--device", "cpu",
-           "--control-port", str(_port()), "--iterations", str(iterations), "--save-every", "4",
+           "--control-port", "0", "--iterations", str(iterations), "--save-every", "4",
            "--run-dir", str(run_dir), "--clip-grad-norm", "1.0",
            "--lr-scheduler", "tests.integration.slow_data:warmup"]
     env = {**os.environ, "VPIPE_LAB_KEY": KEY, "PYTHONPATH": str(ROOT)}

@@ -157,7 +157,8 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plan", help="plan JSON to start from (default: an even split)")
     p.add_argument("--memory-budget", type=int, help="bytes per stage")
     p.add_argument("--control-host", default="127.0.0.1", help="where rank 0 listens for clients (default: loopback)")
-    p.add_argument("--control-port", type=int, default=29600)
+    p.add_argument("--control-port", type=int, default=29600,
+                   help="where rank 0 serves clients; 0: any free port (attach.json in --run-dir says which)")
     p.add_argument("--backend-port", type=int, default=0, help="where ranks reach rank 0 (default: any free port)")
     p.add_argument("--key", help="session key (default: $VPIPE_LAB_KEY, else --key-file)")
     p.add_argument("--key-file", default=str(DEFAULT_KEY_FILE),

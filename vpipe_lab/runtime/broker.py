@@ -37,8 +37,10 @@ class Broker:
         self._front = bounded(self._ctx.socket(zmq.ROUTER), P.MAX_COMMAND, "broker (clients)")
         for sock in (self._back, self._front):
             sock.setsockopt(zmq.LINGER, 0)
-        self._back.bind(backend)
+        # The clients' port is the one a user chose: bind it before the ranks' port, which may be any free one and
+        # could otherwise be handed exactly that port.
         self._front.bind(frontend)
+        self._back.bind(backend)
         self.backend = self._back.getsockopt_string(zmq.LAST_ENDPOINT)
         self.frontend = self._front.getsockopt_string(zmq.LAST_ENDPOINT)
         log.info("broker: ranks on %s, clients on %s; every message must carry the key's signature; frames over "

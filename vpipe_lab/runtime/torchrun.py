@@ -130,7 +130,7 @@ def main(args: argparse.Namespace) -> int:
         master = socket.gethostbyname(os.environ.get("MASTER_ADDR", "127.0.0.1"))
         backend = f"tcp://{master}:{args.backend_port}" if args.backend_port else f"tcp://{master}:0"
         broker = Broker(key, backend.replace(":0", ":*") if backend.endswith(":0") else backend,
-                        f"tcp://{args.control_host}:{args.control_port}", job)
+                        f"tcp://{args.control_host}:{args.control_port or '*'}", job)
         shared = {"key": key, "backend": broker.backend, "job": job, "resume": resume}
         log.info("control endpoint for clients: %s (backend for ranks: %s)", broker.frontend, broker.backend)
         if run_dir is not None:
