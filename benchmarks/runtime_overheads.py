@@ -6,7 +6,7 @@
 2. Prediction: measured median iteration time against the cost model and the simulator, both fed with the online
    profile and the measured cluster (Session.profile(), Session.cluster()) of the same run.
 3. Efficiency: busy time / (K x iteration time) from the measured spans, against the bubble limit
-   1 - (K - 1) / (M + K - 1), for M in {1, 2, 4, 8}.
+   1 - (K - 1) / (M + K - 1), for M in {1, 2, 4, 8}, with 1F1B and eager 1F1B run back to back.
 All runs: 2 CPU ranks, gloo, one thread per rank.
 """
 
@@ -60,11 +60,14 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-telemetry", action="store_true", help="only the prediction and efficiency tables")
+    ap.add_argument("--only-efficiency", action="store_true", help="only the efficiency table")
     args = ap.parse_args()
 
-    if not args.skip_telemetry:
+    if not args.skip_telemetry and not args.only_efficiency:
         telemetry(args)
-    predictions(args)
+    if not args.only_efficiency:
+        predictions(args)
+    efficiency(args)
 
 
 def telemetry(args: argparse.Namespace) -> None:
@@ -100,17 +103,22 @@ def predictions(args: argparse.Namespace) -> None:
         print(f"| {name} | {schedule} | {m} | {pol or 'keep'} | {1e3 * r['median']:.1f} | {1e3 * r['estimate']:.1f} | "
               f"{1e3 * r['simulated']:.1f} | {r['simulated'] / r['median']:.3f} |", flush=True)
 
-    print("\n## Pipeline efficiency against the bubble limit (gpt-tiny, 1F1B, K = 2)\n")
+
+
+def efficiency(args: argparse.Namespace) -> None:
+    print("\n## Pipeline efficiency against the bubble limit (gpt-tiny, K = 2)\n")
     print("Efficiency = busy time of both stages / (2 x iteration time); it also falls when the stages' loads differ.")
-    print("The busiest stage's share of the iteration shows the runtime's own waiting on the critical path.\n")
-    print("| M | measured efficiency | bubble limit 1 - (K-1)/(M+K-1) | measured / limit | busiest stage busy share "
-          "| busiest / limit |")
-    print("|---|---|---|---|---|---|")
+    print("The busiest stage's share of the iteration shows the runtime's own waiting on the critical path.")
+    print("Both schedules have the same fill and drain, so the same bubble limit; each M runs them back to back.\n")
+    print("| M | schedule | measured efficiency | bubble limit 1 - (K-1)/(M+K-1) | measured / limit "
+          "| busiest stage busy share | busiest / limit | ms/it |")
+    print("|---|---|---|---|---|---|---|---|")
     for m in (1, 2, 4, 8):
-        r = run("gpt-tiny", m, max(10, args.iterations // 2))
-        limit = 1 - 1 / (m + 1)
-        print(f"| {m} | {r['efficiency']:.3f} | {limit:.3f} | {r['efficiency'] / limit:.3f} | {r['bottleneck']:.3f} "
-              f"| {r['bottleneck'] / limit:.3f} |", flush=True)
+        for schedule in ("1f1b", "eager-1f1b"):
+            r = run("gpt-tiny", m, max(10, args.iterations // 2), schedule=schedule)
+            limit = 1 - 1 / (m + 1)
+            print(f"| {m} | {schedule} | {r['efficiency']:.3f} | {limit:.3f} | {r['efficiency'] / limit:.3f} "
+                  f"| {r['bottleneck']:.3f} | {r['bottleneck'] / limit:.3f} | {1e3 * r['median']:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

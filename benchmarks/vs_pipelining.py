@@ -1,11 +1,14 @@
 """Throughput of vpipe_lab against torch.distributed.pipelining, side by side in one run (2 CPU ranks, gloo).
 
-    python benchmarks/vs_pipelining.py [--iterations 30] [--rounds 3]
+    python benchmarks/vs_pipelining.py [--iterations 30] [--rounds 3] [--tables same replanned eager]
 
 Same model, partition (uniform), schedule, micro-batches, optimizer and data; one thread per rank. Both sides are
 timed over whole iterations (pipeline, optimizer step and data) from the first timed iteration's start to the last
 one's end; the runs alternate (torch, vpipe, torch, vpipe, ...) so machine noise hits both alike, and the ratio
-reported is the median over rounds of each round's torch/vpipe ratio (with its range).
+reported is the median over rounds of each round's torch/vpipe ratio (with its range). The "eager" table runs
+vpipe_lab's eager 1F1B (one more warm-up forward on the first stage, so transfers overlap compute) against torch's
+1F1B on the same model, split, micro-batches, optimizer and data: the same computation, a different order and one
+more micro-batch of activations held on the first stage.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ ROWS = [("gpt-tiny", (0, 4, 8), "1f1b", 4), ("gpt-tiny", (0, 4, 8), "gpipe", 4),
         ("mlp", (0, 5, 10), "1f1b", 4), ("mlp", (0, 5, 10), "gpipe", 4),
         ("mlp", (0, 3, 10), "1f1b", 8), ("gpt-tiny", (0, 3, 8), "1f1b", 8)]
 REPLANNED = [("mlp", (0, 5, 10), "1f1b", 8), ("gpt-tiny", (0, 4, 8), "1f1b", 8)]
+EAGER = [row for row in ROWS if row[2] == "1f1b"]  # vpipe_lab runs these as eager-1f1b, torch as 1f1b
 
 
 def _port() -> int:
@@ -131,8 +135,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--iterations", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tables", nargs="+", choices=("same", "replanned", "eager"), default=["same", "replanned", "eager"])
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if "same" in args.tables:
+        same(args)
+    if "replanned" in args.tables:
+        replanned(args)
+    if "eager" in args.tables:
+        eager(args)
+
+
+def same(args: argparse.Namespace) -> None:
     print("| model | split | schedule | M | torch.distributed.pipelining (ms/it) | vpipe_lab (ms/it) "
           "| throughput ratio, median (range) of rounds |")
     print("|---|---|---|---|---|---|---|")
@@ -145,6 +159,9 @@ def main() -> None:
         ratios = sorted(a / b for a, b in zip(ts, vs))  # each round's pair ran back to back: its ratio is fairest
         print(f"| {name} | {_split(bounds)} | {schedule} | {m} | {1e3 * t:.1f} | {1e3 * v:.1f} | "
               f"{statistics.median(ratios):.3f} ({ratios[0]:.2f}-{ratios[-1]:.2f}) |", flush=True)
+
+
+def replanned(args: argparse.Namespace) -> None:
     print("\nvpipe_lab replanned: it starts on the even split, its online planner repartitions from the first "
           "iterations' profile (applied by live migration), then it is timed; torch.distributed.pipelining runs the "
           "even split, as a user would without a planner.\n")
@@ -159,6 +176,24 @@ def main() -> None:
             vs.append(v)
         ratios = sorted(a / b for a, b in zip(ts, vs))
         print(f"| {name} | {schedule} | {m} | {_split(bounds)} | {1e3 * statistics.median(ts):.1f} | {_split(ran)} | "
+              f"{1e3 * statistics.median(vs):.1f} | {statistics.median(ratios):.3f} "
+              f"({ratios[0]:.2f}-{ratios[-1]:.2f}) |", flush=True)
+
+
+
+def eager(args: argparse.Namespace) -> None:
+    print("\nvpipe_lab's eager 1F1B against torch.distributed.pipelining's 1F1B (same model, split, M, optimizer, "
+          "data):\n")
+    print("| model | split | M | torch 1f1b (ms/it) | vpipe_lab eager-1f1b (ms/it) "
+          "| throughput ratio, median (range) of rounds |")
+    print("|---|---|---|---|---|---|")
+    for name, bounds, _, m in EAGER:
+        ts, vs = [], []
+        for _ in range(args.rounds):
+            ts.append(torch_pipelining(name, "1f1b", m, args.iterations, bounds))
+            vs.append(vpipe(name, "eager-1f1b", m, args.iterations, bounds)[0])
+        ratios = sorted(a / b for a, b in zip(ts, vs))
+        print(f"| {name} | {_split(bounds)} | {m} | {1e3 * statistics.median(ts):.1f} | "
               f"{1e3 * statistics.median(vs):.1f} | {statistics.median(ratios):.3f} "
               f"({ratios[0]:.2f}-{ratios[-1]:.2f}) |", flush=True)
 

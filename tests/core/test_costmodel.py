@@ -68,6 +68,9 @@ def test_inflight_per_schedule() -> None:
     assert CostModel(profile, cluster, 8, "gpipe").inflight(3) == 8
     assert [CostModel(profile, cluster, 8, "1f1b").inflight(s) for s in range(4)] == [4, 3, 2, 1]
     assert [CostModel(profile, cluster, 2, "1f1b").inflight(s) for s in range(4)] == [2, 2, 2, 1]
+    # Eager 1F1B holds one more micro-batch on every stage but the last, as its schedule's warm-up does.
+    assert [CostModel(profile, cluster, 8, "eager-1f1b").inflight(s) for s in range(4)] == [5, 4, 3, 1]
+    assert [CostModel(profile, cluster, 2, "eager-1f1b").inflight(s) for s in range(4)] == [2, 2, 2, 1]
 
 
 def test_equal_stages_closed_form_and_bubble() -> None:

@@ -31,6 +31,20 @@ def test_1f1b_order_literal() -> None:
     ]
 
 
+def test_eager_1f1b_runs_one_more_warm_up_forward_on_every_stage_but_the_last() -> None:
+    compute = [" ".join(row) for row in one_f_one_b(3, 4, eager=True).compute_only().to_strings()]
+    assert compute == [
+        "0F0 0F1 0F2 0F3 0B0 0B1 0B2 0B3",
+        "1F0 1F1 1F2 1B0 1F3 1B1 1B2 1B3",
+        "2F0 2B0 2F1 2B1 2F2 2B2 2F3 2B3",
+    ]
+    eager = for_plan(Plan((0, 2, 3), ("swap", "recompute", "keep"), 6, "eager-1f1b"))
+    assert eager.name == "eager-1f1b"
+    eager.validate()  # runs to the end: no deadlock, swaps and recomputes included
+    for k, m in ((2, 1), (2, 8), (4, 3), (5, 16)):
+        one_f_one_b(k, m, eager=True).validate()
+
+
 def test_policies_become_swap_and_recompute_actions() -> None:
     plan = Plan((0, 2, 3), ("swap", "recompute", "keep"), 2, "1f1b")
     rows = for_plan(plan).to_strings()

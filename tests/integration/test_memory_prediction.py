@@ -7,6 +7,7 @@ import pytest
 import vpipe_lab
 from vpipe_lab import Cluster, Plan
 from vpipe_lab.core.costmodel import CostModel
+from vpipe_lab.core.plan import SCHEDULES
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +27,7 @@ def measure(policies: str, schedule: str) -> tuple[dict[int, int], vpipe_lab.Mod
     return resident, profile
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
 def test_measured_savings_match_the_cost_model(schedule: str) -> None:
     keep = "k" * 10
     mixed = "srkr" + "rsskrk"  # swap and recompute on both stages
@@ -41,3 +42,18 @@ def test_measured_savings_match_the_cost_model(schedule: str) -> None:
         measured_saving = measured_keep[stage] - measured_mixed[stage]
         assert predicted_saving > 0
         assert measured_saving == pytest.approx(predicted_saving, rel=0.10), (stage, measured_keep, measured_mixed)
+
+
+def test_eager_1f1b_holds_one_more_micro_batch_where_the_cost_model_says() -> None:
+    keep = "k" * 10
+    plain, profile = measure(keep, "1f1b")
+    eager, _ = measure(keep, "eager-1f1b")
+    cluster = Cluster(2, 10**12, 1e9, 1e9)
+    for stage in (0, 1):
+        lo, hi = BOUNDS[stage], BOUNDS[stage + 1]
+        policies = Plan(BOUNDS, tuple(keep), 4, "1f1b").policies
+        predicted = [CostModel(profile, cluster, 4, schedule).stage_cost(stage, lo, hi, policies).activation_bytes
+                     for schedule in ("1f1b", "eager-1f1b")]
+        assert eager[stage] / plain[stage] == pytest.approx(predicted[1] / predicted[0], rel=0.10), (stage, plain,
+                                                                                                     eager)
+    assert eager[0] > 1.4 * plain[0] and eager[1] == pytest.approx(plain[1], rel=0.05)  # 3 vs 2; the last stage 1

@@ -8,6 +8,7 @@ import torch
 import vpipe_lab
 from tests.runtime import reference
 from vpipe_lab import Plan
+from vpipe_lab.core.plan import SCHEDULES
 from vpipe_lab.examples import gpt, mlp
 
 pytestmark = pytest.mark.slow
@@ -25,7 +26,7 @@ def assert_matches(state: dict[str, torch.Tensor], model: torch.nn.Module) -> No
     reference.assert_state_matches(state, model)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("policy", list(POLICIES))
 def test_two_stages_match_plain_pytorch(schedule: str, policy: str) -> None:
     plan = Plan((0, 4, 10), tuple(POLICIES[policy]), 4, schedule)
@@ -40,11 +41,13 @@ def test_two_stages_match_plain_pytorch(schedule: str, policy: str) -> None:
     assert_matches(state, model)
 
 
-def test_four_stages_with_dropout_match_plain_pytorch() -> None:
+@pytest.mark.parametrize("schedule", ["1f1b", "eager-1f1b"])
+def test_four_stages_with_dropout_match_plain_pytorch(schedule: str) -> None:
     """gpt-tiny has dropout: recompute must replay the same masks, and layer seeding must not depend on the stage."""
     policies = ("keep", "recompute", "swap", "keep", "recompute", "swap", "keep", "keep")
-    plan = Plan((0, 2, 4, 6, 8), policies, 4, "1f1b")
-    with vpipe_lab.launch("gpt-tiny", stages=4, microbatches=4, plan=plan, device="cpu", timeout=90) as session:
+    plan = Plan((0, 2, 4, 6, 8), policies, 4, schedule)
+    with vpipe_lab.launch("gpt-tiny", stages=4, microbatches=4, schedule=schedule, plan=plan, device="cpu",
+                          timeout=90) as session:
         session.run(2)
         session.wait(timeout=180)
         state = session.state_dict()

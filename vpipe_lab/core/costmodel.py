@@ -16,8 +16,10 @@ with ``hide`` the stage's compute time (less its boundary traffic when that shar
     + activation_bytes of every recomputed layer, once: the runtime rebuilds a micro-batch's recomputed layers right
       before that micro-batch's backward on the stage, and holds them until it is done
 
-with ``inflight = M`` for GPipe and ``min(M, K - s)`` for 1F1B. The iteration takes
-``sum(T) + (M - 1) * max(T)`` for 1F1B and ``sum(T) + (M - 1) * (max(F) + max(B))`` for GPipe, which both reduce
+with ``inflight = M`` for GPipe, ``min(M, K - s)`` for 1F1B and ``min(M, K - s + 1)`` for eager 1F1B (but the last
+stage, which keeps one). The iteration takes
+``sum(T) + (M - 1) * max(T)`` for 1F1B (eager or not: transfer latency, which eager 1F1B hides, is not modelled
+apart from the sends' own time) and ``sum(T) + (M - 1) * (max(F) + max(B))`` for GPipe, which both reduce
 to ``(M + K - 1) * T`` for equal stages and free communication.
 """
 
@@ -109,7 +111,8 @@ class CostModel:
         """Micro-batches whose activations a stage holds at its peak."""
         if self.schedule == "gpipe":
             return self.microbatches
-        return min(self.microbatches, self.stages - stage)
+        ahead = 1 if self.schedule == "eager-1f1b" and stage < self.stages - 1 else 0
+        return min(self.microbatches, self.stages - stage + ahead)
 
     def budget(self, stage: int) -> int:
         return self.cluster.budgets[stage]

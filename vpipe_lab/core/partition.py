@@ -76,28 +76,29 @@ def balanced(times: Sequence[float], stages: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Objective:
-    """How stage times combine: 'bottleneck' (max stage), '1f1b' or 'gpipe' iteration time."""
+    """How stage times combine: 'bottleneck' (max stage), or a schedule's iteration time ('gpipe'; '1f1b' and
+    'eager-1f1b' combine alike)."""
 
     kind: str
     microbatches: int = 1
 
     def start(self) -> tuple[float, ...]:
-        return (0.0,) if self.kind == "bottleneck" else (0.0, 0.0) if self.kind == "1f1b" else (0.0, 0.0, 0.0)
+        return (0.0,) if self.kind == "bottleneck" else (0.0, 0.0, 0.0) if self.kind == "gpipe" else (0.0, 0.0)
 
     def extend(self, key: tuple[float, ...], fwd: float, bwd: float) -> tuple[float, ...]:
         t = fwd + bwd
         if self.kind == "bottleneck":
             return (max(key[0], t),)
-        if self.kind == "1f1b":
-            return (max(key[0], t), key[1] + t)
-        return (max(key[0], fwd), max(key[1], bwd), key[2] + t)
+        if self.kind == "gpipe":
+            return (max(key[0], fwd), max(key[1], bwd), key[2] + t)
+        return (max(key[0], t), key[1] + t)
 
     def value(self, key: tuple[float, ...]) -> float:
         if self.kind == "bottleneck":
             return key[0]
-        if self.kind == "1f1b":
-            return (self.microbatches - 1) * key[0] + key[1]
-        return (self.microbatches - 1) * (key[0] + key[1]) + key[2]
+        if self.kind == "gpipe":
+            return (self.microbatches - 1) * (key[0] + key[1]) + key[2]
+        return (self.microbatches - 1) * key[0] + key[1]
 
     def stage_cap(self, upper: float, total_compute: float) -> float:
         """The largest stage time a plan better than ``upper`` can have."""
@@ -222,7 +223,7 @@ def pareto_dp(
                         if new[0] >= upper:
                             continue
                         front.insert((max(new[0], floor),), new, (l_pos, idx))
-                    elif objective.kind == "1f1b":
+                    elif objective.kind != "gpipe":  # 1f1b and eager-1f1b
                         mx = max(new[0], floor)
                         value = m1 * mx + new[1]
                         if value + rest >= upper:

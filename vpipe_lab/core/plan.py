@@ -13,7 +13,11 @@ from typing import Any
 from vpipe_lab.core.errors import PlanError, ProfileError
 from vpipe_lab.core.profile import SCHEMA_VERSION, check_kind, load_doc
 
-SCHEDULES = ("gpipe", "1f1b")  # the one list of schedule names: planners, launch(), the CLI and magics read it
+# The one list of schedule names: planners, launch(), the CLI and the magics read it. "eager-1f1b" is 1F1B with one
+# more warm-up forward on every stage but the last, so each stage's next activation is already on its way while its
+# neighbour computes: the transfers' latency leaves the critical path, for one more micro-batch of activations held
+# on those stages (core/schedule.py, core/costmodel.py).
+SCHEDULES = ("gpipe", "1f1b", "eager-1f1b")
 
 
 class Policy(StrEnum):

@@ -214,11 +214,14 @@ def gpipe(stages: int, microbatches: int, plan: Plan | None = None) -> Schedule:
     return Schedule(tuple(rows), microbatches, "gpipe")
 
 
-def one_f_one_b(stages: int, microbatches: int, plan: Plan | None = None) -> Schedule:
-    """1F1B with a flush (PipeDream-Flush): K-s-1 warm-up forwards, alternate, then drain the backwards."""
+def one_f_one_b(stages: int, microbatches: int, plan: Plan | None = None, *, eager: bool = False) -> Schedule:
+    """1F1B with a flush (PipeDream-Flush): K-s-1 warm-up forwards, alternate, then drain the backwards. ``eager``
+    adds one warm-up forward on every stage but the last: in the steady state a stage's next forward input and its
+    next gradient then arrive while it computes, instead of one transfer latency each way per micro-batch on the
+    critical path (at the cost of one more micro-batch of activations on those stages)."""
     rows = []
     for s in range(stages):
-        warm = min(stages - s - 1, microbatches)
+        warm = min(stages - s - 1 + (1 if eager and s < stages - 1 else 0), microbatches)
         order: list[tuple[Op, int]] = [(Op.F, m) for m in range(warm)]
         f, b = warm, 0
         while f < microbatches:
@@ -228,13 +231,14 @@ def one_f_one_b(stages: int, microbatches: int, plan: Plan | None = None) -> Sch
             b += 1
         order.extend((Op.B, m) for m in range(b, microbatches))
         rows.append(_expand(s, order, stages, plan))
-    return Schedule(tuple(rows), microbatches, "1f1b")
+    return Schedule(tuple(rows), microbatches, "eager-1f1b" if eager else "1f1b")
 
 
 def for_plan(plan: Plan) -> Schedule:
     """The schedule a plan runs: its kind, stages and micro-batches, with its swaps and recomputes."""
-    make = gpipe if plan.schedule == "gpipe" else one_f_one_b
-    return make(plan.stages, plan.microbatches, plan)
+    if plan.schedule == "gpipe":
+        return gpipe(plan.stages, plan.microbatches, plan)
+    return one_f_one_b(plan.stages, plan.microbatches, plan, eager=plan.schedule == "eager-1f1b")
 
 
 # --- replay: the deadlock check here and the simulator (core/simulator.py) both run a schedule through this ---
