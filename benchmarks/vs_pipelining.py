@@ -19,7 +19,9 @@ import os
 import socket
 import statistics
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -146,19 +148,30 @@ def main() -> None:
         eager(args)
 
 
+def _rounds(args: argparse.Namespace, torch_run: Callable[[], float],
+            vpipe_run: Callable[[], tuple[float, tuple[int, ...]]]) -> tuple[float, float, str, tuple[int, ...]]:
+    """Alternate torch and vpipe_lab runs for ``args.rounds`` rounds: the median seconds per iteration of each, the
+    median (range) of the rounds' throughput ratios (each round's pair ran back to back: its ratio is fairest), and
+    the partition vpipe_lab ran last."""
+    ts, vs, ran = [], [], ()
+    for _ in range(args.rounds):
+        ts.append(torch_run())
+        v, ran = vpipe_run()
+        vs.append(v)
+    ratios = sorted(a / b for a, b in zip(ts, vs))
+    return (statistics.median(ts), statistics.median(vs),
+            f"{statistics.median(ratios):.3f} ({ratios[0]:.2f}-{ratios[-1]:.2f})", ran)
+
+
 def same(args: argparse.Namespace) -> None:
     print("| model | split | schedule | M | torch.distributed.pipelining (ms/it) | vpipe_lab (ms/it) "
           "| throughput ratio, median (range) of rounds |")
     print("|---|---|---|---|---|---|---|")
     for name, bounds, schedule, m in ROWS:
-        ts, vs = [], []
-        for _ in range(args.rounds):
-            ts.append(torch_pipelining(name, schedule, m, args.iterations, bounds))
-            vs.append(vpipe(name, schedule, m, args.iterations, bounds)[0])
-        t, v = statistics.median(ts), statistics.median(vs)
-        ratios = sorted(a / b for a, b in zip(ts, vs))  # each round's pair ran back to back: its ratio is fairest
-        print(f"| {name} | {_split(bounds)} | {schedule} | {m} | {1e3 * t:.1f} | {1e3 * v:.1f} | "
-              f"{statistics.median(ratios):.3f} ({ratios[0]:.2f}-{ratios[-1]:.2f}) |", flush=True)
+        t, v, ratio, _ = _rounds(args, partial(torch_pipelining, name, schedule, m, args.iterations, bounds),
+                                 partial(vpipe, name, schedule, m, args.iterations, bounds))
+        print(f"| {name} | {_split(bounds)} | {schedule} | {m} | {1e3 * t:.1f} | {1e3 * v:.1f} | {ratio} |",
+              flush=True)
 
 
 def replanned(args: argparse.Namespace) -> None:
@@ -169,16 +182,10 @@ def replanned(args: argparse.Namespace) -> None:
           "| vpipe_lab (ms/it) | throughput ratio, median (range) of rounds |")
     print("|---|---|---|---|---|---|---|---|")
     for name, bounds, schedule, m in REPLANNED:
-        ts, vs, ran = [], [], bounds
-        for _ in range(args.rounds):
-            ts.append(torch_pipelining(name, schedule, m, args.iterations, bounds))
-            v, ran = vpipe(name, schedule, m, args.iterations, bounds, replan=True)
-            vs.append(v)
-        ratios = sorted(a / b for a, b in zip(ts, vs))
-        print(f"| {name} | {schedule} | {m} | {_split(bounds)} | {1e3 * statistics.median(ts):.1f} | {_split(ran)} | "
-              f"{1e3 * statistics.median(vs):.1f} | {statistics.median(ratios):.3f} "
-              f"({ratios[0]:.2f}-{ratios[-1]:.2f}) |", flush=True)
-
+        t, v, ratio, ran = _rounds(args, partial(torch_pipelining, name, schedule, m, args.iterations, bounds),
+                                   partial(vpipe, name, schedule, m, args.iterations, bounds, replan=True))
+        print(f"| {name} | {schedule} | {m} | {_split(bounds)} | {1e3 * t:.1f} | {_split(ran)} | {1e3 * v:.1f} | "
+              f"{ratio} |", flush=True)
 
 
 def eager(args: argparse.Namespace) -> None:
@@ -188,14 +195,9 @@ def eager(args: argparse.Namespace) -> None:
           "| throughput ratio, median (range) of rounds |")
     print("|---|---|---|---|---|---|")
     for name, bounds, _, m in EAGER:
-        ts, vs = [], []
-        for _ in range(args.rounds):
-            ts.append(torch_pipelining(name, "1f1b", m, args.iterations, bounds))
-            vs.append(vpipe(name, "eager-1f1b", m, args.iterations, bounds)[0])
-        ratios = sorted(a / b for a, b in zip(ts, vs))
-        print(f"| {name} | {_split(bounds)} | {m} | {1e3 * statistics.median(ts):.1f} | "
-              f"{1e3 * statistics.median(vs):.1f} | {statistics.median(ratios):.3f} "
-              f"({ratios[0]:.2f}-{ratios[-1]:.2f}) |", flush=True)
+        t, v, ratio, _ = _rounds(args, partial(torch_pipelining, name, "1f1b", m, args.iterations, bounds),
+                                 partial(vpipe, name, "eager-1f1b", m, args.iterations, bounds))
+        print(f"| {name} | {_split(bounds)} | {m} | {1e3 * t:.1f} | {1e3 * v:.1f} | {ratio} |", flush=True)
 
 
 if __name__ == "__main__":

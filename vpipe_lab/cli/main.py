@@ -15,20 +15,14 @@ from vpipe_lab.core.errors import VpipeError
 from vpipe_lab.core.plan import SCHEDULES, Plan
 from vpipe_lab.core.planner import METHODS, search
 from vpipe_lab.core.profile import Cluster, ModelProfile
-from vpipe_lab.core.report import human_time, parse_bytes, plan_table
+from vpipe_lab.core.report import human_time, plan_table
+from vpipe_lab.wire.jobspec import byte_size
 
 log = logging.getLogger("vpipe_lab.cli")
 
 
 class CliError(Exception):
     """A bad command line or input file; printed as one line, never a traceback."""
-
-
-def _parse_bytes(text: str) -> int:
-    try:
-        return parse_bytes(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _load_profile(source: str, device: str, microbatch_size: int | None) -> ModelProfile:
@@ -61,7 +55,7 @@ def _add_planning_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", choices=METHODS, default="vpipe")
     p.add_argument("--device", choices=sorted(workloads.DEVICES), default="rtx2080ti",
                    help="device preset for the cluster and for bundled workloads")
-    p.add_argument("--memory", type=_parse_bytes, default=None, help="memory budget per stage (e.g. 8GiB)")
+    p.add_argument("--memory", type=byte_size, default=None, help="memory budget per stage (e.g. 8GiB)")
     p.add_argument("--cluster", help="cluster JSON file instead of a device preset")
     p.add_argument("--microbatch-size", type=int, default=None, help="samples per micro-batch (bundled workloads)")
 

@@ -25,8 +25,8 @@ from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.errors import VpipeError
 from vpipe_lab.core.plan import SCHEDULES
 from vpipe_lab.core.planner import METHODS
-from vpipe_lab.core.report import human_time, parse_bytes, plan_table
-from vpipe_lab.wire.jobspec import DEVICES, add_training_options
+from vpipe_lab.core.report import human_time, plan_table
+from vpipe_lab.wire.jobspec import DEVICES, add_training_options, byte_size
 
 log = logging.getLogger(__name__)
 COMMANDS = ("start", "status", "run", "wait", "pause", "resume", "stop", "plan", "apply", "partition", "policy",
@@ -47,13 +47,6 @@ class _Done(Exception):
     """--help was printed."""
 
 
-def _size(text: str) -> int:
-    try:
-        return parse_bytes(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="%vpipe", description="Drive a vpipe_lab pipeline from the notebook.", add_help=True)
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
@@ -69,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--replicas", type=int, default=1, help="data-parallel copies of the pipeline")
     s.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
     s.add_argument("--device", choices=DEVICES, default="auto")
-    s.add_argument("--budget", type=_size, help="memory budget per stage, e.g. 2GiB")
+    s.add_argument("--budget", type=byte_size, help="memory budget per stage, e.g. 2GiB")
     s.add_argument("--plan", help="notebook variable holding a Plan")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--auto-replan", action="store_true", help="let vPipe replan and migrate on its own")

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vpipe_lab.core.report import parse_bytes
 from vpipe_lab.wire.private import write_private
 
 DEVICES = ("auto", "cpu", "cuda")  # the one list of device choices: launch(), the CLI and the magics read it
@@ -25,6 +26,15 @@ def check_training(clip_grad_norm: Any, precision: str, eval_every: Any, eval_ba
     for name, value in (("eval_every", eval_every), ("eval_batches", eval_batches)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+
+
+def byte_size(text: str) -> int:
+    """An argparse type for a memory size ("8GiB", "512MiB", bytes): ``core.report.parse_bytes`` with argparse's
+    error, so the CLI and the magics report a bad size alike."""
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_training_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, names: str) -> None:
