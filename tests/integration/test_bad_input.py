@@ -141,3 +141,7 @@ def test_arguments_are_checked_before_anything_starts() -> None:
         vpipe_lab.launch("mlp", stages=2, microbatches=2, memory_budget=[1])
     with pytest.raises(PlanError, match="pipeline has 2"):
         vpipe_lab.launch("mlp", stages=2, microbatches=2, plan=vpipe_lab.Plan.from_counts([3, 3, 4], 2))
+    with pytest.raises(ValueError, match=r"fused_wgrad must be True, False or .* got -1"):
+        vpipe_lab.launch("mlp", stages=2, microbatches=2, fused_wgrad=-1)
+    with pytest.raises(ValueError, match=r"fused_wgrad .* got 'yes'"):
+        vpipe_lab.launch("mlp", stages=2, microbatches=2, fused_wgrad="yes")  # type: ignore[arg-type]

@@ -31,17 +31,19 @@ GPT2_UNITS = ["transformer.wte+transformer.wpe+transformer.drop", "transformer.h
               "transformer.h.2", "transformer.h.3", "transformer.ln_f+lm_head"]
 
 
-@pytest.mark.parametrize(("stages", "schedule", "policies", "boundaries"), [
-    (2, "gpipe", "ksrksk", (0, 3, 6)),
-    (2, "1f1b", "rkskrs", (0, 2, 6)),
-    (3, "1f1b", "kskrsk", (0, 2, 4, 6)),
-    (3, "gpipe", "rsksrk", (0, 1, 4, 6)),
+@pytest.mark.parametrize(("stages", "schedule", "policies", "boundaries", "fused"), [
+    (2, "gpipe", "ksrksk", (0, 3, 6), 0),
+    (2, "1f1b", "rkskrs", (0, 2, 6), True),
+    (3, "1f1b", "kskrsk", (0, 2, 4, 6), 0),
+    (3, "gpipe", "rsksrk", (0, 1, 4, 6), False),
 ])
-def test_gpt2_matches_plain_pytorch(stages: int, schedule: str, policies: str, boundaries: tuple[int, ...]) -> None:
-    """Tied embedding and LM head on different stages, dict inputs with an attention mask, mixed policies."""
+def test_gpt2_matches_plain_pytorch(stages: int, schedule: str, policies: str, boundaries: tuple[int, ...],
+                                    fused: bool | int) -> None:
+    """Tied embedding and LM head on different stages, dict inputs with an attention mask, mixed policies; with
+    ``fused=0`` every exported linear/addmm (Conv1D) and the tied head accumulate weight gradients in the GEMM."""
     plan = Plan(boundaries, tuple(policies), 4, schedule)
     names, losses, state = pipelined(zoo.gpt2, zoo.gpt2_data, zoo.lm_loss, zoo.adamw, stages=stages, plan=plan,
-                                     schedule=schedule)
+                                     schedule=schedule, fused_wgrad=fused)
     assert names == GPT2_UNITS
     model, ref_losses = reference.train(zoo.gpt2, zoo.gpt2_data, zoo.lm_loss, zoo.adamw, iterations=3,
                                         microbatches=4)
@@ -52,8 +54,10 @@ def test_gpt2_matches_plain_pytorch(stages: int, schedule: str, policies: str, b
 
 @pytest.mark.parametrize("stages", [1, 2])
 def test_tied_sequential_matches_plain_pytorch(stages: int) -> None:
-    """The tie used to be stepped twice (once per layer holding it); now one gradient, one update."""
-    names, losses, state = pipelined(zoo.tied_sequential, zoo.token_data, None, zoo.adamw, stages=stages)
+    """The tie used to be stepped twice (once per layer holding it); now one gradient, one update. The head's
+    fused gradient and the embedding's autograd one add into the same .grad on one stage."""
+    names, losses, state = pipelined(zoo.tied_sequential, zoo.token_data, None, zoo.adamw, stages=stages,
+                                     fused_wgrad=0)
     assert names[0] == "0:Embedding" and names[-1] == "5:Linear"
     model, ref_losses = reference.train(zoo.tied_sequential, zoo.token_data, _token_loss, zoo.adamw, iterations=3,
                                         microbatches=4)

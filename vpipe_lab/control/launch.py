@@ -68,6 +68,7 @@ def launch(
     eval_batches: int = 1,
     log: Any = None,
     replicas: int = 1,
+    fused_wgrad: bool | int = True,
 ) -> Session:
     """Start one worker process per stage and return the Session once every stage is ready (training not started).
 
@@ -90,7 +91,10 @@ def launch(
     ``eval_every`` iterations on ``eval_batches`` batches (see ``Session.evaluate``); ``log`` sends the metrics to
     "tensorboard:DIR", "wandb:PROJECT", "mlflow:URI" or a function (see ``telemetry/sinks.py``). ``replicas=R``
     trains R data-parallel copies of the pipeline (stages x R worker processes), each on 1/R of every batch, with
-    gradients averaged per stage across them (see ``runtime/replicas.py``).
+    gradients averaged per stage across them (see ``runtime/replicas.py``). ``fused_wgrad`` (default True) has every
+    ``nn.Linear`` (and HuggingFace ``Conv1D``) whose weight has at least 2**18 elements add its weight gradient
+    into ``.grad`` inside the backward's GEMM, not as a new tensor added afterwards: one pass over each weight less
+    per micro-batch (see ``runtime/wgrad.py``); a number sets that size (0: every linear layer), False turns it off.
     """
     from vpipe_lab import examples
     from vpipe_lab.telemetry import sinks
@@ -104,6 +108,9 @@ def launch(
     if device not in DEVICES:
         raise ValueError(f"unknown device {device!r}: use one of {', '.join(DEVICES)}")
     check_training(clip_grad_norm, precision, eval_every, eval_batches)
+    if not isinstance(fused_wgrad, int) or fused_wgrad < 0:
+        raise ValueError(f"fused_wgrad must be True, False or the smallest weight to fuse (elements, >= 0), got "
+                         f"{fused_wgrad!r}")
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         raise ValueError(f"replicas must be a whole number >= 1, got {replicas!r}")
     sinks.check(log)
@@ -165,7 +172,7 @@ def launch(
         start_iteration=manifest.iteration if manifest else 0,
         resume_path=str(Path(resume).absolute()) if resume is not None else None,
         clip_grad_norm=None if clip_grad_norm is None else float(clip_grad_norm), precision=precision,
-        eval_every=eval_every, eval_batches=eval_batches, replicas=replicas,
+        eval_every=eval_every, eval_batches=eval_batches, replicas=replicas, fused_wgrad=fused_wgrad,
     )
     spec_path = job_dir / "job.json"
     spec.save(spec_path)

@@ -165,6 +165,7 @@ class VpipeMagics(Magics):
             split=self._split(args.split),
             lr_scheduler=self._value(args.lr_scheduler, "LR scheduler factory") if args.lr_scheduler else None,
             clip_grad_norm=args.clip_grad_norm, precision=args.precision, replicas=args.replicas,
+            fused_wgrad=args.fused_wgrad,
             eval_data=self._data(args.eval_data), eval_every=args.eval_every, eval_batches=args.eval_batches,
             log=args.log if args.log is None or ":" in args.log else self._value(args.log, "logging function"),
         )

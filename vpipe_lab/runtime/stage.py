@@ -27,7 +27,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from vpipe_lab.core.plan import Policy
-from vpipe_lab.runtime import recompute
+from vpipe_lab.runtime import recompute, wgrad
 from vpipe_lab.runtime.capture import UnitTensors
 from vpipe_lab.runtime.memory import Ledger, optimizer_bytes, tensor_bytes
 from vpipe_lab.runtime.optim import OptimizerFactory, SchedulerFactory, StageOptimizer
@@ -44,8 +44,10 @@ class Stage:
 
     def __init__(self, device: torch.device, make_optimizer: OptimizerFactory | None, seed: int,
                  scheduler: SchedulerFactory | None = None,
-                 autocast: Callable[[], AbstractContextManager[object]] = nullcontext) -> None:
+                 autocast: Callable[[], AbstractContextManager[object]] = nullcontext,
+                 fused_wgrad: int | None = wgrad.MIN_PARAMS) -> None:
         self.device = device
+        self.fused_wgrad = fused_wgrad  # Linear weights this large accumulate inside the GEMM (runtime/wgrad.py)
         self.seed = seed
         self.layers: dict[int, Layer] = {}
         self.tensors: dict[str, torch.Tensor] = {}  # canonical name -> the one parameter or buffer object
@@ -76,6 +78,8 @@ class Stage:
             tensors = UnitTensors([(n, f"{index}.{n}") for n, _ in module.named_parameters(remove_duplicate=False)],
                                   [(n, f"{index}.{n}") for n, _ in module.named_buffers(remove_duplicate=False)])
         module.to(self.device)
+        if self.fused_wgrad is not None:
+            wgrad.fuse(module, self.fused_wgrad)
         for local, name in tensors.params + tensors.buffers:
             held = self.tensors.get(name)
             if held is None:
@@ -242,10 +246,11 @@ class Stage:
         rows = next((t.shape[0] for t in tensors_of(x) if t.dim() > 0), 0)
         params = [p for p in module.parameters() if p.requires_grad]
         buffers = [(b, b.detach().clone()) for b in module.buffers()]
-        try:
+        try:  # plain autograd: the fused Linear backward would add the probes' gradients to .grad
             for size in (rows // 2, 2 * rows):
                 if size >= 1:
-                    self._probe_at(index, module, x, rows, size, params, timer, input_grad)
+                    with wgrad.suspended():
+                        self._probe_at(index, module, x, rows, size, params, timer, input_grad)
         finally:
             with torch.no_grad():
                 for buffer, saved in buffers:

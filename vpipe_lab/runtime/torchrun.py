@@ -153,6 +153,7 @@ def main(args: argparse.Namespace) -> int:
                    memory_budget=budget, timeout_s=args.timeout, threads=args.threads,
                    clip_grad_norm=args.clip_grad_norm, precision=args.precision, eval_every=args.eval_every,
                    eval_batches=args.eval_batches, iterations=args.iterations, save_every=args.save_every,
+                   fused_wgrad=args.fused_wgrad,
                    run_dir=str(run_dir) if run_dir is not None else None)
     resume = shared.get("resume")
     if resume is not None:

@@ -19,7 +19,7 @@ import torch
 
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.timeline import KINDS
-from vpipe_lab.runtime import profiler
+from vpipe_lab.runtime import profiler, wgrad
 from vpipe_lab.runtime.batches import Source, batch_size, signature, split
 from vpipe_lab.runtime.build import build_chain
 from vpipe_lab.runtime.callables import JobSpec, load_callables, load_data
@@ -89,7 +89,7 @@ class Worker:
         if fns.optimizer is None and self.leader:
             log.warning("no optimizer was given: the parameters will not change; pass optimizer=lambda params: ...")
         self.stage = Stage(self.placement.device, fns.optimizer, spec.seed, fns.lr_scheduler,
-                           autocast(spec.precision, self.placement.device))
+                           autocast(spec.precision, self.placement.device), wgrad.threshold(spec.fused_wgrad))
         mine = set(self.plan.layers_of(rank))
         for i, unit in enumerate(self.chain.units):
             if i in mine:

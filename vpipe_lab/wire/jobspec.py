@@ -47,6 +47,8 @@ def add_training_options(parser: argparse.ArgumentParser | argparse._ArgumentGro
     parser.add_argument("--eval-data", help=f"evaluation data: a bundled example or {names}")
     parser.add_argument("--eval-every", type=int, help="evaluate every this many iterations")
     parser.add_argument("--eval-batches", type=int, default=1)
+    parser.add_argument("--no-fused-wgrad", dest="fused_wgrad", action="store_false",
+                        help="Linear layers' weight gradients through plain autograd (see runtime/wgrad.py)")
     parser.add_argument("--log", help="tensorboard:DIR, wandb:PROJECT, mlflow:URI" +
                         ("" if names.startswith("package") else f" or a logging function ({names})"))
 
@@ -76,6 +78,7 @@ class JobSpec:
     resume_path: str | None = None
     clip_grad_norm: float | None = None  # the largest global gradient 2-norm (runtime/step.py)
     precision: str = "fp32"  # fp32 | bf16 | fp16 (runtime/precision.py)
+    fused_wgrad: bool | int = True  # Linear weight gradients accumulate inside the GEMM (runtime/wgrad.py)
     eval_every: int | None = None  # evaluate on the eval_data role every this many iterations
     eval_batches: int = 1
     iterations: int | None = None  # unattended: train until this iteration without waiting for a client
