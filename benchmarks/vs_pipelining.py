@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -41,14 +42,16 @@ REPLANNED = [("mlp", (0, 5, 10), "1f1b", 8), ("gpt-tiny", (0, 4, 8), "1f1b", 8)]
 EAGER = [row for row in ROWS if row[2] == "1f1b"]  # vpipe_lab runs these as eager-1f1b, torch as 1f1b
 
 
-def _port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def _torch_rank(rank: int, port: int, name: str, schedule: str, m: int, iterations: int, bounds: tuple[int, ...],
-                out: dict) -> None:  # type: ignore[type-arg]
+def torch_stage(rank: int, port: int, name: str, schedule: str, m: int, bounds: tuple[int, ...]
+                ) -> tuple[Any, Any, Any]:
+    """Join a 2-rank gloo group and build this rank's torch.distributed.pipelining stage: (example, schedule,
+    optimizer)."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     torch.set_num_threads(1)
@@ -61,7 +64,6 @@ def _torch_rank(rank: int, port: int, name: str, schedule: str, m: int, iteratio
     x0, _ = ex.data(0)
     example = torch.chunk(x0, m)[0]
     if rank == 1:  # the second stage's input is the first stage's output
-
         with torch.no_grad():
             h = torch.chunk(x0, m)[0]
             for layer in list(model)[:bounds[1]]:
@@ -69,21 +71,30 @@ def _torch_rank(rank: int, port: int, name: str, schedule: str, m: int, iteratio
         example = h
     stage = PipelineStage(sub, rank, 2, torch.device("cpu"), input_args=example)
     make = Schedule1F1B if schedule == "1f1b" else ScheduleGPipe
-    sched = make(stage, m, loss_fn=ex.loss)
-    opt = ex.optimizer(sub.parameters())
+    return ex, make(stage, m, loss_fn=ex.loss), ex.optimizer(sub.parameters())
+
+
+def torch_iteration(rank: int, ex: Any, sched: Any, opt: Any, it: int) -> None:
+    """One training iteration of a torch.distributed.pipelining stage: the pipeline, then the optimizer step."""
+    x, y = ex.data(it)
+    if rank == 0:
+        sched.step(x)
+    else:
+        sched.step(target=y, losses=[])
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def _torch_rank(rank: int, port: int, name: str, schedule: str, m: int, iterations: int, bounds: tuple[int, ...],
+                out: dict) -> None:  # type: ignore[type-arg]
+    ex, sched, opt = torch_stage(rank, port, name, schedule, m, bounds)
     dist.barrier()
     start = 0.0
     for it in range(WARMUP + iterations):
         if it == WARMUP:
             dist.barrier()
             start = time.perf_counter()
-        x, y = ex.data(it)
-        if rank == 0:
-            sched.step(x)
-        else:
-            sched.step(target=y, losses=[])
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        torch_iteration(rank, ex, sched, opt, it)
     dist.barrier()
     out[rank] = time.perf_counter() - start
     dist.destroy_process_group()
@@ -93,8 +104,8 @@ def torch_pipelining(name: str, schedule: str, m: int, iterations: int, bounds: 
     """Seconds per iteration of torch.distributed.pipelining."""
     ctx = mp.get_context("spawn")
     out = ctx.Manager().dict()
-    port = _port()
-    procs = [ctx.Process(target=_torch_rank, args=(r, port, name, schedule, m, iterations, bounds, out))
+    address = free_port()
+    procs = [ctx.Process(target=_torch_rank, args=(r, address, name, schedule, m, iterations, bounds, out))
              for r in range(2)]
     for p in procs:
         p.start()
