@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -13,6 +14,10 @@ from vpipe_lab.control.errors import SessionClosed
 from vpipe_lab.core.profile import Cluster
 
 pytestmark = pytest.mark.slow
+
+
+def _cores(pid: int) -> set[int]:
+    return set(os.sched_getaffinity(pid))
 
 
 def test_background_training_pause_resume_events_profile() -> None:
@@ -45,6 +50,9 @@ def test_background_training_pause_resume_events_profile() -> None:
         assert {"forward", "backward", "send", "recv"} <= {sp.kind for sp in timeline}
         mem = s.metrics.memory
         assert set(mem["stage"]) == {0, 1} and (mem["params"] > 0).all() and (mem["activations"] > 0).all()
+        if len(os.sched_getaffinity(0)) >= 2:  # each CPU stage keeps to its own core (runtime/device.pin_cores)
+            masks = [_cores(pid) for pid in s.pids().values()]
+            assert all(len(m) == 1 for m in masks) and masks[0] != masks[1]
         profile = s.profile()
         assert isinstance(profile, ModelProfile) and len(profile) == 8
         assert all(x.forward_s > 0 and x.backward_s > 0 and x.activation_bytes > 0 for x in profile.layers)

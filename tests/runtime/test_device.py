@@ -1,7 +1,11 @@
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
-from vpipe_lab.runtime.device import Clock, select
+from vpipe_lab.runtime.device import Clock, pin_cores, select
 
 
 def test_cpu_and_auto_without_gpus() -> None:
@@ -28,3 +32,26 @@ def test_stopwatch_marks_are_clock_seconds_on_cpu() -> None:
     end = watch.end()
     assert 50.0 <= start <= watch.seconds(a) <= watch.seconds(b) <= end
     assert watch.exact() >= end
+
+
+def test_pin_cores_gives_each_cpu_worker_its_own_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    masks: list[set[int]] = []
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cores: masks.append(set(cores)))
+    assert pin_cores("cpu", 1, 2, 2) == [2, 3] and masks == [{2, 3}]
+    assert pin_cores("cpu", 0, 4, 1) == [0]
+    assert pin_cores("cpu", 0, 3, 2) is None  # 6 cores wanted, 4 there: the OS schedules
+    assert pin_cores("cpu", 0, 1, 1) is None  # one worker has nothing to keep apart from
+    assert pin_cores("cuda", 0, 2, 1) is None
+    assert len(masks) == 2
+
+
+def test_pin_cores_really_sets_this_threads_mask() -> None:
+    """In a child process (the mask must not stick to the test runner): rank 1 of 2 keeps to the second core."""
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs CPU affinity and 2 cores")
+    code = ("import os; from vpipe_lab.runtime.device import pin_cores; "
+            "print(pin_cores('cpu', 1, 2, 1), sorted(os.sched_getaffinity(0)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    second = sorted(os.sched_getaffinity(0))[1]
+    assert out.stdout.split() == [f"[{second}]", f"[{second}]"]

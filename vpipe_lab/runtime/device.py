@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -19,12 +20,31 @@ class Placement:
         return self.device.type == "cuda"
 
 
+def _gpus_for(local_world: int) -> bool:
+    return torch.cuda.is_available() and torch.cuda.device_count() >= local_world
+
+
+def pin_cores(device: str, local_rank: int, local_world: int, threads: int) -> list[int] | None:
+    """A CPU job's worker keeps to its own ``threads`` cores when this node has that many for every local worker:
+    stages then never take each other's core (on 2 cores, a receiver's wake-ups and a Python thread of one stage
+    used to preempt the other stage's compute; gpt-tiny on 2 CPU stages ran 1-4% faster pinned). Call it before
+    any thread starts (threads keep the mask they were born with). The cores it kept to, or None (a GPU job, too
+    few cores, or no affinity on this OS): then the OS schedules as usual."""
+    if device == "cuda" or (device == "auto" and _gpus_for(local_world)) or not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    if local_world < 2 or len(allowed) < local_world * threads:
+        return None
+    mine = allowed[local_rank * threads:(local_rank + 1) * threads]
+    os.sched_setaffinity(0, mine)
+    return mine
+
+
 def select(device: str, local_rank: int, local_world: int) -> Placement:
     """``auto``: one GPU per stage when this node has enough (NCCL), else CPU (gloo); ``cpu`` / ``cuda`` force it."""
     if device == "cpu":
         return Placement(torch.device("cpu"), "gloo")
-    has_gpus = torch.cuda.is_available() and torch.cuda.device_count() >= local_world
-    if device == "cuda" or (device == "auto" and has_gpus):
+    if device == "cuda" or (device == "auto" and _gpus_for(local_world)):
         if not torch.cuda.is_available():
             raise RuntimeError("device='cuda' was asked for but torch sees no CUDA device; use device='cpu' or 'auto'")
         index = local_rank % torch.cuda.device_count()

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from vpipe_lab import examples
 from vpipe_lab.runtime.broker import Broker
 from vpipe_lab.runtime.comm import Peer
-from vpipe_lab.runtime.device import select
+from vpipe_lab.runtime.device import pin_cores, select
 from vpipe_lab.runtime.process import serve
 from vpipe_lab.wire import protocol as P
 from vpipe_lab.wire.channel import Link
@@ -107,6 +107,9 @@ def main(args: argparse.Namespace) -> int:
     rank, world = _env("RANK"), _env("WORLD_SIZE")
     local_rank, local_world = _env("LOCAL_RANK"), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+    cores = pin_cores(args.device, local_rank, local_world, args.threads)
+    if cores is not None:
+        log.info("rank %d keeps to CPU cores %s", rank, cores)
     torch.set_num_threads(args.threads)
     placement = select(args.device, local_rank, local_world)
     dist.init_process_group(placement.backend, init_method="env://", timeout=timedelta(seconds=args.timeout))
