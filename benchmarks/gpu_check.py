@@ -6,7 +6,8 @@ With a GPU it checks, each as a named result: NCCL process groups (2 stages when
 swap on a side CUDA stream into pinned host memory, CUDA memory counters reported per stage, parity of a pipelined
 run with plain single-process training on the GPU, a single-stage GPU run against plain training on the CPU (the
 numerics match across devices), how much of the swap traffic hides under compute (iteration time with swap against
-keep), and, measured from CUDA events, what fraction of a swapped layer's copies ran while its neighbours computed.
+keep), measured from CUDA events what fraction of a swapped layer's copies ran while its neighbours computed, and
+that weight gradients accumulated inside the GEMM (runtime/wgrad.py) equal autograd's, with both backwards' times.
 Record what it prints in benchmarks/RESULTS.md.
 """
 
@@ -55,6 +56,40 @@ def swap_overlap(torch) -> dict[str, object]:  # type: ignore[no-untyped-def]
     fraction = overlap / (b - a) if b > a else 0.0
     return {"swap_copy_ms": round(b - a, 3), "neighbour_compute_ms": round(d - c, 3), "swapped_bytes": moved,
             "swap_overlap_fraction": round(fraction, 3), "swap_overlap_ok": fraction >= 0.5}
+
+
+def fused_wgrad(torch) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """Weight gradients accumulated inside the GEMM on the GPU: the same gradients as autograd's accumulation over
+    8 micro-batches, and the backward time of both (CUDA events)."""
+    import copy
+
+    from vpipe_lab.runtime import wgrad
+
+    device = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 4096)).to(device)
+    fused = copy.deepcopy(plain)
+    wgrad.fuse(fused)
+    xs = [torch.randn(16, 4096, device=device) for _ in range(8)]
+
+    def run(model) -> float:  # type: ignore[no-untyped-def]
+        model.zero_grad(set_to_none=True)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for x in xs:
+            model(x).square().mean().backward()
+        end.record()
+        torch.cuda.synchronize(device)
+        return float(start.elapsed_time(end))
+
+    for _ in range(3):  # warm-up, then the median of 5 alternated runs
+        run(plain), run(fused)
+    times = [(run(plain), run(fused)) for _ in range(5)]
+    diff = max(float((a.grad - b.grad).abs().max()) for a, b in zip(plain.parameters(), fused.parameters()))
+    t_plain = sorted(t for t, _ in times)[2]
+    t_fused = sorted(t for _, t in times)[2]
+    return {"fused_wgrad_max_abs_diff": diff, "fused_wgrad_ok": diff < 1e-4, "fused_wgrad_ms": round(t_fused, 3),
+            "autograd_wgrad_ms": round(t_plain, 3), "fused_wgrad_speedup": round(t_plain / t_fused, 3)}
 
 
 def main() -> int:
@@ -133,10 +168,12 @@ def main() -> int:
     checks["single_stage_gpu_vs_cpu_ok"] = drift < 1e-3
     # 4. Copies of a swapped layer overlap its neighbours' compute (CUDA events on both streams).
     checks.update(swap_overlap(torch))
+    # 5. Fused weight-gradient accumulation on the GPU: same gradients, and its speed against autograd's.
+    checks.update(fused_wgrad(torch))
     results["checks"] = checks
     results["ok"] = bool(checks["parity_ok"] and checks["swap_ok"] and checks["cuda_counters"]
                          and checks["backend"] == "nccl" and checks["single_stage_gpu_vs_cpu_ok"]
-                         and checks["swap_overlap_ok"])
+                         and checks["swap_overlap_ok"] and checks["fused_wgrad_ok"])
     text = json.dumps(results, indent=1)
     print(text)
     if args.out:

@@ -6,9 +6,10 @@ Why: `vs_pipelining.py` alternates whole runs, seconds to minutes apart, and thi
 +-20% over minutes (the same stage's forward+backward took 50 ms in one minute and 75 ms in the next), so its
 ratios spread +-10-15% between rounds. Here one torch.distributed.pipelining job (two spawned ranks that wait on a
 pipe between blocks) and one vpipe_lab job (a paused Session) start once, warm up, and then run ``--block``
-iterations each in turn, ``--blocks`` times: every torch block has a vpipe_lab block within a second of it. The
-ratio of each adjacent pair (torch s/it over vpipe_lab s/it: above 1 means vpipe_lab is faster) is taken, and the
-table gives their median and interquartile range.
+iterations each in turn, ``--blocks`` rounds, the order rotated every round (the job that runs right after another
+refills the caches, so no job may always be the one right after torch): every torch block has a vpipe_lab block
+within a second of it. The ratio of each round's pair (torch s/it over vpipe_lab s/it: above 1 means vpipe_lab is
+faster) is taken, and the table gives their median and interquartile range.
 
 Schedules: torch's ``Schedule1F1B`` runs ``K - s`` warm-up forwards on stage ``s`` (two on the first of two stages),
 which is vpipe_lab's ``eager-1f1b`` (vpipe_lab's ``1f1b`` is the textbook order with ``K - s - 1``, one micro-batch
@@ -22,7 +23,9 @@ import argparse
 import os
 import statistics
 import time
-from typing import Any
+from collections.abc import Callable
+from functools import partial
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -30,6 +33,8 @@ from vs_pipelining import ROWS, WARMUP, _split, free_port, torch_iteration, torc
 
 import vpipe_lab
 from vpipe_lab import Plan
+
+T = TypeVar("T")
 
 
 def _torch_server(rank: int, address: int, name: str, schedule: str, m: int, bounds: tuple[int, ...],
@@ -83,7 +88,14 @@ class TorchJob:
                 proc.kill()
 
 
-def _vpipe_block(session: Any, n: int) -> float:
+def rotated(jobs: list[T], r: int) -> list[T]:
+    """The jobs in round ``r``'s order: rotated by one each round, so every job runs in every position (the job
+    right after a switch of process pays for refilling the caches; in a fixed order that is always the same job)."""
+    k = r % len(jobs)
+    return jobs[k:] + jobs[:k]
+
+
+def vpipe_block(session: Any, n: int) -> float:
     """Seconds per iteration of the session's next ``n`` iterations, from their first start to their last end."""
     first = session.iteration
     session.run(n)
@@ -115,10 +127,11 @@ def row(name: str, bounds: tuple[int, ...], schedule: str, m: int, blocks: int, 
             sessions[label] = s
         torch_job.run(WARMUP)
         times: dict[str, list[float]] = {"torch": [], **{label: [] for label in sessions}}
-        for _ in range(blocks):
-            times["torch"].append(torch_job.run(block))
-            for label, s in sessions.items():
-                times[label].append(_vpipe_block(s, block))
+        runs: list[tuple[str, Callable[[], float]]] = [("torch", partial(torch_job.run, block))]
+        runs += [(label, partial(vpipe_block, s, block)) for label, s in sessions.items()]
+        for r in range(blocks):
+            for label, run in rotated(runs, r):
+                times[label].append(run())
         return times
     finally:
         torch_job.close()
