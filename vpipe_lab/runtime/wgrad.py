@@ -7,11 +7,12 @@ extra read and write of every weight per micro-batch, which dominates when weigh
 that pass and the temporary; the first micro-batch writes the gradient, the others add to it. The result is the same
 sum in another rounding order (parity tests compare with plain gradient accumulation to float tolerance).
 
-Applies to ``nn.Linear`` (and subclasses that keep its forward), HuggingFace's ``Conv1D`` (GPT-2's ``x @ W + b``), and
-in a torch.export-ed model (``runtime/capture.py``) to every ``aten.linear`` and ``aten.addmm`` whose weight is a
-parameter; only when autograd records, the weight is trainable and no autocast is active; everything else runs the module's own
-forward. A weight's gradient then arrives by this side effect, not through autograd's graph, so hooks registered on
-such a weight do not fire, and ``torch.autograd.grad`` with respect to it must run under ``suspended()`` (the
+Applies to ``nn.Linear`` (and subclasses that keep its forward), HuggingFace's ``Conv1D`` (GPT-2's ``x @ W + b``),
+and in a torch.export-ed model (``runtime/capture.py``) to every ``aten.linear`` and ``aten.addmm`` whose weight is a
+parameter, when the weight has at least ``MIN_PARAMS`` elements (or the threshold given); at run time only when
+autograd records, the weight is trainable and no autocast is active: everything else runs the module's own forward.
+A weight's gradient then arrives by this side effect, not through autograd's graph, so hooks registered on such a
+weight do not fire, and ``torch.autograd.grad`` with respect to it must run under ``suspended()`` (the
 profiler's probes do).
 """
 
