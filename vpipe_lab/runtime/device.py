@@ -27,7 +27,7 @@ def _gpus_for(local_world: int) -> bool:
 def pin_cores(device: str, local_rank: int, local_world: int, threads: int) -> list[int] | None:
     """A CPU job's worker keeps to its own ``threads`` cores when this node has that many for every local worker:
     stages then never take each other's core (on 2 cores, a receiver's wake-ups and a Python thread of one stage
-    used to preempt the other stage's compute; gpt-tiny on 2 CPU stages ran 1-4% faster pinned). Call it before
+    used to preempt the other stage's compute; gpt-tiny on 2 CPU stages ran 0.5-4% faster pinned). Call it before
     any thread starts (threads keep the mask they were born with). The cores it kept to, or None (a GPU job, too
     few cores, or no affinity on this OS): then the OS schedules as usual."""
     if device == "cuda" or (device == "auto" and _gpus_for(local_world)) or not hasattr(os, "sched_setaffinity"):
