@@ -28,6 +28,13 @@ def _accumulate(model: torch.nn.Module, inputs: list[torch.Tensor]) -> list[torc
     return grads
 
 
+def _assert_trains_alike(plain: torch.nn.Module, fused: torch.nn.Module, inputs: list[torch.Tensor]) -> None:
+    """Accumulating over ``inputs`` gives both the same input and parameter gradients."""
+    for g, h in zip(_accumulate(plain, inputs), _accumulate(fused, inputs)):
+        torch.testing.assert_close(h, g)
+    _assert_same_grads(plain, fused)
+
+
 def _assert_same_grads(a: torch.nn.Module, b: torch.nn.Module) -> None:
     for (name, p), q in zip(a.named_parameters(), b.parameters()):
         assert p.grad is not None and q.grad is not None, name
@@ -40,9 +47,7 @@ def test_gradients_match_plain_autograd_over_microbatches(shape: tuple[int, ...]
     fused = copy.deepcopy(plain)
     assert wgrad.fuse(fused, 0) == 3
     inputs = [torch.randn(shape) for _ in range(4)]
-    for g, h in zip(_accumulate(plain, inputs), _accumulate(fused, inputs)):
-        torch.testing.assert_close(h, g)
-    _assert_same_grads(plain, fused)
+    _assert_trains_alike(plain, fused, inputs)
 
 
 def test_the_weight_gradient_is_accumulated_in_place() -> None:
@@ -120,9 +125,7 @@ def test_huggingface_conv1d_is_fused_too() -> None:
     fused = copy.deepcopy(plain)
     assert wgrad.fuse(fused, 0) == 2
     inputs = [torch.randn(2, 3, 8) for _ in range(3)]
-    for g, h in zip(_accumulate(plain, inputs), _accumulate(fused, inputs)):
-        torch.testing.assert_close(h, g)
-    _assert_same_grads(plain, fused)
+    _assert_trains_alike(plain, fused, inputs)
 
 
 def test_copies_and_saved_modules_run_over_themselves_and_unfuse_restores() -> None:
@@ -162,9 +165,7 @@ def test_a_captured_graphs_linear_ops_are_fused_and_unfused() -> None:
     assert wgrad.fuse(graph, 0) == 2 and wgrad.fuse(graph, 0) == 2
     assert sum(n.target is wgrad.graph_linear for n in graph.graph.nodes) == 2
     inputs = [torch.randn(3, 8) for _ in range(3)]
-    for g, h in zip(_accumulate(plain, inputs), _accumulate(graph, inputs)):
-        torch.testing.assert_close(h, g)
-    _assert_same_grads(plain, graph)
+    _assert_trains_alike(plain, graph, inputs)
     wgrad.unfuse(graph)
     assert sum(n.target is torch.ops.aten.linear.default for n in graph.graph.nodes) == 2
 
@@ -177,9 +178,7 @@ def test_an_exported_conv1d_addmm_is_fused() -> None:
     graph = torch.export.export(copy.deepcopy(plain), (torch.randn(6, 8),)).module()
     assert wgrad.fuse(graph, 0) == 1
     inputs = [torch.randn(6, 8) for _ in range(3)]
-    for g, h in zip(_accumulate(plain, inputs), _accumulate(graph, inputs)):
-        torch.testing.assert_close(h, g)
-    _assert_same_grads(plain, graph)
+    _assert_trains_alike(plain, graph, inputs)
 
 
 def test_only_weights_of_at_least_min_params_are_fused() -> None:

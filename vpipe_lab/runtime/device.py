@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ def pin_cores(device: str, local_rank: int, local_world: int, threads: int) -> l
         return None
     mine = allowed[local_rank * threads:(local_rank + 1) * threads]
     os.sched_setaffinity(0, mine)
+    log.info("local rank %d keeps to CPU cores %s", local_rank, mine)
     return mine
 
 

@@ -67,9 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: int,
         worker_cls: type[Worker] | None = None) -> int:
     """A worker started by ``launch()``: connect to the controller, join the process group, serve."""
-    cores = pin_cores(spec.device, local_rank, local_world, spec.threads)  # before the link's and torch's threads
-    if cores is not None:
-        log.info("rank %d keeps to CPU cores %s", rank, cores)
+    pin_cores(spec.device, local_rank, local_world, spec.threads)  # before the link's and torch's threads start
     torch.set_num_threads(spec.threads)
     link = Link(spec.address, spec.key, f"rank{rank}", session=spec.session_id)
     link.send(P.Message(P.HELLO, body={"rank": rank, "pid": os.getpid(), "host": socket.gethostname()}))

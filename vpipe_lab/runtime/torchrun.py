@@ -107,9 +107,7 @@ def main(args: argparse.Namespace) -> int:
     rank, world = _env("RANK"), _env("WORLD_SIZE")
     local_rank, local_world = _env("LOCAL_RANK"), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
-    cores = pin_cores(args.device, local_rank, local_world, args.threads)
-    if cores is not None:
-        log.info("rank %d keeps to CPU cores %s", rank, cores)
+    pin_cores(args.device, local_rank, local_world, args.threads)
     torch.set_num_threads(args.threads)
     placement = select(args.device, local_rank, local_world)
     dist.init_process_group(placement.backend, init_method="env://", timeout=timedelta(seconds=args.timeout))
