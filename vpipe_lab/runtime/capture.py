@@ -380,11 +380,12 @@ def _mutated(gm: torch.fx.GraphModule, canonical: dict[int, str]) -> set[str]:
             written = spec.alias_info is not None and spec.alias_info.is_write
             if isinstance(arg, torch.fx.Node) and arg.op == "get_attr" and (written or (
                     norm and spec.name in ("running_mean", "running_var"))):
-                found.add(canonical.get(id(_attr(gm, str(arg.target))), str(arg.target)))
+                found.add(canonical.get(id(attribute(gm, str(arg.target))), str(arg.target)))
     return found
 
 
-def _attr(module: nn.Module, path: str) -> Any:
+def attribute(module: nn.Module, path: str) -> Any:
+    """The object at a dotted ``path`` below ``module`` (a graph's ``get_attr`` target)."""
     for atom in path.split("."):
         module = getattr(module, atom)
     return module

@@ -177,7 +177,7 @@ class Executor:
         marks: list[tuple[str, int, int | None, float, float]] = []
         # Labels only while a torch profiler records: entering a record_function per action costs ~3% of a small
         # model's iteration even when nothing listens (gpt-tiny, 2 CPU stages, benchmarks/interleaved.py).
-        labelled = torch.autograd.profiler._is_profiler_enabled or torch._C._autograd._profiler_enabled()
+        labelled = torch._C._autograd._profiler_enabled()
         result = IterationResult(iteration, self.watch.begin(), 0.0)
         for step, action in enumerate(row):
             op, mb = action.op, action.microbatch

@@ -25,7 +25,9 @@ from typing import Any, cast
 
 import torch
 
-_MARK = "_vpipe_fused_wgrad"
+from vpipe_lab.runtime.capture import attribute
+
+_MARK = "_vpipe_fused_wgrad"  # a rewritten graph node's meta key: the op it called before
 # Below this many weight elements (1 MiB in fp32) a weight and its gradient stay in cache, where autograd's add is
 # cheap, and the Python autograd.Function's own cost (tens of microseconds per call) outweighs the pass it saves:
 # gpt-tiny's 96-wide layers ran 5-10% slower fused, the MLP's 256x1024 to 2048x2048 layers 20-30% faster.
@@ -54,15 +56,20 @@ def suspended() -> Iterator[None]:
         _suspended -= 1
 
 
+def _in_place(held: torch.Tensor | None, like: torch.Tensor) -> bool:
+    """Whether a held gradient can take ``like``'s values added in place (dense, same dtype and shape)."""
+    return held is not None and not held.is_sparse and held.dtype == like.dtype and held.shape == like.shape
+
+
 def _add(param: torch.Tensor, grad: torch.Tensor) -> None:
     """``param.grad += grad``: in place when the held gradient allows it, else as autograd would (a new tensor)."""
     held = param.grad
     if held is None:
         param.grad = grad
-    elif held.is_sparse or held.dtype != grad.dtype or held.shape != grad.shape:
-        param.grad = held + grad
-    else:
+    elif _in_place(held, grad):
         held.add_(grad)
+    else:
+        param.grad = held + grad
 
 
 class _AccumulatingLinear(torch.autograd.Function):
@@ -92,7 +99,7 @@ class _AccumulatingLinear(torch.autograd.Function):
         xs = x.reshape(-1, x.shape[-1])
         a, b = (xs.t(), g) if transposed else (g.t(), xs)  # the weight's gradient is a @ b
         held = weight.grad
-        if held is not None and not held.is_sparse and held.dtype == g.dtype and held.shape == weight.shape:
+        if _in_place(held, weight):
             held.addmm_(a, b)  # the accumulation inside the GEMM: no temporary, no second pass
         else:
             _add(weight, a.mm(b))
@@ -162,7 +169,7 @@ def _fuse_graph(gm: torch.fx.GraphModule, min_params: int) -> int:
             continue
         fused, at = _GRAPH_OPS[original]
         weight = node.args[at] if len(node.args) > at else None
-        param = _attr(gm, str(weight.target)) if isinstance(weight, torch.fx.Node) and weight.op == "get_attr" else None
+        param = attribute(gm, str(weight.target)) if isinstance(weight, torch.fx.Node) and weight.op == "get_attr" else None
         if not isinstance(param, torch.nn.Parameter) or param.numel() < min_params:
             continue
         count += 1
@@ -183,12 +190,6 @@ def _unfuse_graph(gm: torch.fx.GraphModule) -> None:
             changed = True
     if changed:
         gm.recompile()
-
-
-def _attr(module: torch.nn.Module, path: str) -> Any:
-    for part in path.split("."):
-        module = getattr(module, part, None)  # type: ignore[assignment]
-    return module
 
 
 def _kind(module: torch.nn.Module) -> bool | None:
@@ -213,9 +214,8 @@ def fuse(module: torch.nn.Module, min_params: int = MIN_PARAMS) -> int:
         if kind is None or cast(torch.Tensor, sub.weight).numel() < min_params:
             continue
         count += 1
-        if not getattr(sub, _MARK, False):
+        if not isinstance(sub.__dict__.get("forward"), _Forward):
             sub.forward = _Forward(sub, kind)
-            setattr(sub, _MARK, True)
     return count
 
 
@@ -224,6 +224,5 @@ def unfuse(module: torch.nn.Module) -> None:
     for sub in module.modules():
         if isinstance(sub, torch.fx.GraphModule):
             _unfuse_graph(sub)
-        if getattr(sub, _MARK, False):
+        if isinstance(sub.__dict__.get("forward"), _Forward):
             del sub.forward
-            delattr(sub, _MARK)
