@@ -6,7 +6,9 @@
 2. Prediction: measured median iteration time against the cost model and the simulator, both fed with the online
    profile and the measured cluster (Session.profile(), Session.cluster()) of the same run.
 3. Efficiency: busy time / (K x iteration time) from the measured spans, against the bubble limit
-   1 - (K - 1) / (M + K - 1), for M in {1, 2, 4, 8}, with 1F1B and eager 1F1B run back to back.
+   1 - (K - 1) / (M + K - 1), for M in {1, 2, 4, 8}, with 1F1B and eager 1F1B run back to back; and each
+   iteration against its own compute bound (``core.simulator.compute_bound_s``: the schedule replayed with that
+   iteration's measured compute and free transfers, the bubble limit of the stages as they ran).
 All runs: 2 CPU ranks, gloo, one thread per rank.
 """
 
@@ -18,7 +20,8 @@ import statistics
 import vpipe_lab
 from vpipe_lab import Plan
 from vpipe_lab.core.costmodel import estimate
-from vpipe_lab.core.simulator import simulate
+from vpipe_lab.core.schedule import for_plan
+from vpipe_lab.core.simulator import compute_bound_s, simulate
 
 WARMUP = 3
 
@@ -44,14 +47,17 @@ def run(name: str, m: int, iterations: int, *, telemetry: bool = True, schedule:
             out["simulated"] = simulate(s.plan, profile, cluster).iteration_s
             tl = s.metrics.timeline(iterations)
             its = sorted({sp.iteration for sp in tl})[1:]
-            eff, top = [], []
+            eff, top, bound = [], [], []
+            schedule = for_plan(s.plan)
             for it in its:
                 t = tl.select(iteration=it)
                 busy = [t.busy_s(st) for st in range(2)]
                 eff.append(sum(busy) / (2 * t.iteration_s))
                 top.append(max(busy) / t.iteration_s)
+                bound.append(compute_bound_s(schedule, t) / t.iteration_s)
             out["efficiency"] = statistics.median(eff)
             out["bottleneck"] = statistics.median(top)
+            out["of_bound"] = statistics.median(bound)
     return out
 
 
@@ -109,16 +115,19 @@ def efficiency(args: argparse.Namespace) -> None:
     print("\n## Pipeline efficiency against the bubble limit (gpt-tiny, K = 2)\n")
     print("Efficiency = busy time of both stages / (2 x iteration time); it also falls when the stages' loads differ.")
     print("The busiest stage's share of the iteration shows the runtime's own waiting on the critical path.")
-    print("Both schedules have the same fill and drain, so the same bubble limit; each M runs them back to back.\n")
+    print("Both schedules have the same fill and drain, so the same bubble limit; each M runs them back to back.")
+    print("Compute bound / measured: each iteration's schedule replayed with its own measured compute and free")
+    print("transfers, over its measured time (1.0 = no runtime overhead on the critical path).\n")
     print("| M | schedule | measured efficiency | bubble limit 1 - (K-1)/(M+K-1) | measured / limit "
-          "| busiest stage busy share | busiest / limit | ms/it |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| busiest stage busy share | busiest / limit | compute bound / measured | ms/it |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for m in (1, 2, 4, 8):
         for schedule in ("1f1b", "eager-1f1b"):
             r = run("gpt-tiny", m, max(10, args.iterations // 2), schedule=schedule)
             limit = 1 - 1 / (m + 1)
             print(f"| {m} | {schedule} | {r['efficiency']:.3f} | {limit:.3f} | {r['efficiency'] / limit:.3f} "
-                  f"| {r['bottleneck']:.3f} | {r['bottleneck'] / limit:.3f} | {1e3 * r['median']:.1f} |", flush=True)
+                  f"| {r['bottleneck']:.3f} | {r['bottleneck'] / limit:.3f} | {r['of_bound']:.3f} "
+                  f"| {1e3 * r['median']:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

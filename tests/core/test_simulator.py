@@ -9,7 +9,8 @@ from vpipe_lab.core.errors import ScheduleError
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
 from vpipe_lab.core.schedule import Schedule, gpipe, one_f_one_b
-from vpipe_lab.core.simulator import run_schedule, simulate
+from vpipe_lab.core.simulator import compute_bound_s, run_schedule, simulate
+from vpipe_lab.core.timeline import Span, Timeline
 
 FREE = dict(swap_bandwidth=1e12, link_bandwidth=1e30)
 
@@ -88,3 +89,19 @@ def test_generated_schedules_never_deadlock() -> None:
         for m in range(1, 7):
             for make in (gpipe, one_f_one_b):
                 run_schedule(make(k, m), lambda a: 1.0)
+
+
+def test_compute_bound_replays_measured_compute_with_free_transfers() -> None:
+    plan = Plan.from_counts([1, 1], 2, "1f1b")
+    cluster = Cluster(2, 10**9, swap_bandwidth=1e12, link_bandwidth=1e3)  # slow link: sends take time
+    measured = simulate(plan, equal(2), cluster)
+    assert measured.select(kind="send").spans and measured.iteration_s > 6.0
+    # Two stages of F = B = 1 and M = 2 need 6 units without transfer time, whatever the measured sends took.
+    assert compute_bound_s(one_f_one_b(2, 2), measured) == pytest.approx(6.0)
+    # An unequal stage moves the bound: stage 1's backward of micro-batch 0 took 3 units instead of 1.
+    slow = Timeline(tuple(Span(s.stage, s.kind, s.microbatch, s.layer, s.start_s,
+                               s.end_s + (2.0 if (s.stage, s.kind, s.microbatch) == (1, "backward", 0) else 0.0))
+                          for s in measured))
+    assert compute_bound_s(one_f_one_b(2, 2), slow) == pytest.approx(8.0)
+    # Actions without spans take no time.
+    assert compute_bound_s(one_f_one_b(2, 2), Timeline()) == 0.0

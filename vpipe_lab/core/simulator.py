@@ -48,3 +48,25 @@ def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, *, schedule: S
     plan.validate(cm.num_layers, cm.stages)
     sched = schedule if schedule is not None else for_plan(plan)
     return run_schedule(sched, durations(cm, plan), sends_use_copy_lane=cluster.shared_link, iteration=iteration)
+
+
+def compute_bound_s(schedule: Schedule, measured: Timeline) -> float:
+    """The shortest iteration ``schedule`` allows with ``measured``'s compute times and free transfers and swaps:
+    the bubble limit of these stages, as they really ran (unequal stages and micro-batches included; the textbook
+    ``1 - (K - 1) / (M + K - 1)`` assumes equal ones). A measured iteration over this bound is the runtime's own
+    overhead on the critical path: transfer latency, waiting, bookkeeping.
+
+    ``measured`` holds one iteration's spans; each forward, backward and recompute action takes the total of its
+    spans (stage, kind, micro-batch and layer), an action without a span takes no time.
+    """
+    took: dict[tuple[int, str, int, int | None], float] = {}
+    for span in measured:
+        key = (span.stage, span.kind, span.microbatch, span.layer)
+        took[key] = took.get(key, 0.0) + span.duration_s
+    kinds = {Op.F: "forward", Op.B: "backward", Op.RECOMPUTE: "recompute"}
+
+    def duration(a: Action) -> float:
+        kind = kinds.get(a.op)
+        return 0.0 if kind is None else took.get((a.stage, kind, a.microbatch, a.layer), 0.0)
+
+    return run_schedule(schedule, duration).iteration_s
