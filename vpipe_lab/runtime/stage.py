@@ -24,10 +24,9 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
 from vpipe_lab.core.plan import Policy
-from vpipe_lab.runtime import recompute, wgrad
+from vpipe_lab.runtime import probe, recompute, wgrad
 from vpipe_lab.runtime.capture import UnitTensors
 from vpipe_lab.runtime.memory import Ledger, optimizer_bytes, tensor_bytes
 from vpipe_lab.runtime.optim import OptimizerFactory, SchedulerFactory, StageOptimizer
@@ -230,45 +229,12 @@ class Stage:
             self.layers[segment[0]].stats.add_forward(timer() - start)
             if self.probing and mb == 0 and segment[0] not in self._unprobed:
                 try:
-                    self.probe(segment[0], x, timer, input_grad)
+                    probe.probe(self, segment[0], x, timer, input_grad)
                 except Exception as exc:  # a layer that only takes its own batch size (a fixed reshape, say)
                     log.info("layer %d cannot be timed at other micro-batch sizes (%s: %s); its time is taken as "
                              "linear in the micro-batch size", segment[0], type(exc).__name__, exc)
                     self._unprobed.add(segment[0])
         return result
-
-    def probe(self, index: int, x: Any, timer: Timer, input_grad: bool = True) -> None:
-        """Time layer ``index`` alone on micro-batches of half and twice this one's size, cut from or repeated along
-        dim 0 of its real input: points of its throughput-vs-micro-batch-size curve (``core/scaling.py``). Nothing
-        it computes stays: gradients come from ``torch.autograd.grad`` (not accumulated), buffers (running
-        statistics) are put back, and the next layer is seeded afresh anyway."""
-        module = self.layers[index].module
-        rows = next((t.shape[0] for t in tensors_of(x) if t.dim() > 0), 0)
-        params = [p for p in module.parameters() if p.requires_grad]
-        buffers = [(b, b.detach().clone()) for b in module.buffers()]
-        try:  # plain autograd: the fused Linear backward would add the probes' gradients to .grad
-            for size in (rows // 2, 2 * rows):
-                if size >= 1:
-                    with wgrad.suspended():
-                        self._probe_at(index, module, x, rows, size, params, timer, input_grad)
-        finally:
-            with torch.no_grad():
-                for buffer, saved in buffers:
-                    buffer.copy_(saved)
-
-    def _probe_at(self, index: int, module: torch.nn.Module, x: Any, rows: int, size: int,
-                  params: list[torch.nn.Parameter], timer: Timer, input_grad: bool) -> None:
-        resized = pytree.tree_map(lambda v: _resize(v, rows, size) if isinstance(v, torch.Tensor) else v, x)
-        inp, leaves = recompute.leafify(resized, input_grad)
-        start = timer()
-        with self.autocast():
-            out = module(inp)
-        middle = timer()
-        outs = [t for t in tensors_of(out) if t.requires_grad]
-        wrt = params + [leaf for leaf in leaves if leaf.requires_grad]
-        if outs and wrt:
-            torch.autograd.grad(outs, wrt, [torch.ones_like(t) for t in outs], allow_unused=True)
-        self.layers[index].stats.add_size(size, middle - start, timer() - middle)
 
     def owner(self, index: int, profile: bool = False) -> Segment | None:
         """The segment that runs layer ``index`` in this iteration's grouping."""
@@ -389,11 +355,3 @@ class Stage:
         for layer in self.layers.values():
             layer.stats = LayerStats()
 
-
-def _resize(t: torch.Tensor, rows: int, size: int) -> torch.Tensor:
-    """``t`` with ``size`` rows instead of ``rows`` along dim 0 (cut, or repeated); other tensors as they are."""
-    if t.dim() == 0 or t.shape[0] != rows:
-        return t
-    if size <= rows:
-        return t[:size]
-    return t.repeat(-(-size // rows), *([1] * (t.dim() - 1)))[:size]
