@@ -68,10 +68,9 @@ class _Posted:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
         if isinstance(exc, RuntimeError) and not isinstance(exc, CommError):
             raise CommError(f"rank {self.rank}: {self.what} failed: {exc}") from None
-        return False
 
 
 Slot = tuple[int, bool, tuple[int, ...]]  # dtype code, requires_grad, shape
