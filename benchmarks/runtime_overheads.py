@@ -67,6 +67,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-telemetry", action="store_true", help="only the prediction and efficiency tables")
     ap.add_argument("--only-efficiency", action="store_true", help="only the efficiency table")
+    ap.add_argument("--microbatches", type=int, nargs="+", default=[1, 2, 4, 8], help="the efficiency table's M")
     args = ap.parse_args()
 
     if not args.skip_telemetry and not args.only_efficiency:
@@ -121,7 +122,7 @@ def efficiency(args: argparse.Namespace) -> None:
     print("| M | schedule | measured efficiency | bubble limit 1 - (K-1)/(M+K-1) | measured / limit "
           "| busiest stage busy share | busiest / limit | compute bound / measured | ms/it |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for m in (1, 2, 4, 8):
+    for m in args.microbatches:
         for schedule in ("1f1b", "eager-1f1b"):
             r = run("gpt-tiny", m, max(10, args.iterations // 2), schedule=schedule)
             limit = 1 - 1 / (m + 1)
