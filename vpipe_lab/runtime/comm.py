@@ -59,8 +59,8 @@ def _json_tensor(obj: Any) -> torch.Tensor:
 
 
 class _Posted:
-    """Runs a torch.distributed call, turning gloo's errors (raised when posting, too) into CommError. One object per
-    Peer and call site, reused: a context manager built per transfer cost more than the transfer's own posting."""
+    """Runs a torch.distributed call, turning gloo's errors (raised when posting, too) into CommError. The hot path's
+    is built once per Peer: a guard class defined per transfer cost more than posting the transfer itself."""
 
     def __init__(self, what: str, rank: int) -> None:
         self.what, self.rank = what, rank
