@@ -8,24 +8,23 @@ accumulated), buffers (running statistics) are put back, and the next layer is s
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
 from vpipe_lab.runtime import recompute, wgrad
-from vpipe_lab.runtime.units import tensors_of
-
-if TYPE_CHECKING:
-    from vpipe_lab.runtime.stage import Stage
+from vpipe_lab.runtime.units import Layer, tensors_of
 
 Timer = Callable[[], float]
+Autocast = Callable[[], AbstractContextManager[object]]
 
 
-def probe(stage: Stage, index: int, x: Any, timer: Timer, input_grad: bool = True) -> None:
-    """Time layer ``index`` of ``stage`` alone on micro-batches of half and twice this one's size, cut from or
-    repeated along dim 0 of its real input ``x``; the times go to the layer's stats."""
-    module = stage.layers[index].module
+def probe(layer: Layer, autocast: Autocast, x: Any, timer: Timer, input_grad: bool = True) -> None:
+    """Time ``layer`` alone (in the stage's ``autocast``) on micro-batches of half and twice this one's size, cut from
+    or repeated along dim 0 of its real input ``x``; the times go to the layer's stats."""
+    module = layer.module
     rows = next((t.shape[0] for t in tensors_of(x) if t.dim() > 0), 0)
     params = [p for p in module.parameters() if p.requires_grad]
     buffers = [(b, b.detach().clone()) for b in module.buffers()]
@@ -33,26 +32,26 @@ def probe(stage: Stage, index: int, x: Any, timer: Timer, input_grad: bool = Tru
         for size in (rows // 2, 2 * rows):
             if size >= 1:
                 with wgrad.suspended():
-                    _probe_at(stage, index, module, x, rows, size, params, timer, input_grad)
+                    _probe_at(layer, autocast, x, rows, size, params, timer, input_grad)
     finally:
         with torch.no_grad():
             for buffer, saved in buffers:
                 buffer.copy_(saved)
 
 
-def _probe_at(stage: Stage, index: int, module: torch.nn.Module, x: Any, rows: int, size: int,
-              params: list[torch.nn.Parameter], timer: Timer, input_grad: bool) -> None:
+def _probe_at(layer: Layer, autocast: Autocast, x: Any, rows: int, size: int, params: list[torch.nn.Parameter],
+              timer: Timer, input_grad: bool) -> None:
     resized = pytree.tree_map(lambda v: resize(v, rows, size) if isinstance(v, torch.Tensor) else v, x)
     inp, leaves = recompute.leafify(resized, input_grad)
     start = timer()
-    with stage.autocast():
-        out = module(inp)
+    with autocast():
+        out = layer.module(inp)
     middle = timer()
     outs = [t for t in tensors_of(out) if t.requires_grad]
     wrt = params + [leaf for leaf in leaves if leaf.requires_grad]
     if outs and wrt:
         torch.autograd.grad(outs, wrt, [torch.ones_like(t) for t in outs], allow_unused=True)
-    stage.layers[index].stats.add_size(size, middle - start, timer() - middle)
+    layer.stats.add_size(size, middle - start, timer() - middle)
 
 
 def resize(t: torch.Tensor, rows: int, size: int) -> torch.Tensor:

@@ -229,7 +229,7 @@ class Stage:
             self.layers[segment[0]].stats.add_forward(timer() - start)
             if self.probing and mb == 0 and segment[0] not in self._unprobed:
                 try:
-                    probe.probe(self, segment[0], x, timer, input_grad)
+                    probe.probe(self.layers[segment[0]], self.autocast, x, timer, input_grad)
                 except Exception as exc:  # a layer that only takes its own batch size (a fixed reshape, say)
                     log.info("layer %d cannot be timed at other micro-batch sizes (%s: %s); its time is taken as "
                              "linear in the micro-batch size", segment[0], type(exc).__name__, exc)
