@@ -41,3 +41,24 @@ def test_the_budget_marker_shows_only_where_there_is_a_budget() -> None:
     assert none.name == "budget" and none.visible is False and list(none.y) == [None, None]
     some = memory_figure(2, [2**30, 0]).data[3]
     assert some.visible is True and list(some.y) == [1.0, None]
+
+
+def test_specs_are_plain_json_and_fit_any_width() -> None:
+    import json
+
+    from vpipe_lab.charts.figures import gantt_spec, memory_spec, series_spec
+    from vpipe_lab.core.timeline import Span, Timeline
+
+    t = Timeline((Span(0, "forward", 0, None, 0.0, 1.0), Span(1, "backward", 0, None, 1.0, 2.0, replica=1)))
+    gantt = gantt_spec(t, stages=2)
+    assert gantt["layout"]["yaxis"]["ticktext"] == ["r0 stage 0", "r0 stage 1", "r1 stage 0", "r1 stage 1"]
+    backward = next(tr for tr in gantt["data"] if tr["name"] == "backward")
+    assert backward["y"][:2] == [lane(1, "backward", 1, 2)] * 2 == [3.0, 3.0]
+    series = series_spec([{"iteration": 0, "loss": float("nan"), "samples_per_s": 5.0, "grad_norm": None}])
+    assert series["data"][0]["y"] == [None] and series["data"][3]["showlegend"] is False
+    mem = memory_spec(["stage 0"], [None], [[1.0], [2.0], [0.0], [0.0]])
+    for spec in (gantt, series, mem):
+        json.dumps(spec, allow_nan=False)
+        assert spec["layout"]["autosize"] and "width" not in spec["layout"]
+        assert spec["layout"]["legend"]["orientation"] == "h"  # under the plot, wrapping: never cut off on the right
+    assert mem["data"][3]["visible"] is False  # no budget, no marker

@@ -52,3 +52,17 @@ def test_chrome_trace_is_valid_trace_event_json() -> None:
 def test_unknown_kind_is_rejected() -> None:
     with pytest.raises(ProfileError, match="span kind 'compute'"):
         Timeline((Span(0, "compute", 0, None, 0, 1),))
+
+
+def test_replicas_get_their_own_lanes_idle_and_trace_processes() -> None:
+    spans = (Span(0, "forward", 0, None, 0.0, 1.0), Span(0, "forward", 1, None, 2.0, 3.0),
+             Span(0, "forward", 0, None, 0.0, 0.5, replica=1), Span(0, "forward", 1, None, 1.5, 2.0, replica=1))
+    t = Timeline(spans)
+    assert t.replicas == 2 and t.stages == 1 and len(t.select(replica=1)) == 2
+    idle = t.with_idle().select(kind="idle")
+    assert sorted((s.replica, s.start_s, s.end_s) for s in idle) == [(0, 1.0, 2.0), (1, 0.5, 1.5)]
+    assert t.busy_s(0) == 2.0 and t.busy_s(0, replica=1) == 1.0
+    names = [e["args"]["name"] for e in t.to_chrome_trace()["traceEvents"] if e["name"] == "process_name"]
+    assert names == ["replica 0 stage 0", "replica 1 stage 0"]
+    assert {e["pid"] for e in t.to_chrome_trace()["traceEvents"] if e["ph"] == "X"} == {0, 1}
+    assert Timeline.from_json(t.to_json()) == t and list(t.to_pandas()["replica"]) == [0, 0, 1, 1]

@@ -1,13 +1,16 @@
 from __future__ import annotations
 
+import json
 import time
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from vpipe_lab.charts.figures import gantt_spec
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.simulator import simulate
+from vpipe_lab.core.timeline import Timeline
 from vpipe_lab.core.workloads import random_chain
 from vpipe_lab.jupyter.dashboard import Dashboard
 from vpipe_lab.telemetry.metrics import Metrics, spans_from_wire
@@ -18,6 +21,7 @@ class FakeSession:
 
     def __init__(self) -> None:
         self.stages = 2
+        self.replicas = 1
         self.spec = SimpleNamespace(memory_budget=[2**30, 2**30])
         self.metrics = Metrics()
         self.plan = Plan((0, 2, 4), "kkkk", 2)
@@ -46,6 +50,10 @@ class FakeSession:
             cb({"type": "iteration", "iteration": it})
 
 
+def trace(panel: dict, name: str) -> dict:  # type: ignore[type-arg]
+    return next(t for t in panel["data"] if t["name"] == name)
+
+
 def test_refreshes_are_bounded_and_windows_roll() -> None:
     s = FakeSession()
     board = Dashboard(s, window=2, rate_hz=5)  # type: ignore[arg-type]
@@ -57,13 +65,20 @@ def test_refreshes_are_bounded_and_windows_roll() -> None:
         time.sleep(0.5)
         elapsed = time.monotonic() - start
         assert 1 <= board.refreshes <= 5 * elapsed + 2  # never more than rate_hz, however fast iterations come
-        forward = board.gantt.data[0]
+        view = board.widget
+        assert view.frame >= board.refreshes  # one frame (one message) per refresh
+        forward = trace(view.timeline, "forward")
         # 2 forward spans per iteration (one per stage), 3 entries each; only the last 2 iterations are drawn
-        assert forward.name == "forward" and len(forward.x) == 3 * 2 * 2
-        assert list(board.loss.data[0].x)[-1] == 59 and board.loss.data[1].y[-1] is None  # NaN drawn as a gap
-        assert "iteration 60" in board.header.value and "grad norm 0.5, lr 0.01" in board.header.value
-        assert list(board.loss.data[2].x) == [10, 20, 30, 40, 50, 60] and board.loss.data[3].y[-1] == 0.5
-        assert board.memory.data[1].y[0] == pytest.approx(100 / 2**30)
+        assert len(forward["x"]) == 3 * 2 * 2 and forward["x"][2] is None
+        loss, rate, evals, norm = view.series["data"]
+        assert loss["x"][-1] == 59 and rate["y"][-1] is None  # NaN drawn as a gap (NaN is not valid JSON)
+        assert view.header["state"] == "running" and "iteration 60" in view.header["text"]
+        assert "grad norm 0.5, lr 0.01" in view.header["text"]
+        assert evals["x"] == [10, 20, 30, 40, 50, 60] and norm["y"][-1] == 0.5 and norm["showlegend"]
+        memory = view.memory["data"]
+        assert memory[0]["x"] == ["stage 0", "stage 1"] and memory[1]["y"][0] == pytest.approx(100 / 2**30)
+        assert memory[3]["name"] == "budget" and memory[3]["y"] == [1.0, 1.0]
+        json.dumps([view.header, view.timeline, view.memory, view.series], allow_nan=False)  # what the wire takes
     finally:
         board.close()
 
@@ -77,13 +92,35 @@ def test_simulated_timelines_use_the_same_drawing() -> None:
 
         timeline = simulate(s.plan, profile, Cluster(2, 10**12, 1e9, 1e9))
         fig = board.show_timeline(timeline)
-        assert [t.name for t in fig.data] == [t.name for t in board.gantt.data]
-        board.draw_timeline(timeline, title="what-if")
-        assert board.gantt.layout.title.text == "what-if"
+        live = board.widget.timeline or gantt_spec(Timeline(), stages=2)
+        assert [t.name for t in fig.data] == [t["name"] for t in live["data"]]
+        frame = board.draw_timeline(timeline, title="what-if")
+        assert board.widget.frame == frame and board.widget.timeline["layout"]["title"]["text"] == "what-if"
     finally:
         board.close()
     with pytest.raises(ValueError, match="rate_hz"):
         Dashboard(s, rate_hz=50)  # type: ignore[arg-type]
+
+
+def test_every_replica_gets_its_own_lanes_and_bars() -> None:
+    s = FakeSession()
+    s.replicas = 2
+    spans = spans_from_wire(0, 0, [[0, 0, -1, 0.0, 0.4]]) + spans_from_wire(1, 0, [[0, 0, -1, 0.4, 0.5]])
+    spans += spans_from_wire(0, 0, [[0, 0, -1, 0.0, 0.3]], replica=1) + spans_from_wire(1, 0, [[0, 0, -1, 0.3, 0.6]],
+                                                                                       replica=1)
+    memory = [{"iteration": 0, "stage": st, "replica": r, "static": 40, "resident": 100, "activations": 120,
+               "host": 0} for r in range(2) for st in range(2)]
+    s.metrics.add({"iteration": 0, "loss": 1.0, "time_s": 0.6}, spans, memory)
+    board = Dashboard(s)  # type: ignore[arg-type]
+    try:
+        board.refresh()
+        layout = board.widget.timeline["layout"]
+        assert layout["yaxis"]["ticktext"] == ["r0 stage 0", "r0 stage 1", "r1 stage 0", "r1 stage 1"]
+        assert sorted(y for y in trace(board.widget.timeline, "forward")["y"] if y is not None) == [0, 0, 1, 1, 2, 2,
+                                                                                                     3, 3]
+        assert board.widget.memory["data"][0]["x"] == ["r0 stage 0", "r0 stage 1", "r1 stage 0", "r1 stage 1"]
+    finally:
+        board.close()
 
 
 def test_the_view_stays_frozen_after_the_session_ends() -> None:
@@ -96,13 +133,26 @@ def test_the_view_stays_frozen_after_the_session_ends() -> None:
         for cb in list(s.callbacks):
             cb({"type": "closed", "status": "stopped"})
         deadline = time.monotonic() + 5
-        while "session ended" not in board.header.value and time.monotonic() < deadline:
+        while board.widget.header.get("state") != "stopped" and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert "session ended: stopped" in board.header.value and "frozen" in board.header.value
-        assert "iteration 3" in board.header.value
+        header = board.widget.header
+        assert header["state"] == "stopped" and "frozen" in header["text"] and "iteration 3" in header["text"]
         board._thread.join(timeout=5)
         assert not board._thread.is_alive() and s.callbacks == []  # no more refreshes, unsubscribed
         assert board.widget.comm is not None  # still on screen: not closed
-        assert list(board.loss.data[0].x) == [0, 1, 2]  # the last state is still drawn
+        assert board.widget.series["data"][0]["x"] == [0, 1, 2]  # the last state is still drawn
+    finally:
+        board.close()
+
+
+def test_a_failed_session_says_why() -> None:
+    s = FakeSession()
+    s.status, s.running = "failed", False
+    s.failure = SimpleNamespace(cause="stage 1: CUDA out of memory\ntraceback ...")
+    board = Dashboard(s)  # type: ignore[arg-type]
+    try:
+        board.refresh()
+        assert board.widget.header["state"] == "failed"
+        assert board.widget.header["detail"] == "stage 1: CUDA out of memory"
     finally:
         board.close()

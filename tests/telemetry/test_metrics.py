@@ -11,3 +11,28 @@ def test_rolling_spans_and_frames() -> None:
     assert len(m.memory) == 4 and m.latest()["iteration"] == 3
     assert [r["iteration"] for r in m.records(last=2)] == [2, 3] and m.latest_memory()[0]["iteration"] == 3
     assert set(m.spans["kind"]) == {"forward", "swap_out"}
+
+
+def test_every_replica_s_spans_and_memory_are_kept_and_the_first_replica_s_ranks_reported() -> None:
+    from vpipe_lab.telemetry.metrics import IterationParts
+
+    parts = IterationParts(stages=2, replicas=2)
+    done = None
+    for replica in (1, 0):  # any arrival order
+        for stage in (1, 0):
+            done = parts.add({"iteration": 5, "stage": stage, "replica": replica, "start": 0.0, "end": 1.0,
+                              "losses": [1.0 + replica] if stage == 1 else [], "samples": 4, "microbatches": 2,
+                              "spans": [[0, 0, -1, 0.1 * replica, 0.5]], "memory": {"peak": 100 * (replica + 1)}})
+    assert done is not None
+    assert sorted((s.replica, s.stage) for s in done.spans) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [(r["replica"], r["stage"], r["peak"]) for r in done.memory] == [(0, 0, 100), (0, 1, 100), (1, 0, 200),
+                                                                            (1, 1, 200)]
+    assert [(b["replica"], b["stage"]) for b in done.ranks] == [(0, 0), (0, 1)]
+    assert done.record["loss"] == 1.5 and [r["loss"] for r in done.replicas] == [1.0, 2.0]
+
+
+def test_sink_scalars_keep_one_row_per_stage() -> None:
+    from vpipe_lab.telemetry.sinks import scalars
+
+    memory = [{"stage": 0, "replica": 0, "peak": 10}, {"stage": 0, "replica": 1, "peak": 99}]
+    assert scalars({"loss": 1.0}, memory) == {"loss": 1.0, "stage0/peak_bytes": 10.0}

@@ -33,6 +33,8 @@ class Intake:
         with self.cond:
             if msg.type == P.READY:
                 self.state.ready[int(body["rank"])] = body
+            elif msg.type == P.UNITS:
+                self.state.units = [str(n) for n in body["names"]]
             elif msg.type == P.ITERATION:
                 done = self.parts.add(body)
                 if done is not None:
@@ -57,7 +59,8 @@ class Intake:
                     logged = lambda: self.logger.evaluation(record)
             elif msg.type == P.MIGRATED:
                 start, end = body["span"]
-                span = Span(int(body["rank"]), "migrate", -1, None, float(start), float(end), int(body["iteration"]))
+                replica, stage = divmod(int(body["rank"]), self.parts.stages)  # ranks are replica-major
+                span = Span(stage, "migrate", -1, None, float(start), float(end), int(body["iteration"]), replica)
                 self.metrics.add_spans([span])
                 self.events.publish({"type": "migrated", **body})
                 if int(body["rank"]) == 0:

@@ -17,7 +17,8 @@ ASYNC_KINDS = frozenset({"swap_out", "swap_in"})
 
 @dataclass(frozen=True)
 class Span:
-    """One piece of work: ``kind`` on ``stage`` for ``microbatch`` (and ``layer`` where it is per layer)."""
+    """One piece of work: ``kind`` on ``stage`` for ``microbatch`` (and ``layer`` where it is per layer), in pipeline
+    ``replica`` (a data-parallel copy of the pipeline; 0 unless the job runs several)."""
 
     stage: int
     kind: str
@@ -26,6 +27,7 @@ class Span:
     start_s: float
     end_s: float
     iteration: int = 0
+    replica: int = 0
 
     @property
     def duration_s(self) -> float:
@@ -58,6 +60,11 @@ class Timeline:
         return 1 + max((s.stage for s in self.spans), default=-1)
 
     @property
+    def replicas(self) -> int:
+        """Pipeline replicas with spans here (at least 1)."""
+        return 1 + max((s.replica for s in self.spans), default=0)
+
+    @property
     def start_s(self) -> float:
         return min((s.start_s for s in self.spans), default=0.0)
 
@@ -71,32 +78,35 @@ class Timeline:
         return self.end_s - self.start_s
 
     def select(self, *, stage: int | None = None, kind: str | Iterable[str] | None = None,
-               iteration: int | None = None) -> Timeline:
+               iteration: int | None = None, replica: int | None = None) -> Timeline:
         kinds = {kind} if isinstance(kind, str) else (set(kind) if kind is not None else None)
         return Timeline(tuple(
             s for s in self.spans
             if (stage is None or s.stage == stage) and (kinds is None or s.kind in kinds)
-            and (iteration is None or s.iteration == iteration)
+            and (iteration is None or s.iteration == iteration) and (replica is None or s.replica == replica)
         ))
 
     def shift(self, dt: float) -> Timeline:
         return Timeline(tuple(replace(s, start_s=s.start_s + dt, end_s=s.end_s + dt) for s in self.spans))
 
-    def busy_s(self, stage: int) -> float:
+    def busy_s(self, stage: int, replica: int = 0) -> float:
         """Time the stage's compute stream spends on forward, backward and recompute."""
         return sum(s.duration_s for s in self.spans
-                   if s.stage == stage and s.kind in ("forward", "backward", "recompute"))
+                   if s.stage == stage and s.replica == replica and s.kind in ("forward", "backward", "recompute"))
 
     def with_idle(self) -> Timeline:
-        """Adds ``idle`` spans for the gaps in each stage's compute lane between its first and last span."""
+        """Adds ``idle`` spans for the gaps in each stage's compute lane (of every replica) between its first and last
+        span."""
         extra: list[Span] = []
-        for stage in range(self.stages):
-            lane = sorted((s for s in self.spans if s.stage == stage and s.kind not in ASYNC_KINDS and s.kind != "idle"),
-                          key=lambda s: s.start_s)
+        lanes: dict[tuple[int, int], list[Span]] = {}
+        for s in self.spans:
+            if s.kind not in ASYNC_KINDS and s.kind != "idle":
+                lanes.setdefault((s.replica, s.stage), []).append(s)
+        for (replica, stage), spans in sorted(lanes.items()):
             cursor = None
-            for s in lane:
+            for s in sorted(spans, key=lambda s: s.start_s):
                 if cursor is not None and s.start_s > cursor + 1e-12:
-                    extra.append(Span(stage, "idle", s.microbatch, None, cursor, s.start_s, s.iteration))
+                    extra.append(Span(stage, "idle", s.microbatch, None, cursor, s.start_s, s.iteration, replica))
                 cursor = s.end_s if cursor is None else max(cursor, s.end_s)
         return Timeline(self.spans + tuple(extra))
 
@@ -108,7 +118,7 @@ class Timeline:
         """A DataFrame with one row per span (needs pandas)."""
         import pandas as pd  # optional dependency: the core itself stays stdlib-only
 
-        columns = ["stage", "kind", "microbatch", "layer", "start_s", "end_s", "iteration"]
+        columns = ["stage", "kind", "microbatch", "layer", "start_s", "end_s", "iteration", "replica"]
         frame = pd.DataFrame(self.to_records(), columns=columns)
         frame["duration_s"] = frame["end_s"] - frame["start_s"]
         return frame
@@ -129,17 +139,23 @@ class Timeline:
         return cls.from_records(doc["spans"] if isinstance(doc, dict) else doc)
 
     def to_chrome_trace(self, name: str = "vpipe_lab") -> dict[str, Any]:
-        """Chrome trace-event JSON (opens in Perfetto or chrome://tracing): a process per stage, compute and copy lanes."""
+        """Chrome trace-event JSON (opens in Perfetto or chrome://tracing): a process per stage (of each replica),
+        compute and copy lanes."""
         events: list[dict[str, Any]] = []
-        for stage in range(self.stages):
-            events.append({"ph": "M", "name": "process_name", "pid": stage, "tid": 0, "args": {"name": f"stage {stage}"}})
-            events.append({"ph": "M", "name": "thread_name", "pid": stage, "tid": 0, "args": {"name": "compute"}})
-            events.append({"ph": "M", "name": "thread_name", "pid": stage, "tid": 1, "args": {"name": "copy"}})
+        stages, replicas = self.stages, self.replicas
+        for replica in range(replicas):
+            for stage in range(stages):
+                pid = replica * stages + stage
+                name = f"stage {stage}" if replicas == 1 else f"replica {replica} stage {stage}"
+                events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
+                events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": 0, "args": {"name": "compute"}})
+                events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": 1, "args": {"name": "copy"}})
         origin = self.start_s
         for s in self.spans:
             label = f"{s.kind} mb{s.microbatch}" + (f" L{s.layer}" if s.layer is not None else "")
             events.append({
-                "ph": "X", "name": label, "cat": s.kind, "pid": s.stage, "tid": 1 if s.kind in ASYNC_KINDS else 0,
+                "ph": "X", "name": label, "cat": s.kind, "pid": s.replica * stages + s.stage,
+                "tid": 1 if s.kind in ASYNC_KINDS else 0,
                 "ts": (s.start_s - origin) * 1e6, "dur": max(0.0, s.duration_s) * 1e6,
                 "args": {"microbatch": s.microbatch, "layer": s.layer, "iteration": s.iteration},
             })
@@ -160,7 +176,7 @@ class Timeline:
         for stage in range(self.stages):
             cells = [".."] * slots
             for s in self.spans:
-                if s.stage != stage or s.kind not in wanted:
+                if s.stage != stage or s.replica != 0 or s.kind not in wanted:
                     continue
                 first = round((s.start_s - origin) / slot_s)
                 last = round((s.end_s - origin) / slot_s)

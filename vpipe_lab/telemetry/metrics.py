@@ -113,8 +113,9 @@ class Metrics:
         return self.timeline().to_pandas()
 
 
-def spans_from_wire(stage: int, iteration: int, rows: list[list[Any]]) -> list[Span]:
-    return [Span(stage, KINDS[k], mb, None if layer < 0 else layer, s, e, iteration) for k, mb, layer, s, e in rows]
+def spans_from_wire(stage: int, iteration: int, rows: list[list[Any]], replica: int = 0) -> list[Span]:
+    return [Span(stage, KINDS[k], mb, None if layer < 0 else layer, s, e, iteration, replica)
+            for k, mb, layer, s, e in rows]
 
 
 def combine(iteration: int, parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -159,9 +160,9 @@ def per_replica(iteration: int, parts: list[dict[str, Any]]) -> list[dict[str, A
 
 @dataclass(frozen=True)
 class Iteration:
-    """One iteration once every rank reported it: its record, the first replica's spans and memory per stage (what
-    timelines and memory charts show), each replica's own row (several replicas only) and the first replica's raw
-    per-stage reports."""
+    """One iteration once every rank reported it: its record, every replica's spans and memory per stage (what
+    timelines and memory charts show; each row and span says its replica), each replica's own row (several replicas
+    only) and the first replica's raw per-stage reports."""
 
     iteration: int
     record: dict[str, Any]
@@ -186,9 +187,11 @@ class IterationParts:
         if len(parts) < self.stages * self.replicas:
             return None
         del self._partial[it]
-        everyone = list(parts.values())
-        ranks = [parts[s] for s in range(self.stages)]
-        spans = [s for b in ranks for s in spans_from_wire(int(b["stage"]), it, b.get("spans", []))]
-        memory = [{"iteration": it, "stage": int(b["stage"]), **b["memory"]} for b in ranks]
+        everyone = [parts[key] for key in sorted(parts)]  # replica-major, stage-minor
+        ranks = everyone[:self.stages]
+        spans = [s for b in everyone
+                 for s in spans_from_wire(int(b["stage"]), it, b.get("spans", []), int(b.get("replica", 0)))]
+        memory = [{"iteration": it, "stage": int(b["stage"]), "replica": int(b.get("replica", 0)), **b["memory"]}
+                  for b in everyone]
         return Iteration(it, combine(it, everyone), spans, memory,
                          per_replica(it, everyone) if self.replicas > 1 else [], ranks)

@@ -31,8 +31,8 @@ def scalars(record: dict[str, Any], memory: list[dict[str, Any]] | None = None,
             out[key] = float(value)
     for body in parts or []:
         out[f"stage{int(body['stage'])}/time_s"] = float(body["end"]) - float(body["start"])
-    for row in memory or []:
-        if isinstance(row.get("peak"), (int, float)):
+    for row in memory or []:  # per stage: the first pipeline replica's (the others hold the same layers)
+        if int(row.get("replica", 0)) == 0 and isinstance(row.get("peak"), (int, float)):
             out[f"stage{int(row['stage'])}/peak_bytes"] = float(row["peak"])
     return out
 

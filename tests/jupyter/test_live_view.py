@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from vpipe_lab.jupyter.live_view import STATIC, LiveView, plotly_bundle
+
+
+def test_the_module_is_small_and_plotly_travels_gzipped_once_per_display() -> None:
+    view = LiveView()
+    try:
+        # anywidget gives the module 2 s to load and initialize: it must stay small (plotly.js is not in it).
+        assert (STATIC / "live.js").stat().st_size < 64_000
+        data, key = plotly_bundle()
+        assert view._plotly == data and view._plotly_key == key and len(key) == 16
+        source = gzip.decompress(data).decode()
+        assert len(data) < 600_000 < len(source)  # ~0.4 MB on the wire for ~1.2 MB of plotly.js
+        assert "export" in source and "react" in source
+        state = view.get_state()
+        assert set(state) >= {"_esm", "_plotly", "_plotly_key", "header", "timeline", "memory", "series", "frame"}
+    finally:
+        view.close()
+
+
+def test_show_replaces_whole_panels_in_one_message_and_counts_frames() -> None:
+    view = LiveView()
+    sent: list[dict] = []  # type: ignore[type-arg]
+    view.comm.send = lambda data=None, metadata=None, buffers=None: sent.append(data)  # type: ignore[union-attr]
+    try:
+        fig = {"data": [{"type": "scatter", "x": [1], "y": [2]}], "layout": {"title": {"text": "t"}}}
+        assert view.show(header={"state": "running", "text": "x"}, timeline=fig, memory=fig) == 1
+        assert view.show(series=fig) == 2 and view.frame == 2 and view.timeline == fig
+        updates = [m["state"] for m in sent if m and m.get("method") == "update"]
+        assert len(updates) == 2 and set(updates[0]) == {"header", "timeline", "memory", "frame"}
+        assert set(updates[1]) == {"series", "frame"}  # unchanged panels are not sent again
+        json.dumps(updates, allow_nan=False)
+        with pytest.raises(ValueError, match="no panel named"):
+            view.show(loss=fig)
+        assert view.frame == 2
+    finally:
+        view.close()

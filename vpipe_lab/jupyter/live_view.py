@@ -1,0 +1,63 @@
+"""The live dashboard's widget: one anywidget (front end in extension/src/live/, bundled into static/live.js) that
+draws a header line and three plotly panels from whole figures Python sends it.
+
+Why not plotly's own ``FigureWidget``: it is an anywidget whose module carries all of plotly.js (5 MB), and anywidget
+gives a module 2 s to load and initialize; a model that misses that budget (a busy browser, a busy machine) drops
+every later message from Python, and plotly's widget sends its figure as deltas (set, then reset to None) that a
+late model never sees. The panels stayed blank. Here the module is small (it initializes in milliseconds), plotly.js
+travels once per display as gzipped bytes that the view imports after that window (once per page), and each trait
+holds a whole figure, so any view, however late, draws the newest state. One ``show()`` is one message to the
+browser; the browser draws only the newest state of each panel (see view.ts).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import threading
+from pathlib import Path
+from typing import Any
+
+import anywidget
+import traitlets
+
+STATIC = Path(__file__).parent / "static"
+PANELS = ("timeline", "memory", "series")
+
+
+@functools.cache
+def plotly_bundle() -> tuple[bytes, str]:
+    """The gzipped plotly.js ES module the front end draws with, and a key that names its version."""
+    data = (STATIC / "plotly.js.gz").read_bytes()
+    return data, hashlib.sha256(data).hexdigest()[:16]
+
+
+class LiveView(anywidget.AnyWidget):
+    """A header and the timeline, memory and series panels; ``show()`` replaces any of them."""
+
+    _esm = STATIC / "live.js"
+    _plotly = traitlets.Bytes().tag(sync=True)
+    _plotly_key = traitlets.Unicode().tag(sync=True)
+    header = traitlets.Dict().tag(sync=True)
+    timeline = traitlets.Dict().tag(sync=True)
+    memory = traitlets.Dict().tag(sync=True)
+    series = traitlets.Dict().tag(sync=True)
+    frame = traitlets.Int(0).tag(sync=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        data, key = plotly_bundle()
+        super().__init__(_plotly=data, _plotly_key=key, **kwargs)
+        self._lock = threading.Lock()  # show() is called from the dashboard's refresher thread and from user code
+
+    def show(self, *, header: dict[str, Any] | None = None, **panels: dict[str, Any]) -> int:
+        """Replace the header and any of the panels (figure dicts) in one message; returns the frame number."""
+        unknown = set(panels) - set(PANELS)
+        if unknown:
+            raise ValueError(f"no panel named {sorted(unknown)}: the panels are {', '.join(PANELS)}")
+        with self._lock, self.hold_sync():
+            if header is not None:
+                self.header = header
+            for name, figure in panels.items():
+                setattr(self, name, figure)
+            self.frame += 1
+            return self.frame
