@@ -172,3 +172,38 @@ describe("PartitionView", () => {
     expect(q("status").textContent).toContain("frozen");
   });
 });
+
+describe("PartitionView scale", () => {
+  let el: HTMLElement;
+  let m: FakeModel;
+  beforeEach(() => {
+    document.body.replaceChildren();
+    el = document.createElement("div");
+    document.body.append(el);
+    m = model();
+    new PartitionView(m, el, 1000);
+  });
+  const q = (id: string): HTMLElement => el.querySelector<HTMLElement>(`[data-testid="${id}"]`) as HTMLElement;
+  const bar = (): HTMLElement => el.querySelector(".vpipe-bar") as HTMLElement;
+
+  it("keeps its blocks and handles between draws, so new sizes ease in (CSS transitions)", () => {
+    const block = q("layer-0");
+    const handle = q("boundary-1");
+    m.set("layers", LAYERS.map((l, i) => ({ ...l, weight: i === 0 ? 10 : 1 })));
+    expect(q("layer-0")).toBe(block); // the same element: its width transitions instead of being redrawn
+    expect(q("boundary-1")).toBe(handle);
+    expect(parseFloat(block.style.width)).toBeGreaterThan(300);
+  });
+
+  it("keeps the handle under the pointer while new sizes arrive during a drag", () => {
+    pointer("pointerdown", q("boundary-1"), 500);
+    pointer("pointermove", bar(), 310);
+    expect(q("boundary-1").style.left).toBe("300px");
+    expect(bar().classList.contains("dragging")).toBe(true); // transitions off: the handle follows the pointer
+    m.set("layers", LAYERS.map((l, i) => ({ ...l, weight: i < 3 ? 5 : 1 }))); // a re-measure mid-drag
+    expect(q("boundary-1").style.left).toBe("300px");
+    pointer("pointerup", bar(), 305);
+    expect(bar().classList.contains("dragging")).toBe(false);
+    expect(q("boundary-1").style.left).not.toBe("300px"); // released: the new sizes take over (and ease in)
+  });
+});

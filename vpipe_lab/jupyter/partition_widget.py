@@ -37,7 +37,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
+EASE = 0.35  # how far one re-measure moves a block's width toward its new share (see steady_weights)
 MESSAGES = jsonschema.Draft202012Validator(json.loads((STATIC / "editor_messages.schema.json").read_text()))
+
+
+def steady_weights(previous: list[float] | None, measured: list[float]) -> list[float]:
+    """Each block's share of the bar. A re-measure (after every Apply) moves the shares only part of the way toward
+    the new measurement, so the scale the user drags on does not jump (the front end eases each step in); a model
+    with another number of units starts over."""
+    total = sum(max(0.0, m) for m in measured)
+    shares = [max(0.0, m) / total for m in measured] if total > 0 else [1.0 / max(1, len(measured))] * len(measured)
+    if previous is None or len(previous) != len(shares):
+        return shares
+    return [p + EASE * (s - p) for p, s in zip(previous, shares)]
 
 
 def _estimate_doc(est: Estimate, iteration_s: float) -> dict[str, Any]:
@@ -70,6 +82,8 @@ class PartitionEditor(anywidget.AnyWidget):
         self._profile = profile
         self._cluster = cluster
         self._work: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._weights: list[float] | None = None  # the blocks' shares of the bar, as last drawn
+        self._names: list[str] = []
         self._closed = False
         self._lock = threading.Lock()
         self._load(self._plan)
@@ -89,11 +103,14 @@ class PartitionEditor(anywidget.AnyWidget):
             self.draft_policies = [p.value for p in plan.policies]
 
     def _layer_docs(self, profile: ModelProfile) -> list[dict[str, Any]]:
-        weights = [x.forward_s + x.backward_s for x in profile.layers]
-        if not any(weights):  # nothing measured yet: size blocks by parameters instead of time
-            weights = [float(x.param_bytes) for x in profile.layers]
+        measured = [x.forward_s + x.backward_s for x in profile.layers]
+        if not any(measured):  # nothing measured yet: size blocks by parameters instead of time
+            measured = [float(x.param_bytes) for x in profile.layers]
+        names = [x.name for x in profile.layers]
+        previous = self._weights if names == self._names else None  # another model (set_model): start over
+        self._weights, self._names = steady_weights(previous, measured), names
         return [{"name": x.name, "weight": w, "forward_ms": 1e3 * x.forward_s, "backward_ms": 1e3 * x.backward_s}
-                for x, w in zip(profile.layers, weights)]
+                for x, w in zip(profile.layers, self._weights)]
 
     def draft(self) -> Plan:
         return Plan(tuple(self.draft_boundaries), tuple(self.draft_policies), self._plan.microbatches,

@@ -70,10 +70,11 @@ var CSS = `
 .vpipe-bar { position: relative; height: 46px; margin: 8px 0 4px; }
 .vpipe-layer { position: absolute; top: 0; height: 34px; box-sizing: border-box; border: 1px solid #fff;
   border-radius: 3px; color: #fff; font-weight: 600; text-align: center; line-height: 34px; cursor: pointer;
-  overflow: hidden; }
+  overflow: hidden; transition: left .6s ease, width .6s ease, background-color .3s; }
+.vpipe-bar.dragging .vpipe-layer, .vpipe-bar.dragging .vpipe-handle { transition: none; }
 .vpipe-layer.changed { outline: 2px dashed #222; outline-offset: -3px; }
 .vpipe-handle { position: absolute; top: -4px; width: 10px; height: 42px; margin-left: -5px; cursor: col-resize;
-  background: #222; border-radius: 3px; opacity: .75; touch-action: none; }
+  background: #222; border-radius: 3px; opacity: .75; touch-action: none; transition: left .6s ease; }
 .vpipe-handle.dragging { opacity: 1; background: #E45756; }
 .vpipe-stagebar { display: flex; gap: 6px; flex-wrap: wrap; margin: 4px 0; }
 .vpipe-stage { min-width: 130px; }
@@ -94,7 +95,11 @@ var PartitionView = class {
     this.model = model;
     this.el = el;
     this.width = width;
+    // While a boundary is dragged the bar keeps the geometry it had when the drag began (``edges``): re-measured sizes
+    // arriving meanwhile must not move the handle out from under the pointer. They ease in once it is released.
     this.dragging = null;
+    this.blocks = [];
+    this.handles = [];
     // The draft just sent to Python, shown until Python's draft traits echo it (no flicker back to the old one).
     this.local = null;
     this.pending = false;
@@ -132,6 +137,12 @@ var PartitionView = class {
       this.dragging = null;
       this.draw();
     });
+    this.bar.addEventListener("lostpointercapture", () => {
+      if (this.dragging) {
+        this.dragging = null;
+        this.draw();
+      }
+    });
     for (const name of ["layers", "boundaries", "policies", "draft_boundaries", "draft_policies", "preview", "status"]) {
       const cb = () => {
         if (name.startsWith("draft_")) this.local = null;
@@ -167,7 +178,19 @@ var PartitionView = class {
     this.model.send(message);
   }
   edges() {
+    if (this.dragging) return this.dragging.edges;
     return layerEdges(list(this.model, "layers").map((l) => l.weight), this.barWidth());
+  }
+  /** The ``i``-th element of ``pool`` (made by ``make`` the first time): blocks and handles are kept between draws,
+   * so a change of size or place is a CSS transition, not a jump. Extra elements are removed. */
+  reuse(pool, count, make) {
+    while (pool.length < count) {
+      const el = make(pool.length);
+      pool.push(el);
+      this.bar.append(el);
+    }
+    for (const extra of pool.splice(count)) extra.remove();
+    return pool;
   }
   draw() {
     const layers = list(this.model, "layers");
@@ -176,14 +199,19 @@ var PartitionView = class {
     const policies = this.draftPolicies();
     const applied = list(this.model, "policies");
     const edges = this.edges();
-    this.bar.replaceChildren();
-    layers.forEach((layer, i) => {
+    this.bar.classList.toggle("dragging", this.dragging !== null);
+    const blocks = this.reuse(this.blocks, layers.length, (i) => {
       const block = document.createElement("div");
+      block.className = "vpipe-layer";
+      block.dataset.testid = `layer-${i}`;
+      block.addEventListener("click", () => this.onClick(i));
+      return block;
+    });
+    layers.forEach((layer, i) => {
+      const block = blocks[i];
       const stage = stageOf(i, bounds);
       const policy = policies[i] ?? "keep";
-      block.className = "vpipe-layer";
-      if (stage !== stageOf(i, committed) || policy !== (applied[i] ?? "keep")) block.classList.add("changed");
-      block.dataset.testid = `layer-${i}`;
+      block.classList.toggle("changed", stage !== stageOf(i, committed) || policy !== (applied[i] ?? "keep"));
       block.dataset.policy = policy;
       block.dataset.stage = String(stage);
       block.style.left = `${edges[i] ?? 0}px`;
@@ -191,18 +219,20 @@ var PartitionView = class {
       block.style.background = stageColor(stage);
       block.textContent = policy === "keep" ? "" : policy === "swap" ? "S" : "R";
       block.title = `${layer.name}: stage ${stage}, ${policy}` + (layer.forward_ms !== void 0 ? `, fwd ${layer.forward_ms.toFixed(2)} ms` : "") + " (click to change keep/swap/recompute)";
-      block.addEventListener("click", () => this.onClick(i));
-      this.bar.append(block);
     });
-    for (let b = 1; b < bounds.length - 1; b++) {
+    const handles = this.reuse(this.handles, Math.max(0, bounds.length - 2), (h) => {
       const handle = document.createElement("div");
+      handle.dataset.testid = `boundary-${h + 1}`;
+      handle.title = `boundary between stage ${h} and stage ${h + 1}: drag to move layers`;
+      handle.addEventListener("pointerdown", (e) => this.onDown(e, h + 1));
+      return handle;
+    });
+    handles.forEach((handle, h) => {
+      const b = h + 1;
       handle.className = "vpipe-handle" + (this.dragging?.index === b ? " dragging" : "");
-      handle.dataset.testid = `boundary-${b}`;
       handle.style.left = `${edges[bounds[b] ?? 0] ?? 0}px`;
-      handle.title = `boundary between stage ${b - 1} and stage ${b}: drag to move layers`;
-      handle.addEventListener("pointerdown", (e) => this.onDown(e, b));
       this.bar.append(handle);
-    }
+    });
     this.drawPreview();
     this.drawStatus();
   }
@@ -256,7 +286,7 @@ var PartitionView = class {
     e.preventDefault();
     e.stopPropagation();
     if (this.ended()) return;
-    this.dragging = { index, bounds: this.draftBounds().slice() };
+    this.dragging = { index, bounds: this.draftBounds().slice(), edges: this.edges() };
     try {
       this.bar.setPointerCapture(e.pointerId);
     } catch {
