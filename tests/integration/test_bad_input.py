@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -73,9 +75,47 @@ def broken_data(iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
     raise RuntimeError(f"no data for iteration {iteration}")
 
 
-def test_more_stages_than_layers() -> None:
-    with pytest.raises(WorkerError, match=r"the model has 10 partition units .* but the pipeline has 11 stages"):
+@pytest.fixture
+def spawned(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The ranks launch() really starts (the real launcher, counted)."""
+    from vpipe_lab.control.processes import Launcher
+
+    ranks: list[int] = []
+    spawn = Launcher.spawn
+
+    def counted(self: Launcher, rank: int, args: list[str]) -> None:
+        ranks.append(rank)
+        spawn(self, rank, args)
+
+    monkeypatch.setattr(Launcher, "spawn", counted)
+    return ranks
+
+
+def test_more_stages_than_a_bundled_model_has_units_starts_nothing(spawned: list[int]) -> None:
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=r"'mlp' has 10 partition units.*at most 10 stages, not 11"):
         vpipe_lab.launch("mlp", stages=11, microbatches=2, device="cpu", timeout=30, start_timeout=120)
+    assert spawned == [] and time.monotonic() - start < 5
+
+
+def test_more_stages_than_units_is_refused_before_more_than_one_worker_starts(spawned: list[int]) -> None:
+    """A model the kernel has not seen: rank 0 cuts it alone; the other five never start. Launched again, it is
+    refused before any worker starts."""
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=r"the model has 4 partition units \(blocks.0, blocks.1, blocks.2, out\).*"
+                                         r"at most 4 stages, not 6"):
+        vpipe_lab.launch(Blocks, data4, stages=6, microbatches=2, device="cpu", timeout=30)
+    assert spawned == [0] and time.monotonic() - start < 30
+    with pytest.raises(ValueError, match="not 5"):
+        vpipe_lab.launch(Blocks, data4, stages=5, microbatches=2, device="cpu", timeout=30)
+    assert spawned == [0]
+
+
+def test_a_model_that_fits_starts_every_rank_after_the_scout(spawned: list[int]) -> None:
+    with vpipe_lab.launch(Blocks, data6, stages=3, microbatches=2, device="cpu", timeout=30) as s:
+        assert spawned == [0, 1, 2] and s.names == ["blocks.0", "blocks.1", "blocks.2", "out"]
+        s.run(1)
+        s.wait(timeout=60)
 
 
 def test_a_stage_would_get_no_unit() -> None:

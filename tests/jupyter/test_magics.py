@@ -32,8 +32,16 @@ def test_bad_input_is_a_usage_error(ip) -> None:  # type: ignore[no-untyped-def]
         ip.run_line_magic("vpipe", "bogus")
     with pytest.raises(UsageError, match="no running session"):
         ip.run_line_magic("vpipe", "pause")
-    with pytest.raises(UsageError, match="no notebook variable 'nothing_here'"):
+    with pytest.raises(UsageError, match="'nothing_here' is neither a bundled example \\(mlp, gpt-tiny\\) nor a "
+                                         "notebook variable"):
         ip.run_line_magic("vpipe", "start nothing_here")
+    with pytest.raises(UsageError, match=r"'gpt-tiny' has 8 partition units.*not 20"):  # before any worker starts
+        ip.run_line_magic("vpipe", "start gpt-tiny --stages 20")
+    with pytest.raises(UsageError, match="whole numbers >= 1"):
+        ip.run_line_magic("vpipe", "start mlp --stages 0")
+    ip.user_ns["not_a_session"] = 3
+    with pytest.raises(UsageError, match="holds a int, not a vpipe_lab Session"):
+        ip.run_line_magic("vpipe", "use not_a_session")
     with pytest.raises(UsageError, match="is not a size"):
         ip.run_line_magic("vpipe", "start mlp --budget lots")
 
@@ -49,6 +57,7 @@ def test_split_option_takes_module_names_or_a_function(ip) -> None:  # type: ign
 
 def test_completion() -> None:
     assert set(complete(None, SimpleNamespace(line="%vpipe "))) == set(COMMANDS)
+    assert complete(SimpleNamespace(user_ns={"a": 1}), SimpleNamespace(line="%vpipe use ")) == []
     assert "gpt-tiny" in complete(None, SimpleNamespace(line="%vpipe start "))
     assert "recompute" in complete(None, SimpleNamespace(line="%vpipe policy 3="))
     assert build_parser().parse_args(["partition", "0", "4", "10"]).boundaries == [0, 4, 10]
@@ -92,3 +101,20 @@ def test_a_session_driven_from_magics(ip, tmp_path: Path, capsys: pytest.Capture
     out = capsys.readouterr().out
     assert "bound to `pipe`" in out and "stopped; no worker process is left" in out
     assert "evaluation loss" in out
+
+
+@pytest.mark.slow
+def test_a_session_started_from_python_is_the_one_the_magics_act_on(ip, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    import vpipe_lab
+
+    shell = ip
+    with vpipe_lab.launch("mlp", stages=2, microbatches=2, device="cpu") as first:
+        shell.run_line_magic("vpipe", "partition 0 3 10")  # no %vpipe start: the newest running session
+        assert first.plan.boundaries == (0, 3, 10)
+        with vpipe_lab.launch("mlp", stages=2, microbatches=2, device="cpu") as second:
+            shell.user_ns["older"] = first
+            shell.run_line_magic("vpipe", "use older")
+            shell.run_line_magic("vpipe", "partition 0 6 10")
+            assert first.plan.boundaries == (0, 6, 10) and second.plan.boundaries == (0, 5, 10)
+            assert "older" in complete(shell, SimpleNamespace(line="%vpipe use "))
+    assert "now act on `older`" in capsys.readouterr().out

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from vpipe_lab.control import units
 from vpipe_lab.control.processes import Launcher, reap_stale
 from vpipe_lab.control.session import Session
 from vpipe_lab.core.errors import PlanError
@@ -141,11 +142,12 @@ def launch(
         if isinstance(value, str):
             if role in ("lr_scheduler", "split"):
                 raise ValueError(f"{role}={value!r}: give a function, not a name")
-            examples.get(value)  # fails early with the list of names
+            examples.check(value)  # fails early with the list of names (imports nothing: no torch here)
             named[role] = value
         elif value is not None:
             user[role] = value
     if isinstance(model, str):  # a bundled model brings its own data, loss and optimizer unless given
+        examples.check_stages(model, stages)
         for role in ("data", "loss", "optimizer"):
             if role not in named and role not in user:
                 named[role] = model
@@ -155,12 +157,19 @@ def launch(
     reap_stale()
     job_dir = Path(tempfile.mkdtemp(prefix="vpipe-lab-"))
     session_id = uuid.uuid4().hex[:12]
-    callables_path = None
+    callables_path = blob = None
     if user:
         import cloudpickle
 
+        blob = cloudpickle.dumps(user)
         callables_path = job_dir / "callables.pkl"
-        write_private(callables_path, cloudpickle.dumps(user))
+        write_private(callables_path, blob)
+    model_key = units.fingerprint(blob, named)
+    seen = units.known(model_key)
+    if seen is not None:
+        units.check(stages, seen)  # this model was launched before: refused before any worker starts
+    workers = stages * replicas
+    scout = seen is None and workers > units.SCOUT_ABOVE and not isinstance(model, str)
     key = P.new_key()
     hub = Hub(key, host, session=session_id)
     spec = JobSpec(
@@ -172,7 +181,7 @@ def launch(
         start_iteration=manifest.iteration if manifest else 0,
         resume_path=str(Path(resume).absolute()) if resume is not None else None,
         clip_grad_norm=None if clip_grad_norm is None else float(clip_grad_norm), precision=precision,
-        eval_every=eval_every, eval_batches=eval_batches, replicas=replicas, fused_wgrad=fused_wgrad,
+        eval_every=eval_every, eval_batches=eval_batches, replicas=replicas, fused_wgrad=fused_wgrad, scout=scout,
     )
     spec_path = job_dir / "job.json"
     spec.save(spec_path)
@@ -185,12 +194,18 @@ def launch(
         session.stop()
         raise
     try:
-        for rank in range(stages * replicas):
+        launcher.spawn(0, ["--config", str(spec_path), "--rank", "0"])
+        if scout:  # rank 0 cuts the model alone first: the others start only if the model can fill the pipeline
+            names = session.wait_units(start_timeout)
+            units.remember(model_key, names)
+            units.check(stages, names)
+        for rank in range(1, workers):
             launcher.spawn(rank, ["--config", str(spec_path), "--rank", str(rank)])
     except Exception:
-        session.stop()
+        session.stop(timeout=2.0)  # nothing trains yet: rank 0 at most waits for the others to join
         raise
     session.wait_ready(start_timeout)
+    units.remember(model_key, session.names)
     if manifest is not None:
         session.state.plan_version = manifest.plan_version
     if auto_replan:

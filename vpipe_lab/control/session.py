@@ -25,10 +25,12 @@ from vpipe_lab.control.intake import Intake
 from vpipe_lab.control.live import Live, Replan
 from vpipe_lab.control.monitor import FailureMonitor
 from vpipe_lab.control.processes import Launcher
+from vpipe_lab.control.profiles import Profiles
 from vpipe_lab.control.requests import Requests
+from vpipe_lab.control.sessions import register
 from vpipe_lab.control.state import JobState
 from vpipe_lab.core.plan import Plan, Policy
-from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
+from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.telemetry.metrics import Metrics
 from vpipe_lab.telemetry.sinks import Logger
 from vpipe_lab.wire import protocol as P
@@ -56,32 +58,47 @@ class Session:
         self._requests = Requests(hub, spec.timeout_s, cond, lambda: self._monitor.fatal)
         self._intake = Intake(spec.stages, spec.replicas, self.state, self.metrics, self._requests, self._monitor,
                               self._events, self.logger, cond)
+        self._profiles = Profiles()
         self._live = Live(spec, job_dir, self.state, self._requests, self._monitor, self._events.publish, self._check,
-                          self.profile, self.cluster, self._forget_profile)
+                          self.profile, self.cluster, self._profiles.forget)
         self._autoplan: AutoReplanner | None = None
-        self._profile_cache: dict[int, LayerCost] = {}  # last measurement of each layer that had samples
         self._monitor.start()
+        register(self)  # the %vpipe magics act on the newest session, however it was started
 
     # --- wiring (launch/attach) ----------------------------------------------------------------------------------
     def receive(self, msg: P.Message) -> None:
         """Take one message from a worker (the channel's handler; it runs on the channel's thread)."""
         self._intake.receive(msg)
 
-    def wait_ready(self, timeout: float) -> None:
-        """Wait until every rank reported READY; on a failure or timeout stop the workers and raise."""
+    def _starting(self, done: Callable[[], bool], timeout: float, late: Callable[[], tuple[int, str]]) -> None:
+        """Wait for ``done()`` while workers start; on a failure, or a timeout (``late()`` says which rank missed what),
+        stop the workers and raise."""
         try:
-            self._requests.until(lambda: len(self.state.ready) >= self.workers, timeout, "not every rank started")
+            self._requests.until(done, timeout, "the workers did not start")
         except TimeoutError:
-            missing = sorted(set(range(self.workers)) - set(self.state.ready))
-            self._monitor.fail(WorkerError(missing[0] % self.stages,
-                                           f"ranks {missing} did not start within {timeout:.0f} s"))
+            rank, what = late()
+            self._monitor.fail(WorkerError(rank % self.stages, f"{what} within {timeout:.0f} s"))
         except WorkerError:
             pass
         if self._monitor.fatal is not None:
             err = self._monitor.fatal
-            self.stop()
+            self.stop(timeout=2.0)  # nothing trains yet
             raise err
+
+    def wait_ready(self, timeout: float) -> None:
+        """Wait until every rank reported READY; on a failure or timeout stop the workers and raise."""
+        def late() -> tuple[int, str]:
+            missing = sorted(set(range(self.workers)) - set(self.state.ready))
+            return (missing or [0])[0], f"ranks {missing} did not start"
+
+        self._starting(lambda: len(self.state.ready) >= self.workers, timeout, late)
         self.state.adopt([], {})
+
+    def wait_units(self, timeout: float) -> list[str]:
+        """Wait for rank 0's report of the model's units (it was started alone); on a failure stop and raise."""
+        self._starting(lambda: self.state.units is not None, timeout,
+                       lambda: (0, "rank 0 did not report the model's partition units"))
+        return list(self.state.units or [])
 
     # --- state ---------------------------------------------------------------------------------------------------
     @property
@@ -230,23 +247,8 @@ class Session:
 
     def profile(self, reset: bool = False) -> ModelProfile:
         """Every layer's measured costs per micro-batch (averaged over the iterations since the last reset)."""
-        layers: dict[int, LayerCost] = {}
-        for msg in self._gather(P.PROFILE, {"reset": reset}, self.stages):
-            for doc in msg.body["layers"]:
-                index = int(doc["index"])
-                cost = LayerCost.from_dict(doc, f"layer {index}")
-                cached = self._profile_cache.get(index)
-                if doc.get("samples", 0) == 0 and cached is not None and cached.name == cost.name:
-                    # Not run since it moved or the plan changed: its last measurement is the best we know.
-                    cost = LayerCost(cost.name, cached.forward_s, cached.backward_s,
-                                     max(cost.activation_bytes, cached.activation_bytes), cached.input_bytes,
-                                     cached.output_bytes, cost.param_bytes, cost.optimizer_bytes or cached.optimizer_bytes,
-                                     cost.times or cached.times)
-                elif doc.get("samples", 0) > 0:
-                    self._profile_cache[index] = cost
-                layers[index] = cost
-        return ModelProfile(tuple(layers[i] for i in sorted(layers)), name="measured",
-                            microbatch_size=self.microbatch_size())
+        docs = [doc for msg in self._gather(P.PROFILE, {"reset": reset}, self.stages) for doc in msg.body["layers"]]
+        return self._profiles.merge(docs, self.microbatch_size())
 
     def layers_by_stage(self, timeout: float | None = None) -> list[list[int]]:
         """Which layers each stage holds now, as the workers themselves report it (at the next iteration boundary)."""
@@ -261,9 +263,6 @@ class Session:
         """Each worker process's exit code by rank, None while it runs (a launched session's; an attached job's
         processes belong to torchrun)."""
         return {w.rank: w.popen.poll() for w in self._launcher.workers} if self._launcher is not None else {}
-
-    def _forget_profile(self) -> None:
-        self._profile_cache.clear()
 
     def microbatch_size(self) -> int:
         """Samples per micro-batch in the latest iteration (0 before the first): what a profile is measured at."""

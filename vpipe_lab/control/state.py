@@ -18,6 +18,7 @@ class JobState:
     plan: Plan | None = None
     plan_version: int = 0
     names: list[str] = field(default_factory=list)
+    units: list[str] | None = None  # what rank 0 reported when it started alone (JobSpec.scout)
     ready: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its READY report
     migrating: int | None = None  # the plan version being moved to (its checkpoint is the fallback)
     last_checkpoint: Path | None = None

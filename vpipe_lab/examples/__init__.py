@@ -1,11 +1,29 @@
-"""Bundled examples: models and deterministic data factories, importable without torch (they build in workers)."""
+"""Bundled examples: models and deterministic data factories. Naming one (``launch("gpt-tiny")``) imports nothing
+here: the kernel only checks the name and the stage count against what is declared below, and the workers import the
+model, which is where torch lives."""
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any
 
-EXAMPLES = ("mlp", "gpt-tiny")
+
+@dataclass(frozen=True)
+class Bundled:
+    """What the controller knows of a bundled example without importing it."""
+
+    module: str
+    description: str
+    units: int  # partition units the model is cut into: a pipeline has at most this many stages
+
+
+EXAMPLES: dict[str, Bundled] = {
+    "mlp": Bundled("vpipe_lab.examples.mlp", "a 10-block MLP with deliberately uneven widths, fitting a fixed random "
+                   "teacher", 10),
+    "gpt-tiny": Bundled("vpipe_lab.examples.gpt", "a character-level GPT on Python's own standard-library source "
+                        "text", 8),
+}
 
 
 @dataclass(frozen=True)
@@ -19,16 +37,23 @@ class Example:
     description: str
 
 
+def check(name: str) -> Bundled:
+    """The declaration of the bundled example ``name``, or a ValueError that lists the bundled names."""
+    if name not in EXAMPLES:
+        raise ValueError(f"unknown example {name!r}: bundled examples are {', '.join(EXAMPLES)}")
+    return EXAMPLES[name]
+
+
+def check_stages(name: str, stages: int) -> None:
+    """Refuse a pipeline of more stages than the bundled model ``name`` has partition units."""
+    units = check(name).units
+    if stages > units:
+        raise ValueError(f"{name!r} has {units} partition units, so a pipeline of it has at most {units} stages, not "
+                         f"{stages}: use --stages/stages= between 1 and {units}")
+
+
 def get(name: str) -> Example:
-    """The bundled example called ``name`` (see ``EXAMPLES``)."""
-    if name == "mlp":
-        from vpipe_lab.examples import mlp
-
-        return Example(mlp.model, mlp.data, mlp.loss, mlp.optimizer,
-                       "a 10-block MLP with deliberately uneven widths, fitting a fixed random teacher")
-    if name == "gpt-tiny":
-        from vpipe_lab.examples import gpt
-
-        return Example(gpt.model, gpt.data, gpt.loss, gpt.optimizer,
-                       "a character-level GPT on Python's own standard-library source text")
-    raise ValueError(f"unknown example {name!r}: bundled examples are {', '.join(EXAMPLES)}")
+    """The bundled example called ``name`` (imports it: workers only)."""
+    bundled = check(name)
+    module = importlib.import_module(bundled.module)
+    return Example(module.model, module.data, module.loss, module.optimizer, bundled.description)

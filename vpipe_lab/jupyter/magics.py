@@ -3,6 +3,8 @@
     %vpipe start gpt-tiny --stages 2 --microbatches 4 --run 50     (or a notebook variable: %vpipe start my_model
                                                                     --data my_data ...)
     %vpipe status | dashboard | editor | run [N] | wait [N] | pause | resume | stop
+    %vpipe use VARIABLE                        act on the Session a notebook variable holds (default: the newest
+                                               running one, however it was started: %vpipe start or launch())
     %vpipe plan [--method vpipe] [--apply]     vPipe's replanning from the measured profile
     %vpipe apply PLAN_VARIABLE                 %vpipe partition 0 4 10          %vpipe policy 3=swap 4=recompute
     %vpipe trace FILE                          %vpipe help
@@ -29,8 +31,8 @@ from vpipe_lab.core.report import human_time, plan_table
 from vpipe_lab.wire.jobspec import DEVICES, add_training_options, byte_size
 
 log = logging.getLogger(__name__)
-COMMANDS = ("start", "status", "run", "wait", "pause", "resume", "stop", "plan", "apply", "partition", "policy",
-            "eval", "trace", "dashboard", "editor", "help")
+COMMANDS = ("start", "use", "status", "run", "wait", "pause", "resume", "stop", "plan", "apply", "partition",
+            "policy", "eval", "trace", "dashboard", "editor", "help")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -69,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_training_options(s, "a notebook variable")
     s.add_argument("--run", default=None, help="start training right away: N iterations or 'forever'")
     s.add_argument("--name", default="session", help="notebook variable to bind the Session to (default: session)")
+    u = sub.add_parser("use", help="act on the Session held by a notebook variable (e.g. one launch() returned)")
+    u.add_argument("variable")
     sub.add_parser("status", help="the session, its plan and the last iteration")
     r = sub.add_parser("run", help="train N more iterations in the background (default: until stopped)")
     r.add_argument("iterations", nargs="?", type=int)
@@ -113,12 +117,23 @@ class VpipeMagics(Magics):
     # --- plumbing ---------------------------------------------------------------------------------------------
     def _value(self, name: str, what: str) -> Any:
         if name not in self.shell.user_ns:
-            raise UsageError(f"no notebook variable {name!r} holds the {what}; define it first, or give a bundled name")
+            from vpipe_lab.examples import EXAMPLES
+
+            raise UsageError(f"{name!r} is neither a bundled example ({', '.join(EXAMPLES)}) nor a notebook variable "
+                             f"holding the {what}: define it first, or give a bundled name")
         return self.shell.user_ns[name]
 
     def _need(self) -> Any:
+        """The session to act on: the one this notebook named or started, else the newest running one (a session
+        started from Python with launch() or attach() is as much the notebook's as one %vpipe started)."""
+        from vpipe_lab.control.sessions import latest
+
         if self.session is None or self.session.closed:
-            raise UsageError("no running session: start one with %vpipe start gpt-tiny --stages 2")
+            newest = latest()
+            if newest is None:
+                raise UsageError("no running session: start one with %vpipe start gpt-tiny --stages 2, or "
+                                 "vpipe_lab.launch(...) in a cell")
+            self.session = newest
         return self.session
 
     def on_interrupt(self, result: Any) -> None:
@@ -148,27 +163,42 @@ class VpipeMagics(Magics):
     def cmd_help(self, args: argparse.Namespace) -> None:
         print(self.parser.format_help())
 
+    def cmd_use(self, args: argparse.Namespace) -> None:
+        from vpipe_lab.control.session import Session
+
+        session = self._value(args.variable, "session")
+        if not isinstance(session, Session):
+            raise UsageError(f"{args.variable!r} holds a {type(session).__name__}, not a vpipe_lab Session (what "
+                             "launch() and attach() return)")
+        self.session = session
+        print(f"vpipe: %vpipe commands now act on `{args.variable}` ({session.status})")
+
     def cmd_start(self, args: argparse.Namespace) -> Any:
         from vpipe_lab.control.launch import launch
         from vpipe_lab.examples import EXAMPLES
 
         if self.session is not None and not self.session.closed:
             raise UsageError("a session is already running: %vpipe stop it first")
+        if args.stages < 1 or args.microbatches < 1 or args.replicas < 1:
+            raise UsageError("--stages, --microbatches and --replicas must be whole numbers >= 1")
         model = args.model if args.model in EXAMPLES else self._value(args.model, "model")
         data = None if args.data is None else args.data if args.data in EXAMPLES else self._value(args.data, "data")
-        session = launch(
-            model, data, stages=args.stages, microbatches=args.microbatches, schedule=args.schedule,
-            device=args.device, memory_budget=args.budget, seed=args.seed,
-            loss=self._value(args.loss, "loss") if args.loss else None,
-            optimizer=self._value(args.optimizer, "optimizer factory") if args.optimizer else None,
-            plan=self._value(args.plan, "plan") if args.plan else None, auto_replan=args.auto_replan,
-            split=self._split(args.split),
-            lr_scheduler=self._value(args.lr_scheduler, "LR scheduler factory") if args.lr_scheduler else None,
-            clip_grad_norm=args.clip_grad_norm, precision=args.precision, replicas=args.replicas,
-            fused_wgrad=args.fused_wgrad,
-            eval_data=self._data(args.eval_data), eval_every=args.eval_every, eval_batches=args.eval_batches,
-            log=args.log if args.log is None or ":" in args.log else self._value(args.log, "logging function"),
-        )
+        try:
+            session = launch(
+                model, data, stages=args.stages, microbatches=args.microbatches, schedule=args.schedule,
+                device=args.device, memory_budget=args.budget, seed=args.seed,
+                loss=self._value(args.loss, "loss") if args.loss else None,
+                optimizer=self._value(args.optimizer, "optimizer factory") if args.optimizer else None,
+                plan=self._value(args.plan, "plan") if args.plan else None, auto_replan=args.auto_replan,
+                split=self._split(args.split),
+                lr_scheduler=self._value(args.lr_scheduler, "LR scheduler factory") if args.lr_scheduler else None,
+                clip_grad_norm=args.clip_grad_norm, precision=args.precision, replicas=args.replicas,
+                fused_wgrad=args.fused_wgrad,
+                eval_data=self._data(args.eval_data), eval_every=args.eval_every, eval_batches=args.eval_batches,
+                log=args.log if args.log is None or ":" in args.log else self._value(args.log, "logging function"),
+            )
+        except ValueError as exc:  # a stage count the model cannot fill, say: the reason, not a traceback
+            raise UsageError(str(exc)) from None
         self.session = session
         self.shell.user_ns[args.name] = session
         if args.run is not None:
@@ -217,8 +247,12 @@ class VpipeMagics(Magics):
         print(f"vpipe: resumed at iteration {self._need().resume()}")
 
     def cmd_stop(self, args: argparse.Namespace) -> None:
-        if self.session is None:
-            print("vpipe: no session to stop")
+        if self.session is None or self.session.closed:
+            from vpipe_lab.control.sessions import latest
+
+            self.session = latest() or self.session
+        if self.session is None or self.session.closed:
+            print("vpipe: no running session to stop")
             return
         self.session.stop()  # the dashboard and editor stay on screen, frozen at their last state
         self.views.clear()
@@ -279,6 +313,10 @@ def complete(self: Any, event: Any) -> list[str]:
     words = event.line.split()
     if len(words) <= 1 or (len(words) == 2 and not event.line.endswith(" ")):
         return list(COMMANDS)
+    if words[1] == "use":
+        from vpipe_lab.control.session import Session
+
+        return [name for name, value in self.user_ns.items() if isinstance(value, Session)]
     if words[1] == "start":
         return [*EXAMPLES, "--data", "--split", "--stages", "--microbatches", "--schedule", "--device", "--budget", "--plan",
                 "--run", "--auto-replan", "--name"]

@@ -152,6 +152,30 @@ def build_chain(spec: JobSpec, factory: Any, split_at: Any, rank: int, world: in
     return chain, plan
 
 
+def unit_names(factory: Any, split_at: Any, seed: int, first_inputs: Callable[[], Any]) -> list[str]:
+    """The model's partition units as rank 0 cuts it on its own, before any other rank starts (the controller's
+    check that a pipeline of this many stages can be filled). Laid out on the meta device where it builds there."""
+    model = None
+    if callable(factory) and not isinstance(factory, nn.Module):
+        try:
+            model, _ = on_meta(factory, seed)
+        except Exception:  # a factory that needs real tensors to build
+            model = None
+    meta = model is not None
+    if model is None:
+        model = build_model(factory, seed)
+    example = None if isinstance(model, nn.Sequential) and split_at is None else describe(first_inputs())[0]
+    try:
+        chain = capture(model.train(), rebuild(example, device=torch.device("meta") if meta else None)
+                        if example else None, split_at)
+    except Exception:
+        if not meta:
+            raise
+        model = build_model(factory, seed)  # an op without a meta kernel, say: the real capture decides
+        chain = capture(model.train(), rebuild(example) if example else None, split_at)
+    return list(chain.names)
+
+
 def _example(model: nn.Module, split_at: Any, rank: int, world: int, peer: Peer,
              first_inputs: Callable[[], Any]) -> dict[str, Any] | None:
     """Rank 0 describes one micro-batch of the first batch's inputs to every rank, which captures the model on zeros

@@ -20,9 +20,12 @@ import torch
 import torch.distributed as dist
 
 from vpipe_lab.runtime.bandwidth import probe_bandwidth
-from vpipe_lab.runtime.callables import JobSpec
+from vpipe_lab.runtime.batches import Source, split
+from vpipe_lab.runtime.build import unit_names
+from vpipe_lab.runtime.callables import JobSpec, load_callables
 from vpipe_lab.runtime.compat import allow_torchvision_without_ops
 from vpipe_lab.runtime.device import pin_cores, select
+from vpipe_lab.runtime.replicas import shard
 from vpipe_lab.runtime.worker import Worker
 from vpipe_lab.wire import protocol as P
 from vpipe_lab.wire.channel import Link
@@ -81,11 +84,28 @@ def run(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: int,
     return serve(spec, rank, world, local_rank, local_world, link, join, worker_cls)
 
 
+def scout(spec: JobSpec, link: Link) -> None:
+    """Rank 0, started alone: cut the model and tell the controller its partition units, so a pipeline the model
+    cannot fill is refused before the other ranks start (launch() asks for this when it does not know the model)."""
+    fns = load_callables(spec)
+    source = Source(fns.data, spec.start_iteration)
+
+    def first_inputs() -> Any:
+        inputs, _ = source.peek(spec.start_iteration)
+        return split(shard(inputs, 0, spec.replicas, "inputs"), spec.microbatches, "inputs")[0]
+
+    names = unit_names(fns.model, fns.split, spec.seed, first_inputs)
+    log.info("the model has %d partition units", len(names))
+    link.send(P.Message(P.UNITS, body={"rank": 0, "names": names}))
+
+
 def serve(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: int, link: Link,
           join: Any = None, worker_cls: type[Worker] | None = None, on_ready: Any = None) -> int:
     """Build the stage, report READY, run the control loop until STOP; any failure is reported with its stage."""
     try:
         allow_torchvision_without_ops()  # user models may import transformers/torchvision (see runtime/compat.py)
+        if spec.scout and rank == 0:
+            scout(spec, link)
         if join is not None:
             join()
         worker = (worker_cls or Worker)(spec, rank, world, link, local_rank, local_world)

@@ -85,6 +85,7 @@ class JobSpec:
     save_every: int | None = None  # unattended: checkpoint into run_dir every this many iterations
     run_dir: str | None = None  # unattended: checkpoints, metrics and how to attach
     log: str | None = None  # unattended: "tensorboard:DIR" | "wandb:PROJECT" | "mlflow:URI" (telemetry/sinks.py)
+    scout: bool = False  # rank 0 starts alone and reports the model's units (protocol UNITS) before the others start
 
     def save(self, path: Path) -> None:
         write_private(path, json.dumps(asdict(self), indent=1).encode())  # it holds the session key

@@ -29,6 +29,7 @@ RUN, PAUSE, RESUME, STOP, APPLY, PROFILE, STATE, SAVE, PING, MODEL, TELEMETRY, E
 # Events: workers -> controller.
 HELLO, READY, ITERATION, LAYERS, ERROR, ACK, HEARTBEAT, TENSORS, MIGRATED, EVALUATED = (
     "hello", "ready", "iteration", "layers", "error", "ack", "heartbeat", "tensors", "migrated", "evaluated")
+UNITS = "units"  # rank 0 started alone (JobSpec.scout): the model's partition units, before the others start
 
 
 # Attaching to a job served by a broker (torchrun): client <-> broker, and rank 0's "plan in force" updates.

@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+from vpipe_lab.control.profiles import Profiles
+from vpipe_lab.core.profile import LayerCost
+
+
+def doc(index: int, name: str, forward: float, samples: int, params: int = 10) -> dict:  # type: ignore[type-arg]
+    return {"index": index, "samples": samples, **LayerCost(name, forward, 2 * forward, 100, 10, 10, params).to_dict()}
+
+
+def test_a_layer_without_samples_keeps_its_last_measurement() -> None:
+    profiles = Profiles()
+    first = profiles.merge([doc(1, "b", 0.2, 3), doc(0, "a", 0.1, 3)], microbatch_size=4)
+    assert [x.name for x in first.layers] == ["a", "b"] and first.microbatch_size == 4
+    moved = profiles.merge([doc(0, "a", 0.0, 0, params=20), doc(1, "b", 0.3, 2)], microbatch_size=4)
+    assert moved.layers[0].forward_s == 0.1 and moved.layers[0].param_bytes == 20  # time kept, size current
+    assert moved.layers[1].forward_s == 0.3
+    profiles.forget()
+    assert profiles.merge([doc(0, "a", 0.0, 0)], 4).layers[0].forward_s == 0.0

@@ -1,0 +1,36 @@
+"""The measured profile the Session hands the planners: each layer's latest measurement, kept across plan changes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from vpipe_lab.core.profile import LayerCost, ModelProfile
+
+
+class Profiles:
+    """Merges the stages' per-layer reports into one ``ModelProfile``; a layer with no samples in its latest report
+    (it just moved, or the plan changed) keeps its last measurement, which is the best there is."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, LayerCost] = {}  # last measurement of each layer that had samples
+
+    def merge(self, docs: Iterable[dict[str, Any]], microbatch_size: int) -> ModelProfile:
+        layers: dict[int, LayerCost] = {}
+        for doc in docs:
+            index = int(doc["index"])
+            cost = LayerCost.from_dict(doc, f"layer {index}")
+            cached = self._last.get(index)
+            if doc.get("samples", 0) == 0 and cached is not None and cached.name == cost.name:
+                cost = LayerCost(cost.name, cached.forward_s, cached.backward_s,
+                                 max(cost.activation_bytes, cached.activation_bytes), cached.input_bytes,
+                                 cached.output_bytes, cost.param_bytes, cost.optimizer_bytes or cached.optimizer_bytes,
+                                 cost.times or cached.times)
+            elif doc.get("samples", 0) > 0:
+                self._last[index] = cost
+            layers[index] = cost
+        return ModelProfile(tuple(layers[i] for i in sorted(layers)), name="measured", microbatch_size=microbatch_size)
+
+    def forget(self) -> None:
+        """The model changed (set_model): earlier measurements describe other layers."""
+        self._last.clear()
