@@ -53,3 +53,64 @@ def test_environment_yml_matches_pyproject() -> None:
         if low:
             line = next(x for x in lines if x.strip().startswith(f"- {conda_names.get(name, name)}>="))
             assert line.strip().endswith(f">={low}"), f"{name}: pyproject wants >={low}, environment.yml has {line}"
+
+
+def _tutorial_imports() -> dict[str, set[str]]:
+    """Top-level modules each tutorial imports, outside the standard library."""
+    import ast
+    import json
+
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    python = TransformerManager()  # magics become Python, as the kernel runs them
+    found: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            if cell["cell_type"] != "code":
+                continue
+            for node in ast.walk(ast.parse(python.transform_cell("".join(cell["source"])))):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+                for name in names:
+                    top = name.split(".")[0]
+                    if top not in sys.stdlib_module_names and top != "vpipe_lab":
+                        found.setdefault(top, set()).add(path.name)
+    return found
+
+
+def _closure(requirements: list[str]) -> set[str]:
+    """Every distribution installing ``requirements`` brings, as installed here (extras of vpipe_lab followed)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    seen: set[str] = set()
+    todo = list(requirements)
+    while todo:
+        req = Requirement(todo.pop())
+        name = req.name.lower().replace("_", "-")
+        if name == "vpipe-lab":
+            todo += [r for extra in req.extras for r in extras[extra]]
+            continue
+        if name in seen:
+            continue
+        seen.add(name)
+        for sub in metadata.requires(req.name) or []:
+            parsed = Requirement(sub)
+            if parsed.marker is None or parsed.marker.evaluate({"extra": ""}):
+                todo.append(sub)
+    return seen
+
+
+def test_readme_command_one_installs_every_package_a_tutorial_imports() -> None:
+    from importlib import metadata
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    installed = _closure(extras["all"])
+    providers = metadata.packages_distributions()
+    imports = _tutorial_imports()
+    assert {"torch", "transformers", "plotly"} <= set(imports)  # the check reads what the tutorials really use
+    missing = {module: sorted(notebooks) for module, notebooks in imports.items()
+               if not {d.lower().replace("_", "-") for d in providers.get(module, [module])} & installed}
+    assert not missing, f"tutorials import packages that pip install -e '.[all]' does not install: {missing}"

@@ -1,4 +1,5 @@
-"""`vpipe-lab run` (train a bundled example in a pipeline from the shell) and `vpipe-lab lab` (open the tutorials)."""
+"""`vpipe-lab run` (train a bundled example in a pipeline from the shell) and `vpipe-lab worker` (one stage under
+torchrun); `vpipe-lab lab` lives in cli/lab.py."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from vpipe_lab.cli import lab
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.plan import SCHEDULES, Plan
 from vpipe_lab.core.report import human_bytes, human_time, plan_table
@@ -109,39 +111,6 @@ def write_report(path: str, session: Any, timeline: Any, frame: Any, memory: Any
     save_html([gantt, mem, loss], path, title="vpipe_lab run report", intro=plan_table(session.plan, est, profile))
 
 
-def find_tutorials() -> Path:
-    """The tutorials: ./notebooks, the source checkout this package runs from, or the copy shipped in the wheel
-    (copied to ~/vpipe-lab-tutorials, so they can be edited and saved)."""
-    import shutil
-
-    for candidate in (Path.cwd() / "notebooks", Path(__file__).resolve().parents[1] / "notebooks"):
-        if (candidate / "01_quickstart.ipynb").exists():
-            return candidate
-    shipped = Path(__file__).resolve().parent / "_notebooks"
-    if not (shipped / "01_quickstart.ipynb").exists():
-        raise FileNotFoundError("the tutorials are neither in ./notebooks nor in the installed package")
-    target = Path.home() / "vpipe-lab-tutorials"
-    if not target.exists():
-        shutil.copytree(shipped, target)
-    return target
-
-
-def cmd_lab(args: argparse.Namespace) -> int:
-    """Open JupyterLab on the quickstart tutorial."""
-    import os
-    import subprocess
-
-    notebooks = find_tutorials()
-    command = [sys.executable, "-m", "jupyter", "lab", str(notebooks / "01_quickstart.ipynb"),
-               f"--ServerApp.root_dir={notebooks}", f"--ServerApp.port={args.port}"]
-    if os.geteuid() == 0:
-        command.append("--allow-root")  # JupyterLab refuses root without it (containers often run as root)
-    if args.no_browser:
-        command.append("--no-browser")
-    print("starting:", " ".join(command), file=sys.stderr)
-    return subprocess.call(command)
-
-
 def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     """Options of `vpipe-lab worker` (kept here, torch-free: parsing must not import the runtime)."""
     p.add_argument("--model", required=True, help="bundled example (mlp, gpt-tiny) or package.module:factory")
@@ -185,10 +154,7 @@ def add_commands(sub: Any) -> None:
                             "vpipe_lab.attach(address, key=...)")
     add_worker_arguments(worker)
     worker.set_defaults(func=cmd_worker)
-    lab = sub.add_parser("lab", help="open JupyterLab on the quickstart tutorial")
-    lab.add_argument("--port", type=int, default=8888)
-    lab.add_argument("--no-browser", action="store_true")
-    lab.set_defaults(func=cmd_lab)
+    lab.add_command(sub)
     p = sub.add_parser("run", help="train a bundled example in a pipeline of worker processes")
     p.add_argument("--model", default="gpt-tiny", help="bundled example: mlp or gpt-tiny")
     p.add_argument("--stages", "-k", type=int, default=2)

@@ -1,0 +1,114 @@
+"""`vpipe-lab lab`: a working copy of the tutorials, made once and never overwritten, and a real JupyterLab serving it
+from any directory, for an editable install and for a wheel."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.integration.lab import free_port
+from vpipe_lab.cli.lab import QUICKSTART, jupyter_command, shipped_tutorials, working_copy
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_working_copy_is_made_once_and_never_overwritten(tmp_path: Path) -> None:
+    source = shipped_tutorials()
+    assert source == ROOT / "notebooks"  # this checkout's (an editable install)
+    folder, copied = working_copy(tmp_path / "mine", source)
+    assert QUICKSTART in copied and len(copied) == len(list(source.glob("*.ipynb"))) >= 6
+    (folder / QUICKSTART).write_text("my edits")
+    (folder / "02_tuning_the_partition.ipynb").unlink()
+    _, again = working_copy(folder, source)
+    assert again == ["02_tuning_the_partition.ipynb"]  # what was missing comes back; what was edited stays
+    assert (folder / QUICKSTART).read_text() == "my edits"
+    assert not list(folder.glob("*.py")) and not list(folder.glob("*.cfg"))  # tutorials only, not the test harness
+    with pytest.raises(ValueError, match="give --dir a folder of your own"):
+        working_copy(source, source)
+
+
+def test_a_wheel_keeps_its_tutorials_inside_the_package(tmp_path: Path) -> None:
+    package = tmp_path / "site" / "vpipe_lab"
+    (package / "_notebooks").mkdir(parents=True)
+    (package / "_notebooks" / QUICKSTART).write_text("{}")
+    assert shipped_tutorials(package) == package / "_notebooks"
+    with pytest.raises(FileNotFoundError, match="has no tutorials"):
+        shipped_tutorials(tmp_path / "elsewhere" / "vpipe_lab")
+
+
+def test_options_and_extra_arguments_go_to_jupyter(tmp_path: Path) -> None:
+    args = argparse.Namespace(port=9123, token="", no_browser=True, jupyter_args=["--", "--ServerApp.ip=0.0.0.0"])
+    command = jupyter_command(tmp_path, args)
+    assert command[1:4] == ["-m", "jupyter", "lab"] and command[4] == str(tmp_path / QUICKSTART)
+    assert f"--ServerApp.root_dir={tmp_path}" in command and "--ServerApp.port=9123" in command
+    assert "--IdentityProvider.token=" in command and "--no-browser" in command
+    assert command[-1] == "--ServerApp.ip=0.0.0.0" and "--" not in command
+    defaults = jupyter_command(tmp_path, argparse.Namespace(port=None, token=None, no_browser=False, jupyter_args=[]))
+    assert not any(a.startswith(("--ServerApp.port", "--IdentityProvider")) for a in defaults)
+
+
+def serve_and_list(command: list[str], cwd: Path, env: dict[str, str], timeout: float = 120) -> list[str]:
+    """Start ``vpipe-lab lab`` as a user would, wait for its server, list what it serves, stop it."""
+    port = free_port()
+    proc = subprocess.Popen([*command, "--no-browser", "--port", str(port), "--token", "secret"], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                request = urllib.request.Request(f"http://127.0.0.1:{port}/api/contents",
+                                                 headers={"Authorization": "token secret"})
+                listing = json.load(urllib.request.urlopen(request, timeout=2))
+                return sorted(item["name"] for item in listing["content"])
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    out = proc.stdout.read().decode() if proc.stdout else ""  # type: ignore[union-attr]
+                    raise AssertionError(f"vpipe-lab lab did not serve (exit {proc.poll()}):\n{out[-3000:]}") from None
+                time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_from_any_directory_with_the_editable_install(tmp_path: Path) -> None:
+    entry = Path(sys.executable).parent / "vpipe-lab"
+    listing = serve_and_list([str(entry), "lab"], tmp_path, {**os.environ, "HOME": str(tmp_path)})
+    assert QUICKSTART in listing and len(listing) >= 6
+    assert (tmp_path / "vpipe-lab-tutorials" / QUICKSTART).exists()  # served from the user's copy, in their cwd
+
+
+@pytest.mark.slow
+def test_from_any_directory_with_a_wheel(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(tmp_path / "dist")],
+                   cwd=ROOT, check=True, capture_output=True, timeout=300)
+    wheel = next((tmp_path / "dist").glob("vpipe_lab-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert f"vpipe_lab/_notebooks/{QUICKSTART}" in names
+    assert {"vpipe_lab/jupyter/static/live.js", "vpipe_lab/jupyter/static/plotly.js.gz",
+            "vpipe_lab/jupyter/static/partition.js"} <= set(names)
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(site)}
+    where = subprocess.run([sys.executable, "-c", "import vpipe_lab; print(vpipe_lab.__file__)"], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, check=True).stdout
+    assert where.startswith(str(site))  # the wheel's package, not this checkout
+    work = tmp_path / "somewhere"
+    work.mkdir()
+    listing = serve_and_list([sys.executable, "-m", "vpipe_lab.cli", "lab"], work, env)
+    assert QUICKSTART in listing and (work / "vpipe-lab-tutorials" / QUICKSTART).exists()
+    assert not list((site / "vpipe_lab" / "_notebooks").glob(".ipynb_checkpoints"))  # the package is not opened
