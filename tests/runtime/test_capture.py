@@ -7,7 +7,7 @@ import torch
 
 from tests.integration import zoo
 from vpipe_lab.runtime.batches import split
-from vpipe_lab.runtime.capture import CaptureError, capture, repeated_blocks, to_meta
+from vpipe_lab.runtime.capture import CaptureError, capture, state_names, to_meta
 from vpipe_lab.runtime.compat import allow_torchvision_without_ops
 
 
@@ -67,20 +67,6 @@ def test_gpt2_chain_gives_the_same_output_and_gradients_and_carries_the_mask() -
         torch.testing.assert_close(grads[n], p.grad)
 
 
-def test_resnet_blocks_and_split_choices() -> None:
-    model = zoo.resnet18()
-    assert repeated_blocks(model) == [f"layer{i}.{j}" for i in range(1, 5) for j in range(2)]
-    x = split(zoo.image_data(0)[0], 4, "inputs")[0]
-    chain = capture(model, x, split=["layer2", "layer4"])
-    assert chain.names == ["conv1+bn1+relu+…", "layer2+layer3", "layer4", "avgpool+fc"]
-    chain = capture(model, x, split=lambda name, module: name in ("layer3", "fc"))
-    assert chain.names == ["conv1+bn1+relu+…", "layer3+layer4+avgpool", "fc"]
-    with pytest.raises(CaptureError, match="split point 'layer5' is not a submodule of ResNet; did you mean"):
-        capture(model, x, split=["layer5"])
-    with pytest.raises(CaptureError, match="chose no module"):
-        capture(model, x, split=lambda name, module: False)
-
-
 def test_sequential_children_are_units_and_ties_share_a_name() -> None:
     model = zoo.tied_sequential()
     chain = capture(model, None)
@@ -96,13 +82,15 @@ def test_to_meta_frees_a_unit_but_not_its_tie_elsewhere() -> None:
     assert isinstance(chain.units[5].weight, torch.nn.Parameter)
 
 
-def test_inputs_must_keep_their_structure() -> None:
+def test_inputs_keep_their_structure_and_sizes_vary_where_the_model_lets_them() -> None:
     chain = capture(zoo.two_input_net(), {"features": torch.zeros(2, 6), "mask": torch.ones(2)})
     with pytest.raises(CaptureError, match="changed structure"):
         chain.start({"features": torch.zeros(2, 6)})
-    with pytest.raises(CaptureError, match=r"shapes are \[\(3, 6\), \(3,\)\], but the model was captured for "
-                                           r"\[\(2, 6\), \(2,\)\]"):
-        chain.start({"features": torch.zeros(3, 6), "mask": torch.ones(3)})
+    chain.start({"features": torch.zeros(3, 6), "mask": torch.ones(3)})  # another batch size: the same graph
+    with pytest.raises(CaptureError, match="input 0 has size 7 in dimension 1, where the graph is specialised to 6"):
+        chain.start({"features": torch.zeros(3, 7), "mask": torch.ones(3)})
+    with pytest.raises(CaptureError, match="ties to a size of 3"):
+        chain.start({"features": torch.zeros(3, 6), "mask": torch.ones(4)})
 
 
 def test_buffers_written_in_forward_are_known() -> None:
@@ -145,3 +133,41 @@ def test_inference_copy_runs_a_captured_unit_in_eval_mode() -> None:
     torch.testing.assert_close(out, expected)
     for key, value in model.state_dict().items():
         assert torch.equal(value, buffers[key]), key
+
+
+@pytest.mark.parametrize("shape", [(2, 16), (2, 9), (5, 16), (1, 16), (1, 1)])
+def test_one_capture_takes_any_batch_size_and_sequence_length(shape: tuple[int, int]) -> None:
+    """Captured once on a (2, 16) micro-batch: other batch sizes and lengths run the same graph, exactly."""
+    torch.manual_seed(0)
+    model = zoo.gpt2().train()
+    chain = capture(model, {"input_ids": torch.zeros(2, 16, dtype=torch.long),
+                            "attention_mask": torch.ones(2, 16, dtype=torch.long)})
+    ids = torch.randint(0, 96, shape)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones(shape, dtype=torch.long)}
+    assert chain.problem([("tensor", torch.int64, shape), ("tensor", torch.int64, shape)]) is None
+    model.eval()  # no dropout: the same numbers both ways
+    torch.testing.assert_close(run_chain(chain, inputs).logits, model(**inputs).logits, rtol=0, atol=0)
+
+
+def test_a_model_built_with_its_library_defaults_is_captured_without_its_generation_cache() -> None:
+    allow_torchvision_without_ops()
+    import transformers
+
+    config = transformers.GPT2Config(vocab_size=96, n_positions=64, n_embd=32, n_layer=2, n_head=4)
+    assert config.use_cache  # the default, as users build it
+    model = transformers.GPT2LMHeadModel(config).train()
+    inputs = {"input_ids": torch.zeros(2, 8, dtype=torch.long)}
+    chain = capture(model, inputs)
+    assert chain.names[1:3] == ["transformer.h.0", "transformer.h.1"] and not model.config.use_cache
+    out = run_chain(chain, {"input_ids": torch.randint(0, 96, (2, 8))})
+    assert out.logits.shape == (2, 8, 96) and getattr(out, "past_key_values", None) is None
+
+
+def test_state_names_are_what_the_model_s_state_dict_lists() -> None:
+    model = hf("llama")
+    from vpipe_lab.runtime.capture import canonical_names
+
+    aliases, non_persistent = state_names(model, canonical_names(model))
+    assert aliases["model.embed_tokens.weight"] == ["model.embed_tokens.weight", "lm_head.weight"]  # the tie, twice
+    assert "model.rotary_emb.inv_freq" in non_persistent  # buffers the state dict leaves out
+    assert sorted(n for names in aliases.values() for n in names) == sorted(model.state_dict())

@@ -12,22 +12,22 @@ ordered tuple of tensors. The last unit rebuilds the model's own output object (
 
 from __future__ import annotations
 
-import difflib
-import operator
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import logging
+import os
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-SplitSpec = Sequence[str] | Callable[[str, nn.Module], bool] | None
+from vpipe_lab.runtime.capture_problems import CaptureError, generation_cache_off, why
+from vpipe_lab.runtime.cuts import SplitSpec, assign, module_paths, split_points
+from vpipe_lab.runtime.input_shapes import InputRule, describe_leaves, dynamic_spec
+
+__all__ = ["CaptureError", "Chain", "GraphUnit", "SplitSpec", "UnitTensors", "capture"]
+log = logging.getLogger(__name__)
 Carry = dict[str, Any]
-
-
-class CaptureError(ValueError):
-    """The model cannot be cut into pipeline units as asked."""
 
 
 def args_kwargs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -55,6 +55,17 @@ def canonical_names(model: nn.Module) -> dict[int, str]:
     for name, t in model.named_buffers(remove_duplicate=False):
         names.setdefault(id(t), name)
     return names
+
+
+def state_names(model: nn.Module, canonical: dict[int, str]) -> tuple[dict[str, list[str]], set[str]]:
+    """Every name ``model.state_dict()`` lists each tensor under (a tied weight under each of its names, in the
+    model's own order), by canonical name; and the canonical names it leaves out (non-persistent buffers, such as a
+    rotary embedding's ``inv_freq``). ``Session.state_dict()`` gives back exactly those keys."""
+    aliases: dict[str, list[str]] = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        aliases.setdefault(canonical.get(id(t), name), []).append(name)
+    held = set(canonical.values())
+    return aliases, held - set(aliases)
 
 
 def unit_tensors(module: nn.Module, canonical: dict[int, str], prefix: str = "") -> UnitTensors:
@@ -120,7 +131,10 @@ class Chain:
     output_keys: list[str] | None = None
     out_spec: Any = None
     mutated: set[str] | None = None  # buffers the forward writes in place (None: not known, so any may be)
-    shapes: list[Any] | None = None  # the captured micro-batch's input shapes: the graph is specialised to them
+    rule: InputRule | None = None  # the input shapes the graph takes (input_shapes.py); None: any (not a graph)
+    aliases: dict[str, list[str]] = field(default_factory=dict)  # canonical name -> its names in model.state_dict()
+    non_persistent: set[str] = field(default_factory=set)  # canonical names model.state_dict() leaves out
+    state_keys: list[str] = field(default_factory=list)  # model.state_dict()'s keys, in its order
 
     def __len__(self) -> int:
         return len(self.units)
@@ -139,12 +153,14 @@ class Chain:
         if spec != self.in_spec:
             raise CaptureError(f"the inputs changed structure since the model was captured: now {spec}, captured "
                                f"with {self.in_spec}; give every batch the same keys and argument order")
-        shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in leaves]
-        if self.shapes is not None and shapes != self.shapes:
-            raise CaptureError(f"a micro-batch's input shapes are {shapes}, but the model was captured for "
-                               f"{self.shapes}: the graph is specialised to those shapes, so give batches of one size "
-                               "(pad to a fixed length; drop_last=True in a DataLoader)")
+        problem = self.rule.problem(describe_leaves(leaves)) if self.rule is not None else None
+        if problem is not None:  # the workers agree on shapes before an iteration (runtime/recapture.py)
+            raise CaptureError(f"a micro-batch does not fit the captured graph: {problem}")
         return dict(zip(self.input_keys, leaves))
+
+    def problem(self, desc_leaves: list[tuple[str, Any, Any]]) -> str | None:
+        """Why inputs described by ``describe_leaves`` do not fit this chain's graph (None if they do)."""
+        return self.rule.problem(desc_leaves) if self.rule is not None else None
 
     def finish(self, carry: Any) -> Any:
         """The model's own output object (what the loss receives) from the last unit's result."""
@@ -192,122 +208,46 @@ def to_meta(unit: nn.Module, tensors: UnitTensors) -> None:
             owner._buffers[name] = torch.empty_like(owner._buffers[name], device="meta")  # type: ignore[arg-type]
 
 
-# --- where to cut -----------------------------------------------------------------------------------------------------
-def repeated_blocks(model: nn.Module) -> list[str]:
-    """The model's repeated blocks: children of ModuleLists/Sequentials, of the class that repeats most often."""
-    by_class: dict[type, list[str]] = {}
-    for name, module in model.named_modules():
-        if isinstance(module, (nn.ModuleList, nn.Sequential)) and len(module) >= 2:
-            for child_name, child in module.named_children():
-                by_class.setdefault(type(child), []).append(f"{name}.{child_name}" if name else child_name)
-    if not by_class:
-        return []
-    # Prefer the model's own block classes (GPT2Block, BasicBlock) over torch's primitives; then the most repeated.
-    best = max(by_class.items(), key=lambda kv: (not kv[0].__module__.startswith("torch.nn"), len(kv[1])))
-    return best[1] if len(best[1]) >= 2 else []
-
-
-def split_points(model: nn.Module, split: SplitSpec) -> list[str]:
-    """The modules at which a new unit begins, in the model's module order, checked against the model."""
-    modules = dict(model.named_modules())
-    if split is None:
-        return repeated_blocks(model)
-    if callable(split):
-        chosen: list[str] = []
-        for name, module in modules.items():
-            if name and split(name, module) and not any(name.startswith(c + ".") for c in chosen):
-                chosen.append(name)
-        if not chosen:
-            raise CaptureError("the split function chose no module: it gets (name, module) for every submodule and "
-                               "returns True where a new unit should begin")
-        return chosen
-    names = [split] if isinstance(split, str) else list(split)
-    for name in names:
-        if name not in modules or not name:
-            close = difflib.get_close_matches(name, list(modules), n=3)
-            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-            raise CaptureError(f"split point {name!r} is not a submodule of {type(model).__name__}{hint} "
-                               "(names are as in model.named_modules())")
-    order = {n: i for i, n in enumerate(modules)}
-    return sorted(dict.fromkeys(names), key=order.__getitem__)
-
-
-def _module_paths(node: torch.fx.Node) -> list[str]:
-    return [v[0] for v in (node.meta.get("nn_module_stack") or {}).values()]
-
-
-def _assign(gm: torch.fx.GraphModule, points: list[str]) -> tuple[dict[torch.fx.Node, int], list[str]]:
-    """Node -> unit, and each unit's name. A unit begins where a split module's first node runs; everything else stays
-    with the unit that is running (glue code between blocks goes with the block before it), and what follows the
-    last split module forms a unit of its own."""
-    index = {p: i for i, p in enumerate(points)}
-
-    def point_of(node: torch.fx.Node) -> int | None:
-        for path in _module_paths(node):
-            if path in index:
-                return index[path]
-        return None
-
-    part: dict[torch.fx.Node, int] = {}
-    units_of: dict[str, set[int]] = {}  # module path -> the units its nodes fell into
-    seen: dict[int, dict[str, None]] = {}  # unit -> module paths in the order they ran
-    current, last_point, in_point = 0, -1, False  # unit 0: what runs before the first split module
-    for node in gm.graph.nodes:
-        if node.op in ("placeholder", "output", "get_attr"):
-            continue
-        if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) and node.args[0] in part:
-            part[node] = part[node.args[0]]  # tuples never cross units: their items do
-            continue
-        p = point_of(node)
-        if p is not None and p > last_point:
-            last_point, current = p, p + 1
-        elif p is None and in_point and last_point == len(points) - 1:
-            current = len(points) + 1  # the first node after the last split module: the tail unit begins
-        in_point = p is not None
-        part[node] = current
-        for path in _module_paths(node):
-            units_of.setdefault(path, set()).add(current)
-            seen.setdefault(current, {})[path] = None
-    used = sorted(set(part.values()))
-    renumber = {u: i for i, u in enumerate(used)}
-    names = [_unit_name([p for p in seen.get(u, {}) if units_of[p] == {u}]) for u in used]
-    return {n: renumber[u] for n, u in part.items()}, names
-
-
-def _unit_name(owned: list[str]) -> str:
-    """The outermost modules that run wholly inside a unit, in the order they ran: 'transformer.h.3',
-    'transformer.ln_f+lm_head'."""
-    real = [p for p in owned if p]
-    top = [p for p in real if not any(p.startswith(q + ".") for q in real)]
-    return "+".join(top[:3]) + ("+…" if len(top) > 3 else "") if top else "(glue)"
-
-
 def capture(model: nn.Module, example: Any, split: SplitSpec = None) -> Chain:
-    """Cut ``model`` into units; ``example`` is one micro-batch of inputs (shapes matter, values do not)."""
+    """Cut ``model`` into units; ``example`` is one micro-batch of inputs (shapes matter, values do not). The graph
+    takes other shapes wherever the model lets them vary (``input_shapes.py``)."""
     canonical = canonical_names(model)
+    aliases, non_persistent = state_names(model, canonical)
     if isinstance(model, nn.Sequential) and split is None:
         names = [f"{name}:{type(child).__name__}" for name, child in model.named_children()]
         units = list(model.children())
-        return Chain(units, names, [unit_tensors(u, canonical, f"{i}.") for i, u in enumerate(units)], graph=False)
+        return Chain(units, names, [unit_tensors(u, canonical, f"{i}.") for i, u in enumerate(units)], graph=False,
+                     aliases=aliases, non_persistent=non_persistent, state_keys=list(model.state_dict(keep_vars=True)))
     points = split_points(model, split)
+    generation_cache_off(model)
     args, kwargs = args_kwargs(example)
+    leaves = pytree.tree_leaves((args, kwargs))
     try:
-        exported = torch.export.export(model, args, kwargs, strict=False)
-    except Exception as exc:
-        raise CaptureError(f"torch.export could not capture {type(model).__name__} for pipelining: "
-                           f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}. "
-                           "Models with data-dependent Python control flow cannot be cut into stages; rewrite that "
-                           "branch with torch.cond/torch.where, or give an nn.Sequential of the parts") from exc
+        if os.environ.get("VPIPE_LAB_CAPTURE") == "static":  # benchmarks/shapes.py: what free dimensions cost
+            raise RuntimeError("captured for fixed shapes (VPIPE_LAB_CAPTURE=static)")
+        exported = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_spec(model, args, kwargs),
+                                       strict=False)
+        dynamic = True
+    except Exception as exc:  # some models trace only at fixed shapes: new shapes then get captures of their own
+        log.info("%s does not export with free input shapes (%s); capturing it for these shapes", type(model).__name__,
+                 str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        try:
+            exported = torch.export.export(model, args, kwargs, strict=False)
+        except Exception as exc:
+            raise CaptureError(f"torch.export could not capture {type(model).__name__} for pipelining: "
+                               f"{why(exc)}") from exc
+        dynamic = False
     gm = exported.module()
-    part, names = _assign(gm, points)
-    shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in pytree.tree_leaves((args, kwargs))]
-    reached = {p for node in part for p in _module_paths(node)}
+    part, names = assign(gm, points)
+    reached = {p for node in part for p in module_paths(node)}
     missing = [p for p in points if p not in reached]
     if missing:
         raise CaptureError(f"split points {missing} never run in {type(model).__name__}.forward; split at modules "
                            "the forward pass calls")
     chain = _chain(gm, exported, part, names, canonical)
-    chain.shapes = shapes
+    chain.rule = InputRule.of_graph(gm, leaves, exported.range_constraints) if dynamic else InputRule.exactly(leaves)
+    chain.aliases, chain.non_persistent = aliases, non_persistent
+    chain.state_keys = list(model.state_dict(keep_vars=True))
     return chain
 
 
@@ -323,6 +263,7 @@ def _chain(gm: torch.fx.GraphModule, exported: Any, part: dict[torch.fx.Node, in
     output_keys = [a.name for a in flat_out]
     reads: list[list[torch.fx.Node]] = [[] for _ in range(count)]
     attrs: list[list[torch.fx.Node]] = [[] for _ in range(count)]
+    sizes: list[list[torch.fx.Node]] = [[] for _ in range(count)]  # sizes from other units, recomputed here
     read_by: dict[str, set[int]] = {}
     for node in nodes:
         if node not in part:
@@ -332,9 +273,15 @@ def _chain(gm: torch.fx.GraphModule, exported: Any, part: dict[torch.fx.Node, in
             if arg.op == "get_attr":
                 if arg not in attrs[unit]:
                     attrs[unit].append(arg)
+            elif part.get(arg) != unit and _is_size(arg):
+                if arg not in sizes[unit]:
+                    sizes[unit].append(arg)
             elif part.get(arg) != unit and arg not in reads[unit]:
                 reads[unit].append(arg)
-                read_by.setdefault(arg.name, set()).add(unit)
+    recipes = [_size_recipes(unit, sizes[unit], reads[unit]) for unit in range(count)]
+    for unit in range(count):
+        for node in reads[unit]:
+            read_by.setdefault(node.name, set()).add(unit)
     units: list[nn.Module] = []
     tensors: list[UnitTensors] = []
     available = list(placeholders)
@@ -346,6 +293,10 @@ def _chain(gm: torch.fx.GraphModule, exported: Any, part: dict[torch.fx.Node, in
             env[node].meta = node.meta.copy()
         for node in attrs[unit]:
             env[node] = graph.get_attr(str(node.target))
+        for node, source, dim in recipes[unit]:  # in graph order: a derived size after what it is made of
+            env[node] = (graph.call_function(torch.ops.aten.sym_size.int, (env[source], dim)) if source is not None
+                         else graph.node_copy(node, lambda n, env=env: env[n]))  # type: ignore[misc]
+            env[node].meta = node.meta.copy()
         mine = [n for n in nodes if part.get(n) == unit]
         for node in mine:
             env[node] = graph.node_copy(node, lambda n, env=env: env[n])  # type: ignore[misc]
@@ -364,6 +315,50 @@ def _chain(gm: torch.fx.GraphModule, exported: Any, part: dict[torch.fx.Node, in
         tensors.append(unit_tensors(units[-1], canonical))
     return Chain(units, names, tensors, graph=True, input_keys=placeholders, in_spec=exported.call_spec.in_spec,
                  output_keys=output_keys, out_spec=exported.call_spec.out_spec, mutated=_mutated(gm, canonical))
+
+
+def _is_size(node: torch.fx.Node) -> bool:
+    return isinstance(node.meta.get("val"), (torch.SymInt, torch.SymBool, torch.SymFloat))
+
+
+def _size_recipes(unit: int, needed: list[torch.fx.Node], reads: list[torch.fx.Node]
+                  ) -> list[tuple[torch.fx.Node, torch.fx.Node | None, int]]:
+    """How a unit recomputes the sizes (symbolic batch size, sequence length) that earlier units computed, so that
+    only tensors cross stage boundaries: a size is read off a tensor the unit already receives whose shape has it
+    (the hidden state carries batch and length), else off the tensor it was measured on (which the unit then
+    receives too); a size computed from sizes is computed again. Returns (size node, tensor or None to copy the
+    node, dimension) in graph order; ``reads`` may grow."""
+    found: dict[torch.fx.Node, tuple[torch.fx.Node | None, int]] = {}
+
+    def visit(node: torch.fx.Node) -> None:
+        if node in found:
+            return
+        if node.target is torch.ops.aten.sym_size.int:
+            expr = node.meta["val"].node.expr
+            for tensor in reads:
+                val = tensor.meta.get("val")
+                for d, size in enumerate(val.shape if isinstance(val, torch.Tensor) else ()):
+                    if isinstance(size, torch.SymInt) and size.node.expr == expr:
+                        found[node] = (tensor, d)
+                        return
+            source = node.args[0]
+            assert isinstance(source, torch.fx.Node)
+            if source not in reads:
+                reads.append(source)
+            found[node] = (source, int(node.args[1]))  # type: ignore[arg-type]
+            return
+        inputs = node.all_input_nodes
+        if not all(_is_size(i) for i in inputs):
+            raise CaptureError(f"size {node.name!r} of a later unit ({unit}) is computed from tensors of an earlier one; "
+                               "split the model elsewhere")
+        for i in inputs:
+            visit(i)
+        found[node] = (None, 0)
+
+    for node in needed:
+        visit(node)
+    order = {n: i for i, n in enumerate(next(iter(found)).graph.nodes)} if found else {}
+    return [(n, *found[n]) for n in sorted(found, key=order.__getitem__)]
 
 
 def _mutated(gm: torch.fx.GraphModule, canonical: dict[int, str]) -> set[str]:
