@@ -18,3 +18,13 @@ def test_adopt_takes_rank_0s_plan_and_names_unless_the_job_says_otherwise() -> N
                            "running": True})
     assert attached.plan is not None and attached.plan.boundaries == (0, 2, 3) and attached.plan_version == 3
     assert attached.iteration == 9 and attached.target is None  # running until stopped
+
+
+def test_the_cluster_is_what_the_ranks_measured_with_the_job_s_budgets() -> None:
+    state = JobState()
+    state.ready = {1: {"swap_bandwidth": 5e9, "link_bandwidth": 2e9, "link_latency_s": 2e-4, "device": "cpu"},
+                   0: {"swap_bandwidth": 8e9, "link_bandwidth": float("inf"), "link_latency_s": 1e-4, "device": "cpu"}}
+    cluster = state.cluster(2, [2**30, 2**31])
+    assert cluster.memory_bytes == (2**30, 2**31) and cluster.swap_bandwidth == 5e9 and cluster.link_bandwidth == 2e9
+    assert cluster.link_latency_s == 1e-4 and "2 x cpu" in cluster.name  # the slowest, a round trip halved
+    assert isinstance(state.cluster(2, None).memory_bytes, int)  # no budget: the machine's memory split evenly

@@ -140,9 +140,13 @@ def test_a_shared_buffer_that_cannot_be_split_across_stages() -> None:
         vpipe_lab.launch(SharedNorm, data4, stages=2, microbatches=2, device="cpu", timeout=30)
 
 
-def test_batch_that_does_not_split_into_the_microbatches() -> None:
-    with pytest.raises(WorkerError, match="batch size 6, which does not split into 4 equal micro-batches"):
-        vpipe_lab.launch(Blocks, data6, stages=2, microbatches=4, device="cpu", timeout=30)
+def data3(iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(3, 4), torch.randn(3, 2)
+
+
+def test_batch_with_fewer_samples_than_microbatches() -> None:
+    with pytest.raises(WorkerError, match="batch size 3, fewer samples than the 4 micro-batches"):
+        vpipe_lab.launch(Blocks, data3, stages=2, microbatches=4, device="cpu", timeout=30)
 
 
 def test_loss_that_is_not_a_scalar() -> None:

@@ -154,3 +154,95 @@ def loader(batches: int = 3, shuffle: bool = True) -> torch.utils.data.DataLoade
 
     return torch.utils.data.DataLoader(Dicts(), batch_size=BATCH, shuffle=shuffle,
                                        generator=torch.Generator().manual_seed(11))
+
+
+# --- models as their libraries build them, data as DataLoaders and collators give it ------------------------------------
+def gpt2_defaults() -> nn.Module:
+    """A GPT-2 built the way users build it: the config's defaults, use_cache=True included (dropout off for exact
+    parity)."""
+    allow_torchvision_without_ops()
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=4, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0))
+
+
+def gpt2_deeper() -> nn.Module:
+    """zoo.gpt2 with one more block at the end (NAS: the other units keep their names and shapes)."""
+    allow_torchvision_without_ops()
+    import transformers
+
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=5, n_head=4,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+                                     bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def tied_llama() -> nn.Module:
+    """A Llama whose LM head is its embedding (tie_word_embeddings), with a non-persistent rotary buffer."""
+    allow_torchvision_without_ops()
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=64, max_position_embeddings=SEQ, tie_word_embeddings=True))
+
+
+def varying_lengths(iteration: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """What a collator that pads to the longest gives: 16 tokens, then 12, then 16, ..."""
+    inputs, target = gpt2_data(iteration)
+    length = SEQ if iteration % 2 == 0 else 12
+    return {k: v[:, :length] for k, v in inputs.items()}, target[:, :length]
+
+
+class Tokens(torch.utils.data.Dataset):
+    """22 samples: with batch_size=8 and the default drop_last=False, every epoch ends with a batch of 6."""
+
+    def __init__(self, samples: int = 22) -> None:
+        g = torch.Generator().manual_seed(77)
+        self.ids = torch.randint(0, VOCAB, (samples, SEQ + 1), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        return {"input_ids": self.ids[i, :-1], "attention_mask": torch.ones(SEQ, dtype=torch.long)}, self.ids[i, 1:]
+
+
+def short_last_batch_loader() -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(Tokens(), batch_size=BATCH)  # drop_last=False, as people write it
+
+
+class LengthSwitch(nn.Module):
+    """Python code that branches on a size: torch.export specialises the graph to one side, so the other side's
+    batches need a capture of their own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 16)
+        self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(3))
+        self.head = nn.Linear(16, VOCAB)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        if ids.shape[1] > 12:
+            h = h * 0.5
+        for block in self.blocks:
+            h = torch.tanh(block(h))
+        return self.head(h)
+
+
+def length_switch() -> nn.Module:
+    return LengthSwitch()
+
+
+def switching_tokens(iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
+    inputs, target = varying_lengths(iteration)
+    return inputs["input_ids"], target
+
+
+def token_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(output.reshape(-1, VOCAB), target.reshape(-1))

@@ -8,19 +8,21 @@ from typing import Any
 
 import torch
 
-from vpipe_lab.runtime.batches import Source, split
+from vpipe_lab.runtime.batches import Source, batch_size, split
 from vpipe_lab.runtime.capture import args_kwargs
 from vpipe_lab.runtime.units import layer_seed
 
 
 def train(model_fn: Callable[[], torch.nn.Module] | None, data: Callable[[int], tuple[Any, Any]] | Iterable[Any],
           loss_fn: Callable[[Any, Any], torch.Tensor], optimizer_fn: Callable[[Any], torch.optim.Optimizer],
-          *, iterations: int, microbatches: int, seed: int = 0, start: int = 0,
+          *, iterations: int, microbatches: int | Callable[[int], int], seed: int = 0, start: int = 0,
           model: torch.nn.Module | None = None, scheduler_fn: Callable[[Any], Any] | None = None,
           clip: float | None = None, precision: torch.dtype | None = None,
           norms: list[float] | None = None) -> tuple[torch.nn.Module, list[float]]:
-    """Gradient accumulation over ``torch.chunk`` micro-batches of mean-reduced losses, one optimizer over the
-    model's parameters (a tied weight once), as an ML engineer writes it.
+    """Gradient accumulation over micro-batches of mean-reduced losses, one optimizer over the model's parameters
+    (a tied weight once), as an ML engineer writes it. A batch that does not divide splits into sizes one apart
+    (``torch.tensor_split``), each micro-batch's loss weighted by its share of the samples, so the step is the full
+    batch's mean; ``microbatches`` may be a function of the iteration (a count changed while training).
 
     An nn.Sequential's layers are seeded as the pipeline seeds them, so models with dropout compare too; any other
     model is called as the data gives its inputs (a tensor, positional tuple or keyword dict).
@@ -37,8 +39,11 @@ def train(model_fn: Callable[[], torch.nn.Module] | None, data: Callable[[int], 
     losses = []
     for it in range(start, start + iterations):
         x, y = source.get(it)
-        xs = split(x, microbatches, "inputs")
-        ys = split(y, microbatches, "targets") if y is not None else [None] * microbatches
+        m = microbatches(it) if callable(microbatches) else microbatches
+        xs = split(x, m, "inputs")
+        ys = split(y, m, "targets") if y is not None else [None] * m
+        sizes = [batch_size(p) or 1 for p in xs]
+        weights = [n / sum(sizes) for n in sizes] if len(set(sizes)) > 1 else [1 / m] * m
         total = 0.0
         for mb, (xm, ym) in enumerate(zip(xs, ys)):
             with autocast():
@@ -51,9 +56,9 @@ def train(model_fn: Callable[[], torch.nn.Module] | None, data: Callable[[int], 
                     args, kwargs = args_kwargs(xm)
                     h = model(*args, **kwargs)
                 loss = loss_fn(h, ym)
-            (loss / microbatches).backward()
-            total += float(loss.detach())
-        losses.append(total / microbatches)
+            (loss / m if len(set(sizes)) == 1 else loss * weights[mb]).backward()
+            total += float(loss.detach()) * weights[mb]
+        losses.append(total)
         if clip is not None:
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             if norms is not None:
@@ -66,13 +71,13 @@ def train(model_fn: Callable[[], torch.nn.Module] | None, data: Callable[[int], 
 
 
 def expected_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter and buffer under its first name (a tied weight once), as a pipeline reports them."""
-    return {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    """What ``model.state_dict()`` holds (a tied weight under each name), as ``Session.state_dict()`` gives it."""
+    return dict(model.state_dict(keep_vars=True))
 
 
 def assert_state_matches(state: dict[str, torch.Tensor], model: torch.nn.Module, exact: bool = False) -> None:
     expected = expected_state(model)
-    assert sorted(state) == sorted(expected)
+    assert list(state) == list(expected)  # the same keys, in the model's own order
     for key, value in expected.items():
         if exact:
             assert torch.equal(state[key], value.detach()), key

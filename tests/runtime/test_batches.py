@@ -16,8 +16,16 @@ def test_split_any_structure_into_equal_microbatches() -> None:
     assert batch_size(batch) == 4
 
 
+def test_a_batch_that_does_not_divide_splits_into_sizes_one_apart() -> None:
+    """A DataLoader's short last batch (drop_last=False): 6 samples in 4 micro-batches are 2, 2, 1, 1."""
+    inputs = {"x": torch.arange(6), "mask": torch.ones(6, 3)}
+    parts = split(inputs, 4, "inputs")
+    assert [p["x"].tolist() for p in parts] == [[0, 1], [2, 3], [4], [5]]
+    assert [batch_size(p) for p in parts] == [2, 2, 1, 1] and parts[3]["mask"].shape == (1, 3)
+
+
 @pytest.mark.parametrize(("batch", "match"), [
-    (torch.zeros(3, 2), "batch size 3, which does not split into 4 equal micro-batches"),
+    (torch.zeros(3, 2), "batch size 3, fewer samples than the 4 micro-batches"),
     ((torch.zeros(4), torch.zeros(8)), "different batch sizes"),
     ("text", "hold no tensor"),
 ])

@@ -20,7 +20,7 @@ def test_each_replica_takes_its_contiguous_share_and_together_they_are_the_micro
 
 
 def test_a_batch_that_does_not_split_is_refused() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="batch size 3, which does not split evenly across 2 pipeline replicas"):
         shard(torch.zeros(3, 2), 0, 2, "inputs")
 
 

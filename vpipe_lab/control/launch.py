@@ -186,7 +186,7 @@ def launch(
     spec_path = job_dir / "job.json"
     spec.save(spec_path)
     launcher = Launcher(session_id, job_dir)
-    session = Session(spec, hub, launcher, job_dir)
+    session = Session(spec, hub, launcher, job_dir, model=model)
     hub.set_handler(session.receive)
     try:
         session.logger.sink = sinks.open_sink(log)

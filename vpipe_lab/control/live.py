@@ -172,6 +172,8 @@ class Live:
             body = {"path": str(path), "version": version, "plan": plan.to_dict() if plan else None,
                     "mapping": {str(j): i for j, i in mapping.items()} if mapping is not None else None}
             ack = self.requests.command(P.MODEL, body, timeout=timeout)
+            if not ack.get("ok", False) and ack.get("error") and "names" not in ack:
+                raise PlanError(f"the new model cannot replace the running one: {ack['error']}; nothing changed")
             if not ack.get("ok", False):
                 raise InfeasiblePlan("the new model's layers do not fit where they would go; nothing changed",
                                      stage=-1, missing_bytes=0)

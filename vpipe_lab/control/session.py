@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from vpipe_lab.control import weights
 from vpipe_lab.control.autoplan import AutoReplanner
 from vpipe_lab.control.errors import SessionClosed, WorkerError
 from vpipe_lab.control.evaluation import data_ref
@@ -35,7 +36,6 @@ from vpipe_lab.telemetry.metrics import Metrics
 from vpipe_lab.telemetry.sinks import Logger
 from vpipe_lab.wire import protocol as P
 from vpipe_lab.wire.jobspec import JobSpec
-from vpipe_lab.wire.tensorwire import rebuild
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +43,10 @@ log = logging.getLogger(__name__)
 class Session:
     """A running pipeline. Every method is safe to call while training goes on in the background."""
 
-    def __init__(self, spec: JobSpec, hub: Any, launcher: Launcher | None, job_dir: Path | None) -> None:
+    def __init__(self, spec: JobSpec, hub: Any, launcher: Launcher | None, job_dir: Path | None,
+                 model: Any = None) -> None:
         self.spec = spec
+        self.model = model  # what builds the trained model (factory, instance or bundled name): export() uses it
         self.stages = spec.stages
         self.replicas = spec.replicas
         self.workers = spec.stages * spec.replicas  # worker processes (ranks)
@@ -178,18 +180,7 @@ class Session:
     def cluster(self) -> Cluster:
         """The running hardware as the planners see it: the stage budgets (or this machine's memory split evenly),
         and the slowest measured host-copy and stage-to-stage bandwidths."""
-        ready = [self.state.ready[r] for r in sorted(self.state.ready)]
-        swap = min(float(b.get("swap_bandwidth", 1e10)) for b in ready)
-        link = min(float(b.get("link_bandwidth", 1e10)) for b in ready)
-        latency = max(float(b.get("link_latency_s", 0.0)) for b in ready) / 2  # probes time a round trip
-        if self.spec.memory_budget:
-            budgets: int | tuple[int, ...] = tuple(self.spec.memory_budget)
-        else:
-            import psutil  # only to size a default budget; the Session itself needs nothing beyond the stdlib + zmq
-
-            budgets = int(psutil.virtual_memory().total // self.stages)
-        return Cluster(self.stages, budgets, swap, link if link != float("inf") else 1e12, latency, False,
-                       f"{self.stages} x {ready[0].get('device', '?')} (measured)")
+        return self.state.cluster(self.stages, self.spec.memory_budget)
 
     def on_event(self, callback: EventCallback) -> Callable[[], None]:
         """Call ``callback(event)`` (from a background thread) for every event; returns an unsubscribe function.
@@ -285,13 +276,20 @@ class Session:
         return float(reply.body["loss"])
 
     def state_dict(self, timeout: float | None = None) -> Any:
-        """The whole model's parameters and buffers, gathered from every stage, keyed by their names in the model (a
-        tied weight once, under its first name), in layer order."""
-        out: dict[str, Any] = {}
-        for msg in self._gather(P.STATE, {}, self.stages, timeout):
-            for key, value in rebuild(msg.body["tensors"], list(msg.buffers)).items():
-                out.setdefault(key, value)  # a weight tied across stages: every copy is equal
-        return out
+        """The trained model as ``model.state_dict()`` has it, gathered from every stage: the same keys in the same
+        order (a tied weight under each of its names, one tensor; non-persistent buffers left out), so
+        ``model.load_state_dict(session.state_dict(), strict=True)`` loads into a fresh build of the model."""
+        return weights.assemble(self._gather(P.STATE, {}, self.stages, timeout))
+
+    def export(self, path: str | Path, *, model: Any = None, timeout: float | None = None) -> Path:
+        """Write the trained model where ``path`` says, in the form its library loads: a transformers model as a
+        folder ``from_pretrained(path)`` reads, any other as a ``torch.save``d state dict. It loads the weights into
+        a fresh build of ``model`` (default: the one this session trains), so this process imports torch."""
+        source = model if model is not None else self.model
+        if source is None:
+            raise ValueError("this session does not know how to build its model (it was attached): give "
+                             "export(path, model=factory)")
+        return weights.export(self.state_dict(timeout), source, path, self.spec.seed)
 
     # --- changing the running job (control/live.py) -----------------------------------------------------------------
     def apply(self, plan: Plan, *, force: bool = False, checkpoint: bool = True, timeout: float | None = None) -> int:
@@ -321,7 +319,9 @@ class Session:
     def set_model(self, factory: Callable[[], Any], *, plan: Plan | None = None,
                   mapping: Mapping[int, int | None] | None = None, timeout: float | None = None) -> int:
         """Switch to the model ``factory()`` builds, from the next iteration (see ``Live.set_model``)."""
-        return self._live.set_model(factory, plan=plan, mapping=mapping, timeout=timeout)
+        at = self._live.set_model(factory, plan=plan, mapping=mapping, timeout=timeout)
+        self.model = factory
+        return at
 
     def replan(self, method: str = "vpipe", *, apply: bool = False, cluster: Cluster | None = None,
                profile: ModelProfile | None = None, choose_microbatches: bool = False) -> Replan:

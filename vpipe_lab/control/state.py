@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from vpipe_lab.core.plan import Plan
+from vpipe_lab.core.profile import Cluster
 
 
 @dataclass
@@ -35,3 +36,19 @@ class JobState:
         self.plan_version = int(current.get("plan_version", self.plan_version))
         self.iteration = int(current.get("iteration", first.get("iteration", self.iteration)))
         self.target = None if current.get("running") else self.iteration
+
+    def cluster(self, stages: int, memory_budget: list[int] | None) -> Cluster:
+        """The hardware the ranks reported at start as the planners see it: ``memory_budget`` per stage (or this
+        machine's memory split evenly), and the slowest measured host-copy and stage-to-stage bandwidths."""
+        ready = [self.ready[r] for r in sorted(self.ready)]
+        swap = min(float(b.get("swap_bandwidth", 1e10)) for b in ready)
+        link = min(float(b.get("link_bandwidth", 1e10)) for b in ready)
+        latency = max(float(b.get("link_latency_s", 0.0)) for b in ready) / 2  # probes time a round trip
+        if memory_budget:
+            budgets: int | tuple[int, ...] = tuple(memory_budget)
+        else:
+            import psutil  # only to size a default budget; the controller needs nothing beyond the stdlib + zmq
+
+            budgets = int(psutil.virtual_memory().total // stages)
+        return Cluster(stages, budgets, swap, link if link != float("inf") else 1e12, latency, False,
+                       f"{stages} x {ready[0].get('device', '?')} (measured)")

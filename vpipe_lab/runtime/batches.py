@@ -20,7 +20,10 @@ _DTYPES = {str(dt).removeprefix("torch."): dt for dt in (
 
 
 def split(batch: Any, microbatches: int, what: str) -> list[Any]:
-    """``torch.chunk`` along dim 0 of every tensor in ``batch``, insisting on ``microbatches`` equal micro-batches."""
+    """``batch`` as ``microbatches`` micro-batches along dim 0 of every tensor: equal ones when the batch size divides,
+    else sizes that differ by one (``torch.tensor_split``: a DataLoader's short last batch); each micro-batch's loss is
+    then weighted by its share of the samples (``Executor.run``), so the step is the full batch's, as in one process.
+    Fewer samples than micro-batches is refused."""
     leaves, spec = pytree.tree_flatten(batch)
     sizes = {int(t.shape[0]) for t in leaves if isinstance(t, torch.Tensor) and t.dim() > 0}
     if not any(isinstance(t, torch.Tensor) for t in leaves):
@@ -30,11 +33,12 @@ def split(batch: Any, microbatches: int, what: str) -> list[Any]:
         raise ValueError(f"the {what} have tensors of different batch sizes {sorted(sizes)} along dim 0; every tensor "
                          "must have the batch on dim 0")
     size = sizes.pop() if sizes else 0
-    if size % microbatches or size == 0:
-        raise ValueError(f"the {what} have batch size {size}, which does not split into {microbatches} equal "
-                         f"micro-batches: use a batch size divisible by {microbatches} (or drop_last=True in the "
-                         "DataLoader), or another number of micro-batches")
-    parts = [torch.chunk(t, microbatches) if isinstance(t, torch.Tensor) and t.dim() > 0 else None for t in leaves]
+    if size < microbatches:
+        raise ValueError(f"the {what} have batch size {size}, fewer samples than the {microbatches} micro-batches "
+                         f"to fill: give batches of at least {microbatches} samples (drop_last=True in the DataLoader "
+                         "drops a short last batch), or use fewer micro-batches")
+    parts = [torch.tensor_split(t, microbatches) if isinstance(t, torch.Tensor) and t.dim() > 0 else None
+             for t in leaves]
     return [pytree.tree_unflatten([p[i] if p is not None else leaf for p, leaf in zip(parts, leaves)], spec)
             for i in range(microbatches)]
 
@@ -61,7 +65,9 @@ class Source:
         self._it: Iterator[Any] | None = None
         self._next = start
         self._skip = start
-        self._held: tuple[int, tuple[Any, Any]] | None = None  # a batch read ahead (peek) or to be read again
+        # Batches read ahead (peek) or to be read again: the running iteration's (a dropped iteration runs again with
+        # it) and the next one's (whose shapes the boundary checks before the running one is known to be kept).
+        self._held: dict[int, tuple[Any, Any]] = {}
 
     def _pull(self) -> Any:
         for _ in range(2):  # the end of an epoch: start the next one (a DataLoader reshuffles)
@@ -79,10 +85,11 @@ class Source:
 
     def get(self, iteration: int) -> tuple[Any, Any]:
         """Batch ``iteration``; asking again for the same one (a retried iteration) gives the same batch."""
-        if self._held is not None and self._held[0] == iteration:
-            return self._held[1]
+        if iteration in self._held:
+            return self._held[iteration]
         batch = self._read(iteration)
-        self._held = (iteration, batch)
+        self._held = {i: b for i, b in self._held.items() if i >= iteration - 1}
+        self._held[iteration] = batch
         return batch
 
     def _read(self, iteration: int) -> tuple[Any, Any]:
@@ -139,6 +146,13 @@ def rebuild(desc: dict[str, Any], tensors: list[torch.Tensor] | None = None,
         else:
             leaves.append(slot["value"])
     return pytree.tree_unflatten(leaves, spec)
+
+
+def described_leaves(desc: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """A ``describe`` description's leaves as ``input_shapes.InputRule`` reads them: ("tensor", dtype, shape) or
+    ("value", value, None)."""
+    return [("tensor", _DTYPES[slot["dtype"]], tuple(slot["shape"])) if "shape" in slot else ("value", slot["value"], None)
+            for slot in desc["slots"]]
 
 
 def loss_with_check(loss_fn: Callable[[Any, Any], torch.Tensor], finish: Callable[[Any], Any]

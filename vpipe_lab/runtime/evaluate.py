@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from vpipe_lab.runtime.batches import Source
@@ -22,8 +23,11 @@ if TYPE_CHECKING:
     from vpipe_lab.runtime.executor import Executor
 
 
-def evaluate(executor: Executor, peer: Peer, plan: Plan, data: Any, batches: int) -> dict[str, Any] | None:
-    """Run the pass; the last stage returns {loss, losses (per batch), batches, seconds}, the others None."""
+def evaluate(executor: Executor, peer: Peer, plan: Plan, data: Any, batches: int,
+             agree: Callable[[Any], list[int] | None] | None = None) -> dict[str, Any] | None:
+    """Run the pass; the last stage returns {loss, losses (per batch), batches, seconds}, the others None.
+    ``agree(inputs)`` (every rank, rank 0 with the batch's inputs) makes the ranks agree on its micro-batches'
+    shapes and returns their sizes: evaluation data may come in other shapes than training's."""
     if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
         raise ValueError(f"batches must be a whole number >= 1, got {batches!r}")
     rank, world = executor.rank, executor.world
@@ -33,8 +37,11 @@ def evaluate(executor: Executor, peer: Peer, plan: Plan, data: Any, batches: int
     means: list[float] = []
     for b in range(batches):
         batch: tuple[Any, Any] | None = None
+        inputs = targets = None
         if source is not None:
             inputs, targets = source.get(b)
+        sizes = agree(inputs) if agree is not None else None
+        if source is not None:
             if not last:
                 peer.post_send(targets, world - 1, TAG_EVAL_TARGET, exact=True)
                 peer.issue()
@@ -42,8 +49,9 @@ def evaluate(executor: Executor, peer: Peer, plan: Plan, data: Any, batches: int
         elif last:
             batch = (None, peer.wait(peer.post_recv(0, TAG_EVAL_TARGET)))
         losses = executor.evaluate(plan, batch)
-        if last:
-            means.append(sum(losses) / len(losses))
+        if last:  # the batch's mean: each micro-batch's mean counts by its samples
+            weights = sizes if sizes is not None and len(sizes) == len(losses) else [1] * len(losses)
+            means.append(sum(w * v for w, v in zip(weights, losses)) / sum(weights))
     peer.flush()
     if not last:
         return None

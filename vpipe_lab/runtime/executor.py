@@ -76,6 +76,7 @@ class IterationResult:
     losses: list[float] = field(default_factory=list)
     spans: list[tuple[str, int, int | None, float, float]] = field(default_factory=list)
     violation: BudgetViolation | None = None
+    sizes: list[int] | None = None  # samples per micro-batch: the losses' weights in the iteration's loss
 
 
 class Executor:
@@ -126,13 +127,18 @@ class Executor:
                           key=lambda x: -x[1])
             result.violation = BudgetViolation(self.rank, used, self.budget, kept)
 
-    def run(self, iteration: int, plan: Plan, batch: tuple[Any, Any] | None, profile: bool = False
-            ) -> IterationResult:
-        """One iteration; ``profile`` runs every layer on its own and times it (with the device synchronised)."""
+    def run(self, iteration: int, plan: Plan, batch: tuple[Any, Any] | None, profile: bool = False,
+            sizes: list[int] | None = None) -> IterationResult:
+        """One iteration; ``profile`` runs every layer on its own and times it (with the device synchronised).
+        ``sizes``: the samples in each micro-batch (agreed by every rank: runtime/shape_epochs.py). When they differ
+        (a short last batch) each micro-batch's loss counts by its samples, and each transfer says its shapes."""
         rank, last = self.rank, self.rank == self.world - 1
         m = plan.microbatches
         stage, peer = self.stage, self.peer
         stage.loss_scale = self.loss_multiplier / m
+        uneven = sizes is not None and len(sizes) == m and len(set(sizes)) > 1
+        stage.scales = [self.loss_multiplier * (n / sum(sizes)) for n in sizes] if uneven and sizes else None
+        agreed = not uneven  # shapes agreed once per epoch only when every micro-batch has them
         stage.iteration = iteration
         stage.ledger.reset_peaks()
         if self.budget is not None:
@@ -161,14 +167,14 @@ class Executor:
 
         def receive(step: int, op: Op, mb: int) -> Any:
             src, tag = where[op]
-            inc = posted.pop((op, mb), None) or peer.post_recv(src, tag, agreed=True)
+            inc = posted.pop((op, mb), None) or peer.post_recv(src, tag, agreed=agreed)
             value = peer.wait(inc)
             nxt = following[step]
-            if nxt is not None and peer.prepost and peer.knows(src, tag):  # post the next one ahead of need
+            if nxt is not None and agreed and peer.prepost and peer.knows(src, tag):  # post the next one ahead
                 posted[(op, nxt)] = peer.post_recv(src, tag, agreed=True)
             return value
 
-        if peer.prepost:  # the first receive of each kind, when this shape epoch already knows its shapes
+        if peer.prepost and agreed:  # the first receive of each kind, when this shape epoch knows its shapes
             for op, first in firsts.items():
                 src, tag = where[op]
                 if first is not None and peer.knows(src, tag):
@@ -211,7 +217,7 @@ class Executor:
                     outputs[mb] = x
             elif op is Op.SEND_F:
                 out = outputs.pop(mb)
-                peer.post_send(chain.pack(out) if chain is not None else out, rank + 1, TAG_FORWARD, agreed=True)
+                peer.post_send(chain.pack(out) if chain is not None else out, rank + 1, TAG_FORWARD, agreed=agreed)
             elif op is Op.SWAP_OUT:
                 if action.layer in stage.layers:
                     stage.swap.swap_out(mb, action.layer)
@@ -232,7 +238,7 @@ class Executor:
                 if rank > 0:
                     grads_in[mb] = grads  # type: ignore[assignment]
             elif op is Op.SEND_B:
-                peer.post_send(grads_in.pop(mb), rank - 1, TAG_BACKWARD, agreed=True)
+                peer.post_send(grads_in.pop(mb), rank - 1, TAG_BACKWARD, agreed=agreed)
             if self.record_spans:
                 marks.append((_KIND[op], mb, action.layer, start, mark()))
             label.__exit__(None, None, None)
@@ -241,6 +247,7 @@ class Executor:
         seconds = self.watch.seconds
         result.spans = [(kind, mb, layer, seconds(a), seconds(b)) for kind, mb, layer, a, b in marks]
         result.losses = [float(v) for v in losses]
+        result.sizes = list(sizes) if sizes is not None else None
         return result
 
     def evaluate(self, plan: Plan, batch: tuple[Any, Any] | None) -> list[float]:

@@ -28,6 +28,7 @@ from vpipe_lab.core.migration import match_layers, owners
 from vpipe_lab.core.partition import uniform
 from vpipe_lab.core.plan import Plan, Policy
 from vpipe_lab.runtime import faults
+from vpipe_lab.runtime.batches import rebuild
 from vpipe_lab.runtime.capture import Chain, UnitTensors, build_model, capture, to_meta
 from vpipe_lab.runtime.comm import TAG_MIGRATE, Peer
 from vpipe_lab.runtime.device import Clock
@@ -99,27 +100,32 @@ def materialise(unit: torch.nn.Module, tensors: UnitTensors, values: dict[str, t
 
 
 def new_model(factory: Callable[[], Any], seed: int, old: Chain, old_plan: Plan, world: int,
-              mapping: dict[str, Any] | None, plan: dict[str, Any] | None) -> tuple[Chain, dict[int, int | None], Plan]:
-    """A new model version (``Session.set_model``): its chain, which old layer each new layer takes its state from
-    (None: fresh), and its plan. Every rank computes the same answer: layers matched by signature, an even split,
-    policies carried over."""
-    if old.graph:
-        raise TypeError("set_model (NAS) swaps layers of an nn.Sequential model; this model was captured "
-                        "from a general nn.Module, so relaunch with the new model instead")
+              mapping: dict[str, Any] | None, plan: dict[str, Any] | None, example: dict[str, Any] | None = None,
+              split: Any = None) -> tuple[Chain, dict[int, int | None], Plan]:
+    """A new model version (``Session.set_model``): its chain, which old unit each new unit takes its state from
+    (None: fresh), and its plan. Every rank computes the same answer: units matched by signature (an nn.Sequential
+    child by class and parameter shapes; a captured unit also by its module path, so a unit keeps its state when its
+    name and shapes are unchanged), an even split, policies carried over. Any other model is captured on
+    ``example`` (this shape epoch's micro-batch, described), as the first one was."""
     model = build_model(factory, seed)
-    if not isinstance(model, torch.nn.Sequential):
-        raise TypeError(f"the new model factory returned {type(model).__name__}, not an nn.Sequential")
-    if len(model) < world:
-        raise ValueError(f"the new model has {len(model)} layers, fewer than the {world} stages")
-    chain = capture(model, None, None)
+    if isinstance(model, torch.nn.Sequential) and split is None:
+        chain = capture(model, None, None)
+    elif example is None:
+        raise ValueError("the new model must be captured on a micro-batch, and none has run yet: train an "
+                         "iteration before set_model")
+    else:
+        chain = capture(model, rebuild(example), split)
+    if len(chain) < world:
+        raise ValueError(f"the new model has {len(chain)} partition units ({', '.join(chain.names)}), fewer than "
+                         f"the {world} stages: every stage needs one")
     if mapping is not None:
         sources = {int(j): (None if i is None else int(i)) for j, i in mapping.items()}
     else:
-        sources = match_layers([signature(m) for m in old.units], [signature(m) for m in model])
+        sources = match_layers([signature(m) for m in old.units], [signature(m) for m in chain.units])
     if plan is not None:
-        return chain, sources, Plan.from_dict(plan).validate(len(model), world)
+        return chain, sources, Plan.from_dict(plan).validate(len(chain), world)
     policies = [old_plan.policies[i] if i is not None else Policy.KEEP for _, i in sorted(sources.items())]
-    return chain, sources, Plan(uniform(len(model), world), tuple(policies), old_plan.microbatches, old_plan.schedule)
+    return chain, sources, Plan(uniform(len(chain), world), tuple(policies), old_plan.microbatches, old_plan.schedule)
 
 
 @dataclass
@@ -156,9 +162,6 @@ class Migration:
                  if i is not None and old_owner[i] == rank and new_owner[j] == rank]
         fresh = [j for j, i in sorted(sources.items()) if i is None and new_owner[j] == rank]
         problem = self.ties.conflict(plan, new_chain)  # every rank finds the same answer: nothing moves
-        if chain_now.graph and plan.microbatches != current.microbatches:
-            problem = (f"the model was captured for {current.microbatches} micro-batches (its graph is specialised "
-                       "to their shapes); relaunch to change the number of micro-batches")
         if problem is not None:
             return Outcome({"ok": False, "error": problem, "pause_s": time.perf_counter() - start}, chain_now)
 
@@ -231,9 +234,15 @@ class Migration:
             if not any(layer is k for k in kept.values()):
                 to_meta(layer.module, layer.tensors)
         for j, layer in sorted(kept.items()):
-            if new_chain is not None:  # a kept layer takes its place (and its tensors' names) in the new model
-                new_chain.units[j] = layer.module
-            stage.add_layer(j, layer.module, chain.tensors[j], held[j]["groups"], held[j]["optimizer"])
+            module = layer.module
+            if new_chain is not None and new_chain.graph:  # a captured unit runs the new graph, over its own tensors
+                module = new_chain.units[j]
+                for (local, _), (old, _) in zip(chain.tensors[j].params + chain.tensors[j].buffers,
+                                                layer.tensors.params + layer.tensors.buffers):
+                    set_tensor(module, local, get_tensor(layer.module, old))
+            elif new_chain is not None:  # a kept layer takes its place (and its tensors' names) in the new model
+                new_chain.units[j] = module
+            stage.add_layer(j, module, chain.tensors[j], held[j]["groups"], held[j]["optimizer"])
         for j, state in arrived.items():
             materialise(chain.units[j], chain.tensors[j], state["tensors"], self.device)
             stage.add_layer(j, chain.units[j], chain.tensors[j], state.get("groups"), state["optimizer"])

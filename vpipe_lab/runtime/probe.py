@@ -2,7 +2,9 @@
 
 The points feed each layer's throughput-vs-micro-batch-size curve (``core/scaling.py``), which the planner uses to
 choose the micro-batch size. Nothing a probe computes stays: gradients come from ``torch.autograd.grad`` (not
-accumulated), buffers (running statistics) are put back, and the next layer is seeded afresh anyway.
+accumulated), buffers (running statistics) are stand-in copies while the probes run, so the real ones are not even
+written (a captured graph's batch norm saves them for its backward: writing them would break it), and the next
+layer is seeded afresh anyway.
 """
 
 from __future__ import annotations
@@ -27,16 +29,17 @@ def probe(layer: Layer, autocast: Autocast, x: Any, timer: Timer, input_grad: bo
     module = layer.module
     rows = next((t.shape[0] for t in tensors_of(x) if t.dim() > 0), 0)
     params = [p for p in module.parameters() if p.requires_grad]
-    buffers = [(b, b.detach().clone()) for b in module.buffers()]
+    real = [(owner, name, b) for owner in module.modules() for name, b in owner._buffers.items() if b is not None]
+    for owner, name, b in real:
+        owner._buffers[name] = b.detach().clone()
     try:  # plain autograd: the fused Linear backward would add the probes' gradients to .grad
         for size in (rows // 2, 2 * rows):
             if size >= 1:
                 with wgrad.suspended():
                     _probe_at(layer, autocast, x, rows, size, params, timer, input_grad)
     finally:
-        with torch.no_grad():
-            for buffer, saved in buffers:
-                buffer.copy_(saved)
+        for owner, name, b in real:
+            owner._buffers[name] = b
 
 
 def _probe_at(layer: Layer, autocast: Autocast, x: Any, rows: int, size: int, params: list[torch.nn.Parameter],

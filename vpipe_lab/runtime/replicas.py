@@ -16,13 +16,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from vpipe_lab.runtime.batches import split
+from vpipe_lab.runtime.batches import batch_size, split
 
 
 def shard(value: Any, replica: int, replicas: int, what: str) -> Any:
-    """Replica ``replica``'s contiguous share of a batch (every tensor split along dim 0)."""
+    """Replica ``replica``'s contiguous share of a batch (every tensor split along dim 0). The shares must be equal:
+    the replicas' gradients are averaged with equal weights."""
     if replicas == 1 or value is None:
         return value
+    size = batch_size(value)
+    if size is not None and size % replicas:
+        raise ValueError(f"the {what} have batch size {size}, which does not split evenly across {replicas} pipeline "
+                         f"replicas (their gradients are averaged with equal weights): use a batch size divisible by "
+                         f"{replicas} (drop_last=True in a DataLoader drops a short last batch)")
     return split(value, replicas, what)[replica]
 
 

@@ -56,13 +56,16 @@ class Stage:
         self.swap = SwapEngine(device, self.ledger)
         self.iteration = 0
         self.mb_offset = 0  # replica r's micro-batch m is the global batch's micro-batch r * M + m (dropout seeds)
-        self.probing = False  # profiling iterations also time each layer at other micro-batch sizes (see probe)
+        self.probing = True  # profiling iterations also time each layer at other micro-batch sizes (see probe)
         self._unprobed: set[int] = set()  # layers whose probe failed
         self._ctx: dict[tuple[int, int], Any] = {}  # (micro-batch, segment's first layer) -> autograd state
         self._losses: dict[tuple[int, int], tuple[Callable[[Any, Any], torch.Tensor], Any]] = {}
         self._kept_bytes: dict[tuple[Any, ...], dict[int, int]] = {}  # (segment, input shapes) -> bytes saved per layer
         self._segments: dict[tuple[Any, ...], list[Segment]] = {}
         self.loss_scale = 1.0
+        # A short last batch splits unevenly: micro-batch m's loss then counts by its share of the samples, n_m / N
+        # (times the loss multiplier), as one process's full-batch mean does; None: every one by loss_scale.
+        self.scales: list[float] | None = None
 
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
@@ -88,6 +91,14 @@ class Stage:
         self.layers = dict(sorted({**self.layers, index: Layer(index, module, tensors)}.items()))  # run in order
         self._changed()
         self.optim.add_unit(index, self._trainable(index), groups, states)
+
+    def take_module(self, index: int, module: torch.nn.Module) -> None:
+        """Run layer ``index`` with ``module``: the same unit captured for other input shapes, already computing with
+        this stage's tensors (``recapture.bind``). Parameters, optimizer state and statistics stay."""
+        if self.fused_wgrad is not None:
+            wgrad.fuse(module, self.fused_wgrad)
+        self.layers[index].module = module
+        self._changed()
 
     def remove_layer(self, index: int) -> Layer:
         """Drop a layer with its optimizer groups and state; tensors another layer here uses stay (ties)."""
@@ -257,7 +268,7 @@ class Stage:
         pending = self._losses.pop(key, None)
         if pending is not None:
             with self.autocast():
-                out = pending[0](out, pending[1]) * self.loss_scale
+                out = pending[0](out, pending[1]) * self.scale_of(mb)
         self._ctx[key] = (leaves, out)
         if timer is not None:
             st = self.layers[segment[0]].stats
@@ -283,11 +294,15 @@ class Stage:
             leaves, out = ctx
             with self.autocast():
                 loss = loss_fn(out, target)
-            self._ctx[key] = (leaves, loss * self.loss_scale)
+            self._ctx[key] = (leaves, loss * self.scale_of(mb))
             value = loss.detach()
         if timer is not None:
             self.layers[segment[-1]].stats.add_forward(timer() - start, extend=True)
         return value
+
+    def scale_of(self, mb: int) -> float:
+        """What micro-batch ``mb``'s loss is multiplied by before its backward."""
+        return self.scales[mb] if self.scales is not None else self.loss_scale
 
     def backward(self, mb: int, segment: Segment, grads: tuple[torch.Tensor, ...] | None,
                  timer: Timer | None = None) -> tuple[torch.Tensor, ...]:

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from vpipe_lab.runtime.capture import Chain
 from vpipe_lab.runtime.stage import Stage
 
 
@@ -15,17 +16,21 @@ def tensor_to_wire(key: str, t: torch.Tensor) -> tuple[dict[str, Any], bytes]:
     return {"key": key, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}, raw.numpy().tobytes()
 
 
-def pack_state(stage: Stage) -> tuple[list[dict[str, Any]], list[bytes]]:
-    """The stage's parameters and buffers by their names in the whole model (a tied weight under its first name),
-    in layer order."""
+def pack_state(stage: Stage, chain: Chain | None = None) -> tuple[list[dict[str, Any]], list[bytes]]:
+    """The stage's parameters and buffers, each once, by canonical name in layer order, each with every name
+    ``model.state_dict()`` gives it and that name's place there (``aliases``: a tied weight has several); the
+    tensors ``model.state_dict()`` leaves out (non-persistent buffers) stay out. Without a chain: canonical names."""
     meta, buffers = [], []
     seen: set[str] = set()
+    place = {key: i for i, key in enumerate(chain.state_keys)} if chain is not None else {}
     for index in stage.owned:
         for name in stage.layers[index].names:
-            if name in seen:
+            if name in seen or (chain is not None and name in chain.non_persistent):
                 continue
             seen.add(name)
             m, b = tensor_to_wire(name, stage.tensors[name])
+            names = chain.aliases.get(name, [name]) if chain is not None else [name]
+            m["aliases"] = [[alias, place.get(alias, len(place))] for alias in names]
             meta.append(m)
             buffers.append(b)
     return meta, buffers

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,10 @@ from vpipe_lab.runtime.evaluate import evaluate
 from vpipe_lab.runtime.executor import Executor, IterationResult, default_loss
 from vpipe_lab.runtime.migrate import Migration, new_model
 from vpipe_lab.runtime.precision import LossScale, autocast
+from vpipe_lab.runtime.progress import Control
+from vpipe_lab.runtime.recapture import Recaptures
 from vpipe_lab.runtime.replicas import DataParallel, shard
+from vpipe_lab.runtime.shape_epochs import ShapeEpochs
 from vpipe_lab.runtime.stage import Stage
 from vpipe_lab.runtime.step import Stepper, StepReport
 from vpipe_lab.runtime.tensors import pack_state
@@ -41,21 +43,6 @@ from vpipe_lab.wire.channel import Link
 from vpipe_lab.wire.checkpoint import Manifest
 
 log = logging.getLogger("vpipe_lab.worker")
-
-
-@dataclass
-class Control:
-    """Where this rank stands: the iteration it runs next and what the controller asked for."""
-
-    iteration: int = 0
-    target: int | None = 0  # run until this iteration (None: until stopped)
-    paused: bool = False
-    stopping: bool = False
-    plan_version: int = 0
-
-    @property
-    def active(self) -> bool:
-        return not self.paused and not self.stopping and (self.target is None or self.iteration < self.target)
 
 
 class Worker:
@@ -97,13 +84,13 @@ class Worker:
             else:
                 to_meta(unit, self.chain.tensors[i])  # only the structure stays: a shell for migration
         self.stage.set_policies({i: self.plan.policies[i] for i in self.stage.owned})
-        self.stage.probing = not self.chain.graph  # a captured graph runs one micro-batch shape only
         self.ties = Ties(self.peer, self.stage, rank, world, self.replica, self.replicas, self.plan, self.chain)
         self.scale = LossScale(spec.precision == "fp16")
         self.data_parallel = DataParallel(self.peer.device, world, self.replicas)
         self.stepper = Stepper(self.stage, self.ties, self.peer, rank, world, spec.clip_grad_norm, self.scale,
                                self.data_parallel)
-        self._agreed: str | None = None  # rank 0: the input signature this shape epoch began with
+        self.shapes = ShapeEpochs(self.peer, Recaptures(self.model_fn, self.split, spec.seed), self.replica,
+                                  self.replicas, world * self.replicas)
         self.profiling = profiler.ProfileSchedule()
         budget = spec.memory_budget[rank] if spec.memory_budget else None
         self.executor = Executor(rank, world, self.stage, self.peer, self.placement, self.clock, self.loss_fn, budget,
@@ -123,21 +110,39 @@ class Worker:
             self.restore(Path(spec.resume_path))
 
     def _first_inputs(self) -> Any:
-        """Rank 0: one micro-batch of the first batch's inputs (what a captured model is specialised to)."""
-        assert self.source is not None
-        inputs, _ = self.source.peek(self.ctl.iteration)
+        """Rank 0: one micro-batch of the first batch's inputs (what a captured model is captured on)."""
+        inputs, _ = self.source.peek(self.ctl.iteration)  # type: ignore[union-attr]
         return split(shard(inputs, self.replica, self.replicas, "inputs"), self.spec.microbatches, "inputs")[0]
+
+    def agree_shapes(self, inputs: Any = None, sharded: bool = True) -> list[int] | None:
+        """Every rank, before an iteration (or an evaluation batch: ``inputs``) whose shapes may be new: see
+        runtime/shape_epochs.py."""
+        desc = None
+        if self.rank == 0:
+            assert self.source is not None
+            batch = inputs if inputs is not None else self.source.peek(self.ctl.iteration)[0]
+            desc = self.shapes.describe(batch, self.plan.microbatches, sharded)
+        chain = self.shapes.agree(desc, self.chain)
+        if chain is not None:
+            self.chain = self.executor.chain = self.shapes.adopt(chain, self.stage)
+            self.ties.refresh(self.plan, chain)
+        return self.shapes.sizes
 
     # --- the control loop -----------------------------------------------------------------------------------------
     def send(self, kind: str, body: dict[str, Any], buffers: list[Any] | None = None) -> None:
         self.link.send(P.Message(kind, body=body, buffers=buffers or []))
 
-    def boundary(self, violated: bool) -> tuple[list[dict[str, Any]], bool]:
+    def boundary(self, violated: bool, ran: bool = False) -> tuple[list[dict[str, Any]], bool]:
         """Every rank learns here, at the same iteration, whether any rank went over its budget in the iteration
         just run and which commands to apply. One all-reduce in the common case (no commands); the commands' JSON
         follows as a broadcast only when rank 0 has some."""
         blob = b""
-        changed = float(self._input_changed()) if self.rank == 0 else 0.0
+        changed = 0.0
+        if self.rank == 0 and self.ctl.active:  # the batch that runs next: after the one just run (``ran``)
+            try:  # it may never run (past the last iteration asked for): reading it must not fail the job; agree on
+                changed = float(self.shapes.changed(*self.source.peek(self.ctl.iteration + ran)))  # type: ignore[union-attr]
+            except Exception:  # it again when it is read, which then raises if it must
+                changed = 1.0
         if self.leader:
             cmds = [{"type": msg.type, **msg.body} for msg in self.link.drain(0.0 if self.ctl.active else 0.2)]
             blob = json.dumps(cmds).encode() if cmds else b""
@@ -149,7 +154,7 @@ class Worker:
             # A new shape epoch on every rank at once: commands may change the plan or the run state, and new input
             # shapes change what crosses every boundary (see runtime/comm.py).
             self.peer.reset_shapes()
-            self._agreed = None
+            self.shapes.start()
             if changed > 0:
                 self.profile_soon()
         return commands, flag > 0
@@ -158,14 +163,6 @@ class Worker:
         """Measure every layer again in the next profiling iterations: after a plan change, on new input shapes and
         when the controller resets the profile (start-up asks too)."""
         self.profiling.soon()
-
-    def _input_changed(self) -> bool:
-        """Rank 0: whether the next iteration's batch has other shapes than the one the shape epoch began with
-        (it is read now, and the iteration gets the same batch)."""
-        if not self.ctl.active or self._agreed is None:
-            return False
-        assert self.source is not None
-        return signature(*self.source.peek(self.ctl.iteration)) != self._agreed
 
     def ack(self, cmd: dict[str, Any], **extra: Any) -> None:
         if self.leader:
@@ -208,7 +205,7 @@ class Worker:
 
     def _state(self, cmd: dict[str, Any]) -> None:
         if self.replica == 0:  # the replicas hold the same state
-            meta, buffers = pack_state(self.stage)
+            meta, buffers = pack_state(self.stage, self.chain)
             self.send(P.TENSORS, {"id": cmd.get("id"), "rank": self.rank, "tensors": meta}, buffers)
 
     def _telemetry(self, cmd: dict[str, Any]) -> None:
@@ -239,16 +236,17 @@ class Worker:
         self.ack(cmd, **result)
 
     def _set_model(self, cmd: dict[str, Any]) -> None:
-        import cloudpickle
-
-        with open(cmd["path"], "rb") as fh:  # written by the controller into the job directory, not a socket
-            factory = cloudpickle.load(fh)
-        self.model_version += 1
-        chain, sources, plan = new_model(factory, self.spec.seed + 1_000_003 * self.model_version, self.chain,
-                                         self.plan, self.world, cmd.get("mapping"), cmd.get("plan"))
+        factory = load_data(f"file:{cmd['path']}")  # written by the controller into the job directory, not a socket
+        try:  # every rank reaches the same verdict: a model that cannot run here changes nothing, training goes on
+            chain, sources, plan = new_model(factory, self.spec.seed + 1_000_003 * (self.model_version + 1),
+                                             self.chain, self.plan, self.world, cmd.get("mapping"), cmd.get("plan"),
+                                             self.shapes.example, self.split)
+        except Exception as exc:
+            return self.ack(cmd, ok=False, error=f"{type(exc).__name__}: {exc}")
         result = self.reconfigure(plan, sources, chain, cmd)
         if result["ok"]:
-            self.model_fn = factory
+            self.model_fn, self.model_version = factory, self.model_version + 1
+            self.shapes.recaptures.reset(factory)
         self.ack(cmd, names=self.names, plan=self.plan.to_dict(), mapping={str(j): i for j, i in sources.items()},
                  **result)
 
@@ -291,8 +289,11 @@ class Worker:
             log.info("checkpoint at iteration %d in %s", self.ctl.iteration, self.spec.run_dir)
 
     def evaluation(self, data: Any, batches: int, cid: Any = None) -> None:
-        """Every rank: an evaluation pass at this boundary; the last stage reports its mean loss."""
-        found = evaluate(self.executor, self.peer, self.plan, data, batches)
+        """Every rank: an evaluation pass at this boundary; the last stage reports its mean loss. Evaluation batches
+        may have shapes of their own: each is agreed like a training batch, and training's are agreed again after."""
+        found = evaluate(self.executor, self.peer, self.plan, data, batches,
+                         lambda inputs: self.agree_shapes(inputs, sharded=False))
+        self.shapes.start()
         if found is not None and self.replica == 0:  # every replica evaluates the same batches
             self.send(P.EVALUATED, {"id": cid, "rank": self.rank, "iteration": self.ctl.iteration, **found})
 
@@ -314,7 +315,7 @@ class Worker:
         memory: dict[str, Any] = {}
         stepped: StepReport | None = None
         while True:
-            commands, failed = self.boundary(result is not None and result.violation is not None)
+            commands, failed = self.boundary(result is not None and result.violation is not None, result is not None)
             if result is not None:
                 if self.finish(result, failed, memory, stepped):
                     self.after_iteration()
@@ -327,6 +328,8 @@ class Worker:
                 self.finish_unattended()
                 return
             if self.ctl.active:
+                if self.shapes.renew:
+                    self.agree_shapes()
                 self.executor.loss_multiplier = self.scale.scale
                 result = self.iteration()
                 memory = self.executor.memory()
@@ -352,8 +355,8 @@ class Worker:
             inputs = shard(inputs, self.replica, self.replicas, "inputs")
             targets = shard(targets, self.replica, self.replicas, "targets")
             self.samples = batch_size(inputs)
-            if self._agreed is None:
-                self._agreed = signature(inputs, targets)
+            if self.shapes.agreed is None:
+                self.shapes.agreed = signature(inputs, targets)
             if not self.last:
                 self.peer.post_send(targets, self.world - 1, TAG_TARGET, agreed=True, exact=True)
             batch = (inputs, targets)
@@ -363,7 +366,7 @@ class Worker:
         profile, drop = self.profiling.next(it)
         if drop:
             self.stage.reset_stats()
-        return self.executor.run(it, self.plan, batch, profile=profile)
+        return self.executor.run(it, self.plan, batch, profile=profile, sizes=self.shapes.sizes)
 
     def finish(self, result: IterationResult, failed: bool, memory: dict[str, Any], stepped: StepReport | None
                ) -> bool:
@@ -390,7 +393,8 @@ class Worker:
         self.send(P.ITERATION, {
             "iteration": result.iteration, "stage": self.rank, "start": result.start_s, "end": result.end_s,
             "losses": result.losses, "plan_version": self.ctl.plan_version, "memory": memory, "spans": spans,
-            "microbatches": self.plan.microbatches, "samples": self.samples, **step.to_dict(),
+            "microbatches": self.plan.microbatches, "samples": self.samples, "sizes": result.sizes,
+            **step.to_dict(),
             "replica": self.replica,
         })
 

@@ -120,17 +120,17 @@ def spans_from_wire(stage: int, iteration: int, rows: list[list[Any]], replica: 
 
 def combine(iteration: int, parts: list[dict[str, Any]]) -> dict[str, Any]:
     """One iteration's record from every rank's report (any order; several pipeline replicas with ``replicas=R``):
-    the mean micro-batch loss over every replica's last stage, the time from the first start to the last end,
+    the batch's mean loss over every replica's last stage (each micro-batch's mean counted by its samples, so a short
+    last batch's uneven micro-batches give the full-batch mean), the time from the first start to the last end,
     throughput over all replicas, and what the step did (global gradient norm, learning rate, fp16 loss scale,
     whether an overflow skipped it)."""
     start, end = min(b["start"] for b in parts), max(b["end"] for b in parts)
     last = max(int(b["stage"]) for b in parts)
-    losses = [v for b in parts if int(b["stage"]) == last for v in b["losses"]]
     firsts = [b for b in parts if int(b["stage"]) == 0]
     first = min(firsts, key=lambda b: int(b.get("replica", 0)))
     samples = [b.get("samples") for b in firsts]
     record: dict[str, Any] = {
-        "iteration": iteration, "loss": sum(losses) / len(losses) if losses else float("nan"),
+        "iteration": iteration, "loss": batch_loss([b for b in parts if int(b["stage"]) == last]),
         "time_s": end - start, "start_s": start, "end_s": end,
         "samples": sum(samples) if all(samples) else None, "microbatches": first.get("microbatches"),
         "plan_version": first.get("plan_version", 0),
@@ -144,6 +144,17 @@ def combine(iteration: int, parts: list[dict[str, Any]]) -> dict[str, Any]:
     return record
 
 
+def batch_loss(lasts: list[dict[str, Any]]) -> float:
+    """The mean loss of the last stages' micro-batches, each counted by its samples (``sizes``; equal without them)."""
+    total = weight = 0.0
+    for body in lasts:
+        sizes = body.get("sizes") or []
+        for i, value in enumerate(body["losses"]):
+            w = float(sizes[i]) if len(sizes) == len(body["losses"]) else 1.0
+            total, weight = total + w * value, weight + w
+    return total / weight if weight else float("nan")
+
+
 def per_replica(iteration: int, parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each pipeline replica's own loss, samples and time in one iteration (``Metrics.replicas``)."""
     rows = []
@@ -151,9 +162,8 @@ def per_replica(iteration: int, parts: list[dict[str, Any]]) -> list[dict[str, A
         mine = [b for b in parts if int(b.get("replica", 0)) == replica]
         last = max(mine, key=lambda b: int(b["stage"]))
         first = min(mine, key=lambda b: int(b["stage"]))
-        losses = last["losses"]
-        rows.append({"iteration": iteration, "replica": replica,
-                     "loss": sum(losses) / len(losses) if losses else float("nan"), "samples": first.get("samples"),
+        rows.append({"iteration": iteration, "replica": replica, "loss": batch_loss([last]),
+                     "samples": first.get("samples"),
                      "time_s": max(b["end"] for b in mine) - min(b["start"] for b in mine)})
     return rows
 
