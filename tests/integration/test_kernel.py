@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import jupyter_client
@@ -53,3 +55,14 @@ def test_interrupt_pauses_training_instead_of_killing_it() -> None:
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_training_a_bundled_example_never_imports_torch_into_the_kernel() -> None:
+    """What tutorial 06 says: the kernel drives workers, it does not build models (it names them)."""
+    code = ("import sys, vpipe_lab\n"
+            "with vpipe_lab.launch('gpt-tiny', stages=2, microbatches=2, device='cpu') as s:\n"
+            "    s.run(1)\n"
+            "    s.wait(timeout=120)\n"
+            "    print(s.metrics.iterations['loss'].notna().all(), 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.split()[-2:] == ["True", "False"], out.stdout + out.stderr[-2000:]
