@@ -15,6 +15,13 @@ class Control:
     stopping: bool = False
     plan_version: int = 0
 
+    def take(self, command: str) -> None:
+        """The controller's "pause", "resume" or "stop"."""
+        if command not in ("pause", "resume", "stop"):
+            raise ValueError(f"{command!r} is not a run-state command (pause, resume, stop)")
+        self.paused = {"pause": True, "resume": False}.get(command, self.paused)
+        self.stopping = self.stopping or command == "stop"
+
     @property
     def active(self) -> bool:
         return not self.paused and not self.stopping and (self.target is None or self.iteration < self.target)

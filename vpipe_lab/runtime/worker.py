@@ -102,7 +102,8 @@ class Worker:
                                    self.replica, self.replicas, self.send, lambda path: self.save(path))
         # The one command table: what each controller command does on every rank (see wire/protocol.py).
         self.commands: dict[str, Callable[[dict[str, Any]], None]] = {
-            P.RUN: self._run, P.PAUSE: self._pause, P.RESUME: self._resume, P.STOP: self._stop, P.PING: self.ack,
+            P.RUN: self._run, P.PAUSE: self._run_state, P.RESUME: self._run_state, P.STOP: self._run_state,
+            P.PING: self.ack,
             P.PROFILE: self._profile, P.STATE: self._state, P.TELEMETRY: self._telemetry, P.EVAL: self._evaluate,
             P.SAVE: self._save, P.APPLY: self._apply_plan, P.MODEL: self._set_model,
         }
@@ -138,10 +139,12 @@ class Worker:
         follows as a broadcast only when rank 0 has some."""
         blob = b""
         changed = 0.0
-        if self.rank == 0 and self.ctl.active:  # the batch that runs next: after the one just run (``ran``)
-            try:  # it may never run (past the last iteration asked for): reading it must not fail the job; agree on
+        # Rank 0 checks the batch that runs next (after the one just run, when one ran). It may never run (it lies past
+        # the last iteration asked for), so failing to read it must not fail the job: its shapes are agreed anew then.
+        if self.rank == 0 and self.ctl.active:
+            try:
                 changed = float(self.shapes.changed(*self.source.peek(self.ctl.iteration + ran)))  # type: ignore[union-attr]
-            except Exception:  # it again when it is read, which then raises if it must
+            except Exception:
                 changed = 1.0
         if self.leader:
             cmds = [{"type": msg.type, **msg.body} for msg in self.link.drain(0.0 if self.ctl.active else 0.2)]
@@ -183,16 +186,8 @@ class Worker:
         if self.leader:
             self.send(P.CURRENT, {"running": self.ctl.target is None, "target": self.ctl.target})
 
-    def _pause(self, cmd: dict[str, Any]) -> None:
-        self.ctl.paused = True
-        self.ack(cmd)
-
-    def _resume(self, cmd: dict[str, Any]) -> None:
-        self.ctl.paused = False
-        self.ack(cmd)
-
-    def _stop(self, cmd: dict[str, Any]) -> None:
-        self.ctl.stopping = True
+    def _run_state(self, cmd: dict[str, Any]) -> None:  # pause, resume, stop
+        self.ctl.take(cmd["type"])
         self.ack(cmd)
 
     def _profile(self, cmd: dict[str, Any]) -> None:
