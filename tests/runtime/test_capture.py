@@ -171,3 +171,18 @@ def test_state_names_are_what_the_model_s_state_dict_lists() -> None:
     assert aliases["model.embed_tokens.weight"] == ["model.embed_tokens.weight", "lm_head.weight"]  # the tie, twice
     assert "model.rotary_emb.inv_freq" in non_persistent  # buffers the state dict leaves out
     assert sorted(n for names in aliases.values() for n in names) == sorted(model.state_dict())
+
+
+def test_a_unit_captured_on_the_meta_device_is_pointed_at_the_device_it_runs_on() -> None:
+    from vpipe_lab.runtime.build import on_meta
+
+    meta, _ = on_meta(zoo.gpt2, 0)
+    chain = capture(meta.train(), {"input_ids": torch.zeros(2, 8, dtype=torch.long, device="meta")})
+
+    def devices(unit: torch.nn.Module) -> set[str]:
+        return {str(v) for n in unit.graph.graph.nodes for v in (*n.args, *n.kwargs.values())
+                if isinstance(v, torch.device)}
+
+    assert devices(chain.units[0]) == {"meta"}  # positions and masks are made on the capture's device
+    chain.units[0].retarget(torch.device("cpu"))
+    assert devices(chain.units[0]) == {"cpu"} and "type='meta'" not in chain.units[0].graph.code

@@ -7,8 +7,9 @@ import torch
 
 from tests.integration import zoo
 from vpipe_lab.runtime.batches import describe
+from vpipe_lab.runtime.build import bind
 from vpipe_lab.runtime.capture import CaptureError, capture
-from vpipe_lab.runtime.recapture import Recaptures, bind, meta_model
+from vpipe_lab.runtime.recapture import Recaptures, meta_model
 
 
 def run(chain, x):  # type: ignore[no-untyped-def]
@@ -53,3 +54,26 @@ def test_a_model_given_as_an_instance_has_a_meta_copy() -> None:
     meta = meta_model(model, 0)
     assert meta is not model and all(p.is_meta for p in meta.parameters())
     assert not any(p.is_meta for p in model.parameters())
+
+
+def test_a_gpt2_captured_again_on_the_meta_device_runs_on_the_stage_s_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPT-2's graph makes tensors (positions, masks) with the capture's device in their arguments: captured on the
+    meta device, a unit runs once the stage points them at its own device."""
+    from vpipe_lab.runtime.stage import Stage
+
+    monkeypatch.setenv("VPIPE_LAB_CAPTURE", "static")  # fixed shapes: another length needs a capture of its own
+    torch.manual_seed(0)
+    model = zoo.gpt2().eval()
+    inputs = {"input_ids": torch.zeros(2, 16, dtype=torch.long), "attention_mask": torch.ones(2, 16, dtype=torch.long)}
+    chain = capture(model, inputs)
+    short = {"input_ids": torch.randint(0, zoo.VOCAB, (2, 12)), "attention_mask": torch.ones(2, 12, dtype=torch.long)}
+    other = Recaptures(zoo.gpt2, None, 0).chain_for(chain, [describe(short)[0]])
+    assert other is not None
+    tensors = {name: t for t in list(model.parameters()) + list(model.buffers())
+               for name in [next(n for n, x in list(model.named_parameters()) + list(model.named_buffers()) if x is t)]}
+    stage = Stage(torch.device("cpu"), None, 0)
+    for i, unit in enumerate(other.units):
+        bind(unit, other, i, tensors)
+        stage.add_layer(i, unit, other.tensors[i])  # points the graph's device arguments at the stage's
+    with torch.no_grad():
+        torch.testing.assert_close(run(other, short).logits, model(**short).logits, rtol=0, atol=0)

@@ -26,8 +26,9 @@ from torch import nn
 from vpipe_lab.core.partition import uniform
 from vpipe_lab.core.plan import Plan, Policy
 from vpipe_lab.runtime.batches import describe, rebuild
-from vpipe_lab.runtime.capture import Chain, build_model, canonical_names, capture
+from vpipe_lab.runtime.capture import CaptureError, Chain, build_model, canonical_names, capture
 from vpipe_lab.runtime.comm import Peer
+from vpipe_lab.runtime.units import set_tensor
 from vpipe_lab.wire.jobspec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -145,11 +146,31 @@ def build_chain(spec: JobSpec, factory: Any, split_at: Any, rank: int, world: in
     mine = [layout.tensors[i] for i in plan.layers_of(rank)]
     keep = {c for t in mine for _, c in t.params + t.buffers}
     model = owned_only(factory, spec.seed, registered_names(meta, order), keep).train()
+    real = {name: t for t in list(model.parameters()) + list(model.buffers())
+            if (name := canonical_names(model).get(id(t))) is not None}
+    try:  # the meta capture's graphs, computing with this stage's real tensors: no second export
+        for i in plan.layers_of(rank):
+            bind(layout.units[i], layout, i, real)
+        return layout, plan
+    except CaptureError as exc:
+        log.info("the meta capture does not take real tensors (%s); capturing again", exc)
     chain = capture(model, rebuild(example) if example else None, split_at)
     if chain.signature() != layout.signature():
         raise RuntimeError("the model is cut differently on the meta device and for real; build it without "
                            "device-dependent code")
     return chain, plan
+
+
+def bind(unit: nn.Module, chain: Chain, index: int, tensors: dict[str, torch.Tensor]) -> None:
+    """Make ``unit`` (unit ``index`` of ``chain``) compute with ``tensors``, by canonical name; CaptureError if one
+    is missing or the unit still has a tensor without values (a meta one) afterwards."""
+    for local, name in chain.tensors[index].params + chain.tensors[index].buffers:
+        if name not in tensors:
+            raise CaptureError(f"unit {chain.names[index]!r} needs {name!r}, which this stage does not hold")
+        set_tensor(unit, local, tensors[name])
+    left = [n for n, t in list(unit.named_parameters()) + list(unit.named_buffers()) if t.is_meta]
+    if left:
+        raise CaptureError(f"unit {chain.names[index]!r} still has tensors without values ({', '.join(left[:3])})")
 
 
 def unit_names(factory: Any, split_at: Any, seed: int, first_inputs: Callable[[], Any]) -> list[str]:

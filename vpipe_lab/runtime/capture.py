@@ -86,6 +86,18 @@ class GraphUnit(nn.Module):
         produced = dict(zip(self.out_keys, self.graph(*(carry[k] for k in self.in_keys))))
         return {k: produced[k] if k in produced else carry[k] for k in self.carry_keys}
 
+    def retarget(self, device: torch.device) -> None:
+        """Run on ``device``: ops that make tensors (``arange``, ``to``, metadata asserts) carry the device the model
+        was captured on (the meta device, or the CPU it was built on), so they are pointed at the stage's."""
+        changed = False
+        for node in self.graph.graph.nodes:  # type: ignore[union-attr]
+            args = tuple(device if isinstance(a, torch.device) else a for a in node.args)
+            kwargs = {k: device if isinstance(v, torch.device) else v for k, v in node.kwargs.items()}
+            if args != node.args or kwargs != node.kwargs:
+                node.args, node.kwargs, changed = args, kwargs, True
+        if changed:
+            self.graph.recompile()  # type: ignore[operator]
+
     def inference(self) -> GraphUnit:
         """This unit as eval mode runs it, over the same parameter objects. torch.export baked training mode into
         the graph, so ``.eval()`` changes nothing: here dropout becomes the identity, batch norm uses its running

@@ -83,17 +83,3 @@ def meta_model(model: Any, seed: int) -> nn.Module:
         except Exception:  # a factory that needs real tensors: build it (memory for one model, once per shape)
             return build_model(model, seed)
     return copy.deepcopy(model).to("meta")
-
-
-def bind(unit: nn.Module, chain: Chain, index: int, tensors: dict[str, torch.Tensor]) -> None:
-    """Make ``unit`` (unit ``index`` of ``chain``) compute with the stage's own tensors, by canonical name."""
-    from vpipe_lab.runtime.units import set_tensor
-
-    for local, name in chain.tensors[index].params + chain.tensors[index].buffers:
-        if name not in tensors:
-            raise CaptureError(f"unit {chain.names[index]!r} needs {name!r}, which this stage does not hold")
-        set_tensor(unit, local, tensors[name])
-    left = [n for n, t in list(unit.named_parameters()) + list(unit.named_buffers()) if t.is_meta]
-    if left:
-        raise CaptureError(f"unit {chain.names[index]!r} captured for new shapes still has tensors without values "
-                           f"({', '.join(left[:3])}); give batches of one shape")

@@ -80,6 +80,7 @@ class Stage:
             tensors = UnitTensors([(n, f"{index}.{n}") for n, _ in module.named_parameters(remove_duplicate=False)],
                                   [(n, f"{index}.{n}") for n, _ in module.named_buffers(remove_duplicate=False)])
         module.to(self.device)
+        self._retarget(module)
         if self.fused_wgrad is not None:
             wgrad.fuse(module, self.fused_wgrad)
         for local, name in tensors.params + tensors.buffers:
@@ -95,10 +96,16 @@ class Stage:
     def take_module(self, index: int, module: torch.nn.Module) -> None:
         """Run layer ``index`` with ``module``: the same unit captured for other input shapes, already computing with
         this stage's tensors (``recapture.bind``). Parameters, optimizer state and statistics stay."""
+        self._retarget(module)
         if self.fused_wgrad is not None:
             wgrad.fuse(module, self.fused_wgrad)
         self.layers[index].module = module
         self._changed()
+
+    def _retarget(self, module: torch.nn.Module) -> None:
+        retarget = getattr(module, "retarget", None)  # a captured unit: its graph's device arguments
+        if retarget is not None:
+            retarget(self.device)
 
     def remove_layer(self, index: int) -> Layer:
         """Drop a layer with its optimizer groups and state; tensors another layer here uses stay (ties)."""
