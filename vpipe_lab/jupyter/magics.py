@@ -1,13 +1,9 @@
 """``%load_ext vpipe_lab`` and the ``%vpipe`` line magic: thin adapters over ``Session``.
 
-    %vpipe start gpt-tiny --stages 2 --microbatches 4 --run 50     (or a notebook variable: %vpipe start my_model
-                                                                    --data my_data ...)
-    %vpipe status | dashboard | editor | run [N] | wait [N] | pause | resume | stop
-    %vpipe use VARIABLE                        act on the Session a notebook variable holds (default: the newest
-                                               running one, however it was started: %vpipe start or launch())
-    %vpipe plan [--method vpipe] [--apply]     vPipe's replanning from the measured profile
-    %vpipe apply PLAN_VARIABLE                 %vpipe partition 0 4 10          %vpipe policy 3=swap 4=recompute
-    %vpipe trace FILE                          %vpipe help
+The parser (``build_parser``) is the one statement of the magic's vocabulary: its sub-commands are ``COMMANDS``,
+``%vpipe help`` prints its help, and tab completion offers its options and their choices (planner ``METHODS``,
+``SCHEDULES``, ``Policy`` values, devices). ``%vpipe help`` lists every command; ``%vpipe start gpt-tiny --stages 2
+--run 50`` is the shortest start.
 
 Training runs in the background; the kernel answers other cells meanwhile. Interrupting the kernel while a cell waits
 on training pauses the training instead of killing it (workers live in their own process session anyway).
@@ -23,16 +19,16 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
+from vpipe_lab.core import checks
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.errors import VpipeError
-from vpipe_lab.core.plan import SCHEDULES
+from vpipe_lab.core.plan import SCHEDULES, Policy
 from vpipe_lab.core.planner import METHODS
 from vpipe_lab.core.report import human_time, plan_table
 from vpipe_lab.wire.jobspec import DEVICES, add_training_options, byte_size
 
 log = logging.getLogger(__name__)
-COMMANDS = ("start", "use", "status", "run", "wait", "pause", "resume", "stop", "plan", "apply", "partition",
-            "policy", "eval", "trace", "dashboard", "editor", "help")
+POLICIES = tuple(p.value for p in Policy)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -92,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--force", action="store_true", help="even if its estimate exceeds a memory budget")
     pa = sub.add_parser("partition", help="set the stage boundaries, e.g. 0 4 10")
     pa.add_argument("boundaries", nargs="+", type=int)
-    po = sub.add_parser("policy", help="set layer policies, e.g. 3=swap 4=recompute 5=keep")
+    po = sub.add_parser("policy", help=f"set layer policies LAYER=POLICY, POLICY one of {', '.join(POLICIES)}: "
+                                       "e.g. 3=swap 4=recompute")
     po.add_argument("assignments", nargs="+")
     ev = sub.add_parser("eval", help="mean loss of a forward-only pass (eval mode) at the next iteration boundary")
     ev.add_argument("data", nargs="?", help="bundled name or notebook variable (default: the job's eval data)")
@@ -104,6 +101,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("editor", help="the partition editor: drag boundaries, toggle policies, preview, apply")
     sub.add_parser("help", help="this help")
     return p
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The parser's sub-commands by name, in the order ``%vpipe help`` lists them."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+COMMANDS = tuple(subcommands(build_parser()))
 
 
 @magics_class
@@ -179,8 +187,8 @@ class VpipeMagics(Magics):
 
         if self.session is not None and not self.session.closed:
             raise UsageError("a session is already running: %vpipe stop it first")
-        if args.stages < 1 or args.microbatches < 1 or args.replicas < 1:
-            raise UsageError("--stages, --microbatches and --replicas must be whole numbers >= 1")
+        for name in ("stages", "microbatches", "replicas"):
+            checks.count(getattr(args, name), f"--{name}", error=UsageError)
         model = args.model if args.model in EXAMPLES else self._value(args.model, "model")
         data = None if args.data is None else args.data if args.data in EXAMPLES else self._value(args.data, "data")
         try:
@@ -307,24 +315,30 @@ class VpipeMagics(Magics):
 
 
 def complete(self: Any, event: Any) -> list[str]:
-    """Tab completion for %vpipe: commands, then bundled models and options."""
+    """Tab completion for %vpipe, read off the parser: commands; then a command's options, or the choices of the
+    option just typed; bundled models for ``start``, sessions for ``use``, policies for ``policy``."""
     from vpipe_lab.examples import EXAMPLES
 
     words = event.line.split()
     if len(words) <= 1 or (len(words) == 2 and not event.line.endswith(" ")):
         return list(COMMANDS)
+    sub = subcommands(build_parser()).get(words[1])
+    if sub is None:
+        return []
     if words[1] == "use":
         from vpipe_lab.control.session import Session
 
         return [name for name, value in self.user_ns.items() if isinstance(value, Session)]
-    if words[1] == "start":
-        return [*EXAMPLES, "--data", "--split", "--stages", "--microbatches", "--schedule", "--device", "--budget", "--plan",
-                "--run", "--auto-replan", "--name"]
-    if words[1] == "plan":
-        return ["--method", "--apply", "vpipe", "optimal", "pipedream", "balanced", "uniform", "gpipe"]
     if words[1] == "policy":
-        return ["keep", "swap", "recompute"]
-    return []
+        return list(POLICIES)
+    previous = words[-1] if event.line.endswith(" ") else words[-2] if len(words) > 2 else ""
+    options = {opt: action for action in sub._actions for opt in action.option_strings if opt not in ("-h", "--help")}
+    chosen = options.get(previous)
+    if chosen is not None and chosen.choices is not None:
+        return [str(c) for c in chosen.choices]
+    values = [str(c) for action in sub._actions if not action.option_strings and action.choices is not None
+              for c in action.choices]
+    return [*(EXAMPLES if words[1] == "start" else ()), *values, *options]
 
 
 _MAGICS: list[VpipeMagics] = []
