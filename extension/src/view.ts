@@ -5,24 +5,18 @@ import {
   type Policy,
 } from "./logic";
 import type { EditorMessage } from "./messages";
+import type { EditorTraits, TypedModel } from "./traits";
 
-export interface LayerInfo { name: string; weight: number; forward_ms?: number; backward_ms?: number }
-export interface Estimate {
-  iteration_s: number; stage_s: number[]; peak_bytes: number[]; budget_bytes: number[]; feasible: boolean;
-}
-export interface Preview { current?: Estimate; draft?: Estimate; error?: string }
-export interface Status {
-  state: "idle" | "pending" | "applied" | "error" | "ended"; message: string; iteration?: number;
-}
+// The traits' types come from their one declaration (src/traits.ts), shared with Python.
+export type LayerInfo = EditorTraits["layers"][number];
+export type Preview = EditorTraits["preview"];
+export type Estimate = NonNullable<Preview["current"]>;
+export type Status = EditorTraits["status"];
 
 /** The part of anywidget's model this view uses (also what the tests fake). */
-export interface Model {
-  get(name: string): unknown;
-  set(name: string, value: unknown): void;
+export interface Model extends TypedModel<EditorTraits> {
   save_changes(): void;
   send(content: EditorMessage): void;
-  on(event: string, callback: () => void): void;
-  off(event?: string | null, callback?: (() => void) | null): void;
 }
 
 const CSS = `
@@ -47,9 +41,12 @@ const CSS = `
 .vpipe-status.ended { color: #666; font-style: italic; }
 `;
 
-function list<T>(model: Model, name: string): T[] {
-  const v = model.get(name);
-  return Array.isArray(v) ? (v as T[]) : [];
+type ListTrait = "layers" | "boundaries" | "policies" | "draft_boundaries" | "draft_policies";
+
+/** A list trait, or an empty one before the first sync. */
+function list<K extends ListTrait>(model: Model, name: K): EditorTraits[K] {
+  const v: unknown = model.get(name);
+  return (Array.isArray(v) ? v : []) as EditorTraits[K];
 }
 
 export class PartitionView {
@@ -127,15 +124,15 @@ export class PartitionView {
   }
 
   private draftBounds(): number[] {
-    return this.local?.boundaries ?? list<number>(this.model, "draft_boundaries");
+    return this.local?.boundaries ?? list(this.model, "draft_boundaries");
   }
 
   private draftPolicies(): Policy[] {
-    return this.local?.policies ?? list<Policy>(this.model, "draft_policies");
+    return this.local?.policies ?? list(this.model, "draft_policies");
   }
 
   private ended(): boolean {
-    return ((this.model.get("status") ?? {}) as Status).state === "ended";
+    return this.model.get("status")?.state === "ended";
   }
 
   private send(message: EditorMessage): void {
@@ -145,7 +142,7 @@ export class PartitionView {
 
   private edges(): number[] {
     if (this.dragging) return this.dragging.edges;
-    return layerEdges(list<LayerInfo>(this.model, "layers").map((l) => l.weight), this.barWidth());
+    return layerEdges(list(this.model, "layers").map((l) => l.weight), this.barWidth());
   }
 
   /** The ``i``-th element of ``pool`` (made by ``make`` the first time): blocks and handles are kept between draws,
@@ -161,11 +158,11 @@ export class PartitionView {
   }
 
   draw(): void {
-    const layers = list<LayerInfo>(this.model, "layers");
+    const layers = list(this.model, "layers");
     const bounds = this.bounds();
-    const committed = list<number>(this.model, "boundaries");
+    const committed = list(this.model, "boundaries");
     const policies = this.draftPolicies();
-    const applied = list<string>(this.model, "policies");
+    const applied = list(this.model, "policies");
     const edges = this.edges();
     this.bar.classList.toggle("dragging", this.dragging !== null);
     const blocks = this.reuse(this.blocks, layers.length, (i) => {
@@ -208,7 +205,7 @@ export class PartitionView {
   }
 
   private drawPreview(): void {
-    const preview = (this.model.get("preview") ?? {}) as Preview;
+    const preview: Preview = this.model.get("preview") ?? {};
     const dirty = this.isDirty();
     const shown = (dirty ? preview.draft : preview.current) ?? preview.current;
     this.summary.replaceChildren();
@@ -244,7 +241,7 @@ export class PartitionView {
   }
 
   private drawStatus(): void {
-    const reported = (this.model.get("status") ?? { state: "idle", message: "" }) as Status;
+    const reported: Status = this.model.get("status") ?? { state: "idle", message: "" };
     const status: Status = this.pending
       ? { state: "pending", message: "pending: waiting for the next iteration boundary" } : reported;
     const ended = status.state === "ended";
@@ -256,8 +253,8 @@ export class PartitionView {
   }
 
   isDirty(): boolean {
-    return !sameList(this.draftBounds(), list<number>(this.model, "boundaries")) ||
-      !sameList(this.draftPolicies(), list<string>(this.model, "policies"));
+    return !sameList(this.draftBounds(), list(this.model, "boundaries")) ||
+      !sameList(this.draftPolicies(), list(this.model, "policies"));
   }
 
   private x(e: PointerEvent): number {
@@ -309,8 +306,8 @@ export class PartitionView {
 
   private onReset(): void {
     this.send({
-      kind: "draft", boundaries: list<number>(this.model, "boundaries").slice(),
-      policies: list<Policy>(this.model, "policies").slice(),
+      kind: "draft", boundaries: list(this.model, "boundaries").slice(),
+      policies: list(this.model, "policies").slice(),
     });
     this.draw();
   }

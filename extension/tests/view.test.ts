@@ -1,4 +1,5 @@
 import { beforeEach, describe, expect, it } from "vitest";
+import type { EditorTraits } from "../src/traits";
 import type { EditorMessage } from "../src/messages";
 import { PartitionView, type Model } from "../src/view";
 
@@ -10,8 +11,8 @@ class FakeModel implements Model {
   constructor(data: Record<string, unknown>) {
     this.data = { ...data };
   }
-  get(name: string): unknown {
-    return this.data[name];
+  get<K extends keyof EditorTraits & string>(name: K): EditorTraits[K] {
+    return this.data[name] as EditorTraits[K];
   }
   set(name: string, value: unknown): void {
     this.data[name] = value;

@@ -41,3 +41,20 @@ def test_show_replaces_whole_panels_in_one_message_and_counts_frames() -> None:
         assert view.frame == 2
     finally:
         view.close()
+
+
+def test_the_synced_traits_are_the_declared_ones_and_hold_what_they_declare() -> None:
+    """The live view's traits as extension/src/traits.ts declares them (the browser's types come from there)."""
+    import json
+
+    import jsonschema
+
+    from vpipe_lab.jupyter.live_view import STATIC
+
+    schema = json.loads((STATIC / "widget_traits.schema.json").read_text())["$defs"]["LiveView"]
+    assert set(LiveView.class_own_traits(sync=True)) == set(schema["properties"])
+    view = LiveView()
+    view.show(header={"state": "running", "text": "iteration 3"}, timeline={"data": [], "layout": {"height": 200}})
+    state = {name: getattr(view, name) for name in schema["properties"]}
+    assert isinstance(state.pop("_plotly"), bytes)  # bytes: JSON schema cannot say it
+    jsonschema.validate({**state, "_plotly": None}, schema)

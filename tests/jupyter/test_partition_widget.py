@@ -121,3 +121,23 @@ def test_re_measured_sizes_ease_in_instead_of_jumping() -> None:
     assert settled == pytest.approx([0.75, 0.0, 0.25], abs=1e-4)  # repeated measurements converge to the truth
     assert steady_weights(first, [1.0, 1.0]) == [0.5, 0.5]  # another model starts over
     assert steady_weights(None, [0.0, 0.0]) == [0.5, 0.5]
+
+
+def test_the_synced_traits_are_the_declared_ones_and_hold_what_they_declare() -> None:
+    """extension/src/traits.ts declares each widget's traits once; the browser's types come from it, and here the
+    widget is held to it: the same names, and values that validate (after a preview and an apply too)."""
+    import json
+
+    import jsonschema
+
+    schema = json.loads((STATIC / "widget_traits.schema.json").read_text())["$defs"]["PartitionEditor"]
+    assert set(PartitionEditor.class_own_traits(sync=True)) == set(schema["properties"])
+    ed, _ = editor()
+    try:
+        wait_for(lambda: "current" in ed.preview)
+        jsonschema.validate({name: getattr(ed, name) for name in schema["properties"]}, schema)
+        ed.receive(draft([0, 3, 8], ["keep"] * 7 + ["swap"], kind="apply"))
+        wait_for(lambda: ed.status.get("state") == "applied")
+        jsonschema.validate({name: getattr(ed, name) for name in schema["properties"]}, schema)
+    finally:
+        ed.close()

@@ -38,7 +38,7 @@ class LiveView(anywidget.AnyWidget):
     _esm = STATIC / "live.js"
     _plotly = traitlets.Bytes().tag(sync=True)
     _plotly_key = traitlets.Unicode().tag(sync=True)
-    header = traitlets.Dict().tag(sync=True)
+    header = traitlets.Dict({"state": "", "text": ""}).tag(sync=True)
     timeline = traitlets.Dict().tag(sync=True)
     memory = traitlets.Dict().tag(sync=True)
     series = traitlets.Dict().tag(sync=True)

@@ -67,7 +67,7 @@ class PartitionEditor(anywidget.AnyWidget):
     draft_boundaries = traitlets.List(traitlets.Int()).tag(sync=True)
     draft_policies = traitlets.List(traitlets.Unicode()).tag(sync=True)
     preview = traitlets.Dict().tag(sync=True)
-    status = traitlets.Dict().tag(sync=True)
+    status = traitlets.Dict({"state": "idle", "message": ""}).tag(sync=True)
 
     def __init__(self, session: Session | None = None, *, plan: Plan | None = None,
                  profile: ModelProfile | None = None, cluster: Cluster | None = None,

@@ -6,30 +6,20 @@
 // exactly what the newest state says. Changes only mark panels dirty; one animation frame draws the newest state of
 // each dirty panel, and a draw that is still running absorbs the changes that arrive meanwhile, so a slow browser
 // skips frames instead of queueing them.
+import type { LiveTraits, TypedModel } from "../traits";
 import type { PlotlyLike } from "./loader";
 
 export const PANELS = ["timeline", "memory", "series"] as const;
 export type PanelName = (typeof PANELS)[number];
 
-/** One panel's plotly figure: traces and layout, as Python's charts module builds them. */
-export interface Figure {
-  data: Record<string, unknown>[];
-  layout: Record<string, unknown>;
-}
+/** One panel's plotly figure: traces and layout, as Python's charts module builds them (src/traits.ts). */
+export type Figure = LiveTraits["timeline"];
 
 /** The header line: the session's state, and what the last iteration did. */
-export interface Header {
-  state: string;
-  text: string;
-  detail?: string;
-}
+export type Header = LiveTraits["header"];
 
-/** The part of anywidget's model this view uses (also what the tests fake). */
-export interface LiveModel {
-  get(name: string): unknown;
-  on(event: string, callback: () => void): void;
-  off(event?: string | null, callback?: (() => void) | null): void;
-}
+/** The part of anywidget's model this view uses (also what the tests fake), typed by its traits. */
+export type LiveModel = TypedModel<LiveTraits>;
 
 export type Scheduler = (callback: () => void) => unknown;
 
@@ -53,7 +43,7 @@ const CSS = `
 
 /** Figure heights: the timeline grows with its lanes (its layout says how tall); the others are fixed. */
 function height(figure: Figure | undefined, fallback: number): number {
-  const h = figure?.layout["height"];
+  const h = figure?.layout?.["height"];
   return typeof h === "number" && h > 0 ? h : fallback;
 }
 
@@ -163,7 +153,7 @@ export class LiveView {
 
   private async drawPanel(plotly: PlotlyLike, name: PanelName): Promise<void> {
     const panel = this.panels.get(name);
-    const figure = this.model.get(name) as Figure | undefined;
+    const figure: Figure | undefined = this.model.get(name);
     if (!panel || !figure || !Array.isArray(figure.data) || this.shown.get(name) === figure) return;
     this.shown.set(name, figure);
     const { width: _width, ...layout } = figure.layout ?? {};
@@ -174,7 +164,7 @@ export class LiveView {
   }
 
   private drawHeader(): void {
-    const header = (this.model.get("header") ?? { state: "", text: "" }) as Header;
+    const header: Header = this.model.get("header") ?? { state: "", text: "" };
     const name = document.createElement("b");
     name.textContent = "vpipe_lab";
     const state = document.createElement("span");

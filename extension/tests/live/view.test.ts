@@ -1,4 +1,5 @@
 import { beforeEach, describe, expect, it } from "vitest";
+import type { LiveTraits } from "../../src/traits";
 import type { PlotlyLike } from "../../src/live/loader";
 import { LiveView, type LiveModel } from "../../src/live/view";
 
@@ -8,8 +9,8 @@ class FakeModel implements LiveModel {
   constructor(data: Record<string, unknown>) {
     this.data = { ...data };
   }
-  get(name: string): unknown {
-    return this.data[name];
+  get<K extends keyof LiveTraits & string>(name: K): LiveTraits[K] {
+    return this.data[name] as LiveTraits[K];
   }
   set(name: string, value: unknown): void {
     this.data[name] = value;

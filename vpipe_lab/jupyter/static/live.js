@@ -66,7 +66,7 @@ var CSS = `
 .vpipe-live-note { position: absolute; inset: 40% 0 auto 0; text-align: center; color: #888; }
 `;
 function height(figure, fallback) {
-  const h = figure?.layout["height"];
+  const h = figure?.layout?.["height"];
   return typeof h === "number" && h > 0 ? h : fallback;
 }
 var LiveView = class {

@@ -171,7 +171,7 @@ var PartitionView = class {
     return this.local?.policies ?? list(this.model, "draft_policies");
   }
   ended() {
-    return (this.model.get("status") ?? {}).state === "ended";
+    return this.model.get("status")?.state === "ended";
   }
   send(message) {
     if (message.kind === "draft") this.local = { boundaries: message.boundaries, policies: message.policies };

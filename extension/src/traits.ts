@@ -1,0 +1,105 @@
+// What Python's widgets hold and the browser reads, declared once: a JSON schema per widget for its synced traits.
+// TypeScript derives the views' model types from it (json-schema-to-ts), so a view reads `model.get("status")` as
+// the declared type, not `unknown`; `npm run bundle` writes it to vpipe_lab/jupyter/static/widget_traits.schema.json,
+// and Python's tests check that each widget's synced traits are exactly these, with values that validate.
+import type { FromSchema } from "json-schema-to-ts";
+
+const ints = { type: "array", items: { type: "integer", minimum: 0 } } as const;
+const numbers = { type: "array", items: { type: "number" } } as const;
+const policies = { type: "array", items: { type: "string", enum: ["keep", "swap", "recompute"] } } as const;
+const estimate = {
+  type: "object",
+  properties: {
+    iteration_s: { type: "number" }, stage_s: numbers, peak_bytes: numbers, budget_bytes: numbers,
+    feasible: { type: "boolean" },
+  },
+  required: ["iteration_s", "stage_s", "peak_bytes", "budget_bytes", "feasible"],
+  additionalProperties: false,
+} as const;
+const figure = {
+  description: "one plotly figure, whole (Python's charts module builds it)",
+  type: "object",
+  properties: { data: { type: "array", items: { type: "object" } }, layout: { type: "object" } },
+  additionalProperties: true,
+} as const;
+
+export const EDITOR_TRAITS = {
+  title: "the partition editor's traits (PartitionEditor, jupyter/partition_widget.py)",
+  type: "object",
+  properties: {
+    layers: {
+      type: "array",
+      items: {
+        type: "object",
+        properties: {
+          name: { type: "string" }, weight: { type: "number" }, forward_ms: { type: "number" },
+          backward_ms: { type: "number" },
+        },
+        required: ["name", "weight"],
+        additionalProperties: false,
+      },
+    },
+    boundaries: ints,
+    policies,
+    draft_boundaries: ints,
+    draft_policies: policies,
+    preview: {
+      type: "object",
+      properties: { current: estimate, draft: estimate, error: { type: "string" } },
+      additionalProperties: false,
+    },
+    status: {
+      type: "object",
+      properties: {
+        state: { type: "string", enum: ["idle", "pending", "applied", "error", "ended"] },
+        message: { type: "string" },
+        iteration: { type: "integer" },
+      },
+      required: ["state", "message"],
+      additionalProperties: false,
+    },
+  },
+  required: ["layers", "boundaries", "policies", "draft_boundaries", "draft_policies", "preview", "status"],
+  additionalProperties: false,
+} as const;
+
+export const LIVE_TRAITS = {
+  title: "the live dashboard's traits (LiveView, jupyter/live_view.py)",
+  type: "object",
+  properties: {
+    _plotly: { description: "plotly.js, gzipped: bytes, which JSON schema cannot type (checked in Python)" },
+    _plotly_key: { type: "string" },
+    header: {
+      type: "object",
+      properties: { state: { type: "string" }, text: { type: "string" }, detail: { type: "string" } },
+      required: ["state", "text"],
+      additionalProperties: false,
+    },
+    timeline: figure,
+    memory: figure,
+    series: figure,
+    frame: { type: "integer", minimum: 0 },
+  },
+  required: ["_plotly", "_plotly_key", "header", "timeline", "memory", "series", "frame"],
+  additionalProperties: false,
+} as const;
+
+export const WIDGET_TRAITS = {
+  $schema: "https://json-schema.org/draft/2020-12/schema",
+  title: "vpipe_lab widget traits",
+  $defs: { PartitionEditor: EDITOR_TRAITS, LiveView: LIVE_TRAITS },
+} as const;
+
+// One type per trait, from its own schema (a whole-object FromSchema is too deep for the compiler).
+type Traits<S extends { properties: Record<string, unknown> }> = {
+  [K in keyof S["properties"]]: FromSchema<S["properties"][K] & object>;
+};
+export type EditorTraits = Traits<typeof EDITOR_TRAITS>;
+export type LiveTraits = Omit<Traits<typeof LIVE_TRAITS>, "_plotly"> & { _plotly: unknown };
+
+/** The part of anywidget's model a view uses, typed by its traits (the tests fake it). */
+export interface TypedModel<T> {
+  get<K extends keyof T & string>(name: K): T[K];
+  on(event: string, callback: () => void): void;
+  off(event?: string | null, callback?: (() => void) | null): void;
+}
