@@ -21,7 +21,7 @@ import vpipe_lab
 
 FACTORY = """
 def gpt2(layers={layers}, width={width}):
-    from vpipe_lab.runtime.compat import allow_torchvision_without_ops
+    from vpipe_lab.runtime.model.compat import allow_torchvision_without_ops
     allow_torchvision_without_ops()
     import transformers
     transformers.logging.set_verbosity_error()

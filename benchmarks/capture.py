@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import vpipe_lab
 from tests.integration import zoo
-from tests.runtime.test_capture import hf
-from vpipe_lab.runtime.batches import split
-from vpipe_lab.runtime.capture import capture
+from tests.runtime.model.test_capture import hf
+from vpipe_lab.runtime.model.batches import split
+from vpipe_lab.runtime.model.capture import capture
 
 
 def main() -> None:

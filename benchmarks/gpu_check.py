@@ -7,7 +7,7 @@ swap on a side CUDA stream into pinned host memory, CUDA memory counters reporte
 run with plain single-process training on the GPU, a single-stage GPU run against plain training on the CPU (the
 numerics match across devices), how much of the swap traffic hides under compute (iteration time with swap against
 keep), measured from CUDA events what fraction of a swapped layer's copies ran while its neighbours computed, and
-that weight gradients accumulated inside the GEMM (runtime/wgrad.py) equal autograd's, with both backwards' times.
+that weight gradients accumulated inside the GEMM (runtime/engine/wgrad.py) equal autograd's, with both backwards' times.
 Record what it prints in benchmarks/RESULTS.md.
 """
 
@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def swap_overlap(torch) -> dict[str, object]:  # type: ignore[no-untyped-def]
     """Swap out a layer's saved activations while the next layers compute, and measure from events on the copy
     stream and the compute stream how much of the copy ran concurrently with compute."""
-    from vpipe_lab.runtime.memory import Ledger
-    from vpipe_lab.runtime.swap import SwapEngine
+    from vpipe_lab.runtime.engine.memory import Ledger
+    from vpipe_lab.runtime.engine.swap import SwapEngine
 
     device = torch.device("cuda", 0)
     engine = SwapEngine(device, Ledger())
@@ -63,7 +63,7 @@ def fused_wgrad(torch) -> dict[str, object]:  # type: ignore[no-untyped-def]
     8 micro-batches, and the backward time of both (CUDA events)."""
     import copy
 
-    from vpipe_lab.runtime import wgrad
+    from vpipe_lab.runtime.engine import wgrad
 
     device = torch.device("cuda", 0)
     torch.manual_seed(0)

@@ -11,7 +11,7 @@ so no job may always be the one right after torch): every torch block has a vpip
 The ratio of each round's pair (torch s/it over vpipe_lab s/it: above 1 means vpipe_lab is faster) is taken, and the
 table gives their median and interquartile range. ``vs_pipelining.py`` measures its tables the same way (``row``);
 this script's own table runs vpipe_lab twice per row, with and without fused weight-gradient accumulation
-(``runtime/wgrad.py``).
+(``runtime/engine/wgrad.py``).
 
 Schedules: torch's ``Schedule1F1B`` runs ``K - s`` warm-up forwards on stage ``s`` (two on the first of two stages),
 which is vpipe_lab's ``eager-1f1b`` (vpipe_lab's ``1f1b`` is the textbook order with ``K - s - 1``, one micro-batch

@@ -43,7 +43,7 @@ def gpt2() -> torch.nn.Module:
     """A small GPT-2 from transformers (random weights, dropout off), captured with torch.export."""
     import transformers
 
-    from vpipe_lab.runtime.compat import allow_torchvision_without_ops
+    from vpipe_lab.runtime.model.compat import allow_torchvision_without_ops
 
     allow_torchvision_without_ops()
     transformers.logging.set_verbosity_error()

@@ -59,6 +59,25 @@ def test_every_module_says_what_it_is() -> None:
     assert silent == []
 
 
+def test_only_the_wire_reads_or_builds_message_bodies() -> None:
+    """Message bodies are typed (wire/commands.py, wire/events.py): outside wire/ nothing reads ``.body`` or builds a
+    ``Message`` by hand, so a field renamed on one side fails where the message is decoded, by name."""
+    import ast
+
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        if "wire" in path.relative_to(PACKAGE).parts[:1]:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "body":
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} reads .body")
+            if isinstance(node, ast.Call):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                if name == "Message":
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} builds a Message")
+    assert found == []
+
+
 def test_documentation_points_only_inside_the_repository() -> None:
     """Every ``something.md`` a docstring, doc or README names is a file of this repository."""
     sources = [*PACKAGE.rglob("*.py"), *(ROOT / "docs").glob("*.md"), ROOT / "README.md"]

@@ -3,6 +3,7 @@
 import threading
 from typing import Any
 
+from tests import messages
 from vpipe_lab.control.events import Events
 from vpipe_lab.control.intake import Intake
 from vpipe_lab.control.monitor import FailureMonitor
@@ -11,15 +12,14 @@ from vpipe_lab.control.state import JobState
 from vpipe_lab.telemetry.metrics import Metrics
 from vpipe_lab.telemetry.sinks import Logger, open_sink
 from vpipe_lab.wire import protocol as P
+from vpipe_lab.wire.events import Ack, Evaluated, Failure
 
 
 def report(stage: int, it: int, losses: list[float]) -> P.Message:
     memory = {"params": 1, "grads": 1, "optimizer": 2, "static": 4, "activations": 5, "resident": 5, "host": 0,
               "peak": 9, "budget": None}
-    return P.Message(P.ITERATION, body={"iteration": it, "stage": stage, "start": 10.0 + stage, "end": 11.0 + stage,
-                                        "losses": losses, "plan_version": 0, "memory": memory,
-                                        "spans": [[0, 0, -1, 10.0, 10.5]], "microbatches": 2, "samples": 8,
-                                        "grad_norm": 1.5, "lr": 0.1, "replica": 0})
+    return messages.report(it, stage, start=10.0 + stage, end=11.0 + stage, losses=losses, memory=memory,
+                           spans=[[0, 0, -1, 10.0, 10.5]], samples=8, grad_norm=1.5, lr=0.1).message()
 
 
 def make() -> tuple[Intake, JobState, Metrics, list[dict[str, Any]], list[tuple[Any, ...]]]:
@@ -46,15 +46,25 @@ def test_an_iteration_counts_once_every_stage_reported_it() -> None:
 
 def test_acks_answers_evaluations_and_errors_go_where_they_belong() -> None:
     intake, state, metrics, seen, _ = make()
-    intake.receive(P.Message(P.READY, body={"rank": 1}))
-    intake.receive(P.Message(P.ACK, body={"id": 4, "type": "pause", "iteration": 3}))
-    intake.receive(P.Message(P.EVALUATED, body={"id": None, "iteration": 3, "loss": 0.5, "batches": 1,
-                                                "seconds": 0.1}))
-    intake.receive(P.Message(P.ERROR, body={"kind": "migration", "stage": 1, "version": 2}))
+    intake.receive(messages.ready(1).message())
+    intake.receive(Ack(4, "pause", 3).message())
+    intake.receive(Evaluated(1, iteration=3, loss=0.5, batches=1, seconds=0.1).message())
+    intake.receive(Failure("migration", 1, version=2).message())
     assert 1 in state.ready
     assert metrics.evaluation_records()[-1]["loss"] == 0.5
-    assert intake.monitor.refusals[2]["stage"] == 1 and intake.monitor.fatal is None
+    assert intake.monitor.refusals[2].stage == 1 and intake.monitor.fatal is None
     assert [e["type"] for e in seen] == ["ack", "error"]  # immediate; the evaluation waits for deliver()
     assert seen[0]["command"] == "pause" and seen[0]["iteration"] == 3
     intake.events.deliver()
     assert seen[-1]["type"] == "evaluated"
+
+
+def test_a_malformed_message_is_dropped_with_its_field_named(caplog: Any) -> None:
+    intake, state, metrics, seen, _ = make()
+    body = messages.report(0, 0).to_dict()
+    body["stage"] = "first"
+    intake.receive(P.Message(P.ITERATION, "rank0", body))
+    intake.receive(P.Message(P.ACK, "rank0", {"id": 4, "type": "pause", "iteration": 3}))  # the field is "command"
+    assert metrics.latest() is None and seen == [] and state.iteration == 0
+    text = caplog.text
+    assert "'iteration.stage' should be int, got 'first'" in text

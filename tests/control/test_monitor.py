@@ -10,6 +10,7 @@ from vpipe_lab.control.errors import BudgetError
 from vpipe_lab.control.events import Events
 from vpipe_lab.control.monitor import FailureMonitor
 from vpipe_lab.control.state import JobState
+from vpipe_lab.wire.events import Failure
 
 
 class Launcher:
@@ -37,32 +38,32 @@ def monitor(codes: dict[int, int | None], job_dir: Path | None = None) -> tuple[
 
 def test_a_stages_own_exception_beats_the_broken_connections_it_caused() -> None:
     mon, _, _ = monitor({0: 1, 1: 1})
-    mon.on_error({"stage": 0, "cause": "CommError: stage 1 went away"})
-    mon.on_error({"stage": 1, "cause": "RuntimeError: shapes do not match", "traceback": "tb"})
+    mon.on_error(Failure("exception", 0, cause="CommError: stage 1 went away"))
+    mon.on_error(Failure("exception", 1, cause="RuntimeError: shapes do not match", traceback="tb"))
     err = mon.root_cause()
     assert err.stage == 1 and "shapes do not match" in err.cause and err.log_tail == "log 1"
 
 
 def test_a_killed_stage_is_named_with_its_signal() -> None:
     mon, _, _ = monitor({0: None, 1: -9})
-    mon.on_error({"stage": 0, "cause": "Connection reset by peer"})
+    mon.on_error(Failure("exception", 0, cause="Connection reset by peer"))
     err = mon.root_cause()
     assert err.stage == 1 and "SIGKILL" in err.cause and err.exit_code == -9
 
 
 def test_a_silent_live_stage_is_reported_as_stuck() -> None:
     mon, _, _ = monitor({0: None, 1: None})
-    mon.on_error({"stage": 0, "cause": "CommError: timed out waiting for stage 1"})
+    mon.on_error(Failure("exception", 0, cause="CommError: timed out waiting for stage 1"))
     err = mon.root_cause()
     assert err.stage == 1 and "stopped responding" in err.cause
 
 
 def test_refusals_and_budgets_are_filed_not_fatal(tmp_path: Path) -> None:
     mon, state, _ = monitor({0: None})
-    mon.on_error({"kind": "migration", "stage": 1, "version": 3, "needed": 10, "budget": 5})
-    mon.on_error({"kind": "budget", "stage": 0, "used": 9, "budget": 8, "layers": [[0, 9]], "iteration": 4})
-    assert mon.refusals[3]["needed"] == 10 and isinstance(mon.budget, BudgetError)
-    mon.on_error({"stage": 0, "cause": "RuntimeError: x"})
+    mon.on_error(Failure("migration", 1, version=3, needed=10, budget=5))
+    mon.on_error(Failure("budget", 0, used=9, budget=8, layers=[[0, 9]], iteration=4))
+    assert mon.refusals[3].needed == 10 and isinstance(mon.budget, BudgetError)
+    mon.on_error(Failure("exception", 0, cause="RuntimeError: x"))
     state.migrating = 2  # a failure during a migration points at the checkpoint taken before it, when complete
     (tmp_path / "checkpoints" / "plan-v2").mkdir(parents=True)
     mon.job_dir = tmp_path

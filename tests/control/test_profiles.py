@@ -2,10 +2,12 @@ from __future__ import annotations
 
 from vpipe_lab.control.profiles import Profiles
 from vpipe_lab.core.profile import LayerCost
+from vpipe_lab.wire.events import LayerMeasure
 
 
-def doc(index: int, name: str, forward: float, samples: int, params: int = 10) -> dict:  # type: ignore[type-arg]
-    return {"index": index, "samples": samples, **LayerCost(name, forward, 2 * forward, 100, 10, 10, params).to_dict()}
+def doc(index: int, name: str, forward: float, samples: int, params: int = 10) -> LayerMeasure:
+    cost = LayerCost(name, forward, 2 * forward, 100, 10, 10, params).to_dict()
+    return LayerMeasure.from_dict({"index": index, "samples": samples, "optimizer_bytes": 0, "times": [], **cost})
 
 
 def test_a_layer_without_samples_keeps_its_last_measurement() -> None:

@@ -8,6 +8,9 @@ import pytest
 
 from vpipe_lab.control.requests import Requests
 from vpipe_lab.wire import protocol as P
+from vpipe_lab.wire.codec import decode
+from vpipe_lab.wire.commands import Pause, Profile, Run
+from vpipe_lab.wire.events import Ack, Layers
 
 
 class Hub:
@@ -16,6 +19,12 @@ class Hub:
 
     def send(self, to: str, msg: P.Message) -> None:
         self.sent.append((to, msg))
+
+    def set_handler(self, handler: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def make(failure: Exception | None = None, timeout: float = 5.0) -> tuple[Requests, Hub, threading.Condition]:
@@ -37,12 +46,12 @@ def later(cond: threading.Condition, action: Any, delay: float = 0.05) -> thread
 
 def test_a_command_returns_its_own_acknowledgement() -> None:
     req, hub, cond = make()
-    thread = later(cond, lambda: (req.acknowledged({"id": 99, "iteration": 1}),
-                                  req.acknowledged({"id": 1, "iteration": 7, "type": "pause"})))
-    ack = req.command(P.PAUSE)
+    thread = later(cond, lambda: (req.acknowledged(Ack(99, "run", 1)), req.acknowledged(Ack(1, "pause", 7))))
+    ack = req.command(Pause())
     thread.join(timeout=5)
-    assert ack["iteration"] == 7
-    assert hub.sent[0][0] == "rank0" and hub.sent[0][1].type == P.PAUSE and hub.sent[0][1].body["id"] == 1
+    assert ack.iteration == 7 and ack.command == "pause"
+    sent = hub.sent[0][1]
+    assert hub.sent[0][0] == "rank0" and sent.type == P.PAUSE and decode(sent) == Pause(id=1)
 
 
 def test_gather_orders_the_answers_by_rank() -> None:
@@ -50,19 +59,19 @@ def test_gather_orders_the_answers_by_rank() -> None:
 
     def answer() -> None:
         for rank in (1, 0):
-            req.answered(P.Message(P.LAYERS, body={"id": 1, "rank": rank, "layers": []}))
+            req.answered(Layers(1, rank, []))
 
     thread = later(cond, answer)
-    replies = req.gather(P.PROFILE, {"reset": False}, answers=2)
+    replies = req.gather(Profile(), Layers, answers=2)
     thread.join(timeout=5)
-    assert [m.body["rank"] for m in replies] == [0, 1]
+    assert [m.stage for m in replies] == [0, 1]
 
 
 def test_waits_end_at_their_deadline_or_on_a_failure() -> None:
     req, _, _ = make(timeout=0.2)
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match=r"rank 0 did not acknowledge 'run'.*within 0\.2 s"):
-        req.command(P.RUN)
+        req.command(Run())
     assert time.monotonic() - t0 < 2
     failing, _, _ = make(failure=RuntimeError("stage 1 died"))
     with pytest.raises(RuntimeError, match="stage 1 died"):

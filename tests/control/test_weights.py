@@ -8,17 +8,22 @@ import torch
 
 from tests.integration import zoo
 from vpipe_lab.control.weights import assemble, build, export
-from vpipe_lab.runtime.tensors import tensor_to_wire
-from vpipe_lab.wire import protocol as P
+from vpipe_lab.wire.codec import decode
+from vpipe_lab.wire.events import Tensors
+from vpipe_lab.wire.tensors import encode
 
 
-def answer(tensors: dict[str, tuple[torch.Tensor, list[list]]]) -> P.Message:  # type: ignore[type-arg]
+def answer(tensors: dict[str, tuple[torch.Tensor, list[list]]]) -> Tensors:  # type: ignore[type-arg]
+    """A stage's STATE answer as it arrives: encoded, sent and decoded."""
     meta, buffers = [], []
     for key, (t, aliases) in tensors.items():
-        m, b = tensor_to_wire(key, t)
-        meta.append({**m, "aliases": aliases})
+        m, b = encode(key, t)
+        m.aliases = [(a, int(i)) for a, i in aliases]
+        meta.append(m)
         buffers.append(b)
-    return P.Message(P.TENSORS, body={"tensors": meta}, buffers=buffers)
+    body = decode(Tensors(1, 0, meta, buffers).message())
+    assert isinstance(body, Tensors)
+    return body
 
 
 def test_stages_answers_become_the_model_s_own_state_dict() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vpipe_lab.runtime.compat import allow_torchvision_without_ops
+from vpipe_lab.runtime.model.compat import allow_torchvision_without_ops
 
 VOCAB, SEQ, BATCH = 97, 16, 8
 

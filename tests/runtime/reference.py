@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from vpipe_lab.runtime.batches import Source, batch_size, split
-from vpipe_lab.runtime.capture import args_kwargs
-from vpipe_lab.runtime.units import layer_seed
+from vpipe_lab.runtime.model.batches import Source, batch_size, split
+from vpipe_lab.runtime.model.capture import args_kwargs
+from vpipe_lab.runtime.model.units import layer_seed
 
 
 def train(model_fn: Callable[[], torch.nn.Module] | None, data: Callable[[int], tuple[Any, Any]] | Iterable[Any],

@@ -3,13 +3,15 @@ import time
 import pytest
 import zmq
 
+from tests.messages import ready, report
 from vpipe_lab.runtime.broker import Broker
 from vpipe_lab.wire import protocol as P
 from vpipe_lab.wire.channel import Client, Link
+from vpipe_lab.wire.commands import Run, Stop
+from vpipe_lab.wire.events import JobInfo
 
 KEY = P.new_key()
-JOB = {"session_id": "s", "stages": 1, "microbatches": 2, "schedule": "1f1b", "device": "cpu", "seed": 0,
-       "timeout_s": 30.0}
+JOB = JobInfo("s", 1, 2, "1f1b", "cpu", 0, 30.0)
 
 
 def wait_for(cond, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
@@ -21,22 +23,23 @@ def wait_for(cond, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def
 
 def test_clients_get_the_job_state_and_events_and_reach_rank0() -> None:
     broker = Broker(KEY, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", JOB)
-    rank0 = Link(broker.backend, KEY, "rank0", session=JOB["session_id"])
+    rank0 = Link(broker.backend, KEY, "rank0", session=JOB.session_id)
     try:
-        rank0.send(P.Message(P.READY, body={"rank": 0, "plan": {"kind": "plan"}, "names": ["0:A"], "iteration": 0}))
+        rank0.send(ready(0).message())
         for it in range(3):
-            rank0.send(P.Message(P.ITERATION, body={"iteration": it, "stage": 0}))
-        wait_for(lambda: broker.current.get("iteration") == 3)
+            rank0.send(report(it, 0).message())
+        wait_for(lambda: broker.current is not None and broker.current.iteration == 3)
         client = Client(broker.frontend, KEY)
         got: list[P.Message] = []
         assert client.wait_replay(5)
         client.set_handler(got.append)
-        assert client.welcome and client.welcome["job"] == JOB and client.welcome["current"]["iteration"] == 3
+        assert client.welcome and client.welcome.job == JOB and client.welcome.current is not None
+        assert client.welcome.current.iteration == 3 and client.welcome.ready == [ready(0)]
         assert [m.body["iteration"] for m in got] == [0, 1, 2]  # recent history, replayed
-        client.send("rank0", P.Message(P.RUN, body={"id": 1}))
+        client.send("rank0", Run(id=1).message())
         cmd = rank0.inbox.get(timeout=5)
-        assert cmd.type == P.RUN and cmd.body == {"id": 1}
-        rank0.send(P.Message(P.ITERATION, body={"iteration": 3, "stage": 0}))
+        assert cmd.type == P.RUN and cmd.body == {"id": 1, "iterations": None}
+        rank0.send(report(3, 0).message())
         wait_for(lambda: len(got) == 4)
         client.close()
         wait_for(lambda: not broker.clients)
@@ -54,7 +57,7 @@ def test_messages_without_the_key_are_dropped_on_both_sides() -> None:
         rogue = ctx.socket(zmq.DEALER)
         rogue.setsockopt(zmq.IDENTITY, b"rank0")
         rogue.connect(broker.backend)
-        rogue.send_multipart(P.encode(P.Message(P.READY, body={"rank": 0, "plan": {}, "names": []}), P.new_key()))
+        rogue.send_multipart(P.encode(ready(0).message(), P.new_key()))
         wait_for(lambda: broker.rejected >= 2)
         assert not broker.ready
         rogue.close(0)
@@ -67,12 +70,12 @@ def test_replays_and_oversized_frames_from_the_network_are_dropped() -> None:
     """A captured 'stop' sent again reaches rank 0 once; a frame over the command limit from a client without the key
     is dropped unread, and the broker goes on serving."""
     broker = Broker(KEY, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", JOB)
-    rank0 = Link(broker.backend, KEY, "rank0", session=JOB["session_id"])
+    rank0 = Link(broker.backend, KEY, "rank0", session=JOB.session_id)
     ctx = zmq.Context()
     try:
-        rank0.send(P.Message(P.READY, body={"rank": 0, "plan": {"kind": "plan"}, "names": ["0:A"], "iteration": 0}))
+        rank0.send(ready(0).message())
         wait_for(lambda: 0 in broker.ready)
-        sniffed = P.encode(P.Sender("s").stamp(P.Message(P.STOP, "client", {"id": 9})), KEY)  # as a client sent it
+        sniffed = P.encode(P.Sender("s").stamp(Stop(id=9).message("client")), KEY)  # as a client sent it
         attacker = ctx.socket(zmq.DEALER)
         attacker.connect(broker.frontend)
         attacker.send_multipart(sniffed)
@@ -83,8 +86,8 @@ def test_replays_and_oversized_frames_from_the_network_are_dropped() -> None:
         time.sleep(0.5)
         assert rank0.inbox.empty() and broker.rejected == 1  # never buffered, so never even checked
         client = Client(broker.frontend, KEY)
-        client.send("rank0", P.Message(P.RUN, body={"id": 10}))
-        assert rank0.inbox.get(timeout=5).body == {"id": 10}
+        client.send("rank0", Run(id=10).message())
+        assert rank0.inbox.get(timeout=5).body == {"id": 10, "iterations": None}
         client.close()
         attacker.close(0)
     finally:

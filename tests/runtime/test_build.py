@@ -7,7 +7,7 @@ import torch
 
 from tests.integration import zoo
 from vpipe_lab.runtime import build
-from vpipe_lab.runtime.capture import canonical_names
+from vpipe_lab.runtime.model.capture import canonical_names
 
 
 def storages(model: torch.nn.Module) -> int:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vpipe_lab.runtime.checkpoints import Checkpoints
-from vpipe_lab.runtime.stage import Stage
+from vpipe_lab.runtime.engine.stage import Stage
 from vpipe_lab.wire.checkpoint import Manifest
 
 

@@ -3,8 +3,8 @@ import json
 import pytest
 import torch
 
+from vpipe_lab.runtime.engine.stage import Stage
 from vpipe_lab.runtime.migrate import flatten, layer_state, materialise, signature, unflatten
-from vpipe_lab.runtime.stage import Stage
 
 
 def test_layer_state_survives_flattening_and_fills_another_stage() -> None:

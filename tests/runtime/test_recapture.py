@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from tests.integration import zoo
-from vpipe_lab.runtime.batches import describe
 from vpipe_lab.runtime.build import bind
-from vpipe_lab.runtime.capture import CaptureError, capture
+from vpipe_lab.runtime.model.batches import describe
+from vpipe_lab.runtime.model.capture import CaptureError, capture
 from vpipe_lab.runtime.recapture import Recaptures, meta_model
 
 
@@ -59,7 +59,7 @@ def test_a_model_given_as_an_instance_has_a_meta_copy() -> None:
 def test_a_gpt2_captured_again_on_the_meta_device_runs_on_the_stage_s_device(monkeypatch: pytest.MonkeyPatch) -> None:
     """GPT-2's graph makes tensors (positions, masks) with the capture's device in their arguments: captured on the
     meta device, a unit runs once the stage points them at its own device."""
-    from vpipe_lab.runtime.stage import Stage
+    from vpipe_lab.runtime.engine.stage import Stage
 
     monkeypatch.setenv("VPIPE_LAB_CAPTURE", "static")  # fixed shapes: another length needs a capture of its own
     torch.manual_seed(0)

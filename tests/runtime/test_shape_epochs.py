@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.integration import zoo
-from vpipe_lab.runtime.capture import capture
+from vpipe_lab.runtime.model.capture import capture
 from vpipe_lab.runtime.recapture import Recaptures
 from vpipe_lab.runtime.shape_epochs import ShapeEpochs
 
@@ -43,7 +43,7 @@ def test_what_cannot_be_split_is_refused_on_every_rank_with_the_reason() -> None
 def test_a_changed_batch_is_noticed_against_the_one_the_epoch_began_with() -> None:
     e = epochs()
     assert not e.changed(torch.zeros(2, 4), None)  # nothing agreed yet
-    from vpipe_lab.runtime.batches import signature
+    from vpipe_lab.runtime.model.batches import signature
 
     e.agreed = signature(torch.zeros(2, 4), None)
     assert not e.changed(torch.ones(2, 4), None) and e.changed(torch.zeros(3, 4), None)

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from vpipe_lab.runtime.callables import load_callables
+from vpipe_lab.runtime.model.callables import load_callables
 from vpipe_lab.runtime.torchrun import _env, _key, _role
 from vpipe_lab.wire.jobspec import JobSpec
 

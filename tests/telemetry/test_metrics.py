@@ -1,3 +1,4 @@
+from tests.messages import report
 from vpipe_lab.telemetry.metrics import Metrics, spans_from_wire
 
 
@@ -20,14 +21,13 @@ def test_every_replica_s_spans_and_memory_are_kept_and_the_first_replica_s_ranks
     done = None
     for replica in (1, 0):  # any arrival order
         for stage in (1, 0):
-            done = parts.add({"iteration": 5, "stage": stage, "replica": replica, "start": 0.0, "end": 1.0,
-                              "losses": [1.0 + replica] if stage == 1 else [], "samples": 4, "microbatches": 2,
-                              "spans": [[0, 0, -1, 0.1 * replica, 0.5]], "memory": {"peak": 100 * (replica + 1)}})
+            done = parts.add(report(5, stage, replica=replica, losses=[1.0 + replica] if stage == 1 else [], samples=4,
+                                    spans=[[0, 0, -1, 0.1 * replica, 0.5]], memory={"peak": 100 * (replica + 1)}))
     assert done is not None
     assert sorted((s.replica, s.stage) for s in done.spans) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert [(r["replica"], r["stage"], r["peak"]) for r in done.memory] == [(0, 0, 100), (0, 1, 100), (1, 0, 200),
                                                                             (1, 1, 200)]
-    assert [(b["replica"], b["stage"]) for b in done.ranks] == [(0, 0), (0, 1)]
+    assert [(b.replica, b.stage) for b in done.ranks] == [(0, 0), (0, 1)]
     assert done.record["loss"] == 1.5 and [r["loss"] for r in done.replicas] == [1.0, 2.0]
 
 

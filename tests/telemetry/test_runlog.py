@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests import messages
 from vpipe_lab.telemetry import runlog
 from vpipe_lab.wire import protocol as P
+from vpipe_lab.wire.events import Evaluated
 
 
 def report(it: int, stage: int, replica: int = 0) -> P.Message:
-    return P.Message(P.ITERATION, body={"iteration": it, "stage": stage, "replica": replica, "start": 1.0 + stage,
-                                        "end": 2.0 + stage, "losses": [float(it + replica)] * 2, "samples": 4,
-                                        "microbatches": 2, "memory": {"peak": 10 * (stage + 1)}, "grad_norm": 0.5,
-                                        "lr": 0.1})
+    return messages.report(it, stage, replica=replica, start=1.0 + stage, end=2.0 + stage,
+                           losses=[float(it + replica)] * 2, samples=4, memory={"peak": 10 * (stage + 1)},
+                           grad_norm=0.5, lr=0.1).message()
 
 
 def test_iterations_are_written_when_every_rank_reported_and_a_restart_drops_redone_ones(tmp_path: Path) -> None:
@@ -21,7 +22,7 @@ def test_iterations_are_written_when_every_rank_reported_and_a_restart_drops_red
         for replica in range(2):
             for stage in range(2):
                 log.observe(report(it, stage, replica))
-    log.observe(P.Message(P.EVALUATED, body={"iteration": 2, "loss": 0.3, "batches": 1, "seconds": 0.1}))
+    log.observe(Evaluated(1, iteration=2, loss=0.3, batches=1, seconds=0.1).message())
     log.close()
     frame = runlog.read(tmp_path)
     assert list(frame["iteration"]) == [0, 1, 2]

@@ -8,13 +8,14 @@ from typing import Any
 
 import pytest
 
+from tests.messages import report
 from vpipe_lab.telemetry import sinks
 
 
 def test_scalars_of_an_iteration() -> None:
     record = {"iteration": 3, "loss": 1.5, "grad_norm": 0.7, "lr": None, "samples_per_s": float("nan"),
               "time_s": 0.2, "plan_version": 1}
-    parts = [{"stage": 0, "start": 1.0, "end": 1.25}, {"stage": 1, "start": 1.1, "end": 1.2}]
+    parts = [report(3, 0, start=1.0, end=1.25), report(3, 1, start=1.1, end=1.2)]
     out = sinks.scalars(record, [{"stage": 1, "peak": 100}], parts)
     assert out == {"loss": 1.5, "grad_norm": 0.7, "time_s": 0.2, "plan_version": 1.0, "stage0/time_s": 0.25,
                    "stage1/time_s": pytest.approx(0.1), "stage1/peak_bytes": 100.0}

@@ -7,6 +7,7 @@ migrations become metrics and events; errors go to the failure monitor.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
@@ -15,9 +16,13 @@ from vpipe_lab.control.monitor import FailureMonitor
 from vpipe_lab.control.requests import Requests
 from vpipe_lab.control.state import JobState
 from vpipe_lab.core.timeline import Span
-from vpipe_lab.telemetry.metrics import IterationParts, Metrics
+from vpipe_lab.telemetry.metrics import IterationParts, Metrics, evaluation_record
 from vpipe_lab.telemetry.sinks import Logger
 from vpipe_lab.wire import protocol as P
+from vpipe_lab.wire.codec import decode
+from vpipe_lab.wire.events import Ack, Evaluated, Failure, IterationReport, Layers, Migrated, Ready, Tensors, Units
+
+_malformed = P.RateLimitedLog(logging.getLogger(__name__))
 
 
 class Intake:
@@ -28,14 +33,18 @@ class Intake:
         self.parts = IterationParts(stages, replicas)
 
     def receive(self, msg: P.Message) -> None:
-        body = msg.body
+        try:
+            body = decode(msg)
+        except P.ProtocolError as exc:  # signed by a holder of the key, so a version mismatch or a bug: say so
+            _malformed.warning("dropped a %r message from %s: %s", msg.type, msg.src, exc)
+            return
         logged: Callable[[], None] | None = None  # the sink writes outside the lock: it may be slow
         with self.cond:
-            if msg.type == P.READY:
-                self.state.ready[int(body["rank"])] = body
-            elif msg.type == P.UNITS:
-                self.state.units = [str(n) for n in body["names"]]
-            elif msg.type == P.ITERATION:
+            if isinstance(body, Ready):
+                self.state.ready[body.rank] = body
+            elif isinstance(body, Units):
+                self.state.units = list(body.names)
+            elif isinstance(body, IterationReport):
                 done = self.parts.add(body)
                 if done is not None:
                     self.metrics.add(done.record, done.spans, done.memory)
@@ -45,33 +54,32 @@ class Intake:
                     self.events.publish({"type": "iteration", **done.record, "spans": done.spans,
                                          "memory": done.memory})
                     logged = lambda: self.logger.iteration(done.record, done.memory, done.ranks)
-            elif msg.type == P.ACK:
+            elif isinstance(body, Ack):
                 self.requests.acknowledged(body)
-            elif msg.type in (P.LAYERS, P.TENSORS):
-                self.requests.answered(msg)
-            elif msg.type == P.EVALUATED:
-                if body.get("id"):
-                    self.requests.answered(msg)
-                if not body.get("error"):
-                    record = {k: body[k] for k in ("iteration", "loss", "batches", "seconds")}
+            elif isinstance(body, (Layers, Tensors)):
+                self.requests.answered(body)
+            elif isinstance(body, Evaluated):
+                if body.id:
+                    self.requests.answered(body)
+                if not body.error:
+                    record = evaluation_record(body)
                     self.metrics.add_evaluation(record)
                     self.events.publish({"type": "evaluated", **record})
                     logged = lambda: self.logger.evaluation(record)
-            elif msg.type == P.MIGRATED:
-                start, end = body["span"]
-                replica, stage = divmod(int(body["rank"]), self.parts.stages)  # ranks are replica-major
-                span = Span(stage, "migrate", -1, None, float(start), float(end), int(body["iteration"]), replica)
+            elif isinstance(body, Migrated):
+                start, end = body.span
+                span = Span(body.stage, "migrate", -1, None, start, end, body.iteration, 0)  # replica 0 reports
                 self.metrics.add_spans([span])
-                self.events.publish({"type": "migrated", **body})
-                if int(body["rank"]) == 0:
-                    text = f"plan version {body['version']}: layers in {body['layers_in']}, out {body['layers_out']}"
-                    logged = lambda: self.logger.event(int(body["iteration"]), "plan", text)
-            elif msg.type == P.ERROR:
+                self.events.publish({"type": "migrated", **body.to_dict()})
+                if body.stage == 0:
+                    text = f"plan version {body.version}: layers in {body.layers_in}, out {body.layers_out}"
+                    logged = lambda: self.logger.event(body.iteration, "plan", text)
+            elif isinstance(body, Failure):
                 self.monitor.on_error(body)
             self.cond.notify_all()
         if logged is not None:
             logged()
-        if msg.type == P.ACK:  # the acknowledged command's own type is its "command"
-            self.events.emit({**body, "type": P.ACK, "command": body.get("type")})
-        elif msg.type == P.ERROR:
-            self.events.emit({**body, "type": P.ERROR})
+        if isinstance(body, Ack):  # the acknowledged command's own type is its "command"
+            self.events.emit({**body.to_dict(), "type": P.ACK})
+        elif isinstance(body, Failure):
+            self.events.emit({**body.to_dict(), "type": P.ERROR})

@@ -12,6 +12,7 @@ from typing import Any
 from vpipe_lab.control import units
 from vpipe_lab.control.processes import Launcher, reap_stale
 from vpipe_lab.control.session import Session
+from vpipe_lab.core import checks
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.partition import uniform
 from vpipe_lab.core.plan import SCHEDULES, Plan
@@ -92,28 +93,25 @@ def launch(
     ``eval_every`` iterations on ``eval_batches`` batches (see ``Session.evaluate``); ``log`` sends the metrics to
     "tensorboard:DIR", "wandb:PROJECT", "mlflow:URI" or a function (see ``telemetry/sinks.py``). ``replicas=R``
     trains R data-parallel copies of the pipeline (stages x R worker processes), each on 1/R of every batch, with
-    gradients averaged per stage across them (see ``runtime/replicas.py``). ``fused_wgrad`` (default True) has every
+    gradients averaged per stage across them (see ``runtime/training/replicas.py``). ``fused_wgrad`` (default True) has every
     ``nn.Linear`` (and HuggingFace ``Conv1D``) whose weight has at least 2**18 elements add its weight gradient
     into ``.grad`` inside the backward's GEMM, not as a new tensor added afterwards: one pass over each weight less
-    per micro-batch (see ``runtime/wgrad.py``); a number sets that size (0: every linear layer), False turns it off.
+    per micro-batch (see ``runtime/engine/wgrad.py``); a number sets that size (0: every linear layer), False turns it off.
     """
     from vpipe_lab import examples
     from vpipe_lab.telemetry import sinks
 
-    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
-        raise ValueError(f"stages must be a whole number >= 1, got {stages!r}")
-    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
-        raise ValueError(f"microbatches must be a whole number >= 1, got {microbatches!r}")
+    checks.count(stages, "stages")
+    checks.count(microbatches, "microbatches")
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
     if device not in DEVICES:
         raise ValueError(f"unknown device {device!r}: use one of {', '.join(DEVICES)}")
     check_training(clip_grad_norm, precision, eval_every, eval_batches)
-    if not isinstance(fused_wgrad, int) or fused_wgrad < 0:
+    if not isinstance(fused_wgrad, int) or fused_wgrad < 0:  # True and False are meant here: not a count
         raise ValueError(f"fused_wgrad must be True, False or the smallest weight to fuse (elements, >= 0), got "
                          f"{fused_wgrad!r}")
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-        raise ValueError(f"replicas must be a whole number >= 1, got {replicas!r}")
+    checks.count(replicas, "replicas")
     sinks.check(log)
     manifest = None
     if resume is not None:
@@ -228,19 +226,14 @@ def attach(address: str, *, key: str | None = None, key_file: str | Path | None 
     if key is None:
         key = read_key(key_file if key_file is not None else DEFAULT_KEY_FILE)
     client = Client(address, key, timeout=timeout)
-    welcome = client.welcome or {}
-    job = welcome["job"]
-    spec = JobSpec(session_id=job["session_id"], key=key, address=address, master_addr=job.get("master_addr", ""),
-                   master_port=int(job.get("master_port", 0)), stages=int(job["stages"]),
-                   microbatches=int(job["microbatches"]), schedule=job["schedule"], device=job["device"],
-                   replicas=int(job.get("replicas", 1)),
-                   seed=int(job["seed"]), memory_budget=job.get("memory_budget"), timeout_s=float(job["timeout_s"]))
-    session = Session(spec, client, launcher=None, job_dir=None)
-    if len(welcome["ready"]) < session.workers:
+    welcome = client.welcome
+    assert welcome is not None  # Client() returns only once it was welcomed
+    session = Session(welcome.job.to_spec(key, address), client, launcher=None, job_dir=None)
+    if len(welcome.ready) < session.workers:
         session.detach()
-        raise TimeoutError(f"only {len(welcome['ready'])} of {session.workers} ranks are ready yet; attach again "
+        raise TimeoutError(f"only {len(welcome.ready)} of {session.workers} ranks are ready yet; attach again "
                            "shortly")
-    session.state.adopt(welcome["ready"], welcome.get("current", {}))
+    session.state.adopt(welcome.ready, welcome.current)
     client.wait_replay(min(timeout, 10.0))
     client.set_handler(session.receive)  # the replayed recent iterations fill the metrics first
     return session

@@ -19,7 +19,7 @@ from typing import Any
 from vpipe_lab.control.monitor import FailureMonitor
 from vpipe_lab.control.requests import Requests
 from vpipe_lab.control.state import JobState
-from vpipe_lab.core import scaling
+from vpipe_lab.core import checks, scaling
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
 from vpipe_lab.core.migration import LayerMove, layer_moves, migration_time_s, moved_bytes
@@ -27,8 +27,9 @@ from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.planner import search
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.report import human_bytes
-from vpipe_lab.wire import protocol as P
 from vpipe_lab.wire.checkpoint import Manifest
+from vpipe_lab.wire.commands import Apply, Save, SetModel
+from vpipe_lab.wire.events import Refusal
 from vpipe_lab.wire.jobspec import JobSpec
 from vpipe_lab.wire.private import write_private
 
@@ -70,7 +71,7 @@ class Live:
         self._lock = threading.Lock()  # one change at a time
 
     # --- plans --------------------------------------------------------------------------------------------------
-    def apply(self, plan: Plan, *, force: bool = False, checkpoint: bool = True,
+    def migrate(self, plan: Plan, *, force: bool = False, checkpoint: bool = True,
               timeout: float | None = None) -> int:
         """Run ``plan`` from the next iteration boundary, migrating layers live; returns that iteration.
 
@@ -109,26 +110,27 @@ class Live:
                 path = self.job_dir / "checkpoints" / f"plan-v{version}"
             self.state.migrating = version if moves else None
             try:
-                ack = self.requests.command(P.APPLY, {"plan": plan.to_dict(), "version": version,
-                                                      "checkpoint": str(path) if path else None}, timeout=timeout)
+                ack = self.requests.command(Apply(plan.to_dict(), version=version,
+                                                  checkpoint=str(path) if path else None), timeout=timeout)
             finally:
                 self.state.migrating = None
-            if not ack.get("ok", False):
-                refusal = self.monitor.refusals.pop(version, None) or ack.get("refused")
-                if refusal is None and ack.get("error"):
-                    raise PlanError(f"the plan was refused: {ack['error']}; nothing moved")
-                detail = (f": stage {refusal['stage']} would need {human_bytes(refusal['needed'])} of its "
-                          f"{human_bytes(refusal['budget'])}" if refusal else "")
+            if not ack.ok:
+                failure = self.monitor.take_refusal(version)
+                refusal = Refusal(failure.stage, failure.needed, failure.budget) if failure else ack.refused
+                if refusal is None and ack.error:
+                    raise PlanError(f"the plan was refused: {ack.error}; nothing moved")
+                detail = (f": stage {refusal.stage} would need {human_bytes(refusal.needed)} of its "
+                          f"{human_bytes(refusal.budget)}" if refusal else "")
                 raise InfeasiblePlan(f"the migration was refused{detail}; nothing moved",
-                                     stage=int(refusal["stage"]) if refusal else -1,
-                                     missing_bytes=int(refusal["needed"] - refusal["budget"]) if refusal else 0)
+                                     stage=refusal.stage if refusal else -1,
+                                     missing_bytes=refusal.needed - refusal.budget if refusal else 0)
             if path is not None:
                 self._keep_checkpoint(path)
             self.state.plan, self.state.plan_version = plan, version
-            self.state.last_migration = {"version": version, "iteration": ack["iteration"], "moves": len(moves),
-                                         "moved_bytes": ack.get("moved_bytes", 0), "pause_s": ack.get("pause_s", 0.0)}
+            self.state.last_migration = {"version": version, "iteration": ack.iteration, "moves": len(moves),
+                                         "moved_bytes": ack.moved_bytes or 0, "pause_s": ack.pause_s or 0.0}
             self.publish({"type": "plan", "plan": plan, "version": version, **self.state.last_migration})
-            return int(ack["iteration"])
+            return ack.iteration
 
     def _keep_checkpoint(self, path: Path) -> None:
         """Only the newest automatic checkpoint is kept."""
@@ -143,13 +145,11 @@ class Live:
         of the checkpoint at ``path`` (one file per layer, checksummed, plus a manifest), switched to atomically: a
         crash during the save leaves the previous version intact. ``keep`` keeps only the newest versions.
         ``launch(..., resume=path)`` restores the newest onto any partition."""
-        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
-            raise ValueError(f"keep must be a whole number >= 1 (versions to keep), got {keep!r}")
+        checks.count(keep, "keep", optional=True, what="versions to keep")
         target = Path(path).absolute()
-        ack = self.requests.command(P.SAVE, {"path": str(target), "name": f"ckpt-{uuid.uuid4().hex[:12]}", "keep": keep},
-                            timeout=timeout)
-        if not ack.get("ok", True):
-            raise OSError(f"the checkpoint was not saved: {ack.get('error')}; training goes on, and the previous "
+        ack = self.requests.command(Save(str(target), name=f"ckpt-{uuid.uuid4().hex[:12]}", keep=keep), timeout=timeout)
+        if ack.ok is False:
+            raise OSError(f"the checkpoint was not saved: {ack.error}; training goes on, and the previous "
                           f"version at {target} (if any) is intact")
         Manifest.read(target)  # complete, or this raises
         return target
@@ -169,22 +169,22 @@ class Live:
             version = self.state.plan_version + 1
             path = self.job_dir / f"model-v{version}.pkl"
             write_private(path, cloudpickle.dumps(factory))
-            body = {"path": str(path), "version": version, "plan": plan.to_dict() if plan else None,
-                    "mapping": {str(j): i for j, i in mapping.items()} if mapping is not None else None}
-            ack = self.requests.command(P.MODEL, body, timeout=timeout)
-            if not ack.get("ok", False) and ack.get("error") and "names" not in ack:
-                raise PlanError(f"the new model cannot replace the running one: {ack['error']}; nothing changed")
-            if not ack.get("ok", False):
+            cmd = SetModel(str(path), version=version, plan=plan.to_dict() if plan else None,
+                           mapping={str(j): i for j, i in mapping.items()} if mapping is not None else None)
+            ack = self.requests.command(cmd, timeout=timeout)
+            if not ack.ok and ack.error and ack.names is None:
+                raise PlanError(f"the new model cannot replace the running one: {ack.error}; nothing changed")
+            if not ack.ok or ack.plan is None or ack.names is None or ack.mapping is None:
                 raise InfeasiblePlan("the new model's layers do not fit where they would go; nothing changed",
                                      stage=-1, missing_bytes=0)
-            self.state.plan = Plan.from_dict(ack["plan"])
-            self.state.names = list(ack["names"])
+            self.state.plan = Plan.from_dict(ack.plan)
+            self.state.names = list(ack.names)
             self.forget_profile()  # layer indices now mean other layers
             self.state.plan_version = version
-            self.state.last_mapping = {int(j): i for j, i in ack["mapping"].items()}
+            self.state.last_mapping = {int(j): i for j, i in ack.mapping.items()}
             self.publish({"type": "model", "version": version, "plan": self.state.plan,
-                          "iteration": ack["iteration"], "layers": len(self.state.names)})
-            return int(ack["iteration"])
+                          "iteration": ack.iteration, "layers": len(self.state.names)})
+            return ack.iteration
 
     # --- vPipe's online planner ------------------------------------------------------------------------------------
     def replan(self, method: str = "vpipe", *, apply: bool = False, cluster: Cluster | None = None,
@@ -213,7 +213,7 @@ class Live:
         found = Replan(result.plan, now, result.estimate.iteration_s, moves,
                        migration_time_s(moves, profile, cluster), moved_bytes(moves, profile), None, profile)
         if apply and result.plan != current:
-            at = self.apply(result.plan)
+            at = self.migrate(result.plan)
             found = Replan(found.plan, found.current_s, found.predicted_s, found.moves, found.migration_s,
                            found.moved_bytes, at, profile)
         return found

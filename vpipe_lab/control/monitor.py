@@ -12,13 +12,13 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from vpipe_lab.control.errors import BudgetError, WorkerError
 from vpipe_lab.control.events import Events
 from vpipe_lab.control.processes import Launcher
 from vpipe_lab.control.state import JobState
 from vpipe_lab.wire.checkpoint import LATEST
+from vpipe_lab.wire.events import Failure
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +31,8 @@ class FailureMonitor:
         self.budget: BudgetError | None = None  # an over-budget iteration not yet raised to the user
         self.stopping = False  # a stop was asked for: exits are expected
         self.closed = False
-        self.refusals: dict[int, dict[str, Any]] = {}  # plan version -> a stage's refusal to take layers
-        self._reports: dict[int, dict[str, Any]] = {}  # stage -> its error report
+        self.refusals: dict[int, Failure] = {}  # plan version -> a stage's refusal to take layers
+        self._reports: dict[int, Failure] = {}  # stage -> its error report
         self._trouble_since = 0.0
         self._thread = threading.Thread(target=self._watch, name="vpipe-monitor", daemon=True)
 
@@ -43,16 +43,30 @@ class FailureMonitor:
         self.closed = True
         self._thread.join(timeout=2)
 
-    def on_error(self, body: dict[str, Any]) -> None:
+    def expect_exits(self) -> None:
+        """A stop was asked for: workers exiting from now on is no failure."""
+        self.stopping = True
+
+    def take_budget(self) -> BudgetError | None:
+        """The over-budget iteration not yet raised to the user, once (the next call returns None)."""
+        with self.cond:
+            err, self.budget = self.budget, None
+            return err
+
+    def take_refusal(self, version: int) -> Failure | None:
+        """A stage's refusal to take the layers of plan ``version``, once."""
+        with self.cond:
+            return self.refusals.pop(version, None)
+
+    def on_error(self, body: Failure) -> None:
         """An ERROR message (called under ``cond``)."""
-        stage = int(body.get("stage", -1))
-        if body.get("kind") == "migration":
-            self.refusals[int(body.get("version", 0))] = body
-        elif body.get("kind") == "budget":
-            self.budget = BudgetError(stage, int(body["used"]), int(body["budget"]),
-                                      [tuple(x) for x in body.get("layers", [])], int(body.get("iteration", -1)))
+        if body.kind == "migration":
+            self.refusals[body.version] = body
+        elif body.kind == "budget":
+            self.budget = BudgetError(body.stage, body.used, body.budget, [tuple(x) for x in body.layers],
+                                      body.iteration)
         elif not self.stopping:
-            self._reports[stage] = body
+            self._reports[body.stage] = body
             self._trouble_since = self._trouble_since or time.monotonic()
 
     def fail(self, error: WorkerError) -> None:
@@ -98,16 +112,16 @@ class FailureMonitor:
 
         ckpt = self._checkpoint()
 
-        def secondhand(body: dict[str, Any]) -> bool:  # a broken connection: the effect of another stage's failure
-            cause = str(body.get("cause", ""))
+        def secondhand(body: Failure) -> bool:  # a broken connection: the effect of another stage's failure
+            cause = body.cause
             return cause.startswith("CommError") or any(
                 text in cause for text in ("Connection reset by peer", "Connection closed by peer", "Broken pipe"))
 
         own = {s: b for s, b in self._reports.items() if not secondhand(b)}
         if own:
             stage = min(own)
-            return WorkerError(stage, str(own[stage].get("cause")), traceback=str(own[stage].get("traceback", "")),
-                               log_tail=tail(stage), checkpoint=ckpt)
+            return WorkerError(stage, own[stage].cause, traceback=own[stage].traceback, log_tail=tail(stage),
+                               checkpoint=ckpt)
         dead = [(w, rc) for w, rc in (launcher.exited() if launcher else []) if w.rank not in self._reports]
         if dead:
             w, rc = dead[0]
@@ -120,10 +134,9 @@ class FailureMonitor:
         if silent:  # neighbours timed out waiting for a stage that is alive but says nothing: it is stuck
             stage, (waiter, body) = silent[0], min(self._reports.items())
             return WorkerError(stage, f"stage {stage} stopped responding: stage {waiter} gave up waiting for it "
-                                      f"({str(body.get('cause')).splitlines()[0]}); it is alive but stuck (a hang in "
+                                      f"({(body.cause.splitlines() or [''])[0]}); it is alive but stuck (a hang in "
                                       "user code, a deadlock): its stack is in its log (kill -USR1 dumps it)",
                                log_tail=tail(stage), checkpoint=ckpt)
         stage = min(self._reports)
         body = self._reports[stage]
-        return WorkerError(stage, str(body.get("cause")), traceback=str(body.get("traceback", "")), log_tail=tail(stage),
-                           checkpoint=ckpt)
+        return WorkerError(stage, body.cause, traceback=body.traceback, log_tail=tail(stage), checkpoint=ckpt)

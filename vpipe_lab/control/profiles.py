@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from vpipe_lab.core.profile import LayerCost, ModelProfile
+from vpipe_lab.wire.events import LayerMeasure
 
 
 class Profiles:
@@ -15,18 +15,18 @@ class Profiles:
     def __init__(self) -> None:
         self._last: dict[int, LayerCost] = {}  # last measurement of each layer that had samples
 
-    def merge(self, docs: Iterable[dict[str, Any]], microbatch_size: int) -> ModelProfile:
+    def merge(self, measures: Iterable[LayerMeasure], microbatch_size: int) -> ModelProfile:
         layers: dict[int, LayerCost] = {}
-        for doc in docs:
-            index = int(doc["index"])
-            cost = LayerCost.from_dict(doc, f"layer {index}")
+        for m in measures:
+            index = m.index
+            cost = LayerCost.from_dict(m.to_dict(), f"layer {index}")
             cached = self._last.get(index)
-            if doc.get("samples", 0) == 0 and cached is not None and cached.name == cost.name:
+            if m.samples == 0 and cached is not None and cached.name == cost.name:
                 cost = LayerCost(cost.name, cached.forward_s, cached.backward_s,
                                  max(cost.activation_bytes, cached.activation_bytes), cached.input_bytes,
                                  cached.output_bytes, cost.param_bytes, cost.optimizer_bytes or cached.optimizer_bytes,
                                  cost.times or cached.times)
-            elif doc.get("samples", 0) > 0:
+            elif m.samples > 0:
                 self._last[index] = cost
             layers[index] = cost
         return ModelProfile(tuple(layers[i] for i in sorted(layers)), name="measured", microbatch_size=microbatch_size)

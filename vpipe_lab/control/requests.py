@@ -12,27 +12,32 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import replace
+from typing import TypeVar
 
-from vpipe_lab.wire import protocol as P
+from vpipe_lab.wire.channel import Endpoint
+from vpipe_lab.wire.commands import Command
+from vpipe_lab.wire.events import Ack, Evaluated, Layers, Tensors
+
+Answer = TypeVar("Answer", Layers, Tensors, Evaluated)
 
 
 class Requests:
-    """The controller's side of the command protocol (see wire/protocol.py)."""
+    """The controller's side of the command protocol (see wire/commands.py and wire/events.py)."""
 
-    def __init__(self, hub: Any, timeout_s: float, cond: threading.Condition,
+    def __init__(self, hub: Endpoint, timeout_s: float, cond: threading.Condition,
                  failure: Callable[[], Exception | None]) -> None:
         self.hub, self.timeout_s, self.cond, self._failure = hub, timeout_s, cond, failure
         self._ids = itertools.count(1)
-        self._acks: dict[int, dict[str, Any]] = {}
-        self._replies: dict[int, list[P.Message]] = {}
+        self._acks: dict[int, Ack] = {}
+        self._replies: dict[int, list[Layers | Tensors | Evaluated]] = {}
 
     # --- the intake thread files what arrives (under ``cond``) ------------------------------------------------------
-    def acknowledged(self, body: dict[str, Any]) -> None:
-        self._acks[int(body.get("id") or 0)] = body
+    def acknowledged(self, ack: Ack) -> None:
+        self._acks[ack.id] = ack
 
-    def answered(self, msg: P.Message) -> None:
-        self._replies.setdefault(int(msg.body.get("id") or 0), []).append(msg)
+    def answered(self, answer: Layers | Tensors | Evaluated) -> None:
+        self._replies.setdefault(answer.id, []).append(answer)
 
     # --- callers -------------------------------------------------------------------------------------------------------
     def until(self, done: Callable[[], bool], timeout: float | None, what: str) -> None:
@@ -49,27 +54,30 @@ class Requests:
                     raise TimeoutError(f"{what} within {timeout:g} s")
                 self.cond.wait(min(left, 0.1))
 
-    def send(self, kind: str, body: dict[str, Any] | None = None) -> int:
-        """Send a command to rank 0; returns its id."""
+    def send(self, cmd: Command) -> int:
+        """Send a command to rank 0; returns the id it was sent with."""
         cid = next(self._ids)
-        self.hub.send("rank0", P.Message(kind, body={"id": cid, **(body or {})}))
+        self.hub.send("rank0", replace(cmd, id=cid).message())  # type: ignore[type-var]
         return cid
 
-    def command(self, kind: str, body: dict[str, Any] | None = None, timeout: float | None = None) -> dict[str, Any]:
+    def command(self, cmd: Command, timeout: float | None = None) -> Ack:
         """Send a command and return rank 0's acknowledgement."""
-        cid = self.send(kind, body)
+        cid = self.send(cmd)
         self.until(lambda: cid in self._acks, self.timeout_s if timeout is None else timeout,
-                   f"rank 0 did not acknowledge {kind!r} (it acts at the next iteration boundary, so a long "
+                   f"rank 0 did not acknowledge {cmd.TYPE!r} (it acts at the next iteration boundary, so a long "
                    "iteration delays it)")
         with self.cond:
             return self._acks.pop(cid)
 
-    def gather(self, kind: str, body: dict[str, Any] | None, answers: int, timeout: float | None = None
-               ) -> list[P.Message]:
-        """A command ``answers`` ranks answer; returns the answers ordered by rank."""
-        cid = self.send(kind, body)
+    def gather(self, cmd: Command, answer: type[Answer], answers: int, timeout: float | None = None
+               ) -> list[Answer]:
+        """A command ``answers`` stages answer with ``answer`` bodies; returns them ordered by stage."""
+        cid = self.send(cmd)
         self.until(lambda: len(self._replies.get(cid, [])) >= answers, self.timeout_s if timeout is None else timeout,
-                   f"not every stage answered {kind!r}")
+                   f"not every stage answered {cmd.TYPE!r}")
         with self.cond:
             replies = self._replies.pop(cid)
-        return sorted(replies, key=lambda m: int(m.body["rank"]))
+        typed = [r for r in replies if isinstance(r, answer)]
+        if len(typed) < len(replies):
+            raise TypeError(f"{cmd.TYPE!r} was answered with something other than {answer.__name__}")
+        return sorted(typed, key=lambda r: r.stage)

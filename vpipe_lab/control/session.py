@@ -30,11 +30,15 @@ from vpipe_lab.control.profiles import Profiles
 from vpipe_lab.control.requests import Requests
 from vpipe_lab.control.sessions import register
 from vpipe_lab.control.state import JobState
+from vpipe_lab.core import checks
 from vpipe_lab.core.plan import Plan, Policy
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.telemetry.metrics import Metrics
 from vpipe_lab.telemetry.sinks import Logger
 from vpipe_lab.wire import protocol as P
+from vpipe_lab.wire.channel import Endpoint
+from vpipe_lab.wire.commands import Command, Evaluate, Pause, Profile, Resume, Run, State, Stop, Telemetry
+from vpipe_lab.wire.events import Ack, Evaluated, Layers, Tensors
 from vpipe_lab.wire.jobspec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -43,7 +47,7 @@ log = logging.getLogger(__name__)
 class Session:
     """A running pipeline. Every method is safe to call while training goes on in the background."""
 
-    def __init__(self, spec: JobSpec, hub: Any, launcher: Launcher | None, job_dir: Path | None,
+    def __init__(self, spec: JobSpec, hub: Endpoint, launcher: Launcher | None, job_dir: Path | None,
                  model: Any = None) -> None:
         self.spec = spec
         self.model = model  # what builds the trained model (factory, instance or bundled name): export() uses it
@@ -94,7 +98,7 @@ class Session:
             return (missing or [0])[0], f"ranks {missing} did not start"
 
         self._starting(lambda: len(self.state.ready) >= self.workers, timeout, late)
-        self.state.adopt([], {})
+        self.state.adopt([], None)
 
     def wait_units(self, timeout: float) -> list[str]:
         """Wait for rank 0's report of the model's units (it was started alone); on a failure stop and raise."""
@@ -145,7 +149,8 @@ class Session:
 
     def started(self, rank: int) -> dict[str, Any]:
         """What ``rank`` reported when it started: its stage, device, backend, measured bandwidths, plan."""
-        return dict(self.state.ready.get(rank, {}))
+        ready = self.state.ready.get(rank)
+        return ready.to_dict() if ready is not None else {}
 
     @property
     def failure(self) -> WorkerError | None:
@@ -173,8 +178,8 @@ class Session:
             raise self._monitor.fatal
         if self.closed:
             raise SessionClosed("this session was stopped; start a new one with vpipe_lab.launch()")
-        if self._monitor.budget is not None:
-            err, self._monitor.budget = self._monitor.budget, None
+        err = self._monitor.take_budget()
+        if err is not None:
             raise err
 
     def cluster(self) -> Cluster:
@@ -190,16 +195,14 @@ class Session:
         return self._events.subscribe(callback)
 
     # --- training ------------------------------------------------------------------------------------------------
-    def _command(self, kind: str, body: dict[str, Any] | None = None, timeout: float | None = None) -> dict[str, Any]:
+    def _command(self, cmd: Command, timeout: float | None = None) -> Ack:
         self._check()
-        return self._requests.command(kind, body, timeout)
+        return self._requests.command(cmd, timeout)
 
     def run(self, iterations: int | None = None) -> int | None:
         """Train ``iterations`` more iterations (None: until stopped) in the background; returns the target."""
-        if iterations is not None and (isinstance(iterations, bool) or not isinstance(iterations, int)
-                                       or iterations < 0):
-            raise ValueError(f"iterations must be a whole number >= 0 or None, got {iterations!r}")
-        self.state.target = self._command(P.RUN, {"iterations": iterations}).get("target")
+        checks.count(iterations, "iterations", 0, optional=True)
+        self.state.target = self._command(Run(iterations=iterations)).target
         return self.state.target
 
     def wait(self, iteration: int | None = None, timeout: float | None = None) -> int:
@@ -216,7 +219,7 @@ class Session:
     def pause(self) -> int:
         """Pause at the next iteration boundary; returns the iteration it paused before (when it returns, every
         iteration before that one is in ``metrics``)."""
-        at = int(self._command(P.PAUSE)["iteration"])
+        at = self._command(Pause()).iteration
         # Rank 0 acknowledges at the boundary; the other stages' reports of the last iteration may still be on
         # their way (they travel on other sockets).
         self._requests.until(lambda: self.state.iteration >= at, self.spec.timeout_s,
@@ -224,27 +227,26 @@ class Session:
         return at
 
     def resume(self) -> int:
-        return int(self._command(P.RESUME)["iteration"])
+        return self._command(Resume()).iteration
 
     def set_telemetry(self, spans: bool) -> int:
         """Stream per-action spans (for timelines) or not, from the next iteration; returns that iteration.
         Iteration summaries and memory are always reported."""
-        return int(self._command(P.TELEMETRY, {"spans": bool(spans)})["iteration"])
+        return self._command(Telemetry(spans=bool(spans))).iteration
 
     # --- what the workers know -----------------------------------------------------------------------------------
-    def _gather(self, kind: str, body: dict[str, Any], answers: int, timeout: float | None = None) -> list[P.Message]:
+    def _layers(self, reset: bool, timeout: float | None = None) -> list[Layers]:
         self._check()
-        return self._requests.gather(kind, body, answers, timeout)
+        return self._requests.gather(Profile(reset=reset), Layers, self.stages, timeout)
 
     def profile(self, reset: bool = False) -> ModelProfile:
         """Every layer's measured costs per micro-batch (averaged over the iterations since the last reset)."""
-        docs = [doc for msg in self._gather(P.PROFILE, {"reset": reset}, self.stages) for doc in msg.body["layers"]]
-        return self._profiles.merge(docs, self.microbatch_size())
+        measures = [m for answer in self._layers(reset) for m in answer.layers]
+        return self._profiles.merge(measures, self.microbatch_size())
 
     def layers_by_stage(self, timeout: float | None = None) -> list[list[int]]:
         """Which layers each stage holds now, as the workers themselves report it (at the next iteration boundary)."""
-        return [sorted(int(doc["index"]) for doc in msg.body["layers"])
-                for msg in self._gather(P.PROFILE, {"reset": False}, self.stages, timeout)]
+        return [sorted(m.index for m in answer.layers) for answer in self._layers(False, timeout)]
 
     def pids(self) -> dict[int, int]:
         """Each worker process's id by rank (a launched session's)."""
@@ -267,19 +269,20 @@ class Session:
         function of the batch index, an iterable, a bundled example name or 'package.module:attribute'; default: the
         job's ``eval_data``, else its training data from its first batch), with the model in eval mode. It runs at
         the next iteration boundary, between two training iterations, and changes nothing of training's state."""
-        if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
-            raise ValueError(f"batches must be a whole number >= 1, got {batches!r}")
+        checks.count(batches, "batches")
         ref = data_ref(self._job_dir, data)
-        reply = self._gather(P.EVAL, {"data": ref, "batches": batches}, 1, timeout)[0]
-        if reply.body.get("error"):
-            raise ValueError(f"the workers cannot evaluate on {data!r}: {reply.body['error']}")
-        return float(reply.body["loss"])
+        self._check()
+        reply = self._requests.gather(Evaluate(ref, batches=batches), Evaluated, 1, timeout)[0]
+        if reply.error or reply.loss is None:
+            raise ValueError(f"the workers cannot evaluate on {data!r}: {reply.error or 'no loss came back'}")
+        return reply.loss
 
     def state_dict(self, timeout: float | None = None) -> Any:
         """The trained model as ``model.state_dict()`` has it, gathered from every stage: the same keys in the same
         order (a tied weight under each of its names, one tensor; non-persistent buffers left out), so
         ``model.load_state_dict(session.state_dict(), strict=True)`` loads into a fresh build of the model."""
-        return weights.assemble(self._gather(P.STATE, {}, self.stages, timeout))
+        self._check()
+        return weights.assemble(self._requests.gather(State(), Tensors, self.stages, timeout))
 
     def export(self, path: str | Path, *, model: Any = None, timeout: float | None = None) -> Path:
         """Write the trained model where ``path`` says, in the form its library loads: a transformers model as a
@@ -299,7 +302,7 @@ class Session:
         ``force``) and then changes nothing. With ``checkpoint`` the state before a migration is saved first, so a
         worker dying during the move loses nothing (``WorkerError.checkpoint`` says where it is).
         """
-        return self._live.apply(plan, force=force, checkpoint=checkpoint, timeout=timeout)
+        return self._live.migrate(plan, force=force, checkpoint=checkpoint, timeout=timeout)
 
     def set_partition(self, boundaries: Sequence[int], **kw: Any) -> int:
         """Move the stage boundaries (layers migrate live); returns the iteration it takes effect."""
@@ -354,20 +357,20 @@ class Session:
         """Stop the workers (gracefully, then SIGTERM, then SIGKILL) and release everything. Idempotent."""
         if self.closed:
             return
-        self._monitor.stopping = True
+        self._monitor.expect_exits()
         if self._autoplan is not None:
             self._autoplan.stop()
         if self._launcher is not None:
             if self.failure is None and self._launcher.alive():
                 try:
-                    self._requests.send(P.STOP)
+                    self._requests.send(Stop())
                 except Exception:  # the hub may already be gone; the signals below still work
                     pass
                 self._launcher.wait(timeout / 2)
             self._launcher.terminate(timeout=timeout / 2)
         elif self.failure is None:  # attached: ask rank 0 to end the job, and wait for its acknowledgement
             try:
-                self._requests.command(P.STOP, timeout=timeout)
+                self._requests.command(Stop(), timeout=timeout)
             except Exception as exc:  # the job may be gone already; detaching is all that is left
                 log.warning("the attached job did not acknowledge stop: %s", exc)
         self._end()

@@ -8,6 +8,7 @@ from typing import Any
 
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import Cluster
+from vpipe_lab.wire.events import Current, Ready
 
 
 @dataclass
@@ -20,30 +21,32 @@ class JobState:
     plan_version: int = 0
     names: list[str] = field(default_factory=list)
     units: list[str] | None = None  # what rank 0 reported when it started alone (JobSpec.scout)
-    ready: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its READY report
+    ready: dict[int, Ready] = field(default_factory=dict)  # rank -> its READY report
     migrating: int | None = None  # the plan version being moved to (its checkpoint is the fallback)
     last_checkpoint: Path | None = None
     last_migration: dict[str, Any] | None = None
     last_mapping: dict[int, int | None] | None = None
 
-    def adopt(self, ready: list[dict[str, Any]], current: dict[str, Any]) -> None:
-        """Take what rank 0 reported (READY bodies, and for an attached job its current state)."""
+    def adopt(self, ready: list[Ready], current: Current | None) -> None:
+        """Take what the ranks reported at start (READY), and for an attached job its current state."""
         for body in ready:
-            self.ready[int(body["rank"])] = body
+            self.ready[body.rank] = body
         first = self.ready[0]
-        self.plan = Plan.from_dict(current.get("plan") or first["plan"])
-        self.names = list(current.get("names") or first["names"])
-        self.plan_version = int(current.get("plan_version", self.plan_version))
-        self.iteration = int(current.get("iteration", first.get("iteration", self.iteration)))
-        self.target = None if current.get("running") else self.iteration
+        if current is None:
+            self.plan, self.names, self.iteration = Plan.from_dict(first.plan), list(first.names), first.iteration
+            self.target = self.iteration
+            return
+        self.plan, self.names = Plan.from_dict(current.plan), list(current.names)
+        self.plan_version, self.iteration = current.plan_version, current.iteration
+        self.target = None if current.running else self.iteration
 
     def cluster(self, stages: int, memory_budget: list[int] | None) -> Cluster:
         """The hardware the ranks reported at start as the planners see it: ``memory_budget`` per stage (or this
         machine's memory split evenly), and the slowest measured host-copy and stage-to-stage bandwidths."""
         ready = [self.ready[r] for r in sorted(self.ready)]
-        swap = min(float(b.get("swap_bandwidth", 1e10)) for b in ready)
-        link = min(float(b.get("link_bandwidth", 1e10)) for b in ready)
-        latency = max(float(b.get("link_latency_s", 0.0)) for b in ready) / 2  # probes time a round trip
+        swap = min(b.swap_bandwidth for b in ready)
+        link = min(b.link_bandwidth for b in ready)
+        latency = max(b.link_latency_s for b in ready) / 2  # probes time a round trip
         if memory_budget:
             budgets: int | tuple[int, ...] = tuple(memory_budget)
         else:
@@ -51,4 +54,4 @@ class JobState:
 
             budgets = int(psutil.virtual_memory().total // stages)
         return Cluster(stages, budgets, swap, link if link != float("inf") else 1e12, latency, False,
-                       f"{stages} x {ready[0].get('device', '?')} (measured)")
+                       f"{stages} x {ready[0].device} (measured)")

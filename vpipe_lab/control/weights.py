@@ -2,7 +2,7 @@
 in the form the model's library loads.
 
 Nothing here is needed to train. A caller who asks for tensors has torch, so it is imported only then (as in
-``wire/tensorwire.py``); ``export`` also builds the model once in this process, to load the weights into it the way
+``wire/tensors.py``); ``export`` also builds the model once in this process, to load the weights into it the way
 the user would and to save it with its library's own writer.
 """
 
@@ -15,21 +15,21 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from vpipe_lab.wire import protocol as P
-from vpipe_lab.wire.tensorwire import rebuild
+from vpipe_lab.wire.events import Tensors
+from vpipe_lab.wire.tensors import decode
 
 
-def assemble(answers: Iterable[P.Message]) -> OrderedDict[str, Any]:
+def assemble(answers: Iterable[Tensors]) -> OrderedDict[str, Any]:
     """Every stage's STATE answer as one ``model.state_dict()``: its keys in its order, a tied weight under each of
     its names (one tensor), non-persistent buffers left out (the workers do not send them)."""
     out: dict[str, Any] = {}
     place: dict[str, int] = {}
-    for msg in answers:
-        values = rebuild(msg.body["tensors"], list(msg.buffers))
-        for meta in msg.body["tensors"]:
-            for alias, where in meta.get("aliases") or [[meta["key"], len(place)]]:
-                out.setdefault(alias, values[meta["key"]])  # a weight tied across stages: every copy is equal
-                place.setdefault(alias, int(where))
+    for answer in answers:
+        values = decode(answer.tensors, answer.buffers)
+        for meta in answer.tensors:
+            for alias, where in meta.aliases or [(meta.key, len(place))]:
+                out.setdefault(alias, values[meta.key])  # a weight tied across stages: every copy is equal
+                place.setdefault(alias, where)
     return OrderedDict(sorted(out.items(), key=lambda kv: place[kv[0]]))
 
 

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
+from vpipe_lab.core import checks
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.plan import SCHEDULES, Estimate, Plan, Policy
 from vpipe_lab.core.profile import Cluster, ModelProfile
@@ -85,8 +86,7 @@ class CostModel:
     def __init__(self, profile: ModelProfile, cluster: Cluster, microbatches: int, schedule: str = "1f1b") -> None:
         if schedule not in SCHEDULES:
             raise PlanError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
-        if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
-            raise PlanError(f"microbatches must be a whole number >= 1, got {microbatches!r}")
+        checks.count(microbatches, "microbatches", error=PlanError)
         self.profile = profile
         self.cluster = cluster
         self.microbatches = microbatches

@@ -10,6 +10,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from vpipe_lab.core import checks
 from vpipe_lab.core.errors import PlanError, ProfileError
 from vpipe_lab.core.profile import SCHEMA_VERSION, check_kind, load_doc
 
@@ -99,8 +100,7 @@ class Plan:
                 )
         if stages is not None and self.stages != stages:
             raise PlanError(f"the plan has {self.stages} stages but the pipeline has {stages}: give {stages + 1} boundaries")
-        if isinstance(self.microbatches, bool) or not isinstance(self.microbatches, int) or self.microbatches < 1:
-            raise PlanError(f"microbatches must be a whole number >= 1, got {self.microbatches!r}")
+        checks.count(self.microbatches, "microbatches", error=PlanError)
         if self.schedule not in SCHEDULES:
             raise PlanError(f"unknown schedule {self.schedule!r}: use one of {', '.join(SCHEDULES)}")
         return self

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vpipe_lab.core import scaling
+from vpipe_lab.core import checks, scaling
 from vpipe_lab.core.costmodel import CostModel
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
 from vpipe_lab.core.memory_plans import StageProblem, exact
@@ -194,8 +194,7 @@ def search(
 
 def _search_counts(profile: ModelProfile, cluster: Cluster, batch_size: int, counts: Sequence[int] | None,
                    **options: Any) -> PlanResult:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise PlanError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
+    checks.count(batch_size, "batch_size", error=PlanError)
     wanted = sorted(set(counts)) if counts is not None else [m for m in range(1, batch_size + 1)
                                                               if batch_size % m == 0]
     bad = [m for m in wanted if isinstance(m, bool) or not isinstance(m, int) or m < 1 or batch_size % m]

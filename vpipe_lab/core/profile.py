@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vpipe_lab.core import checks
 from vpipe_lab.core.errors import ProfileError
 
 SCHEMA_VERSION = 1
@@ -223,8 +224,7 @@ class Cluster:
     budgets: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.stages, bool) or not isinstance(self.stages, int) or self.stages < 1:
-            raise ProfileError(f"cluster.stages must be a whole number >= 1, got {self.stages!r}")
+        checks.count(self.stages, "cluster.stages", error=ProfileError)
         memory = self.memory_bytes
         if isinstance(memory, (list, tuple)):
             memory = tuple(int(m) for m in memory)

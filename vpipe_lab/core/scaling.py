@@ -13,6 +13,7 @@ proportional to the micro-batch size; parameters and optimizer state do not chan
 
 from __future__ import annotations
 
+from vpipe_lab.core import checks
 from vpipe_lab.core.errors import ProfileError
 from vpipe_lab.core.profile import LayerCost, ModelProfile
 
@@ -53,8 +54,7 @@ def layer_at(layer: LayerCost, reference: int, size: int) -> LayerCost:
 
 def at(profile: ModelProfile, size: int) -> ModelProfile:
     """``profile`` rescaled to micro-batches of ``size`` samples."""
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ProfileError(f"a micro-batch size must be a whole number >= 1, got {size!r}")
+    checks.count(size, "a micro-batch size", error=ProfileError)
     reference = profile.microbatch_size
     if reference < 1:
         raise ProfileError(f"profile {profile.name or '(unnamed)'} does not say at which micro-batch size it was "

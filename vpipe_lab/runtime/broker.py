@@ -15,12 +15,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from dataclasses import replace
 
 import zmq
 
 from vpipe_lab.wire import protocol as P
 from vpipe_lab.wire.channel import bounded
+from vpipe_lab.wire.codec import decode
+from vpipe_lab.wire.events import Current, IterationReport, JobInfo, Ready, Welcome
 
 log = logging.getLogger(__name__)
 _rejections = P.RateLimitedLog(log)
@@ -29,7 +31,7 @@ CLIENT_TIMEOUT_S = 15.0
 
 
 class Broker:
-    def __init__(self, key: str, backend: str, frontend: str, job: dict[str, Any]) -> None:
+    def __init__(self, key: str, backend: str, frontend: str, job: JobInfo) -> None:
         self.key = key
         self.job = job  # what a client needs to build its Session: stages, schedule, budgets, ...
         self._ctx = zmq.Context()
@@ -45,13 +47,13 @@ class Broker:
         self.frontend = self._front.getsockopt_string(zmq.LAST_ENDPOINT)
         log.info("broker: ranks on %s, clients on %s; every message must carry the key's signature; frames over "
                  "%d bytes from clients are dropped unread", self.backend, self.frontend, P.MAX_COMMAND)
-        self.ready: dict[int, dict[str, Any]] = {}
-        self.current: dict[str, Any] = {}
+        self.ready: dict[int, Ready] = {}
+        self.current: Current | None = None
         self.clients: dict[bytes, float] = {}
         self.rejected = 0
         # Frames are forwarded unchanged, so one guard serves both sides; a client's attach comes before it knows the
         # session, and is harmless (it only asks for a welcome).
-        session = str(job.get("session_id", ""))
+        session = job.session_id
         self._sender = P.Sender(session)
         self._guard = P.ReplayGuard(session, exempt=frozenset({P.ATTACH, P.DETACH, P.HEARTBEAT}))
         self._replay: deque[list[bytes]] = deque(maxlen=REPLAY)
@@ -79,12 +81,27 @@ class Broker:
                 self.clients.pop(client, None)
 
     def _welcome(self, client: bytes) -> None:
-        body = {"job": self.job, "ready": [self.ready[r] for r in sorted(self.ready)], "current": self.current,
-                "replay": len(self._replay)}
+        welcome = Welcome(self.job, [self.ready[r] for r in sorted(self.ready)], self.current, len(self._replay))
         self._front.send_multipart([client, *[bytes(f) for f in P.encode(
-            self._sender.stamp(P.Message("welcome", "broker", body)), self.key)]])
+            self._sender.stamp(welcome.message("broker")), self.key)]])
         for frames in list(self._replay):
             self._front.send_multipart([client, *frames])
+
+    def _follow(self, msg: P.Message) -> None:
+        """Keep what an attaching client is welcomed with: every rank's READY and the job's current view."""
+        try:
+            body = decode(msg)
+        except P.ProtocolError as exc:  # forwarded all the same: the clients refuse it with the same reason
+            _rejections.warning("broker: a malformed %s message from the ranks: %s", msg.type, exc)
+            return
+        if isinstance(body, Ready):
+            self.ready[body.rank] = body
+            if self.current is None:
+                self.current = Current(body.plan, 0, body.names, body.iteration, False, body.iteration)
+        elif isinstance(body, Current):
+            self.current = body
+        elif isinstance(body, IterationReport) and body.stage == 0 and body.replica == 0 and self.current:
+            self.current = replace(self.current, iteration=body.iteration + 1)
 
     def _loop(self) -> None:
         poller = zmq.Poller()
@@ -108,15 +125,7 @@ class Broker:
                             self.observer(msg)
                         except Exception:  # the run log must never stop the job's control traffic
                             log.exception("broker: the run log failed on a %s message", msg.type)
-                    if msg.type == P.READY:
-                        self.ready[int(msg.body["rank"])] = msg.body
-                        self.current = {**self.current, "plan": msg.body["plan"], "names": msg.body["names"],
-                                        "iteration": msg.body.get("iteration", 0)}
-                    elif msg.type == P.CURRENT:
-                        self.current = {**self.current, **msg.body}
-                    elif msg.type == P.ITERATION and int(msg.body.get("stage", -1)) == 0 \
-                            and int(msg.body.get("replica", 0)) == 0:
-                        self.current["iteration"] = int(msg.body["iteration"]) + 1
+                    self._follow(msg)
                     if msg.type in (P.ITERATION, P.MIGRATED):
                         self._replay.append(frames[1:])
                     self._to_clients(frames[1:])

@@ -25,10 +25,10 @@ from torch import nn
 
 from vpipe_lab.core.partition import uniform
 from vpipe_lab.core.plan import Plan, Policy
-from vpipe_lab.runtime.batches import describe, rebuild
-from vpipe_lab.runtime.capture import CaptureError, Chain, build_model, canonical_names, capture
-from vpipe_lab.runtime.comm import Peer
-from vpipe_lab.runtime.units import set_tensor
+from vpipe_lab.runtime.engine.comm import Peer
+from vpipe_lab.runtime.model.batches import describe, rebuild
+from vpipe_lab.runtime.model.capture import CaptureError, Chain, build_model, canonical_names, capture
+from vpipe_lab.runtime.model.units import set_tensor
 from vpipe_lab.wire.jobspec import JobSpec
 
 log = logging.getLogger(__name__)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from vpipe_lab.runtime import faults
-from vpipe_lab.runtime.comm import Peer
-from vpipe_lab.runtime.stage import Stage
+from vpipe_lab.runtime.engine import faults
+from vpipe_lab.runtime.engine.comm import Peer
+from vpipe_lab.runtime.engine.stage import Stage
 from vpipe_lab.wire.checkpoint import Manifest, complete, layer_file, sha256, sums_file, write_synced
 
 log = logging.getLogger(__name__)

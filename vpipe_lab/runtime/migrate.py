@@ -27,15 +27,16 @@ import torch
 from vpipe_lab.core.migration import match_layers, owners
 from vpipe_lab.core.partition import uniform
 from vpipe_lab.core.plan import Plan, Policy
-from vpipe_lab.runtime import faults
-from vpipe_lab.runtime.batches import rebuild
-from vpipe_lab.runtime.capture import Chain, UnitTensors, build_model, capture, to_meta
-from vpipe_lab.runtime.comm import TAG_MIGRATE, Peer
-from vpipe_lab.runtime.device import Clock
-from vpipe_lab.runtime.stage import Stage
-from vpipe_lab.runtime.ties import Ties
-from vpipe_lab.runtime.units import get_tensor, set_tensor
-from vpipe_lab.wire import protocol as P
+from vpipe_lab.runtime.engine import faults
+from vpipe_lab.runtime.engine.comm import TAG_MIGRATE, Peer
+from vpipe_lab.runtime.engine.device import Clock
+from vpipe_lab.runtime.engine.stage import Stage
+from vpipe_lab.runtime.model.batches import rebuild
+from vpipe_lab.runtime.model.capture import Chain, UnitTensors, build_model, capture, to_meta
+from vpipe_lab.runtime.model.units import get_tensor, set_tensor
+from vpipe_lab.runtime.training.ties import Ties
+from vpipe_lab.wire.codec import Body
+from vpipe_lab.wire.events import Failure, Migrated, Refusal
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,7 @@ class Migration:
     """One rank's part in moving layers between stages."""
 
     def __init__(self, peer: Peer, stage: Stage, ties: Ties, clock: Clock, device: torch.device, rank: int,
-                 world: int, replica: int, replicas: int, send: Callable[[str, dict[str, Any]], None],
+                 world: int, replica: int, replicas: int, send: Callable[[Body], None],
                  save: Callable[[Path], str | None]) -> None:
         self.peer, self.stage, self.ties, self.clock, self.device = peer, stage, ties, clock, device
         self.rank, self.world, self.replica, self.replicas = rank, world, replica, replicas
@@ -180,11 +181,10 @@ class Migration:
                                                                                                        0.0])
         if verdict[0] > 0:
             if refuse:
-                self.send(P.ERROR, {"kind": "migration", "stage": rank, "needed": after, "budget": budget,
-                                    "incoming": int(incoming[rank]), "version": version})
+                self.send(Failure("migration", rank, replica=self.replica, iteration=iteration, needed=after,
+                                  budget=budget or 0, incoming=int(incoming[rank]), version=version))
             return Outcome({"ok": False, "error": "a receiving stage lacks memory for the incoming layers; nothing "
-                                  "moved", "refused": {"stage": int(verdict[1]), "needed": int(verdict[2]),
-                                                       "budget": int(verdict[3])},
+                                  "moved", "refused": Refusal(int(verdict[1]), int(verdict[2]), int(verdict[3])),
                             "pause_s": time.perf_counter() - start}, chain_now)
         # 2. The state to fall back on if a worker dies during the move.
         # Every rank takes part in the same collectives: whether anything moves anywhere is agreed by all of them
@@ -258,10 +258,8 @@ class Migration:
         pause = time.perf_counter() - start
         now = self.clock.now()
         if self.replica == 0:  # the other replicas moved the same layers at the same boundary
-            self.send(P.MIGRATED, {"id": None, "rank": rank, "version": version, "moved_bytes": moved,
-                                   "pause_s": pause, "transfer_s": time.perf_counter() - saved_at,
-                                   "layers_in": [j for j, _, _ in recvs], "layers_out": [j for j, _, _ in sends],
-                                   "span": [now - pause, now], "iteration": iteration})
+            self.send(Migrated(rank, version, iteration, moved, pause, time.perf_counter() - saved_at,
+                               [j for j, _, _ in recvs], [j for j, _, _ in sends], (now - pause, now)))
         total = self.peer.all_sum([float(moved), pause])
         return Outcome({"ok": True, "moved_bytes": int(total[0]), "pause_s": pause, "version": version,
                         "layers": len(chain)}, chain)

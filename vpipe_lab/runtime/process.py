@@ -19,16 +19,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from vpipe_lab.runtime.bandwidth import probe_bandwidth
-from vpipe_lab.runtime.batches import Source, split
 from vpipe_lab.runtime.build import unit_names
-from vpipe_lab.runtime.callables import JobSpec, load_callables
-from vpipe_lab.runtime.compat import allow_torchvision_without_ops
-from vpipe_lab.runtime.device import pin_cores, select
-from vpipe_lab.runtime.replicas import shard
+from vpipe_lab.runtime.engine.bandwidth import probe_bandwidth
+from vpipe_lab.runtime.engine.device import pin_cores, select
+from vpipe_lab.runtime.model.batches import Source, split
+from vpipe_lab.runtime.model.callables import JobSpec, load_callables
+from vpipe_lab.runtime.model.compat import allow_torchvision_without_ops
+from vpipe_lab.runtime.training.replicas import shard
 from vpipe_lab.runtime.worker import Worker
-from vpipe_lab.wire import protocol as P
 from vpipe_lab.wire.channel import Link
+from vpipe_lab.wire.events import Failure, Hello, Ready, Units
 
 log = logging.getLogger("vpipe_lab.worker")
 
@@ -73,7 +73,7 @@ def run(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: int,
     pin_cores(spec.device, local_rank, local_world, spec.threads)  # before the link's and torch's threads start
     torch.set_num_threads(spec.threads)
     link = Link(spec.address, spec.key, f"rank{rank}", session=spec.session_id)
-    link.send(P.Message(P.HELLO, body={"rank": rank, "pid": os.getpid(), "host": socket.gethostname()}))
+    link.send(Hello(rank, os.getpid(), socket.gethostname()).message())
 
     def join() -> None:
         log.info("joining the process group at %s:%d as rank %d of %d", spec.master_addr, spec.master_port, rank, world)
@@ -96,26 +96,24 @@ def scout(spec: JobSpec, link: Link) -> None:
 
     names = unit_names(fns.model, fns.split, spec.seed, first_inputs)
     log.info("the model has %d partition units", len(names))
-    link.send(P.Message(P.UNITS, body={"rank": 0, "names": names}))
+    link.send(Units(0, names).message())
 
 
 def serve(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: int, link: Link,
           join: Any = None, worker_cls: type[Worker] | None = None, on_ready: Any = None) -> int:
     """Build the stage, report READY, run the control loop until STOP; any failure is reported with its stage."""
     try:
-        allow_torchvision_without_ops()  # user models may import transformers/torchvision (see runtime/compat.py)
+        allow_torchvision_without_ops()  # user models may import transformers/torchvision (see runtime/model/compat.py)
         if spec.scout and rank == 0:
             scout(spec, link)
         if join is not None:
             join()
         worker = (worker_cls or Worker)(spec, rank, world, link, local_rank, local_world)
         worker.peer.barrier()
-        bandwidth = probe_bandwidth(worker.peer, worker.placement, worker.rank, worker.world)
-        link.send(P.Message(P.READY, body={**bandwidth,
-            "rank": rank, "stage": worker.rank, "replica": worker.replica, "layers": worker.num_layers,
-            "names": worker.names, "plan": worker.plan.to_dict(),
-            "device": str(worker.placement.device), "backend": worker.placement.backend,
-            "iteration": worker.ctl.iteration}))
+        bandwidth = probe_bandwidth(worker.peer, worker.placement, worker.index, worker.world)
+        link.send(Ready(rank, worker.index, worker.replica, worker.num_layers, worker.names, worker.plan.to_dict(),
+                        str(worker.placement.device), worker.placement.backend, worker.ctl.iteration,
+                        **bandwidth).message())
         if on_ready is not None:
             on_ready(worker)
         worker.loop()
@@ -125,8 +123,7 @@ def serve(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: in
         cause = f"{type(exc).__name__}: {exc}"
         stage, replica = rank % spec.stages, rank // spec.stages
         log.error("stage %d%s failed: %s", stage, f" of replica {replica}" if spec.replicas > 1 else "", cause)
-        link.send(P.Message(P.ERROR, body={"kind": "exception", "stage": stage, "replica": replica, "rank": rank,
-                                           "cause": cause, "traceback": traceback.format_exc()}))
+        link.send(Failure("exception", stage, rank, replica, cause=cause, traceback=traceback.format_exc()).message())
         return 1
     finally:
         link.close()

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from vpipe_lab.runtime.batches import described_leaves, rebuild
 from vpipe_lab.runtime.build import on_meta
-from vpipe_lab.runtime.capture import CaptureError, Chain, SplitSpec, build_model, capture
+from vpipe_lab.runtime.model.batches import described_leaves, rebuild
+from vpipe_lab.runtime.model.capture import CaptureError, Chain, SplitSpec, build_model, capture
 
 log = logging.getLogger(__name__)
 KEEP = 8  # captures kept (least recently used ones go first)

@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from vpipe_lab.runtime.batches import batch_size, describe, signature, split
 from vpipe_lab.runtime.build import bind
-from vpipe_lab.runtime.capture import Chain, to_meta
-from vpipe_lab.runtime.comm import Peer
+from vpipe_lab.runtime.engine.comm import Peer
+from vpipe_lab.runtime.engine.stage import Stage
+from vpipe_lab.runtime.model.batches import batch_size, describe, signature, split
+from vpipe_lab.runtime.model.capture import Chain, to_meta
 from vpipe_lab.runtime.recapture import Recaptures
-from vpipe_lab.runtime.replicas import shard
-from vpipe_lab.runtime.stage import Stage
+from vpipe_lab.runtime.training.replicas import shard
 
 
 class ShapeEpochs:

@@ -22,11 +22,12 @@ import torch.distributed as dist
 
 from vpipe_lab import examples
 from vpipe_lab.runtime.broker import Broker
-from vpipe_lab.runtime.comm import Peer
-from vpipe_lab.runtime.device import pin_cores, select
+from vpipe_lab.runtime.engine.comm import Peer
+from vpipe_lab.runtime.engine.device import pin_cores, select
 from vpipe_lab.runtime.process import serve
 from vpipe_lab.wire import protocol as P
 from vpipe_lab.wire.channel import Link
+from vpipe_lab.wire.events import Hello, JobInfo
 from vpipe_lab.wire.jobspec import JobSpec
 from vpipe_lab.wire.private import read_key, write_private
 
@@ -117,11 +118,9 @@ def main(args: argparse.Namespace) -> int:
                          "has stages x replicas ranks")
     stages = world // args.replicas
     budget = [args.memory_budget] * stages if args.memory_budget else None
-    job = {"session_id": uuid.uuid4().hex[:12], "stages": stages, "replicas": args.replicas,
-           "microbatches": args.microbatches,
-           "schedule": args.schedule, "device": args.device, "seed": args.seed, "memory_budget": budget,
-           "timeout_s": args.timeout, "master_addr": os.environ.get("MASTER_ADDR", ""),
-           "master_port": int(os.environ.get("MASTER_PORT", "0"))}
+    job = JobInfo(uuid.uuid4().hex[:12], stages, args.microbatches, args.schedule, args.device, args.seed,
+                  args.timeout, args.replicas, budget, os.environ.get("MASTER_ADDR", ""),
+                  int(os.environ.get("MASTER_PORT", "0")))
     broker = runlog = None
     shared: dict[str, Any] | None = None
     run_dir = Path(args.run_dir).absolute() if args.run_dir else None
@@ -132,7 +131,7 @@ def main(args: argparse.Namespace) -> int:
         backend = f"tcp://{master}:{args.backend_port}" if args.backend_port else f"tcp://{master}:0"
         broker = Broker(key, backend.replace(":0", ":*") if backend.endswith(":0") else backend,
                         f"tcp://{args.control_host}:{args.control_port or '*'}", job)
-        shared = {"key": key, "backend": broker.backend, "job": job, "resume": resume}
+        shared = {"key": key, "backend": broker.backend, "session": job.session_id, "resume": resume}
         log.info("control endpoint for clients: %s (backend for ranks: %s)", broker.frontend, broker.backend)
         if run_dir is not None:
             from vpipe_lab.telemetry import runlog as runlogs
@@ -147,8 +146,8 @@ def main(args: argparse.Namespace) -> int:
     # Every rank learns the key, the backend and the job's id over the process group it already trusts.
     shared = peer.broadcast_json(shared)
     assert shared is not None
-    spec = JobSpec(session_id=shared["job"]["session_id"], key=shared["key"], address=shared["backend"],
-                   master_addr=job["master_addr"], master_port=job["master_port"], stages=stages,
+    spec = JobSpec(session_id=shared["session"], key=shared["key"], address=shared["backend"],
+                   master_addr=job.master_addr, master_port=job.master_port, stages=stages,
                    replicas=args.replicas,
                    microbatches=args.microbatches, schedule=args.schedule, device=args.device, seed=args.seed,
                    memory_budget=budget, timeout_s=args.timeout, threads=args.threads,
@@ -170,7 +169,7 @@ def main(args: argparse.Namespace) -> int:
 
         spec.plan = Plan.from_json(Path(args.plan)).to_dict()
     link = Link(spec.address, spec.key, f"rank{rank}", session=spec.session_id)
-    link.send(P.Message(P.HELLO, body={"rank": rank, "pid": os.getpid(), "host": socket.gethostname()}))
+    link.send(Hello(rank, os.getpid(), socket.gethostname()).message())
     try:
         return serve(spec, rank, world, local_rank, local_world, link)
     finally:

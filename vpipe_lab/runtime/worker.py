@@ -16,49 +16,51 @@ from typing import Any
 
 import torch
 
-from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.timeline import KINDS
-from vpipe_lab.runtime import profiler, wgrad
-from vpipe_lab.runtime.batches import Source, batch_size, signature, split
 from vpipe_lab.runtime.build import build_chain
-from vpipe_lab.runtime.callables import JobSpec, load_callables, load_data
-from vpipe_lab.runtime.capture import to_meta
 from vpipe_lab.runtime.checkpoints import Checkpoints
-from vpipe_lab.runtime.comm import TAG_TARGET, Peer
-from vpipe_lab.runtime.device import Clock, select
-from vpipe_lab.runtime.evaluate import evaluate
-from vpipe_lab.runtime.executor import Executor, IterationResult, default_loss
-from vpipe_lab.runtime.migrate import Migration, new_model
-from vpipe_lab.runtime.precision import LossScale, autocast
+from vpipe_lab.runtime.engine import profiler, wgrad
+from vpipe_lab.runtime.engine.comm import TAG_TARGET, Peer
+from vpipe_lab.runtime.engine.device import Clock, select
+from vpipe_lab.runtime.engine.executor import Executor, IterationResult, default_loss
+from vpipe_lab.runtime.engine.stage import Stage
+from vpipe_lab.runtime.migrate import Migration
+from vpipe_lab.runtime.model.batches import Source, batch_size, signature, split
+from vpipe_lab.runtime.model.callables import JobSpec, load_callables
+from vpipe_lab.runtime.model.capture import to_meta
 from vpipe_lab.runtime.progress import Control
 from vpipe_lab.runtime.recapture import Recaptures
-from vpipe_lab.runtime.replicas import DataParallel, shard
 from vpipe_lab.runtime.shape_epochs import ShapeEpochs
-from vpipe_lab.runtime.stage import Stage
-from vpipe_lab.runtime.step import Stepper, StepReport
-from vpipe_lab.runtime.tensors import pack_state
-from vpipe_lab.runtime.ties import Ties
-from vpipe_lab.wire import protocol as P
+from vpipe_lab.runtime.training.evaluate import evaluate
+from vpipe_lab.runtime.training.precision import LossScale, autocast
+from vpipe_lab.runtime.training.replicas import DataParallel, shard
+from vpipe_lab.runtime.training.step import Stepper, StepReport
+from vpipe_lab.runtime.training.ties import Ties
+from vpipe_lab.runtime.worker_commands import WorkerCommands
+from vpipe_lab.wire import commands as C
+from vpipe_lab.wire import events as E
 from vpipe_lab.wire.channel import Link
 from vpipe_lab.wire.checkpoint import Manifest
+from vpipe_lab.wire.codec import Body, decode, from_doc
+from vpipe_lab.wire.protocol import ProtocolError
 
 log = logging.getLogger("vpipe_lab.worker")
 
 
-class Worker:
+class Worker(WorkerCommands):
     """One rank of the pipeline: builds its stage, runs the control loop and answers the controller's commands."""
 
     def __init__(self, spec: JobSpec, rank: int, world: int, link: Link, local_rank: int, local_world: int) -> None:
-        # ``rank``/``world`` arrive for the whole job (stages x replicas); from here on ``rank`` is this worker's
-        # stage and ``world`` the pipeline's stage count, and ``replica`` says which copy of the pipeline it is in.
+        # ``rank``/``world`` arrive for the whole job (stages x replicas); ``index`` is this worker's stage in its
+        # pipeline, ``world`` (from here on) the pipeline's stage count and ``replica`` which copy of the pipeline.
         stages = spec.stages
         if world != stages * spec.replicas:
             raise ValueError(f"the job has {world} ranks but {stages} stages x {spec.replicas} replicas")
         self.global_rank, self.leader = rank, rank == 0  # global rank 0 talks to the controller for everyone
         self.replica, self.replicas = divmod(rank, stages)[0], spec.replicas
-        rank, world = rank % stages, stages
-        self.spec, self.rank, self.world, self.link = spec, rank, world, link
-        self.last = rank == world - 1
+        index, world = rank % stages, stages
+        self.spec, self.index, self.world, self.link = spec, index, world, link
+        self.last = index == world - 1
         self.placement = select(spec.device, local_rank, local_world)
         self.clock = Clock(0.0)
         # Unattended (``vpipe-lab worker --iterations N``): train until iteration N without waiting for a client.
@@ -70,42 +72,42 @@ class Worker:
         self.peer = Peer(self.global_rank, world * self.replicas,
                          self.placement.device if self.placement.is_cuda else torch.device("cpu"), spec.timeout_s,
                          base=self.replica * world, replicas=self.replicas)
-        self.source = Source(fns.data, spec.start_iteration) if rank == 0 else None
-        self.chain, self.plan = build_chain(spec, self.model_fn, self.split, rank, world, self.peer, self._first_inputs)
+        self.source = Source(fns.data, spec.start_iteration) if index == 0 else None
+        self.chain, self.plan = build_chain(spec, self.model_fn, self.split, index, world, self.peer, self._first_inputs)
         self.num_layers, self.names = len(self.chain), list(self.chain.names)
         if fns.optimizer is None and self.leader:
             log.warning("no optimizer was given: the parameters will not change; pass optimizer=lambda params: ...")
         self.stage = Stage(self.placement.device, fns.optimizer, spec.seed, fns.lr_scheduler,
                            autocast(spec.precision, self.placement.device), wgrad.threshold(spec.fused_wgrad))
-        mine = set(self.plan.layers_of(rank))
+        mine = set(self.plan.layers_of(index))
         for i, unit in enumerate(self.chain.units):
             if i in mine:
                 self.stage.add_layer(i, unit, self.chain.tensors[i])
             else:
                 to_meta(unit, self.chain.tensors[i])  # only the structure stays: a shell for migration
         self.stage.set_policies({i: self.plan.policies[i] for i in self.stage.owned})
-        self.ties = Ties(self.peer, self.stage, rank, world, self.replica, self.replicas, self.plan, self.chain)
+        self.ties = Ties(self.peer, self.stage, index, world, self.replica, self.replicas, self.plan, self.chain)
         self.scale = LossScale(spec.precision == "fp16")
         self.data_parallel = DataParallel(self.peer.device, world, self.replicas)
-        self.stepper = Stepper(self.stage, self.ties, self.peer, rank, world, spec.clip_grad_norm, self.scale,
+        self.stepper = Stepper(self.stage, self.ties, self.peer, index, world, spec.clip_grad_norm, self.scale,
                                self.data_parallel)
         self.shapes = ShapeEpochs(self.peer, Recaptures(self.model_fn, self.split, spec.seed), self.replica,
                                   self.replicas, world * self.replicas)
         self.profiling = profiler.ProfileSchedule()
-        budget = spec.memory_budget[rank] if spec.memory_budget else None
-        self.executor = Executor(rank, world, self.stage, self.peer, self.placement, self.clock, self.loss_fn, budget,
+        budget = spec.memory_budget[index] if spec.memory_budget else None
+        self.executor = Executor(index, world, self.stage, self.peer, self.placement, self.clock, self.loss_fn, budget,
                                  record_spans=spec.telemetry, chain=self.chain)
         self.model_version = 0
-        self.checkpoints = Checkpoints(self.peer, self.stage, rank, world, self.replica, self.leader,
+        self.checkpoints = Checkpoints(self.peer, self.stage, index, world, self.replica, self.leader,
                                        self.placement.device)
-        self.migration = Migration(self.peer, self.stage, self.ties, self.clock, self.placement.device, rank, world,
+        self.migration = Migration(self.peer, self.stage, self.ties, self.clock, self.placement.device, index, world,
                                    self.replica, self.replicas, self.send, lambda path: self.save(path))
-        # The one command table: what each controller command does on every rank (see wire/protocol.py).
-        self.commands: dict[str, Callable[[dict[str, Any]], None]] = {
-            P.RUN: self._run, P.PAUSE: self._run_state, P.RESUME: self._run_state, P.STOP: self._run_state,
-            P.PING: self.ack,
-            P.PROFILE: self._profile, P.STATE: self._state, P.TELEMETRY: self._telemetry, P.EVAL: self._evaluate,
-            P.SAVE: self._save, P.APPLY: self._apply_plan, P.MODEL: self._set_model,
+        # The one command table: what each controller command does on every rank (see wire/commands.py).
+        self.commands: dict[type[Body], Callable[[Any], None]] = {
+            C.Run: self._run, C.Pause: self._run_state, C.Resume: self._run_state, C.Stop: self._run_state,
+            C.Ping: self.ack,
+            C.Profile: self._profile, C.State: self._state, C.Telemetry: self._telemetry, C.Evaluate: self._evaluate,
+            C.Save: self._save, C.Apply: self._apply_plan, C.SetModel: self._set_model,
         }
         if spec.resume_path:
             self.restore(Path(spec.resume_path))
@@ -119,7 +121,7 @@ class Worker:
         """Every rank, before an iteration (or an evaluation batch: ``inputs``) whose shapes may be new: see
         runtime/shape_epochs.py."""
         desc = None
-        if self.rank == 0:
+        if self.index == 0:
             assert self.source is not None
             batch = inputs if inputs is not None else self.source.peek(self.ctl.iteration)[0]
             desc = self.shapes.describe(batch, self.plan.microbatches, sharded)
@@ -130,10 +132,22 @@ class Worker:
         return self.shapes.sizes
 
     # --- the control loop -----------------------------------------------------------------------------------------
-    def send(self, kind: str, body: dict[str, Any], buffers: list[Any] | None = None) -> None:
-        self.link.send(P.Message(kind, body=body, buffers=buffers or []))
+    def send(self, body: Body) -> None:
+        self.link.send(body.message())
 
-    def boundary(self, violated: bool, ran: bool = False) -> tuple[list[dict[str, Any]], bool]:
+    def _pending(self, wait_s: float) -> list[dict[str, Any]]:
+        """Rank 0: the controller's commands that arrived since the last boundary, checked (a malformed one is
+        logged and dropped: the controller speaks the same typed protocol, so it can only come from another
+        version or a faulty client)."""
+        docs = []
+        for msg in self.link.drain(wait_s):
+            try:
+                docs.append(decode(msg).to_doc())
+            except ProtocolError as exc:
+                log.error("dropped a command: %s", exc)
+        return docs
+
+    def boundary(self, violated: bool, ran: bool = False) -> tuple[list[C.Command], bool]:
         """Every rank learns here, at the same iteration, whether any rank went over its budget in the iteration
         just run and which commands to apply. One all-reduce in the common case (no commands); the commands' JSON
         follows as a broadcast only when rank 0 has some."""
@@ -141,21 +155,22 @@ class Worker:
         changed = 0.0
         # Rank 0 checks the batch that runs next (after the one just run, when one ran). It may never run (it lies past
         # the last iteration asked for), so failing to read it must not fail the job: its shapes are agreed anew then.
-        if self.rank == 0 and self.ctl.active:
+        if self.index == 0 and self.ctl.active:
             try:
                 changed = float(self.shapes.changed(*self.source.peek(self.ctl.iteration + ran)))  # type: ignore[union-attr]
             except Exception:
                 changed = 1.0
         if self.leader:
-            cmds = [{"type": msg.type, **msg.body} for msg in self.link.drain(0.0 if self.ctl.active else 0.2)]
+            cmds = self._pending(0.0 if self.ctl.active else 0.2)
             blob = json.dumps(cmds).encode() if cmds else b""
         flag, size, changed = self.peer.all_max([1.0 if violated else 0.0, float(len(blob)), changed])
-        commands: list[dict[str, Any]] = []
+        commands: list[C.Command] = []
         if size > 0:
-            commands = self.peer.broadcast_json(json.loads(blob) if self.leader else None)
+            docs = self.peer.broadcast_json(json.loads(blob) if self.leader else None)
+            commands = [from_doc(doc) for doc in docs]  # type: ignore[misc]  # rank 0 checked them
         if size > 0 or changed > 0:
             # A new shape epoch on every rank at once: commands may change the plan or the run state, and new input
-            # shapes change what crosses every boundary (see runtime/comm.py).
+            # shapes change what crosses every boundary (see runtime/engine/comm.py).
             self.peer.reset_shapes()
             self.shapes.start()
             if changed > 0:
@@ -166,100 +181,6 @@ class Worker:
         """Measure every layer again in the next profiling iterations: after a plan change, on new input shapes and
         when the controller resets the profile (start-up asks too)."""
         self.profiling.soon()
-
-    def ack(self, cmd: dict[str, Any], **extra: Any) -> None:
-        if self.leader:
-            self.send(P.ACK, {"id": cmd.get("id"), "type": cmd["type"], "iteration": self.ctl.iteration, **extra})
-
-    def apply(self, cmd: dict[str, Any]) -> None:
-        handler = self.commands.get(cmd["type"])
-        if handler is None:
-            raise ValueError(f"rank {self.rank} got an unknown command {cmd['type']!r}")
-        handler(cmd)
-
-    # --- the commands ---------------------------------------------------------------------------------------------
-    def _run(self, cmd: dict[str, Any]) -> None:
-        n = cmd.get("iterations")
-        self.ctl.target = None if n is None else self.ctl.iteration + int(n)
-        self.ctl.paused = False
-        self.ack(cmd, target=self.ctl.target)
-        if self.leader:
-            self.send(P.CURRENT, {"running": self.ctl.target is None, "target": self.ctl.target})
-
-    def _run_state(self, cmd: dict[str, Any]) -> None:  # pause, resume, stop
-        self.ctl.take(cmd["type"])
-        self.ack(cmd)
-
-    def _profile(self, cmd: dict[str, Any]) -> None:
-        costs = profiler.layer_costs(self.stage, dict(enumerate(self.names)))
-        if self.replica == 0:  # every replica measures the same layers; the first one answers
-            self.send(P.LAYERS, {"id": cmd.get("id"), "rank": self.rank, "layers": costs})
-        if cmd.get("reset"):
-            self.stage.reset_stats()
-            self.profile_soon()
-
-    def _state(self, cmd: dict[str, Any]) -> None:
-        if self.replica == 0:  # the replicas hold the same state
-            meta, buffers = pack_state(self.stage, self.chain)
-            self.send(P.TENSORS, {"id": cmd.get("id"), "rank": self.rank, "tensors": meta}, buffers)
-
-    def _telemetry(self, cmd: dict[str, Any]) -> None:
-        self.executor.record_spans = bool(cmd.get("spans", True))
-        self.ack(cmd)
-
-    def _evaluate(self, cmd: dict[str, Any]) -> None:
-        ref, data, problem = str(cmd["data"]), None, ""
-        if self.rank == 0:  # only the first stage reads data
-            own = self.eval_data if self.eval_data is not None else self.train_data
-            try:
-                data = own if ref == "job:" else load_data(ref)
-            except ValueError as exc:  # bad input from the client: say so, change nothing, train on
-                problem = str(exc)
-        if self.peer.all_max([1.0 if problem else 0.0])[0] > 0:
-            if self.leader:
-                self.send(P.EVALUATED, {"id": cmd.get("id"), "rank": self.rank, "error": problem})
-            return
-        self.evaluation(data, int(cmd.get("batches", 1)), cmd.get("id"))
-
-    def _save(self, cmd: dict[str, Any]) -> None:
-        problem = self.save(Path(cmd["path"]), cmd.get("name"), cmd.get("keep"))
-        self.ack(cmd, path=cmd["path"], ok=problem is None, error=problem)
-
-    def _apply_plan(self, cmd: dict[str, Any]) -> None:
-        plan = Plan.from_dict(cmd["plan"]).validate(self.num_layers, self.world)
-        result = self.reconfigure(plan, {j: j for j in range(self.num_layers)}, None, cmd)
-        self.ack(cmd, **result)
-
-    def _set_model(self, cmd: dict[str, Any]) -> None:
-        factory = load_data(f"file:{cmd['path']}")  # written by the controller into the job directory, not a socket
-        try:  # every rank reaches the same verdict: a model that cannot run here changes nothing, training goes on
-            chain, sources, plan = new_model(factory, self.spec.seed + 1_000_003 * (self.model_version + 1),
-                                             self.chain, self.plan, self.world, cmd.get("mapping"), cmd.get("plan"),
-                                             self.shapes.example, self.split)
-        except Exception as exc:
-            return self.ack(cmd, ok=False, error=f"{type(exc).__name__}: {exc}")
-        result = self.reconfigure(plan, sources, chain, cmd)
-        if result["ok"]:
-            self.model_fn, self.model_version = factory, self.model_version + 1
-            self.shapes.recaptures.reset(factory)
-        self.ack(cmd, names=self.names, plan=self.plan.to_dict(), mapping={str(j): i for j, i in sources.items()},
-                 **result)
-
-    def reconfigure(self, plan: Plan, sources: dict[int, int | None], chain: Any, cmd: dict[str, Any]
-                    ) -> dict[str, Any]:
-        """Live migration to ``plan`` (``runtime/migrate.py``); on success this rank takes the new plan and chain."""
-        version = int(cmd.get("version", self.ctl.plan_version + 1))
-        out = self.migration.reconfigure(self.plan, self.chain, plan, sources, chain, cmd.get("checkpoint"), version,
-                                         self.ctl.iteration, self.executor.budget)
-        if not out.result["ok"]:
-            return out.result
-        self.profile_soon()
-        self.chain = self.executor.chain = out.chain
-        self.num_layers, self.names = len(out.chain), list(out.chain.names)
-        self.plan, self.ctl.plan_version = plan, version
-        if self.leader:  # an attached client learns the plan in force from this (see runtime/broker.py)
-            self.send(P.CURRENT, {"plan": plan.to_dict(), "plan_version": version, "names": self.names})
-        return out.result
 
     # --- checkpoints --------------------------------------------------------------------------------------------------
     def save(self, root: Path, name: str | None = None, keep: int | None = None) -> str | None:
@@ -283,21 +204,21 @@ class Worker:
         elif self.leader:
             log.info("checkpoint at iteration %d in %s", self.ctl.iteration, self.spec.run_dir)
 
-    def evaluation(self, data: Any, batches: int, cid: Any = None) -> None:
+    def evaluation(self, data: Any, batches: int, cid: int = 0) -> None:
         """Every rank: an evaluation pass at this boundary; the last stage reports its mean loss. Evaluation batches
         may have shapes of their own: each is agreed like a training batch, and training's are agreed again after."""
         found = evaluate(self.executor, self.peer, self.plan, data, batches,
                          lambda inputs: self.agree_shapes(inputs, sharded=False))
         self.shapes.start()
         if found is not None and self.replica == 0:  # every replica evaluates the same batches
-            self.send(P.EVALUATED, {"id": cid, "rank": self.rank, "iteration": self.ctl.iteration, **found})
+            self.send(E.Evaluated(self.index, cid, self.ctl.iteration, **found))
 
     def after_iteration(self) -> None:
         """Every rank, after an iteration was taken: the periodic evaluation and an unattended job's checkpoint."""
         every = self.spec.eval_every
         if every and self.ctl.iteration % every == 0:
             own = self.eval_data if self.eval_data is not None else self.train_data
-            self.evaluation(own if self.rank == 0 else None, self.spec.eval_batches)
+            self.evaluation(own if self.index == 0 else None, self.spec.eval_batches)
         if self.spec.save_every and self.spec.run_dir and self.ctl.iteration % self.spec.save_every == 0:
             self._save_run()
 
@@ -316,7 +237,7 @@ class Worker:
                     self.after_iteration()
                 result = None
             for cmd in commands:
-                self.apply(cmd)
+                self.dispatch(cmd)
             if self.ctl.stopping:
                 return
             if self.unattended_done():
@@ -344,7 +265,7 @@ class Worker:
         it = self.ctl.iteration
         batch: tuple[Any, Any] | None = None
         self.samples = None
-        if self.rank == 0:
+        if self.index == 0:
             assert self.source is not None
             inputs, targets = self.source.get(it)
             inputs = shard(inputs, self.replica, self.replicas, "inputs")
@@ -373,9 +294,9 @@ class Worker:
             self.ctl.paused = True
             if result.violation is not None:
                 v = result.violation
-                self.send(P.ERROR, {"kind": "budget", "stage": self.rank, "iteration": result.iteration,
-                                    "used": v.used_bytes, "budget": v.budget_bytes, "layers": v.layers,
-                                    "memory": memory})
+                self.send(E.Failure("budget", self.index, self.global_rank, self.replica, result.iteration,
+                                    used=v.used_bytes, budget=v.budget_bytes, layers=[list(x) for x in v.layers],
+                                    memory=memory))
             return False
         if stepped is None:
             stepped = self.stepper.step(result.iteration)
@@ -384,12 +305,9 @@ class Worker:
         return True
 
     def report(self, result: IterationResult, memory: dict[str, Any], step: StepReport) -> None:
-        spans = [[KINDS.index(k), mb, -1 if layer is None else layer, s, e] for k, mb, layer, s, e in result.spans]
-        self.send(P.ITERATION, {
-            "iteration": result.iteration, "stage": self.rank, "start": result.start_s, "end": result.end_s,
-            "losses": result.losses, "plan_version": self.ctl.plan_version, "memory": memory, "spans": spans,
-            "microbatches": self.plan.microbatches, "samples": self.samples, "sizes": result.sizes,
-            **step.to_dict(),
-            "replica": self.replica,
-        })
+        spans = [(KINDS.index(k), mb, -1 if layer is None else layer, s, e) for k, mb, layer, s, e in result.spans]
+        self.send(E.IterationReport(
+            result.iteration, self.index, result.start_s, result.end_s, result.losses, memory, spans,
+            self.plan.microbatches, self.ctl.plan_version, self.replica, self.samples, result.sizes,
+            step.grad_norm, step.lr, step.loss_scale, step.skipped))
 

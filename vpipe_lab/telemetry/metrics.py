@@ -9,6 +9,7 @@ from itertools import islice
 from typing import Any
 
 from vpipe_lab.core.timeline import KINDS, Span, Timeline
+from vpipe_lab.wire.events import Evaluated, IterationReport
 
 
 class Metrics:
@@ -113,59 +114,62 @@ class Metrics:
         return self.timeline().to_pandas()
 
 
-def spans_from_wire(stage: int, iteration: int, rows: list[list[Any]], replica: int = 0) -> list[Span]:
+def spans_from_wire(stage: int, iteration: int, rows: list[tuple[int, int, int, float, float]], replica: int = 0) -> list[Span]:
     return [Span(stage, KINDS[k], mb, None if layer < 0 else layer, s, e, iteration, replica)
             for k, mb, layer, s, e in rows]
 
 
-def combine(iteration: int, parts: list[dict[str, Any]]) -> dict[str, Any]:
+def combine(iteration: int, parts: list[IterationReport]) -> dict[str, Any]:
     """One iteration's record from every rank's report (any order; several pipeline replicas with ``replicas=R``):
     the batch's mean loss over every replica's last stage (each micro-batch's mean counted by its samples, so a short
     last batch's uneven micro-batches give the full-batch mean), the time from the first start to the last end,
     throughput over all replicas, and what the step did (global gradient norm, learning rate, fp16 loss scale,
     whether an overflow skipped it)."""
-    start, end = min(b["start"] for b in parts), max(b["end"] for b in parts)
-    last = max(int(b["stage"]) for b in parts)
-    firsts = [b for b in parts if int(b["stage"]) == 0]
-    first = min(firsts, key=lambda b: int(b.get("replica", 0)))
-    samples = [b.get("samples") for b in firsts]
+    start, end = min(b.start for b in parts), max(b.end for b in parts)
+    last = max(b.stage for b in parts)
+    firsts = [b for b in parts if b.stage == 0]
+    first = min(firsts, key=lambda b: b.replica)
+    samples = [b.samples for b in firsts]
     record: dict[str, Any] = {
-        "iteration": iteration, "loss": batch_loss([b for b in parts if int(b["stage"]) == last]),
+        "iteration": iteration, "loss": batch_loss([b for b in parts if b.stage == last]),
         "time_s": end - start, "start_s": start, "end_s": end,
-        "samples": sum(samples) if all(samples) else None, "microbatches": first.get("microbatches"),
-        "plan_version": first.get("plan_version", 0),
-        "grad_norm": first.get("grad_norm"), "lr": first.get("lr"),
+        "samples": sum(s for s in samples if s) if all(samples) else None, "microbatches": first.microbatches,
+        "plan_version": first.plan_version, "grad_norm": first.grad_norm, "lr": first.lr,
     }
-    if first.get("loss_scale") is not None:
-        record["loss_scale"] = first["loss_scale"]
-        record["skipped"] = bool(first.get("skipped"))
+    if first.loss_scale is not None:
+        record["loss_scale"] = first.loss_scale
+        record["skipped"] = bool(first.skipped)
     if record["samples"]:
         record["samples_per_s"] = record["samples"] / record["time_s"] if record["time_s"] > 0 else float("nan")
     return record
 
 
-def batch_loss(lasts: list[dict[str, Any]]) -> float:
+def batch_loss(lasts: list[IterationReport]) -> float:
     """The mean loss of the last stages' micro-batches, each counted by its samples (``sizes``; equal without them)."""
     total = weight = 0.0
     for body in lasts:
-        sizes = body.get("sizes") or []
-        for i, value in enumerate(body["losses"]):
-            w = float(sizes[i]) if len(sizes) == len(body["losses"]) else 1.0
+        sizes = body.sizes or []
+        for i, value in enumerate(body.losses):
+            w = float(sizes[i]) if len(sizes) == len(body.losses) else 1.0
             total, weight = total + w * value, weight + w
     return total / weight if weight else float("nan")
 
 
-def per_replica(iteration: int, parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def per_replica(iteration: int, parts: list[IterationReport]) -> list[dict[str, Any]]:
     """Each pipeline replica's own loss, samples and time in one iteration (``Metrics.replicas``)."""
     rows = []
-    for replica in sorted({int(b.get("replica", 0)) for b in parts}):
-        mine = [b for b in parts if int(b.get("replica", 0)) == replica]
-        last = max(mine, key=lambda b: int(b["stage"]))
-        first = min(mine, key=lambda b: int(b["stage"]))
-        rows.append({"iteration": iteration, "replica": replica, "loss": batch_loss([last]),
-                     "samples": first.get("samples"),
-                     "time_s": max(b["end"] for b in mine) - min(b["start"] for b in mine)})
+    for replica in sorted({b.replica for b in parts}):
+        mine = [b for b in parts if b.replica == replica]
+        last = max(mine, key=lambda b: b.stage)
+        first = min(mine, key=lambda b: b.stage)
+        rows.append({"iteration": iteration, "replica": replica, "loss": batch_loss([last]), "samples": first.samples,
+                     "time_s": max(b.end for b in mine) - min(b.start for b in mine)})
     return rows
+
+
+def evaluation_record(body: Evaluated) -> dict[str, Any]:
+    """The row an evaluation adds to ``Metrics.evaluations`` (and the run log)."""
+    return {"iteration": body.iteration, "loss": body.loss, "batches": body.batches, "seconds": body.seconds}
 
 
 @dataclass(frozen=True)
@@ -179,7 +183,7 @@ class Iteration:
     spans: list[Span]
     memory: list[dict[str, Any]]
     replicas: list[dict[str, Any]]
-    ranks: list[dict[str, Any]]
+    ranks: list[IterationReport]
 
 
 class IterationParts:
@@ -187,21 +191,19 @@ class IterationParts:
 
     def __init__(self, stages: int, replicas: int = 1) -> None:
         self.stages, self.replicas = stages, replicas
-        self._partial: dict[int, dict[int, dict[str, Any]]] = {}
+        self._partial: dict[int, dict[int, IterationReport]] = {}
 
-    def add(self, body: dict[str, Any]) -> Iteration | None:
+    def add(self, body: IterationReport) -> Iteration | None:
         """Keep one rank's report; the complete iteration once every rank has reported it, else None."""
-        it = int(body["iteration"])
+        it = body.iteration
         parts = self._partial.setdefault(it, {})
-        parts[int(body.get("replica", 0)) * self.stages + int(body["stage"])] = body
+        parts[body.replica * self.stages + body.stage] = body
         if len(parts) < self.stages * self.replicas:
             return None
         del self._partial[it]
         everyone = [parts[key] for key in sorted(parts)]  # replica-major, stage-minor
         ranks = everyone[:self.stages]
-        spans = [s for b in everyone
-                 for s in spans_from_wire(int(b["stage"]), it, b.get("spans", []), int(b.get("replica", 0)))]
-        memory = [{"iteration": it, "stage": int(b["stage"]), "replica": int(b.get("replica", 0)), **b["memory"]}
-                  for b in everyone]
+        spans = [s for b in everyone for s in spans_from_wire(b.stage, it, b.spans, b.replica)]
+        memory = [{"iteration": it, "stage": b.stage, "replica": b.replica, **b.memory} for b in everyone]
         return Iteration(it, combine(it, everyone), spans, memory,
                          per_replica(it, everyone) if self.replicas > 1 else [], ranks)

@@ -16,9 +16,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from vpipe_lab.telemetry.metrics import IterationParts
+from vpipe_lab.telemetry.metrics import IterationParts, evaluation_record
 from vpipe_lab.telemetry.sinks import Logger, Sink
 from vpipe_lab.wire import protocol as P
+from vpipe_lab.wire.codec import decode
+from vpipe_lab.wire.events import Evaluated, IterationReport, Migrated
 
 log = logging.getLogger(__name__)
 METRICS = "metrics.jsonl"
@@ -60,24 +62,30 @@ class RunLog:
         self._file.flush()
 
     def observe(self, msg: P.Message) -> None:
-        body = msg.body
-        if msg.type == P.ITERATION:
+        if msg.type not in (P.ITERATION, P.EVALUATED, P.MIGRATED):
+            return
+        try:
+            body = decode(msg)
+        except P.ProtocolError as exc:
+            log.warning("the run log skipped a malformed %r message: %s", msg.type, exc)
+            return
+        if isinstance(body, IterationReport):
             done = self._parts.add(body)
             if done is None:
                 return
             # Per-stage columns: the first replica's.
-            stages = [{"stage": int(b["stage"]), "time_s": b["end"] - b["start"],
-                       "peak_bytes": b.get("memory", {}).get("peak")} for b in done.ranks]
+            stages = [{"stage": b.stage, "time_s": b.end - b.start, "peak_bytes": b.memory.get("peak")}
+                      for b in done.ranks]
             self._write({"kind": "iteration", **done.record, "stages": stages})
             self.logger.iteration(done.record, [{"stage": s["stage"], "peak": s["peak_bytes"]} for s in stages],
                                   done.ranks)
-        elif msg.type == P.EVALUATED and not body.get("error"):
-            record = {k: body[k] for k in ("iteration", "loss", "batches", "seconds")}
+        elif isinstance(body, Evaluated) and not body.error:
+            record = evaluation_record(body)
             self._write({"kind": "evaluation", **record})
             self.logger.evaluation(record)
-        elif msg.type == P.MIGRATED and int(body.get("rank", -1)) == 0:
-            self._write({"kind": "plan", "iteration": body["iteration"], "version": body["version"]})
-            self.logger.event(int(body["iteration"]), "plan", f"plan version {body['version']}")
+        elif isinstance(body, Migrated) and body.stage == 0:
+            self._write({"kind": "plan", "iteration": body.iteration, "version": body.version})
+            self.logger.event(body.iteration, "plan", f"plan version {body.version}")
 
     def close(self) -> None:
         self._file.close()

@@ -17,12 +17,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from vpipe_lab.wire.events import IterationReport
+
 log = logging.getLogger(__name__)
 KINDS = ("tensorboard", "wandb", "mlflow")
 
 
 def scalars(record: dict[str, Any], memory: list[dict[str, Any]] | None = None,
-            parts: list[dict[str, Any]] | None = None) -> dict[str, float]:
+            parts: list[IterationReport] | None = None) -> dict[str, float]:
     """The numbers one iteration logs, by name (absent and NaN values left out)."""
     out: dict[str, float] = {}
     for key in ("loss", "grad_norm", "lr", "samples_per_s", "time_s", "plan_version", "loss_scale"):
@@ -30,7 +32,7 @@ def scalars(record: dict[str, Any], memory: list[dict[str, Any]] | None = None,
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             out[key] = float(value)
     for body in parts or []:
-        out[f"stage{int(body['stage'])}/time_s"] = float(body["end"]) - float(body["start"])
+        out[f"stage{body.stage}/time_s"] = body.end - body.start
     for row in memory or []:  # per stage: the first pipeline replica's (the others hold the same layers)
         if int(row.get("replica", 0)) == 0 and isinstance(row.get("peak"), (int, float)):
             out[f"stage{int(row['stage'])}/peak_bytes"] = float(row["peak"])
@@ -177,7 +179,7 @@ class Logger:
                       type(exc).__name__, exc)
             self.sink = None
 
-    def iteration(self, record: dict[str, Any], memory: list[dict[str, Any]], parts: list[dict[str, Any]]) -> None:
+    def iteration(self, record: dict[str, Any], memory: list[dict[str, Any]], parts: list[IterationReport]) -> None:
         self._guard(lambda: self.sink.scalars(int(record["iteration"]), scalars(record, memory, parts)))  # type: ignore[union-attr]
 
     def evaluation(self, record: dict[str, Any]) -> None:

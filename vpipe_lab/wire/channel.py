@@ -12,10 +12,11 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol
 
 import zmq
 
+from vpipe_lab.wire.events import Welcome
 from vpipe_lab.wire.protocol import (
     ATTACH,
     DETACH,
@@ -43,6 +44,17 @@ def bounded(sock: zmq.Socket, limit: int, what: str) -> zmq.Socket:  # type: ign
     return sock
 
 _POLL_MS = 20
+
+
+class Endpoint(Protocol):
+    """What a controller talks to its workers through: a ``Hub`` the workers connect to (a launched job) or a
+    ``Client`` attached to a job's broker (a torchrun job); the Session needs no more than this."""
+
+    def send(self, to: str, msg: Message) -> None: ...
+
+    def set_handler(self, handler: Callable[[Message], None]) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class Hub:
@@ -254,7 +266,7 @@ class Client(_Dealer):
         self._early: list[Message] = []
         self._on_message: Callable[[Message], None] | None = None
         self.peers: dict[str, float] = {}
-        self.welcome: dict[str, Any] | None = None
+        self.welcome: Welcome | None = None
         self._welcomed = threading.Event()
         self._replayed = threading.Event()
         self._received = 0
@@ -281,15 +293,20 @@ class Client(_Dealer):
 
     def _deliver(self, msg: Message) -> None:
         if msg.type == WELCOME:
+            try:
+                welcome = Welcome.from_dict(msg.body)
+            except ProtocolError as exc:
+                log.error("the broker's welcome is malformed (%s): is it another vpipe_lab version?", exc)
+                return
             # From now on this client speaks for the job's session and hears only it.
             self._sender.session = self._guard.session = msg.session
-            self.welcome = msg.body
+            self.welcome = welcome
             self._welcomed.set()
-            if not msg.body.get("replay"):
+            if not welcome.replay:
                 self._replayed.set()
             return
         self._received += 1
-        if self.welcome and self._received >= int(self.welcome.get("replay", 0)):
+        if self.welcome and self._received >= self.welcome.replay:
             self._replayed.set()
         if self._on_message is None:
             self._early.append(msg)

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vpipe_lab.core import checks
 from vpipe_lab.core.report import parse_bytes
 from vpipe_lab.wire.private import write_private
 
@@ -17,15 +18,11 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 
 def check_training(clip_grad_norm: Any, precision: str, eval_every: Any, eval_batches: Any) -> None:
     """Refuse training options that cannot work, naming the value (shared by launch and the CLI)."""
-    if clip_grad_norm is not None and (isinstance(clip_grad_norm, bool) or not isinstance(clip_grad_norm, (int, float))
-                                       or not clip_grad_norm > 0):
-        raise ValueError(f"clip_grad_norm must be a positive number (the largest global gradient 2-norm), got "
-                         f"{clip_grad_norm!r}")
+    checks.positive(clip_grad_norm, "clip_grad_norm", optional=True, what="the largest global gradient 2-norm")
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
-    for name, value in (("eval_every", eval_every), ("eval_batches", eval_batches)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    checks.count(eval_every, "eval_every", optional=True)
+    checks.count(eval_batches, "eval_batches", optional=True)
 
 
 def byte_size(text: str) -> int:
@@ -48,7 +45,7 @@ def add_training_options(parser: argparse.ArgumentParser | argparse._ArgumentGro
     parser.add_argument("--eval-every", type=int, help="evaluate every this many iterations")
     parser.add_argument("--eval-batches", type=int, default=1)
     parser.add_argument("--no-fused-wgrad", dest="fused_wgrad", action="store_false",
-                        help="Linear layers' weight gradients through plain autograd (see runtime/wgrad.py)")
+                        help="Linear layers' weight gradients through plain autograd (see runtime/engine/wgrad.py)")
     parser.add_argument("--log", help="tensorboard:DIR, wandb:PROJECT, mlflow:URI" +
                         ("" if names.startswith("package") else f" or a logging function ({names})"))
 
@@ -62,7 +59,7 @@ class JobSpec:
     master_port: int
     stages: int
     microbatches: int
-    replicas: int = 1  # data-parallel copies of the pipeline (runtime/replicas.py): stages x replicas ranks
+    replicas: int = 1  # data-parallel copies of the pipeline (runtime/training/replicas.py): stages x replicas ranks
     schedule: str = "1f1b"
     device: str = "auto"
     seed: int = 0
@@ -76,9 +73,9 @@ class JobSpec:
     imports: dict[str, str] = field(default_factory=dict)  # role -> "package.module:attribute" (torchrun jobs)
     start_iteration: int = 0
     resume_path: str | None = None
-    clip_grad_norm: float | None = None  # the largest global gradient 2-norm (runtime/step.py)
-    precision: str = "fp32"  # fp32 | bf16 | fp16 (runtime/precision.py)
-    fused_wgrad: bool | int = True  # Linear weight gradients accumulate inside the GEMM (runtime/wgrad.py)
+    clip_grad_norm: float | None = None  # the largest global gradient 2-norm (runtime/training/step.py)
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (runtime/training/precision.py)
+    fused_wgrad: bool | int = True  # Linear weight gradients accumulate inside the GEMM (runtime/engine/wgrad.py)
     eval_every: int | None = None  # evaluate on the eval_data role every this many iterations
     eval_batches: int = 1
     iterations: int | None = None  # unattended: train until this iteration without waiting for a client

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from vpipe_lab.runtime.comm import TAG_BACKWARD, TAG_FORWARD, CommError, Peer, as_tensors
+from vpipe_lab.runtime.engine.comm import TAG_BACKWARD, TAG_FORWARD, CommError, Peer, as_tensors
 
 
 def _port() -> int:

@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from vpipe_lab.runtime.device import Clock, pin_cores, select
+from vpipe_lab.runtime.engine.device import Clock, pin_cores, select
 
 
 def test_cpu_and_auto_without_gpus() -> None:
@@ -23,7 +23,7 @@ def test_clock_offset() -> None:
 
 
 def test_stopwatch_marks_are_clock_seconds_on_cpu() -> None:
-    from vpipe_lab.runtime.device import Stopwatch
+    from vpipe_lab.runtime.engine.device import Stopwatch
 
     watch = Stopwatch(select("cpu", 0, 1), Clock(50.0))
     start = watch.begin()
@@ -50,7 +50,7 @@ def test_pin_cores_really_sets_this_threads_mask() -> None:
     """In a child process (the mask must not stick to the test runner): rank 1 of 2 keeps to the second core."""
     if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs CPU affinity and 2 cores")
-    code = ("import os; from vpipe_lab.runtime.device import pin_cores; "
+    code = ("import os; from vpipe_lab.runtime.engine.device import pin_cores; "
             "print(pin_cores('cpu', 1, 2, 1), sorted(os.sched_getaffinity(0)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     second = sorted(os.sched_getaffinity(0))[1]

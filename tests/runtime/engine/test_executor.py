@@ -6,10 +6,10 @@ import torch
 from tests.runtime import reference
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.examples import mlp
-from vpipe_lab.runtime.comm import Peer
-from vpipe_lab.runtime.device import Clock, Placement
-from vpipe_lab.runtime.executor import Executor, default_loss
-from vpipe_lab.runtime.stage import Stage
+from vpipe_lab.runtime.engine.comm import Peer
+from vpipe_lab.runtime.engine.device import Clock, Placement
+from vpipe_lab.runtime.engine.executor import Executor, default_loss
+from vpipe_lab.runtime.engine.stage import Stage
 
 
 def executor(policies: str, schedule: str, budget: int | None = None) -> tuple[Executor, Plan]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from vpipe_lab.runtime.optim import UNIT, StageOptimizer
+from vpipe_lab.runtime.engine.optim import UNIT, StageOptimizer
 
 
 def decay_split(params):  # type: ignore[no-untyped-def]

@@ -1,9 +1,9 @@
 import torch
 
-from tests.runtime.test_stage import run
+from tests.runtime.engine.test_stage import run
 from vpipe_lab.core.plan import Policy
-from vpipe_lab.runtime.probe import resize
-from vpipe_lab.runtime.stage import Stage
+from vpipe_lab.runtime.engine.probe import resize
+from vpipe_lab.runtime.engine.stage import Stage
 
 
 def test_probes_time_other_microbatch_sizes_and_leave_no_trace() -> None:

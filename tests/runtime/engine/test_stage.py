@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from vpipe_lab.core.plan import Policy
-from vpipe_lab.runtime.stage import Stage
-from vpipe_lab.runtime.units import layer_seed
+from vpipe_lab.runtime.engine.stage import Stage
+from vpipe_lab.runtime.model.units import layer_seed
 
 
 def build(policies: list[Policy]) -> Stage:
@@ -120,7 +120,7 @@ def test_a_tied_weight_is_one_tensor_with_one_update() -> None:
     model = torch.nn.Sequential(first, torch.nn.Tanh(), last)
     ref = [p.clone() for p in model.parameters()]
     stage = Stage(torch.device("cpu"), lambda p: torch.optim.SGD(p, lr=0.1), seed=0)
-    from vpipe_lab.runtime.capture import capture
+    from vpipe_lab.runtime.model.capture import capture
 
     chain = capture(model, None)
     for i, unit in enumerate(chain.units):

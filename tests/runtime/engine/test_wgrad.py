@@ -8,7 +8,7 @@ import io
 import pytest
 import torch
 
-from vpipe_lab.runtime import wgrad
+from vpipe_lab.runtime.engine import wgrad
 
 
 def _model() -> torch.nn.Module:
@@ -157,7 +157,7 @@ class _Net(torch.nn.Module):
 
 
 def test_a_captured_graphs_linear_ops_are_fused_and_unfused() -> None:
-    """A torch.export-ed model (how runtime/capture.py takes any nn.Module) calls aten.linear on its parameters."""
+    """A torch.export-ed model (how runtime/model/capture.py takes any nn.Module) calls aten.linear on its parameters."""
     torch.manual_seed(0)
     plain = _Net()
     graph = torch.export.export(copy.deepcopy(plain), (torch.randn(3, 8),)).module()

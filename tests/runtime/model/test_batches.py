@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from vpipe_lab.runtime.batches import Source, batch_size, describe, loss_with_check, rebuild, split
+from vpipe_lab.runtime.model.batches import Source, batch_size, describe, loss_with_check, rebuild, split
 
 
 def test_split_any_structure_into_equal_microbatches() -> None:

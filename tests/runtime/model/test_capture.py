@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from tests.integration import zoo
-from vpipe_lab.runtime.batches import split
-from vpipe_lab.runtime.capture import CaptureError, capture, state_names, to_meta
-from vpipe_lab.runtime.compat import allow_torchvision_without_ops
+from vpipe_lab.runtime.model.batches import split
+from vpipe_lab.runtime.model.capture import CaptureError, capture, state_names, to_meta
+from vpipe_lab.runtime.model.compat import allow_torchvision_without_ops
 
 
 def run_chain(chain, inputs):
@@ -104,7 +104,7 @@ def test_buffers_written_in_forward_are_known() -> None:
 def test_inference_copy_runs_a_captured_unit_in_eval_mode() -> None:
     """torch.export bakes training mode into the graph: the inference copy turns dropout off, uses batch norm's
     running statistics and leaves every buffer as it was, like ``model.eval()`` on the original."""
-    from vpipe_lab.runtime.capture import for_inference
+    from vpipe_lab.runtime.model.capture import for_inference
 
     class Blocks(torch.nn.Module):
         def __init__(self) -> None:
@@ -165,7 +165,7 @@ def test_a_model_built_with_its_library_defaults_is_captured_without_its_generat
 
 def test_state_names_are_what_the_model_s_state_dict_lists() -> None:
     model = hf("llama")
-    from vpipe_lab.runtime.capture import canonical_names
+    from vpipe_lab.runtime.model.capture import canonical_names
 
     aliases, non_persistent = state_names(model, canonical_names(model))
     assert aliases["model.embed_tokens.weight"] == ["model.embed_tokens.weight", "lm_head.weight"]  # the tie, twice

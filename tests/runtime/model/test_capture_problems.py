@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vpipe_lab.runtime.capture import CaptureError, capture
+from vpipe_lab.runtime.model.capture import CaptureError, capture
 
 
 class Cache:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tests.integration import zoo
-from vpipe_lab.runtime.batches import split
-from vpipe_lab.runtime.capture import CaptureError, capture
-from vpipe_lab.runtime.cuts import repeated_blocks
+from vpipe_lab.runtime.model.batches import split
+from vpipe_lab.runtime.model.capture import CaptureError, capture
+from vpipe_lab.runtime.model.cuts import repeated_blocks
 
 
 def test_resnet_blocks_and_split_choices() -> None:

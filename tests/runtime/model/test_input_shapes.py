@@ -5,8 +5,8 @@ from __future__ import annotations
 import sympy
 import torch
 
-from vpipe_lab.runtime.capture import args_kwargs
-from vpipe_lab.runtime.input_shapes import InputRule, describe_leaves, dynamic_spec
+from vpipe_lab.runtime.model.capture import args_kwargs
+from vpipe_lab.runtime.model.input_shapes import InputRule, describe_leaves, dynamic_spec
 
 
 class Net(torch.nn.Module):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vpipe_lab.runtime.units import get_tensor, layer_seed, set_tensor, tensors_of
+from vpipe_lab.runtime.model.units import get_tensor, layer_seed, set_tensor, tensors_of
 
 
 def test_set_tensor_binds_the_very_object_and_names_a_missing_one() -> None:
@@ -35,7 +35,7 @@ def test_layer_seed_is_deterministic_and_bounded() -> None:
 
 
 def test_layer_stats_keep_samples_and_report_their_median() -> None:
-    from vpipe_lab.runtime.units import LayerStats
+    from vpipe_lab.runtime.model.units import LayerStats
 
     st = LayerStats()
     for seconds in (1.0, 2.0, 100.0):  # one slow outlier

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vpipe_lab.runtime.precision import LossScale, autocast, check
+from vpipe_lab.runtime.training.precision import LossScale, autocast, check
 
 
 def test_unscale_divides_and_flags_overflow() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vpipe_lab.runtime.batches import split
-from vpipe_lab.runtime.replicas import DataParallel, shard
+from vpipe_lab.runtime.model.batches import split
+from vpipe_lab.runtime.training.replicas import DataParallel, shard
 
 
 def test_each_replica_takes_its_contiguous_share_and_together_they_are_the_micro_batches() -> None:

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from vpipe_lab.runtime.precision import LossScale
-from vpipe_lab.runtime.stage import Stage
-from vpipe_lab.runtime.step import Stepper
+from vpipe_lab.runtime.engine.stage import Stage
+from vpipe_lab.runtime.training.precision import LossScale
+from vpipe_lab.runtime.training.step import Stepper
 
 
 def stage_and_copy() -> tuple[Stage, torch.nn.Sequential]:

@@ -1,6 +1,6 @@
 """Which parameters are tied across stages, and which plans a shared buffer forbids."""
 
-from vpipe_lab.runtime.ties import conflict, holders
+from vpipe_lab.runtime.training.ties import conflict, holders
 
 
 def test_holders_are_the_stages_that_use_a_parameter() -> None:

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vpipe_lab.runtime.comm import TAG_MIGRATE
+from vpipe_lab.runtime.engine.comm import TAG_MIGRATE
 
 if TYPE_CHECKING:
-    from vpipe_lab.runtime.comm import Peer
-    from vpipe_lab.runtime.device import Placement
+    from vpipe_lab.runtime.engine.comm import Peer
+    from vpipe_lab.runtime.engine.device import Placement
 
 
 def probe_bandwidth(peer: Peer, placement: Placement, rank: int, world: int, nbytes: int = 8 << 20) -> dict[str, float]:

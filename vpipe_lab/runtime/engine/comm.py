@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from vpipe_lab.runtime.batches import describe, rebuild
+from vpipe_lab.runtime.model.batches import describe, rebuild
 
 TAG_FORWARD, TAG_BACKWARD, TAG_MIGRATE, TAG_TARGET, TAG_EVAL, TAG_EVAL_TARGET = 1, 2, 3, 4, 5, 6
 MAX_TENSORS = 32

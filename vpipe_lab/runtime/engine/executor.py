@@ -26,12 +26,12 @@ import torch
 
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.schedule import Op, Schedule, for_plan
-from vpipe_lab.runtime import faults
-from vpipe_lab.runtime.batches import loss_with_check, split, to_device
-from vpipe_lab.runtime.capture import Chain, for_inference
-from vpipe_lab.runtime.comm import TAG_BACKWARD, TAG_EVAL, TAG_FORWARD, Incoming, Peer
-from vpipe_lab.runtime.device import Clock, Placement, Stopwatch
-from vpipe_lab.runtime.stage import Stage
+from vpipe_lab.runtime.engine import faults
+from vpipe_lab.runtime.engine.comm import TAG_BACKWARD, TAG_EVAL, TAG_FORWARD, Incoming, Peer
+from vpipe_lab.runtime.engine.device import Clock, Placement, Stopwatch
+from vpipe_lab.runtime.engine.stage import Stage
+from vpipe_lab.runtime.model.batches import loss_with_check, split, to_device
+from vpipe_lab.runtime.model.capture import Chain, for_inference
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
@@ -95,7 +95,7 @@ class Executor:
         self._schedule: tuple[Plan, Schedule, dict[int, int | None], dict[Op, int | None]] | None = None
         self.fault = faults.parse()
         self._static = self._param_bytes = 0
-        self.loss_multiplier = 1.0  # the fp16 loss scale (see runtime/precision.py); 1 otherwise
+        self.loss_multiplier = 1.0  # the fp16 loss scale (see runtime/training/precision.py); 1 otherwise
 
     def schedule(self, plan: Plan) -> Schedule:
         return self._plan(plan)[1]
@@ -142,9 +142,9 @@ class Executor:
         stage.iteration = iteration
         stage.ledger.reset_peaks()
         if self.budget is not None:
-            sizes = stage.static_bytes()
-            self._param_bytes = sizes["params"]
-            self._static = sum(sizes.values())
+            static = stage.static_bytes()  # not ``sizes``: that name is the micro-batches' samples, reported below
+            self._param_bytes = static["params"]
+            self._static = sum(static.values())
         inputs = targets = None
         if batch is not None:
             if rank == 0:

@@ -16,15 +16,14 @@ kept forward.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from vpipe_lab.runtime.memory import tensor_bytes
-from vpipe_lab.runtime.stage import Stage
+from vpipe_lab.runtime.engine.memory import tensor_bytes
+from vpipe_lab.runtime.engine.stage import Stage
+from vpipe_lab.wire.events import LayerMeasure
 
 
-def layer_costs(stage: Stage, names_of: dict[int, str]) -> list[dict[str, Any]]:
+def layer_costs(stage: Stage, names_of: dict[int, str]) -> list[LayerMeasure]:
     """One ``LayerCost`` document (plus its global index) per owned layer, averaged since the last reset. A weight
     tied between layers counts with each of them (each would need it were it alone on a stage)."""
     out = []
@@ -35,19 +34,10 @@ def layer_costs(stage: Stage, names_of: dict[int, str]) -> list[dict[str, Any]]:
         params = sum(tensor_bytes(stage.tensors[n]) for n in dict.fromkeys(names))
         opt = sum(tensor_bytes(v) for state in stage.optimizer_state(names).values() for v in state.values()
                   if isinstance(v, torch.Tensor))
-        out.append({
-            "index": index,
-            "name": names_of.get(index, str(index)),
-            "forward_s": st.typical(st.forward_times),
-            "backward_s": st.typical(st.backward_times),
-            "activation_bytes": int(st.activation_bytes),
-            "input_bytes": int(st.input_bytes),
-            "output_bytes": int(st.output_bytes),
-            "param_bytes": int(params),
-            "optimizer_bytes": int(opt),
-            "samples": st.forwards,
-            "times": [[size, st.typical(fwd), st.typical(bwd)] for size, (fwd, bwd) in sorted(st.sizes.items())],
-        })
+        out.append(LayerMeasure(
+            index, names_of.get(index, str(index)), st.typical(st.forward_times), st.typical(st.backward_times),
+            int(st.activation_bytes), int(st.input_bytes), int(st.output_bytes), int(params), int(opt), st.forwards,
+            [(size, st.typical(fwd), st.typical(bwd)) for size, (fwd, bwd) in sorted(st.sizes.items())]))
     return out
 
 

@@ -26,12 +26,12 @@ from typing import Any
 import torch
 
 from vpipe_lab.core.plan import Policy
-from vpipe_lab.runtime import probe, recompute, wgrad
-from vpipe_lab.runtime.capture import UnitTensors
-from vpipe_lab.runtime.memory import Ledger, optimizer_bytes, tensor_bytes
-from vpipe_lab.runtime.optim import OptimizerFactory, SchedulerFactory, StageOptimizer
-from vpipe_lab.runtime.swap import SwapEngine
-from vpipe_lab.runtime.units import Layer, LayerStats, get_tensor, layer_seed, set_tensor, tensors_of
+from vpipe_lab.runtime.engine import probe, recompute, wgrad
+from vpipe_lab.runtime.engine.memory import Ledger, optimizer_bytes, tensor_bytes
+from vpipe_lab.runtime.engine.optim import OptimizerFactory, SchedulerFactory, StageOptimizer
+from vpipe_lab.runtime.engine.swap import SwapEngine
+from vpipe_lab.runtime.model.capture import UnitTensors
+from vpipe_lab.runtime.model.units import Layer, LayerStats, get_tensor, layer_seed, set_tensor, tensors_of
 
 log = logging.getLogger(__name__)
 Segment = tuple[int, ...]
@@ -46,12 +46,12 @@ class Stage:
                  autocast: Callable[[], AbstractContextManager[object]] = nullcontext,
                  fused_wgrad: int | None = wgrad.MIN_PARAMS) -> None:
         self.device = device
-        self.fused_wgrad = fused_wgrad  # Linear weights this large accumulate inside the GEMM (runtime/wgrad.py)
+        self.fused_wgrad = fused_wgrad  # Linear weights this large accumulate inside the GEMM (runtime/engine/wgrad.py)
         self.seed = seed
         self.layers: dict[int, Layer] = {}
         self.tensors: dict[str, torch.Tensor] = {}  # canonical name -> the one parameter or buffer object
         self.optim = StageOptimizer(make_optimizer, device, scheduler)
-        self.autocast = autocast  # the compute's precision (see runtime/precision.py); recompute replays it too
+        self.autocast = autocast  # the compute's precision (see runtime/training/precision.py); recompute replays it too
         self.ledger = Ledger()
         self.swap = SwapEngine(device, self.ledger)
         self.iteration = 0

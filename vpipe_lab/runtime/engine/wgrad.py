@@ -8,7 +8,7 @@ that pass and the temporary; the first micro-batch writes the gradient, the othe
 sum in another rounding order (parity tests compare with plain gradient accumulation to float tolerance).
 
 Applies to ``nn.Linear`` (and subclasses that keep its forward), HuggingFace's ``Conv1D`` (GPT-2's ``x @ W + b``),
-and in a torch.export-ed model (``runtime/capture.py``) to every ``aten.linear`` and ``aten.addmm`` whose weight is a
+and in a torch.export-ed model (``runtime/model/capture.py``) to every ``aten.linear`` and ``aten.addmm`` whose weight is a
 parameter, when the weight has at least ``MIN_PARAMS`` elements (or the threshold given); at run time only when
 autograd records, the weight is trainable and no autocast is active: everything else runs the module's own forward.
 A weight's gradient then arrives by this side effect, not through autograd's graph, so hooks registered on such a
@@ -25,7 +25,7 @@ from typing import Any, cast
 
 import torch
 
-from vpipe_lab.runtime.capture import attribute
+from vpipe_lab.runtime.model.capture import attribute
 
 _MARK = "_vpipe_fused_wgrad"  # a rewritten graph node's meta key: the op it called before
 # Below this many weight elements (1 MiB in fp32) a weight and its gradient stay in cache, where autograd's add is

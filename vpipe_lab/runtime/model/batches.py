@@ -169,5 +169,5 @@ def loss_with_check(loss_fn: Callable[[Any, Any], torch.Tensor], finish: Callabl
 
 
 def signature(inputs: Any, targets: Any) -> str:
-    """The shapes and dtypes of a batch, as one string: a change starts a new shape epoch (``runtime/comm.py``)."""
+    """The shapes and dtypes of a batch, as one string: a change starts a new shape epoch (``runtime/engine/comm.py``)."""
     return json.dumps([describe(inputs)[0], describe(targets)[0]])

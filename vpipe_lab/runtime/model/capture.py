@@ -21,9 +21,9 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from vpipe_lab.runtime.capture_problems import CaptureError, generation_cache_off, why
-from vpipe_lab.runtime.cuts import SplitSpec, assign, module_paths, split_points
-from vpipe_lab.runtime.input_shapes import InputRule, describe_leaves, dynamic_spec
+from vpipe_lab.runtime.model.capture_problems import CaptureError, generation_cache_off, why
+from vpipe_lab.runtime.model.cuts import SplitSpec, assign, module_paths, split_points
+from vpipe_lab.runtime.model.input_shapes import InputRule, describe_leaves, dynamic_spec
 
 __all__ = ["CaptureError", "Chain", "GraphUnit", "SplitSpec", "UnitTensors", "capture"]
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from vpipe_lab.runtime.capture_problems import CaptureError
+from vpipe_lab.runtime.model.capture_problems import CaptureError
 
 SplitSpec = Sequence[str] | Callable[[str, nn.Module], bool] | None
 

@@ -10,7 +10,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from vpipe_lab.core.plan import Policy
-from vpipe_lab.runtime.capture import UnitTensors
+from vpipe_lab.runtime.model.capture import UnitTensors
 
 
 def layer_seed(seed: int, iteration: int, mb: int, layer: int) -> int:

@@ -14,13 +14,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from vpipe_lab.runtime.batches import Source
-from vpipe_lab.runtime.comm import TAG_EVAL_TARGET
+from vpipe_lab.core import checks
+from vpipe_lab.runtime.engine.comm import TAG_EVAL_TARGET
+from vpipe_lab.runtime.model.batches import Source
 
 if TYPE_CHECKING:
     from vpipe_lab.core.plan import Plan
-    from vpipe_lab.runtime.comm import Peer
-    from vpipe_lab.runtime.executor import Executor
+    from vpipe_lab.runtime.engine.comm import Peer
+    from vpipe_lab.runtime.engine.executor import Executor
 
 
 def evaluate(executor: Executor, peer: Peer, plan: Plan, data: Any, batches: int,
@@ -28,8 +29,7 @@ def evaluate(executor: Executor, peer: Peer, plan: Plan, data: Any, batches: int
     """Run the pass; the last stage returns {loss, losses (per batch), batches, seconds}, the others None.
     ``agree(inputs)`` (every rank, rank 0 with the batch's inputs) makes the ranks agree on its micro-batches'
     shapes and returns their sizes: evaluation data may come in other shapes than training's."""
-    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
-        raise ValueError(f"batches must be a whole number >= 1, got {batches!r}")
+    checks.count(batches, "batches")
     rank, world = executor.rank, executor.world
     last = rank == world - 1
     start = time.perf_counter()

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from vpipe_lab.runtime.batches import batch_size, split
+from vpipe_lab.runtime.model.batches import batch_size, split
 
 
 def shard(value: Any, replica: int, replicas: int, what: str) -> Any:

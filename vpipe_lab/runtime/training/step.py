@@ -1,7 +1,7 @@
 """A stage's optimizer step as one training step of the whole model: tied gradients summed, fp16 gradients unscaled,
 clipping by the global 2-norm, the step (or the same skipped step on every stage), the LR scheduler.
 
-With data-parallel replicas each stage first averages its gradients over its replicas (``runtime/replicas.py``).
+With data-parallel replicas each stage first averages its gradients over its replicas (``runtime/training/replicas.py``).
 
 ``torch.nn.utils.clip_grad_norm_(model.parameters(), c)`` on the whole model computes ``sqrt(sum of the squared norms
 of every gradient)``: each stage contributes the squares of its own parameters' gradient norms (a weight tied across
@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vpipe_lab.runtime.precision import LossScale
-from vpipe_lab.runtime.replicas import DataParallel
+from vpipe_lab.core import checks
+from vpipe_lab.runtime.training.precision import LossScale
+from vpipe_lab.runtime.training.replicas import DataParallel
 
 if TYPE_CHECKING:
-    from vpipe_lab.runtime.comm import Peer
-    from vpipe_lab.runtime.stage import Stage
-    from vpipe_lab.runtime.ties import Ties
+    from vpipe_lab.runtime.engine.comm import Peer
+    from vpipe_lab.runtime.engine.stage import Stage
+    from vpipe_lab.runtime.training.ties import Ties
 
 
 @dataclass
@@ -37,17 +38,13 @@ class StepReport:
     loss_scale: float | None = None
     skipped: bool = False
 
-    def to_dict(self) -> dict[str, float | bool | None]:
-        return {"grad_norm": self.grad_norm, "lr": self.lr, "loss_scale": self.loss_scale, "skipped": self.skipped}
-
 
 class Stepper:
     """Steps one stage in agreement with the others."""
 
     def __init__(self, stage: Stage, ties: Ties, peer: Peer, rank: int, world: int, clip: float | None,
                  scale: LossScale, data_parallel: DataParallel | None = None) -> None:
-        if clip is not None and (isinstance(clip, bool) or not clip > 0):
-            raise ValueError(f"clip_grad_norm must be a positive number (the largest global 2-norm), got {clip!r}")
+        checks.positive(clip, "clip_grad_norm", optional=True, what="the largest global gradient 2-norm")
         self.stage, self.ties, self.peer = stage, ties, peer
         self.rank, self.world = rank, world
         self.clip = None if clip is None else float(clip)

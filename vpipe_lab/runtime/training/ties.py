@@ -15,9 +15,9 @@ import torch.distributed as dist
 
 if TYPE_CHECKING:
     from vpipe_lab.core.plan import Plan
-    from vpipe_lab.runtime.capture import Chain
-    from vpipe_lab.runtime.comm import Peer
-    from vpipe_lab.runtime.stage import Stage
+    from vpipe_lab.runtime.engine.comm import Peer
+    from vpipe_lab.runtime.engine.stage import Stage
+    from vpipe_lab.runtime.model.capture import Chain
 
 
 def holders(plan_layers: list[list[int]], unit_params: list[list[str]]) -> list[tuple[str, tuple[int, ...]]]:

@@ -1,0 +1,156 @@
+"""What each controller command does on every rank (the command bodies are in ``wire/commands.py``): the worker's
+command handlers, acknowledgements and live reconfiguration, mixed into ``runtime/worker.py``'s ``Worker``.
+
+Every rank runs the same handler at the same iteration boundary (rank 0 broadcast the commands); rank 0 alone
+acknowledges, and commands that gather data are answered by each stage of the first replica.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vpipe_lab.core.plan import Plan
+from vpipe_lab.runtime.engine import profiler
+from vpipe_lab.runtime.engine.comm import Peer
+from vpipe_lab.runtime.engine.executor import Executor
+from vpipe_lab.runtime.engine.stage import Stage
+from vpipe_lab.runtime.migrate import Migration, new_model
+from vpipe_lab.runtime.model.callables import JobSpec, load_data
+from vpipe_lab.runtime.model.capture import Chain
+from vpipe_lab.runtime.progress import Control
+from vpipe_lab.runtime.shape_epochs import ShapeEpochs
+from vpipe_lab.runtime.tensors import pack_state
+from vpipe_lab.wire import commands as C
+from vpipe_lab.wire import events as E
+from vpipe_lab.wire.codec import Body
+
+
+class WorkerCommands:
+    """The command handlers of a ``Worker`` (which owns the state named below)."""
+
+    spec: JobSpec
+    index: int
+    world: int
+    replica: int
+    leader: bool
+    ctl: Control
+    plan: Plan
+    chain: Chain
+    names: list[str]
+    num_layers: int
+    model_version: int
+    model_fn: Any
+    split: Any
+    train_data: Any
+    eval_data: Any
+    stage: Stage
+    peer: Peer
+    executor: Executor
+    shapes: ShapeEpochs
+    migration: Migration
+    commands: dict[type[Body], Callable[[Any], None]]
+
+    send: Callable[[Body], None]
+    profile_soon: Callable[[], None]
+    save: Callable[..., str | None]
+    evaluation: Callable[..., None]
+
+    def ack(self, cmd: C.Command, **extra: Any) -> None:
+        if self.leader:
+            self.send(E.Ack(cmd.id, cmd.TYPE, self.ctl.iteration, **extra))
+
+    def dispatch(self, cmd: C.Command) -> None:
+        handler = self.commands.get(type(cmd))
+        if handler is None:
+            raise ValueError(f"stage {self.index} got {type(cmd).__name__} ({cmd.TYPE!r}), which is not a command")
+        handler(cmd)
+
+    def current(self) -> None:
+        """Rank 0: the job as it is now, for a broker's attaching clients (see runtime/broker.py)."""
+        if self.leader:
+            self.send(E.Current(self.plan.to_dict(), self.ctl.plan_version, self.names, self.ctl.iteration,
+                                self.ctl.target is None, self.ctl.target))
+
+    # --- the commands ---------------------------------------------------------------------------------------------
+    def _run(self, cmd: C.Run) -> None:
+        n = cmd.iterations
+        self.ctl.target = None if n is None else self.ctl.iteration + n
+        self.ctl.paused = False
+        self.ack(cmd, target=self.ctl.target)
+        self.current()
+
+    def _run_state(self, cmd: C.Pause | C.Resume | C.Stop) -> None:
+        self.ctl.take(cmd.TYPE)
+        self.ack(cmd)
+
+    def _profile(self, cmd: C.Profile) -> None:
+        costs = profiler.layer_costs(self.stage, dict(enumerate(self.names)))
+        if self.replica == 0:  # every replica measures the same layers; the first one answers
+            self.send(E.Layers(cmd.id, self.index, costs))
+        if cmd.reset:
+            self.stage.reset_stats()
+            self.profile_soon()
+
+    def _state(self, cmd: C.State) -> None:
+        if self.replica == 0:  # the replicas hold the same state
+            meta, buffers = pack_state(self.stage, self.chain)
+            self.send(E.Tensors(cmd.id, self.index, meta, buffers))
+
+    def _telemetry(self, cmd: C.Telemetry) -> None:
+        self.executor.record_spans = cmd.spans
+        self.ack(cmd)
+
+    def _evaluate(self, cmd: C.Evaluate) -> None:
+        ref, data, problem = cmd.data, None, ""
+        if self.index == 0:  # only the first stage reads data
+            own = self.eval_data if self.eval_data is not None else self.train_data
+            try:
+                data = own if ref == "job:" else load_data(ref)
+            except ValueError as exc:  # bad input from the client: say so, change nothing, train on
+                problem = str(exc)
+        if self.peer.all_max([1.0 if problem else 0.0])[0] > 0:
+            if self.leader:
+                self.send(E.Evaluated(self.index, cmd.id, self.ctl.iteration, error=problem))
+            return
+        self.evaluation(data, cmd.batches, cmd.id)
+
+    def _save(self, cmd: C.Save) -> None:
+        problem = self.save(Path(cmd.path), cmd.name, cmd.keep)
+        self.ack(cmd, path=cmd.path, ok=problem is None, error=problem)
+
+    def _apply_plan(self, cmd: C.Apply) -> None:
+        plan = Plan.from_dict(cmd.plan).validate(self.num_layers, self.world)
+        result = self.reconfigure(plan, {j: j for j in range(self.num_layers)}, None, cmd)
+        self.ack(cmd, **result)
+
+    def _set_model(self, cmd: C.SetModel) -> None:
+        factory = load_data(f"file:{cmd.path}")  # written by the controller into the job directory, not a socket
+        try:  # every rank reaches the same verdict: a model that cannot run here changes nothing, training goes on
+            chain, sources, plan = new_model(factory, self.spec.seed + 1_000_003 * (self.model_version + 1),
+                                             self.chain, self.plan, self.world, cmd.mapping, cmd.plan,
+                                             self.shapes.example, self.split)
+        except Exception as exc:
+            return self.ack(cmd, ok=False, error=f"{type(exc).__name__}: {exc}")
+        result = self.reconfigure(plan, sources, chain, cmd)
+        if result["ok"]:
+            self.model_fn, self.model_version = factory, self.model_version + 1
+            self.shapes.recaptures.reset(factory)
+        self.ack(cmd, names=self.names, plan=self.plan.to_dict(), mapping={str(j): i for j, i in sources.items()},
+                 **result)
+
+    def reconfigure(self, plan: Plan, sources: dict[int, int | None], chain: Any, cmd: C.Apply | C.SetModel
+                    ) -> dict[str, Any]:
+        """Live migration to ``plan`` (``runtime/migrate.py``); on success this rank takes the new plan and chain."""
+        version = cmd.version if cmd.version is not None else self.ctl.plan_version + 1
+        out = self.migration.reconfigure(self.plan, self.chain, plan, sources, chain, cmd.checkpoint, version,
+                                         self.ctl.iteration, self.executor.budget)
+        if not out.result["ok"]:
+            return out.result
+        self.profile_soon()
+        self.chain = self.executor.chain = out.chain
+        self.num_layers, self.names = len(out.chain), list(out.chain.names)
+        self.plan, self.ctl.plan_version = plan, version
+        self.current()  # an attached client learns the plan in force from this
+        return out.result
