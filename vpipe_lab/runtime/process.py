@@ -23,12 +23,13 @@ from vpipe_lab.runtime.build import unit_names
 from vpipe_lab.runtime.engine.bandwidth import probe_bandwidth
 from vpipe_lab.runtime.engine.device import pin_cores, select
 from vpipe_lab.runtime.model.batches import Source, split
-from vpipe_lab.runtime.model.callables import JobSpec, load_callables
+from vpipe_lab.runtime.model.callables import load_callables
 from vpipe_lab.runtime.model.compat import allow_torchvision_without_ops
 from vpipe_lab.runtime.training.replicas import shard
 from vpipe_lab.runtime.worker import Worker
 from vpipe_lab.wire.channel import Link
 from vpipe_lab.wire.events import Failure, Hello, Ready, Units
+from vpipe_lab.wire.jobspec import JobSpec
 
 log = logging.getLogger("vpipe_lab.worker")
 
@@ -134,5 +135,18 @@ def serve(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: in
                 pass
 
 
+def exit_now(code: int) -> None:
+    """End the worker process once its work is saved and reported: flush the logs and the standard streams, then
+    leave without the interpreter's teardown (collecting a model's and torch's objects one by one took 0.8 s of
+    every stop, 2 workers in parallel, for nothing a finished worker needs)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":  # what launch() starts: python -m vpipe_lab.runtime.process
-    sys.exit(main())
+    exit_now(main())

@@ -26,7 +26,7 @@ from vpipe_lab.runtime.engine.executor import Executor, IterationResult, default
 from vpipe_lab.runtime.engine.stage import Stage
 from vpipe_lab.runtime.migrate import Migration
 from vpipe_lab.runtime.model.batches import Source, batch_size, signature, split
-from vpipe_lab.runtime.model.callables import JobSpec, load_callables
+from vpipe_lab.runtime.model.callables import load_callables
 from vpipe_lab.runtime.model.capture import to_meta
 from vpipe_lab.runtime.progress import Control
 from vpipe_lab.runtime.recapture import Recaptures
@@ -42,6 +42,7 @@ from vpipe_lab.wire import events as E
 from vpipe_lab.wire.channel import Link
 from vpipe_lab.wire.checkpoint import Manifest
 from vpipe_lab.wire.codec import Body, decode, from_doc
+from vpipe_lab.wire.jobspec import JobSpec
 from vpipe_lab.wire.protocol import ProtocolError
 
 log = logging.getLogger("vpipe_lab.worker")

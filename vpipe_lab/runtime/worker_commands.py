@@ -17,7 +17,7 @@ from vpipe_lab.runtime.engine.comm import Peer
 from vpipe_lab.runtime.engine.executor import Executor
 from vpipe_lab.runtime.engine.stage import Stage
 from vpipe_lab.runtime.migrate import Migration, new_model
-from vpipe_lab.runtime.model.callables import JobSpec, load_data
+from vpipe_lab.runtime.model.callables import load_data
 from vpipe_lab.runtime.model.capture import Chain
 from vpipe_lab.runtime.progress import Control
 from vpipe_lab.runtime.shape_epochs import ShapeEpochs
@@ -25,6 +25,7 @@ from vpipe_lab.runtime.tensors import pack_state
 from vpipe_lab.wire import commands as C
 from vpipe_lab.wire import events as E
 from vpipe_lab.wire.codec import Body
+from vpipe_lab.wire.jobspec import JobSpec
 
 
 class WorkerCommands:

@@ -12,7 +12,7 @@ import cloudpickle
 from vpipe_lab import examples
 from vpipe_lab.wire.jobspec import JobSpec
 
-__all__ = ["Callables", "JobSpec", "load_callables"]
+__all__ = ["Callables", "load_callables"]
 
 
 @dataclass
