@@ -19,6 +19,9 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
+from vpipe_lab.control import zygote as zygotes
+from vpipe_lab.control.zygote import ForkedWorker
+
 log = logging.getLogger(__name__)
 
 
@@ -86,7 +89,7 @@ def reap_stale() -> int:
 @dataclass
 class WorkerProcess:
     rank: int
-    popen: subprocess.Popen[bytes]
+    popen: subprocess.Popen[bytes] | ForkedWorker
     log_path: Path
 
     @property
@@ -121,12 +124,20 @@ class Launcher:
 
     def spawn(self, rank: int, args: list[str], env: dict[str, str] | None = None) -> WorkerProcess:
         log_path = self.job_dir / f"worker-{rank}.log"
+        env = {**os.environ, **(env or {})}
         with open(log_path, "wb") as out:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "vpipe_lab.runtime.process", *args, "--parent-fd", str(self._read_fd)],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, pass_fds=(self._read_fd,), env={**os.environ, **(env or {})},
-            )
+            popen: subprocess.Popen[bytes] | ForkedWorker | None = None
+            if zygotes.enabled():
+                try:
+                    popen = zygotes.zygote().fork(args, out.fileno(), self._read_fd, env)
+                except (OSError, RuntimeError) as exc:
+                    log.warning("starting worker %d directly: %s", rank, exc)
+            if popen is None:
+                popen = subprocess.Popen(
+                    [sys.executable, "-m", "vpipe_lab.runtime.process", *args, "--parent-fd", str(self._read_fd)],
+                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    start_new_session=True, pass_fds=(self._read_fd,), env=env,
+                )
         worker = WorkerProcess(rank, popen, log_path)
         self.workers.append(worker)
         self._write_registry()

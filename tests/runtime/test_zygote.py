@@ -1,0 +1,32 @@
+"""The zygote's child: its own session, the request's environment and directory, and a Popen-style exit status."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from vpipe_lab.control.zygote import Zygote
+
+
+def test_children_lead_their_own_session_and_a_signal_is_their_exit_status(tmp_path: Path) -> None:
+    # A config that is a FIFO nobody writes: the child blocks reading it, alive, until it is killed.
+    fifo = tmp_path / "job.json"
+    os.mkfifo(fifo)
+    z = Zygote(dict(os.environ), str(tmp_path))
+    read, write = os.pipe()
+    try:
+        with open(tmp_path / "w.log", "wb") as out:
+            worker = z.fork(["--config", str(fifo), "--rank", "0"], out.fileno(), read, dict(os.environ))
+        deadline = time.monotonic() + 20
+        while os.getsid(worker.pid) != worker.pid and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert os.getsid(worker.pid) == worker.pid and worker.poll() is None
+        assert os.readlink(f"/proc/{worker.pid}/cwd") == str(tmp_path)
+        os.killpg(worker.pid, signal.SIGKILL)
+        assert worker.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        os.close(read)
+        os.close(write)
+        z.close()
