@@ -28,12 +28,12 @@ def test_a_forked_worker_runs_the_worker_entry_point_and_reports_its_exit(tmp_pa
     assert z.process.returncode == 0  # the zygote leaves once its controller closes the socket
 
 
-def test_one_zygote_per_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_zygote_per_environment_and_the_newest_replaces_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
     first = Z.zygote()
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "something else")  # volatile: the same zygote
     assert Z.zygote() is first
     monkeypatch.setenv("VPIPE_LAB_MAX_COMMAND", "1234")  # read at import time: another zygote
     other = Z.zygote()
-    assert other is not first
+    assert other is not first and first.closed and first.process.wait(timeout=5) == 0  # replaced, and gone
     monkeypatch.setenv("VPIPE_LAB_ZYGOTE", "0")
     assert not Z.enabled()

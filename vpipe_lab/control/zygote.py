@@ -2,9 +2,11 @@
 
 A worker forked from the zygote starts about 1.5 s sooner than a fresh interpreter (torch is imported already).
 One zygote serves every launch made with the same environment, directory and interpreter; a launch under another
-(a changed ``VPIPE_LAB_*`` variable, say) gets a zygote of its own, so a worker always sees what it would have seen
-started directly. ``VPIPE_LAB_ZYGOTE=0`` turns it off. Workers get a ``Popen``-like handle (``ForkedWorker``):
-``pid``, ``poll()``, ``wait()`` and ``returncode``, from the exit statuses the zygote reports.
+(a changed ``VPIPE_LAB_*`` variable, say) gets a new zygote, which replaces the old one, so a worker always sees what
+it would have seen started directly. Workers of a replaced zygote run on; only their exit statuses are lost (a
+handle then reads -1 once the process is gone). ``VPIPE_LAB_ZYGOTE=0`` turns it off. Workers get a ``Popen``-like
+handle (``ForkedWorker``): ``pid``, ``poll()``, ``wait()`` and ``returncode``, from the exit statuses the zygote
+reports.
 """
 
 from __future__ import annotations
@@ -111,6 +113,8 @@ class Zygote:
             return None
 
     def close(self) -> None:
+        with self._cond:
+            self.closed = True
         try:
             self.sock.shutdown(socket.SHUT_RDWR)  # wakes the reader thread and tells the zygote to go
         except OSError:
@@ -152,6 +156,9 @@ def zygote() -> Zygote:
     with _GUARD:
         found = _ZYGOTES.get(key)
         if found is None or found.closed or found.process.poll() is not None:
+            for old in _ZYGOTES.values():  # one at a time: an environment left behind does not keep its zygote
+                old.close()
+            _ZYGOTES.clear()
             found = _ZYGOTES[key] = Zygote(env, cwd)
             log.debug("started a worker zygote (pid %d) for %s", found.process.pid, Path(cwd))
         return found
