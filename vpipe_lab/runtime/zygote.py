@@ -7,18 +7,17 @@ directory, and two file descriptors passed along (the worker's log file, and the
 lifeline pipe that tells a worker its controller died). The answer is the child's pid; when a child ends, its exit
 status follows as ``{"exit": pid, "code": rc}`` (negative: killed by that signal, as ``Popen.returncode`` says).
 
-The zygote ends when the controller closes the socket (or dies). Nothing here runs a torch operation or starts a
-thread before forking, so each child starts as clean as a fresh interpreter: it leads its own session, takes the
-request's environment and directory, and runs ``runtime/process.py``'s ``main`` as ``python -m`` would.
+The zygote ends when the controller closes the socket (or dies). It does nothing but fork and reap: a worker killed
+by a signal must be reported within the failure monitor's half second of evidence (an idle-time preload of
+transformers here once delayed that by 2 s, and the monitor named the killed stage "stuck"). Nothing here runs a
+torch operation or starts a thread before forking, so each child starts as clean as a fresh interpreter: it leads
+its own session, takes the request's environment and directory, and runs ``runtime/process.py``'s ``main`` as ``python -m`` would.
 """
 
 from __future__ import annotations
 
 import array
-import importlib
-import importlib.util
 import json
-import logging
 import os
 import select
 import signal
@@ -28,9 +27,6 @@ import traceback
 from typing import Any
 
 from vpipe_lab.runtime import process  # the point of this process: torch and the runtime, imported before any fork
-from vpipe_lab.runtime.model.compat import allow_torchvision_without_ops
-
-log = logging.getLogger("vpipe_lab.zygote")
 
 
 def _child(request: dict[str, Any], log_fd: int, parent_fd: int, sock: socket.socket) -> None:
@@ -72,24 +68,6 @@ def _receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
     return json.loads(data), list(fds)
 
 
-PRELOAD = ("transformers.modeling_utils",)  # what HuggingFace models import first: about 2 s per worker
-
-
-def _warm() -> None:
-    """Once idle, import the model libraries a worker would import itself (if installed), so later forks have them.
-    Done between requests on the only thread, never while a fork waits; ``VPIPE_LAB_ZYGOTE_PRELOAD=`` (empty) skips
-    it."""
-    names = os.environ.get("VPIPE_LAB_ZYGOTE_PRELOAD", ",".join(PRELOAD))
-    for name in filter(None, (n.strip() for n in names.split(","))):
-        if importlib.util.find_spec(name.split(".")[0]) is None:
-            continue
-        try:
-            allow_torchvision_without_ops()  # what every worker does before a user model imports transformers
-            importlib.import_module(name)
-        except Exception as exc:  # a worker that needs it will meet the same problem and report it
-            log.warning("preloading %s failed: %s", name, exc)
-
-
 def serve(sock: socket.socket) -> None:
     """Fork a worker per request until the controller closes the socket; report every child's exit."""
     wake_r, wake_w = os.pipe()
@@ -97,12 +75,8 @@ def serve(sock: socket.socket) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wakeup fd hears about exits
     children: set[int] = set()
-    warmed = False
     while True:
-        ready, _, _ = select.select([sock, wake_r], [], [], 0.5)
-        if not ready and not warmed:  # half a second without a request: a good moment
-            warmed = True
-            _warm()
+        ready, _, _ = select.select([sock, wake_r], [], [], 1.0)
         if wake_r in ready:
             os.read(wake_r, 512)
         for pid in list(children):
