@@ -11,7 +11,8 @@ The zygote ends when the controller closes the socket (or dies). It does nothing
 by a signal must be reported within the failure monitor's half second of evidence (an idle-time preload of
 transformers here once delayed that by 2 s, and the monitor named the killed stage "stuck"). Nothing here runs a
 torch operation or starts a thread before forking, so each child starts as clean as a fresh interpreter: it leads
-its own session, takes the request's environment and directory, and runs ``runtime/process.py``'s ``main`` as ``python -m`` would.
+its own session, takes the request's environment and directory, and runs ``runtime/process.py``'s ``main`` as
+``python -m`` would.
 """
 
 from __future__ import annotations
