@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import gc
 
+import pytest
+
 from vpipe_lab.control import sessions
 
 
@@ -10,7 +12,10 @@ class Fake:
         self.closed = False
 
 
-def test_the_newest_running_session_is_the_one_to_act_on() -> None:
+def test_the_newest_running_session_is_the_one_to_act_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A registry of its own: sessions of other tests in this process (pytest-xdist runs files in any order) may
+    # still be referenced, by the magics' list for one.
+    monkeypatch.setattr(sessions, "_SESSIONS", [])
     first, second = Fake(), Fake()
     sessions.register(first)
     sessions.register(second)

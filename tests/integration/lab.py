@@ -211,12 +211,13 @@ def clipped(view: dict[str, Any]) -> list[str]:
     return problems
 
 
-def kernel_client(lab: Lab) -> Any:
-    """A client of the notebook's running kernel (to ask it what Python holds)."""
+def kernel_client(lab: Lab, notebook: str | None = None) -> Any:
+    """A client of the running kernel of ``notebook`` (the only one when not given), to ask it what Python holds."""
     import jupyter_client
 
     sessions = json.load(urllib.request.urlopen(f"{lab.url}/api/sessions", timeout=10))
-    kernel_id = sessions[0]["kernel"]["id"]
+    ours = [s for s in sessions if notebook is None or s.get("path") == notebook]
+    kernel_id = ours[0]["kernel"]["id"]
     kc = jupyter_client.BlockingKernelClient(connection_file=str(lab.runtime / f"kernel-{kernel_id}.json"))
     kc.load_connection_file()
     kc.start_channels()

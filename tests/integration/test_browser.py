@@ -35,10 +35,12 @@ ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts" / "browser"
 
 
-@pytest.fixture
-def lab(tmp_path: Path) -> Iterator[Lab]:
-    shutil.copy(ROOT / "notebooks" / "01_quickstart.ipynb", tmp_path / "01_quickstart.ipynb")
-    with jupyterlab(tmp_path) as running:
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """One JupyterLab for the module's tests (each opens a notebook of its own, with its own kernel)."""
+    root = tmp_path_factory.mktemp("lab")
+    shutil.copy(ROOT / "notebooks" / "01_quickstart.ipynb", root / "01_quickstart.ipynb")
+    with jupyterlab(root) as running:
         yield running
 
 
@@ -68,10 +70,10 @@ def python_frames(kc) -> list[int]:  # type: ignore[no-untyped-def]
     return json.loads(text.strip().splitlines()[-1])
 
 
-def test_every_dashboard_display_draws_fits_and_survives_stop_on_a_loaded_machine(tmp_path: Path) -> None:
-    write_notebook(tmp_path / "displays.ipynb", DISPLAYS)
+def test_every_dashboard_display_draws_fits_and_survives_stop_on_a_loaded_machine(lab: Lab) -> None:
+    write_notebook(lab.root / "displays.ipynb", DISPLAYS)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with jupyterlab(tmp_path) as lab, cpu_load(2), chromium(1400, 1000) as page:
+    with cpu_load(2), chromium(1400, 1000) as page:
         open_notebook(page, lab, "displays.ipynb")
         run_cells(page, "notebook:run-all-above", below=len(DISPLAYS) - 1)  # everything but the stop cell
         deadline = time.monotonic() + 420
@@ -85,7 +87,7 @@ def test_every_dashboard_display_draws_fits_and_survives_stop_on_a_loaded_machin
         assert len(views) == 3 and all(drawn(v) for v in views), views
         assert all("running" in v["header"] and "iteration" in v["header"] for v in views)
         # ... and keeps updating, at most 10 frames a second, drawing the newest frame (no backlog).
-        kc = kernel_client(lab)
+        kc = kernel_client(lab, "displays.ipynb")
         try:
             before = [v["frame"] for v in live_views(page)]
             time.sleep(4)
@@ -155,14 +157,17 @@ def test_drag_a_boundary_in_the_quickstart_and_apply_it(lab: Lab) -> None:
         applied_at = int(status.text_content().split("applied at iteration")[1].split()[0])  # type: ignore[union-attr]
         page.wait_for_timeout(3000)  # the editor re-measures after Apply; its scale must hold steady
         settled = handle.bounding_box()
-        assert dropped and settled and abs(settled["x"] - dropped["x"]) <= 0.1 * dropped["x"], (dropped, settled)
+        # Steady, not frozen: one re-measure moves each block 35% of the way to its new share (steady_weights), and
+        # with another test file running beside this one (pytest-xdist) a re-measure can be off by ~30%, so the
+        # handle may drift ~10%; a scale that jumped to the new measurement would move it by far more.
+        assert dropped and settled and abs(settled["x"] - dropped["x"]) <= 0.15 * dropped["x"], (dropped, settled)
         # The quickstart's dashboard drew too.
         views = live_views(page)
         assert len(views) == 1 and drawn(views[0]) and clipped(views[0]) == []
         page.screenshot(path=str(ARTIFACTS / "quickstart.png"), full_page=True)
     # From the kernel: the workers themselves say which layers they own, and every iteration from the announced
     # one on ran with the new plan version.
-    kc = kernel_client(lab)
+    kc = kernel_client(lab, "01_quickstart.ipynb")
     try:
         result = ask(kc, f"""
 import json

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -135,17 +137,24 @@ def test_inference_copy_runs_a_captured_unit_in_eval_mode() -> None:
         assert torch.equal(value, buffers[key]), key
 
 
-@pytest.mark.parametrize("shape", [(2, 16), (2, 9), (5, 16), (1, 16), (1, 1)])
-def test_one_capture_takes_any_batch_size_and_sequence_length(shape: tuple[int, int]) -> None:
-    """Captured once on a (2, 16) micro-batch: other batch sizes and lengths run the same graph, exactly."""
+@pytest.fixture(scope="module")
+def captured_gpt2() -> tuple[torch.nn.Module, Any]:
+    """GPT-2 captured once on a (2, 16) micro-batch (one export, shared by the shapes below)."""
     torch.manual_seed(0)
     model = zoo.gpt2().train()
     chain = capture(model, {"input_ids": torch.zeros(2, 16, dtype=torch.long),
                             "attention_mask": torch.ones(2, 16, dtype=torch.long)})
+    return model.eval(), chain  # no dropout: the same numbers both ways
+
+
+@pytest.mark.parametrize("shape", [(2, 16), (2, 9), (5, 16), (1, 16), (1, 1)])
+def test_one_capture_takes_any_batch_size_and_sequence_length(shape: tuple[int, int],
+                                                              captured_gpt2: tuple[torch.nn.Module, Any]) -> None:
+    """Captured once on a (2, 16) micro-batch: other batch sizes and lengths run the same graph, exactly."""
+    model, chain = captured_gpt2
     ids = torch.randint(0, 96, shape)
     inputs = {"input_ids": ids, "attention_mask": torch.ones(shape, dtype=torch.long)}
     assert chain.problem([("tensor", torch.int64, shape), ("tensor", torch.int64, shape)]) is None
-    model.eval()  # no dropout: the same numbers both ways
     torch.testing.assert_close(run_chain(chain, inputs).logits, model(**inputs).logits, rtol=0, atol=0)
 
 
