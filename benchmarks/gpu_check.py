@@ -7,7 +7,8 @@ swap on a side CUDA stream into pinned host memory, CUDA memory counters reporte
 run with plain single-process training on the GPU, a single-stage GPU run against plain training on the CPU (the
 numerics match across devices), how much of the swap traffic hides under compute (iteration time with swap against
 keep), measured from CUDA events what fraction of a swapped layer's copies ran while its neighbours computed, and
-that weight gradients accumulated inside the GEMM (runtime/engine/wgrad.py) equal autograd's, with both backwards' times.
+that weight gradients accumulated inside the GEMM (runtime/engine/wgrad.py) equal autograd's, with both backwards' times,
+and parity of ZB-H1 and (with 2 GPUs) interleaved 1F1B with plain training on the GPU.
 Record what it prints in benchmarks/RESULTS.md.
 """
 
@@ -170,10 +171,28 @@ def main() -> int:
     checks.update(swap_overlap(torch))
     # 5. Fused weight-gradient accumulation on the GPU: same gradients, and its speed against autograd's.
     checks.update(fused_wgrad(torch))
+    # 6. The newer schedules on the GPU: ZB-H1 (its weight steps run deferred GEMMs from autograd's device thread)
+    # and, with 2 GPUs, interleaved 1F1B on two chunks per stage; each against plain training on the GPU.
+    for schedule, virtual in (("zb-h1", 1), ("interleaved-1f1b", 2)):
+        if virtual > stages:
+            checks[f"{schedule}_ok"] = "skipped: interleaving needs 2 stages (2 GPUs)"
+            continue
+        cut = tuple(range(0, n + 1, n // (stages * virtual)))
+        plan = Plan(cut, tuple("krsk" * (n // 4)), 4, schedule, virtual)
+        with vpipe_lab.launch("gpt-tiny", stages=stages, microbatches=4, schedule=schedule, plan=plan,
+                              virtual_stages=virtual, device="cuda", timeout=120) as run:
+            run.run(3)
+            run.wait(timeout=300)
+            ran = run.state_dict()
+            kinds = {sp.kind for sp in run.metrics.timeline(1)}
+        worst = max(float((ran[k].cuda().float() - v.float()).abs().max()) for k, v in model.state_dict().items())
+        checks[f"{schedule}_max_abs_diff"] = worst
+        checks[f"{schedule}_ok"] = worst < 1e-3 and (schedule != "zb-h1" or "wgrad" in kinds)
     results["checks"] = checks
     results["ok"] = bool(checks["parity_ok"] and checks["swap_ok"] and checks["cuda_counters"]
                          and checks["backend"] == "nccl" and checks["single_stage_gpu_vs_cpu_ok"]
-                         and checks["swap_overlap_ok"] and checks["fused_wgrad_ok"])
+                         and checks["swap_overlap_ok"] and checks["fused_wgrad_ok"]
+                         and all(checks[f"{s}_ok"] is not False for s in ("zb-h1", "interleaved-1f1b")))
     text = json.dumps(results, indent=1)
     print(text)
     if args.out:

@@ -46,6 +46,7 @@ class Variant:
     schedule: str
     options: dict[str, Any] = field(default_factory=dict)
     replan: bool = False
+    bounds: tuple[int, ...] | None = None  # its own partition (default: the row's); 2V + 1 of them: V chunks a rank
 
 
 def same_order(schedule: str) -> str:
@@ -78,9 +79,11 @@ def row(name: str, bounds: tuple[int, ...], schedule: str, m: int, blocks: int, 
     sessions: dict[str, Any] = {}
     try:
         for v in variants:
-            plan = Plan(bounds, ("keep",) * bounds[-1], m, v.schedule)
+            cut = v.bounds or bounds
+            virtual = (len(cut) - 1) // 2
+            plan = Plan(cut, ("keep",) * cut[-1], m, v.schedule, virtual)
             s = vpipe_lab.launch(name, stages=2, microbatches=m, schedule=v.schedule, plan=plan, device="cpu",
-                                 timeout=300, **v.options)
+                                 timeout=300, virtual_stages=virtual, **v.options)
             sessions[v.label] = s
             s.wait_ready(timeout=300)
             s.run(WARMUP)  # start-up profiling iterations included

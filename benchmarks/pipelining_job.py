@@ -41,28 +41,41 @@ def split_label(bounds: tuple[int, ...]) -> str:
 
 def torch_stage(rank: int, port: int, name: str, schedule: str, m: int, bounds: tuple[int, ...]
                 ) -> tuple[Any, Any, Any]:
-    """Join a 2-rank gloo group and build this rank's torch.distributed.pipelining stage: (example, schedule,
-    optimizer)."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    """Join a 2-rank gloo group and build this rank's torch.distributed.pipelining stages: (example, schedule,
+    optimizer). ``bounds`` with more than 2 chunks: the rank holds chunks ``rank, rank + 2, ...`` (looped, as
+    torch's interleaved schedules and vpipe_lab's virtual stages place them)."""
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+        ScheduleInterleavedZeroBubble,
+    )
 
     torch.set_num_threads(1)
     ex = get(name)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=timedelta(seconds=300))
     torch.manual_seed(0)
-    model = ex.model()
-    sub = torch.nn.Sequential(*list(model)[bounds[rank]:bounds[rank + 1]])
+    layers = list(ex.model())
+    chunks = len(bounds) - 1
     x0, _ = ex.data(0)
-    example = torch.chunk(x0, m)[0]
-    if rank == 1:  # the second stage's input is the first stage's output
-        with torch.no_grad():
-            h = torch.chunk(x0, m)[0]
-            for layer in list(model)[:bounds[1]]:
-                h = layer(h)
-        example = h
-    stage = PipelineStage(sub, rank, 2, torch.device("cpu"), input_args=example)
+    stages, params = [], []
+    for c in range(rank, chunks, 2):
+        sub = torch.nn.Sequential(*layers[bounds[c]:bounds[c + 1]])
+        with torch.no_grad():  # the chunk's input: the layers before it, on one micro-batch
+            example = torch.chunk(x0, m)[0]
+            for layer in layers[:bounds[c]]:
+                example = layer(example)
+        stages.append(PipelineStage(sub, c, chunks, torch.device("cpu"), input_args=example))
+        params += list(sub.parameters())
+    opt = ex.optimizer(params)
+    if schedule == "zb-h1":  # torch's ZB1P (ZB-H1) is its interleaved zero-bubble schedule with one stage per rank
+        return ex, ScheduleInterleavedZeroBubble(stages, m, loss_fn=ex.loss), opt
+    if schedule == "interleaved-1f1b":
+        return ex, ScheduleInterleaved1F1B(stages, m, loss_fn=ex.loss), opt
     make = Schedule1F1B if schedule == "1f1b" else ScheduleGPipe
-    return ex, make(stage, m, loss_fn=ex.loss), ex.optimizer(sub.parameters())
+    return ex, make(stages[0], m, loss_fn=ex.loss), opt
 
 
 def torch_iteration(rank: int, ex: Any, sched: Any, opt: Any, it: int) -> None:

@@ -20,7 +20,7 @@ import statistics
 import vpipe_lab
 from vpipe_lab import Plan
 from vpipe_lab.core.costmodel import estimate
-from vpipe_lab.core.schedule import for_plan
+from vpipe_lab.core.generators import for_plan
 from vpipe_lab.core.simulator import compute_bound_s, simulate
 
 WARMUP = 3

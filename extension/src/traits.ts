@@ -40,6 +40,10 @@ export const EDITOR_TRAITS = {
       },
     },
     boundaries: ints,
+    stages: {
+      description: "the stages (devices); with more chunks than stages (virtual stages) chunk c runs on stage c % stages",
+      type: "integer", minimum: 1,
+    },
     policies,
     draft_boundaries: ints,
     draft_policies: policies,
@@ -59,7 +63,7 @@ export const EDITOR_TRAITS = {
       additionalProperties: false,
     },
   },
-  required: ["layers", "boundaries", "policies", "draft_boundaries", "draft_policies", "preview", "status"],
+  required: ["layers", "boundaries", "stages", "policies", "draft_boundaries", "draft_policies", "preview", "status"],
   additionalProperties: false,
 } as const;
 

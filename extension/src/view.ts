@@ -172,30 +172,39 @@ export class PartitionView {
       block.addEventListener("click", () => this.onClick(i));
       return block;
     });
+    // With virtual stages the boundaries cut chunks, chunk c running on stage c % stages (looped placement): a
+    // block takes its stage's colour, and dragging moves chunk boundaries.
+    const stages = Math.max(1, this.model.get("stages") ?? bounds.length - 1);
+    const virtual = bounds.length - 1 > stages;
     layers.forEach((layer, i) => {
       const block = blocks[i] as HTMLDivElement;
-      const stage = stageOf(i, bounds);
+      const chunk = stageOf(i, bounds);
+      const stage = chunk % stages;
       const policy = policies[i] ?? "keep";
-      block.classList.toggle("changed", stage !== stageOf(i, committed) || policy !== (applied[i] ?? "keep"));
+      block.classList.toggle("changed", chunk !== stageOf(i, committed) || policy !== (applied[i] ?? "keep"));
       block.dataset.policy = policy;
       block.dataset.stage = String(stage);
+      block.dataset.chunk = String(chunk);
       block.style.left = `${edges[i] ?? 0}px`;
       block.style.width = `${(edges[i + 1] ?? 0) - (edges[i] ?? 0)}px`;
       block.style.background = stageColor(stage);
+      block.style.opacity = virtual && Math.floor(chunk / stages) % 2 === 1 ? "0.7" : "";
       block.textContent = policy === "keep" ? "" : policy === "swap" ? "S" : "R";
-      block.title = `${layer.name}: stage ${stage}, ${policy}` +
+      block.title = `${layer.name}: stage ${stage}${virtual ? ` (chunk ${chunk})` : ""}, ${policy}` +
         (layer.forward_ms !== undefined ? `, fwd ${layer.forward_ms.toFixed(2)} ms` : "") +
         " (click to change keep/swap/recompute)";
     });
     const handles = this.reuse(this.handles, Math.max(0, bounds.length - 2), (h) => {
       const handle = document.createElement("div");
       handle.dataset.testid = `boundary-${h + 1}`;
-      handle.title = `boundary between stage ${h} and stage ${h + 1}: drag to move layers`;
       handle.addEventListener("pointerdown", (e) => this.onDown(e, h + 1));
       return handle;
     });
     handles.forEach((handle, h) => {
       const b = h + 1;
+      handle.title = (virtual
+        ? `boundary between chunk ${h} (stage ${h % stages}) and chunk ${b} (stage ${b % stages})`
+        : `boundary between stage ${h} and stage ${b}`) + ": drag to move layers";
       handle.className = "vpipe-handle" + (this.dragging?.index === b ? " dragging" : "");
       handle.style.left = `${edges[bounds[b] ?? 0] ?? 0}px`;
       this.bar.append(handle); // handles stay above the blocks

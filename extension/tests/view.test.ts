@@ -92,6 +92,18 @@ describe("PartitionView", () => {
     expect(q("summary").textContent).toContain("predicted: 100.00 ms");
   });
 
+  it("colours chunks by the stage that runs them when there are virtual stages", () => {
+    m.set("stages", 2);
+    m.set("boundaries", [0, 2, 5, 7, 10]);
+    m.set("draft_boundaries", [0, 2, 5, 7, 10]);
+    expect(el.querySelectorAll(".vpipe-handle")).toHaveLength(3);
+    expect([0, 2, 5, 7].map((i) => q(`layer-${i}`).dataset.stage)).toEqual(["0", "1", "0", "1"]);
+    expect(q("layer-5").dataset.chunk).toBe("2");
+    expect(q("layer-5").title).toContain("stage 0 (chunk 2)");
+    expect(q("layer-5").style.background).toBe(q("layer-0").style.background);
+    expect(q("boundary-2").title).toContain("chunk 1 (stage 1) and chunk 2 (stage 0)");
+  });
+
   it("drags a boundary, redraws while moving and commits once on release", () => {
     pointer("pointerdown", q("boundary-1"), 500);
     pointer("pointermove", el.querySelector(".vpipe-bar") as HTMLElement, 310);

@@ -1,6 +1,6 @@
 import pytest
 
-from vpipe_lab.control.launch import _budgets, _free_port
+from vpipe_lab.control.launch import _budgets, _free_port, launch
 
 
 def test_budgets() -> None:
@@ -15,3 +15,14 @@ def test_budgets() -> None:
 
 def test_free_port() -> None:
     assert 0 < _free_port("127.0.0.1") < 65536
+
+
+def test_virtual_stages_are_checked_before_anything_starts() -> None:
+    with pytest.raises(ValueError, match="virtual_stages=2 needs schedule='interleaved-1f1b'"):
+        launch("mlp", stages=2, microbatches=4, virtual_stages=2, device="cpu")
+    with pytest.raises(ValueError, match="at least 2 stages"):
+        launch("mlp", stages=1, microbatches=4, schedule="interleaved-1f1b", virtual_stages=2, device="cpu")
+    with pytest.raises(ValueError, match="microbatches=3 must be a multiple of 2"):
+        launch("mlp", stages=2, microbatches=3, schedule="interleaved-1f1b", virtual_stages=2, device="cpu")
+    with pytest.raises(ValueError, match="virtual_stages must be a whole number >= 1"):
+        launch("mlp", stages=2, microbatches=4, schedule="interleaved-1f1b", virtual_stages=0, device="cpu")

@@ -19,3 +19,14 @@ def test_a_layer_without_samples_keeps_its_last_measurement() -> None:
     assert moved.layers[1].forward_s == 0.3
     profiles.forget()
     assert profiles.merge([doc(0, "a", 0.0, 0)], 4).layers[0].forward_s == 0.0
+
+
+def test_a_weight_step_is_measured_kept_across_unsplit_schedules_or_estimated() -> None:
+    """Never split: half the backward times the deferrable share. Split once: the measurement, which stands when a
+    later schedule runs the backward whole again."""
+    profiles = Profiles()
+    unsplit = LayerMeasure.from_dict({**doc(0, "a", 0.1, 3).to_dict(), "deferrable": 0.5})
+    assert profiles.merge([unsplit], 4).layers[0].weight_grad_s == 0.2 / 2 * 0.5
+    split = LayerMeasure.from_dict({**doc(0, "a", 0.1, 3).to_dict(), "weight_grad_s": 0.07})
+    assert profiles.merge([split], 4).layers[0].weight_grad_s == 0.07
+    assert profiles.merge([unsplit], 4).layers[0].weight_grad_s == 0.07

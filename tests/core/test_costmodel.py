@@ -83,6 +83,27 @@ def test_equal_stages_closed_form_and_bubble() -> None:
         assert math.isclose(est.bubble_fraction, (k - 1) / (m + k - 1))
 
 
+def test_zb_h1_memory_and_time() -> None:
+    """ZB-H1: 1F1B's in-flight activations plus the micro-batches waiting only for W (their GEMMs' inputs and output
+    gradients); the fill and drain pass each stage without its weight step; every step pays the runtime's overhead."""
+    k = 4
+    profile = ModelProfile(tuple(L(f"l{i}", 1.0, 2.0, 100, 10, 5, 1) for i in range(k)))
+    cluster = Cluster(k, 10**9, 1e9, 1e30)
+    cm = CostModel(profile, cluster, 8, "zb-h1")
+    assert [cm.inflight(s) for s in range(k)] == [4, 3, 2, 1]
+    assert [cm.waiting_bytes(s, s, s + 1) for s in range(k)] == [1 * 15, 1 * 15, 2 * 15, 3 * 15]
+    plan = Plan.from_counts([1] * k, 8, "zb-h1")
+    est = estimate(plan, profile, cluster)
+    assert est.activation_bytes == (415, 315, 230, 145)
+    assert math.isclose(est.iteration_s, 8 * 3.0 + 3 * (3.0 - 2 * 1.0))  # W = half the backward (no measure given)
+    assert est.iteration_s < estimate(plan.replace(schedule="1f1b"), profile, cluster).iteration_s
+    slow = Cluster(k, 10**9, 1e9, 1e30, step_overhead_s=0.5)  # three steps per micro-batch instead of two
+    assert math.isclose(estimate(plan, profile, slow).stage_s[0], 3.0 + 3 * 0.5)
+    assert math.isclose(estimate(plan.replace(schedule="1f1b"), profile, slow).stage_s[0], 3.0 + 2 * 0.5)
+    measured = ModelProfile(tuple(L(f"l{i}", 1.0, 2.0, 100, 10, 5, 1, weight_grad_s=0.5) for i in range(k)))
+    assert math.isclose(estimate(plan, measured, cluster).iteration_s, 8 * 3.0 + 3 * (3.0 - 2 * 0.5))
+
+
 def test_iteration_time_gpipe_uses_separate_maxima() -> None:
     assert iteration_time([1, 3], [3, 1], 3, "1f1b") == 8 + 2 * 4
     assert iteration_time([1, 3], [3, 1], 3, "gpipe") == 8 + 2 * (3 + 3)

@@ -52,3 +52,14 @@ def test_cluster_budgets_and_json() -> None:
         Cluster(3, (1, 2), 1e9, 1e9)
     with pytest.raises(ProfileError, match="swap_bandwidth"):
         Cluster(2, 10, 0.0, 1e9)
+
+
+def test_a_measured_weight_step_round_trips_and_must_fit_its_backward() -> None:
+    layer = LayerCost("l", 1.0, 2.0, 10, 1, 1, param_bytes=4, weight_grad_s=0.75)
+    assert LayerCost.from_dict(layer.to_dict()) == layer and layer.wgrad_s == 0.75
+    assert LayerCost("l", 1.0, 2.0, 10, 1, 1, param_bytes=4).wgrad_s == 1.0  # not measured: half the backward
+    assert LayerCost("l", 1.0, 2.0, 10, 1, 1, param_bytes=0).wgrad_s == 0.0  # no weights, no weight step
+    with pytest.raises(ProfileError, match="weight_grad_s is part of backward_s"):
+        LayerCost("l", 1.0, 2.0, 10, 1, 1, 4, weight_grad_s=3.0)
+    cluster = Cluster(2, 10**9, 1e9, 1e9, step_overhead_s=1e-4)
+    assert Cluster.from_dict(cluster.to_dict()) == cluster

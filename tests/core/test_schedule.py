@@ -1,8 +1,9 @@
 import pytest
 
 from vpipe_lab.core.errors import ScheduleError
+from vpipe_lab.core.generators import for_plan, gpipe, one_f_one_b
 from vpipe_lab.core.plan import Plan
-from vpipe_lab.core.schedule import Action, Op, Schedule, for_plan, gpipe, one_f_one_b
+from vpipe_lab.core.schedule import Action, Op, Schedule
 
 
 def test_action_string_round_trip() -> None:
@@ -94,3 +95,12 @@ def test_validate_detects_deadlock_with_grid() -> None:
     text = str(err.value)
     assert "deadlocks" in text and "stage 0 waits at 0RB0" in text and "stage 1 waits at 1RF1" in text
     assert ">>0RB0<<" in text
+
+
+def test_weight_steps_parse_and_are_checked() -> None:
+    assert Action.parse("1W3") == Action(1, Op.W, 3)
+    with pytest.raises(ScheduleError, match="comes too early: it needs the backward"):
+        Schedule.parse(["0F0 0W0 0B0"]).validate()
+    with pytest.raises(ScheduleError, match=r"never runs 0W1: every stage runs F and B \(and W"):
+        Schedule.parse(["0F0 0F1 0B0 0W0 0B1"]).validate()
+    Schedule.parse(["0F0 0F1 0B0 0B1 0W1 0W0"]).validate()  # W in any order after its own B

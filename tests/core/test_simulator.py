@@ -6,9 +6,10 @@ from hypothesis import strategies as st
 
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.errors import ScheduleError
+from vpipe_lab.core.generators import gpipe, one_f_one_b, zb_h1
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
-from vpipe_lab.core.schedule import Schedule, gpipe, one_f_one_b
+from vpipe_lab.core.schedule import Schedule
 from vpipe_lab.core.simulator import compute_bound_s, run_schedule, simulate
 from vpipe_lab.core.timeline import Span, Timeline
 
@@ -87,7 +88,7 @@ def test_deadlock_is_reported() -> None:
 def test_generated_schedules_never_deadlock() -> None:
     for k in range(1, 6):
         for m in range(1, 7):
-            for make in (gpipe, one_f_one_b):
+            for make in (gpipe, one_f_one_b, zb_h1):
                 run_schedule(make(k, m), lambda a: 1.0)
 
 
@@ -105,3 +106,17 @@ def test_compute_bound_replays_measured_compute_with_free_transfers() -> None:
     assert compute_bound_s(one_f_one_b(2, 2), slow) == pytest.approx(8.0)
     # Actions without spans take no time.
     assert compute_bound_s(one_f_one_b(2, 2), Timeline()) == 0.0
+
+
+def test_zb_h1_replays_b_and_w_apart_with_the_weight_share() -> None:
+    """The simulator times B as the backward less its weight share and W as that share; on equal stages ZB-H1 beats
+    1F1B by the weight steps it moves out of the fill and drain, and the cost model's closed form agrees."""
+    k, m = 4, 8
+    profile = equal(k, fwd=1.0, bwd=2.0)  # W = 1 (half the backward of a layer with parameters)
+    cluster = Cluster(k, 10**9, **FREE)
+    plan = Plan.from_counts([1] * k, m, "zb-h1")
+    t = simulate(plan, profile, cluster)
+    assert {s.kind for s in t} >= {"forward", "backward", "wgrad"}
+    assert all(s.duration_s == 1.0 for s in t if s.kind in ("backward", "wgrad"))
+    assert t.iteration_s == 3 * m + (k - 1) == estimate(plan, profile, cluster).iteration_s
+    assert simulate(plan.replace(schedule="1f1b"), profile, cluster).iteration_s == 3 * (m + k - 1)

@@ -66,3 +66,17 @@ def test_replicas_get_their_own_lanes_idle_and_trace_processes() -> None:
     assert names == ["replica 0 stage 0", "replica 1 stage 0"]
     assert {e["pid"] for e in t.to_chrome_trace()["traceEvents"] if e["ph"] == "X"} == {0, 1}
     assert Timeline.from_json(t.to_json()) == t and list(t.to_pandas()["replica"]) == [0, 0, 1, 1]
+
+
+def test_step_overhead_is_the_uncovered_time_per_compute_step() -> None:
+    spans = Timeline((
+        # iteration 0, stage 0: 0.1 uncovered before the send, 0.2 before the backward; the swap runs beside
+        Span(0, "forward", 0, None, 0.0, 1.0), Span(0, "send", 0, None, 1.1, 1.2),
+        Span(0, "swap_in", 0, 3, 1.0, 1.9), Span(0, "backward", 0, None, 1.4, 2.0),
+        # stage 1: back to back
+        Span(1, "forward", 0, None, 0.0, 1.0), Span(1, "wgrad", 0, None, 1.0, 2.0),
+        # iteration 1, stage 1: 0.6 uncovered
+        Span(1, "forward", 0, None, 5.0, 6.0, iteration=1), Span(1, "backward", 0, None, 6.6, 7.0, iteration=1),
+    ))
+    assert spans.step_overhead_s() == pytest.approx(0.15)  # the median of 0.3 / 2, 0 / 2 and 0.6 / 2
+    assert Timeline().step_overhead_s() == 0.0

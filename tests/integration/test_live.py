@@ -10,6 +10,7 @@ import torch
 import vpipe_lab
 from vpipe_lab import InfeasiblePlan, Plan, PlanError
 from vpipe_lab.control.errors import WorkerError
+from vpipe_lab.core.plan import SCHEDULES
 from vpipe_lab.examples import mlp
 from vpipe_lab.wire.checkpoint import resolve
 
@@ -126,6 +127,12 @@ def test_replan_and_automatic_replanning_rebalance_the_uneven_mlp() -> None:
         found = s.replan()
         assert found.gain > 0.05 and found.moves and found.applied_at is None and found.migration_s > 0
         assert s.plan.counts == (5, 5)  # only reported
+        # The planner may choose the schedule too, charged the runtime's measured overhead per step
+        assert s.cluster().step_overhead_s > 0
+        chosen = s.replan(schedule="auto")
+        assert chosen.plan.schedule in SCHEDULES and chosen.predicted_s <= found.predicted_s * (1 + 1e-9)
+        with pytest.raises(PlanError, match="unknown schedule 'zb'"):
+            s.replan(schedule="zb")
         planner = s.auto_replan(every=3, horizon=50)
         s.run(12)
         s.wait(timeout=120)

@@ -34,7 +34,7 @@ GPT2_UNITS = ["transformer.wte+transformer.wpe+transformer.drop", "transformer.h
 @pytest.mark.parametrize(("stages", "schedule", "policies", "boundaries", "fused"), [
     (2, "gpipe", "ksrksk", (0, 3, 6), 0),
     (2, "1f1b", "rkskrs", (0, 2, 6), True),
-    (3, "1f1b", "kskrsk", (0, 2, 4, 6), 0),
+    (3, "zb-h1", "kskrsk", (0, 2, 4, 6), 0),
     (3, "gpipe", "rsksrk", (0, 1, 4, 6), False),
 ])
 def test_gpt2_matches_plain_pytorch(stages: int, schedule: str, policies: str, boundaries: tuple[int, ...],
@@ -52,12 +52,15 @@ def test_gpt2_matches_plain_pytorch(stages: int, schedule: str, policies: str, b
     assert state["lm_head.weight"] is state["transformer.wte.weight"]  # the tie under both names, one tensor
 
 
-@pytest.mark.parametrize("stages", [1, 2])
-def test_tied_sequential_matches_plain_pytorch(stages: int) -> None:
+@pytest.mark.parametrize(("stages", "schedule"), [(1, "1f1b"), (2, "zb-h1"), (2, "interleaved-1f1b")])
+def test_tied_sequential_matches_plain_pytorch(stages: int, schedule: str) -> None:
     """The tie used to be stepped twice (once per layer holding it); now one gradient, one update. The head's
-    fused gradient and the embedding's autograd one add into the same .grad on one stage."""
+    fused gradient and the embedding's autograd one add into the same .grad on one stage. Split into B and W
+    (zb-h1), the head's weight gradient arrives in its W step and is still reduced with the embedding's; interleaved
+    (two chunks per stage), the tie is reduced between the first stage's first chunk and the last one's last."""
+    virtual = 2 if schedule == "interleaved-1f1b" else 1
     names, losses, state = pipelined(zoo.tied_sequential, zoo.token_data, None, zoo.adamw, stages=stages,
-                                     fused_wgrad=0)
+                                     schedule=schedule, fused_wgrad=0, virtual_stages=virtual)
     assert names[0] == "0:Embedding" and names[-1] == "5:Linear"
     model, ref_losses = reference.train(zoo.tied_sequential, zoo.token_data, _token_loss, zoo.adamw, iterations=3,
                                         microbatches=4)
@@ -66,10 +69,10 @@ def test_tied_sequential_matches_plain_pytorch(stages: int) -> None:
 
 
 def test_a_tie_survives_save_and_resume_onto_one_stage(tmp_path) -> None:
-    """Saved from 2 stages (each holding a copy of the tie), resumed onto 1 (one tensor): training goes on as plain
-    PyTorch's would."""
+    """Saved from 2 stages (each holding a copy of the tie) under zb-h1, resumed onto 1 (one tensor) under 1F1B:
+    training goes on as plain PyTorch's would."""
     with vpipe_lab.launch(zoo.tied_sequential, zoo.token_data, optimizer=zoo.adamw, stages=2, microbatches=4,
-                          device="cpu", timeout=60) as session:
+                          schedule="zb-h1", device="cpu", timeout=60) as session:
         session.run(2)
         session.wait(timeout=120)
         first = list(session.metrics.iterations["loss"])

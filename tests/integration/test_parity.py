@@ -27,29 +27,85 @@ def assert_matches(state: dict[str, torch.Tensor], model: torch.nn.Module) -> No
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize("policy", list(POLICIES))
-def test_two_stages_match_plain_pytorch(schedule: str, policy: str) -> None:
-    plan = Plan((0, 4, 10), tuple(POLICIES[policy]), 4, schedule)
-    with vpipe_lab.launch("mlp", stages=2, microbatches=4, schedule=schedule, plan=plan, device="cpu",
-                          timeout=60) as session:
-        session.run(3)
-        session.wait(timeout=120)
+def test_two_stages_match_plain_pytorch_under_every_policy(schedule: str) -> None:
+    """Every policy set in turn (keep, recompute, swap, mixed; two iterations each), each next one applied live at an
+    iteration boundary: every loss and tensor as plain PyTorch's. The order is rotated by schedule, so each policy set
+    also starts a fresh session under some schedule."""
+    virtual = 2 if schedule == "interleaved-1f1b" else 1  # two chunks per stage: [0:2] [2:5] [5:7] [7:10]
+    turn = SCHEDULES.index(schedule) % len(POLICIES)
+    order = [*list(POLICIES)[turn:], *list(POLICIES)[:turn]]
+    plans = [Plan((0, 2, 5, 7, 10) if virtual > 1 else (0, 4, 10), tuple(POLICIES[p]), 4, schedule, virtual)
+             for p in order]
+    with vpipe_lab.launch("mlp", stages=2, microbatches=4, schedule=schedule, plan=plans[0], device="cpu",
+                          virtual_stages=virtual, timeout=60) as session:
+        for i, plan in enumerate(plans):
+            if i:
+                assert session.apply(plan) == 2 * i
+            session.run(2)
+            session.wait(timeout=120)
         losses = list(session.metrics.iterations["loss"])
         state = session.state_dict()
-    model, ref_losses = reference.train(mlp.model, mlp.data, mlp.loss, mlp.optimizer, iterations=3, microbatches=4)
+        kinds = {(span.stage, span.kind) for span in session.metrics.timeline(2)}
+        measured = session.profile() if schedule == "zb-h1" else None
+    # zb-h1 runs each micro-batch's weight gradients as a step of their own, on both stages
+    assert {(0, "wgrad"), (1, "wgrad")} <= kinds if schedule == "zb-h1" else not {k for _, k in kinds} & {"wgrad"}
+    if measured is not None:  # the profiler timed each layer's weight step on its own, inside its backward
+        split = {c.name: c.weight_grad_s for c in measured.layers}
+        assert all(0 < split[c.name] < c.backward_s for c in measured.layers[:8])  # type: ignore[operator]
+        assert split["9:Linear"] == 0.0  # 64 x 16: too small to defer (wgrad.SPLIT_MIN_PARAMS), done in its B
+    model, ref_losses = reference.train(mlp.model, mlp.data, mlp.loss, mlp.optimizer, iterations=8, microbatches=4)
     assert losses == pytest.approx(ref_losses, rel=1e-5)
     assert_matches(state, model)
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "eager-1f1b"])
+@pytest.mark.parametrize("schedule", ["1f1b", "eager-1f1b", "zb-h1", "interleaved-1f1b"])
 def test_four_stages_with_dropout_match_plain_pytorch(schedule: str) -> None:
-    """gpt-tiny has dropout: recompute must replay the same masks, and layer seeding must not depend on the stage."""
+    """gpt-tiny has dropout: recompute must replay the same masks, and layer seeding must not depend on the stage
+    (interleaved: one layer per chunk, two chunks per stage, each micro-batch crossing every stage twice)."""
     policies = ("keep", "recompute", "swap", "keep", "recompute", "swap", "keep", "keep")
-    plan = Plan((0, 2, 4, 6, 8), policies, 4, schedule)
+    virtual = 2 if schedule == "interleaved-1f1b" else 1
+    plan = Plan(tuple(range(9)) if virtual > 1 else (0, 2, 4, 6, 8), policies, 4, schedule, virtual)
     with vpipe_lab.launch("gpt-tiny", stages=4, microbatches=4, schedule=schedule, plan=plan, device="cpu",
-                          timeout=90) as session:
+                          virtual_stages=virtual, timeout=90) as session:
         session.run(2)
         session.wait(timeout=180)
         state = session.state_dict()
     model, _ = reference.train(gpt.model, gpt.data, gpt.loss, gpt.optimizer, iterations=2, microbatches=4)
     assert_matches(state, model)
+
+
+def test_interleaved_stages_migrate_switch_schedules_and_resume(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two chunks per stage: a live change to 1F1B's one chunk per stage, then back to interleaving with other
+    chunk boundaries and policies (layers move between stages and between a stage's chunks), a checkpoint, and a
+    resume: every loss and tensor as plain PyTorch's."""
+    plan = Plan((0, 2, 5, 7, 10), tuple("ksrrskksrk"), 4, "interleaved-1f1b", 2)
+    with vpipe_lab.launch("mlp", stages=2, microbatches=4, schedule="interleaved-1f1b", virtual_stages=2, plan=plan,
+                          device="cpu", timeout=60) as session:
+        session.run(2)
+        session.wait(timeout=120)
+        assert session.apply(Plan((0, 5, 10), tuple("k" * 10), 4, "1f1b")) == 2
+        session.run(2)
+        session.wait(timeout=120)
+        assert session.apply(Plan((0, 3, 5, 8, 10), tuple("kkrrsskkkk"), 4, "interleaved-1f1b", 2)) == 4
+        assert session.layers_by_stage() == [[0, 1, 2, 5, 6, 7], [3, 4, 8, 9]]
+        session.run(2)
+        session.wait(timeout=120)
+        session.save(tmp_path / "ckpt")
+        losses = list(session.metrics.iterations["loss"])
+        state = session.state_dict()
+    model, ref_losses = reference.train(mlp.model, mlp.data, mlp.loss, mlp.optimizer, iterations=8, microbatches=4)
+    assert losses == pytest.approx(ref_losses[:6], rel=1e-5)
+    assert_matches(state, mlp_model_after(6))
+    with vpipe_lab.launch("mlp", stages=2, microbatches=4, schedule="interleaved-1f1b", virtual_stages=2,
+                          device="cpu", timeout=60, resume=tmp_path / "ckpt") as session:
+        assert session.plan.boundaries == (0, 3, 5, 8, 10) and session.plan.virtual_stages == 2
+        session.run(2)
+        session.wait(timeout=120)
+        resumed = list(session.metrics.iterations["loss"])[-2:]
+        state = session.state_dict()
+    assert resumed == pytest.approx(ref_losses[6:], rel=1e-5)
+    assert_matches(state, model)
+
+
+def mlp_model_after(iterations: int) -> torch.nn.Module:
+    return reference.train(mlp.model, mlp.data, mlp.loss, mlp.optimizer, iterations=iterations, microbatches=4)[0]

@@ -16,8 +16,10 @@ pytestmark = pytest.mark.slow
 def test_two_replicas_of_two_stages_match_one_process_across_a_migration() -> None:
     """SGD with momentum, 2 replicas x 2 stages (4 processes), 2 micro-batches each: every loss and parameter equals
     plain PyTorch over the global batch in 4 micro-batches, also after a plan change that migrates layers (with
-    their momentum) on both replicas at the same iteration."""
-    with vpipe_lab.launch("mlp", stages=2, replicas=2, microbatches=2, device="cpu", timeout=60) as session:
+    their momentum) on both replicas at the same iteration and switches the schedule from zb-h1 (split backward) to
+    1F1B."""
+    with vpipe_lab.launch("mlp", stages=2, replicas=2, microbatches=2, schedule="zb-h1", device="cpu",
+                          timeout=60) as session:
         assert session.workers == 4
         session.run(2)
         session.wait(timeout=120)
@@ -37,12 +39,13 @@ def test_two_replicas_of_two_stages_match_one_process_across_a_migration() -> No
 
 
 def test_replicated_gpt_with_ties_dropout_and_global_clipping() -> None:
-    """gpt-tiny (dropout, embedding tied to the LM head across stages) in 2 replicas with clip_grad_norm: each
-    replica's micro-batches draw the global batch's dropout masks, tied gradients are reduced inside each replica,
-    and the clipping norm is the whole model's over the global batch."""
-    plan = Plan((0, 4, 8), ("keep",) * 8, 2, "1f1b")
+    """gpt-tiny (dropout, embedding tied to the LM head across stages) in 2 replicas with clip_grad_norm, each
+    replica interleaved over two chunks per stage: each replica's micro-batches draw the global batch's dropout
+    masks, tied gradients are reduced inside each replica, and the clipping norm is the whole model's over the
+    global batch."""
+    plan = Plan((0, 2, 4, 6, 8), ("keep",) * 8, 2, "interleaved-1f1b", 2)
     with vpipe_lab.launch("gpt-tiny", stages=2, replicas=2, microbatches=2, plan=plan, clip_grad_norm=0.5,
-                          device="cpu", timeout=90) as session:
+                          schedule="interleaved-1f1b", virtual_stages=2, device="cpu", timeout=90) as session:
         session.run(2)
         session.wait(timeout=180)
         frame = session.metrics.iterations

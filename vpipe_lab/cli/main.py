@@ -12,7 +12,7 @@ from pathlib import Path
 from vpipe_lab.core import scaling, workloads
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.errors import VpipeError
-from vpipe_lab.core.plan import SCHEDULES, Plan
+from vpipe_lab.core.plan import AUTO, SCHEDULES, Plan
 from vpipe_lab.core.planner import METHODS, search
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.report import human_time, plan_table
@@ -51,7 +51,8 @@ def _add_planning_args(p: argparse.ArgumentParser) -> None:
     count.add_argument("--microbatches", "-m", type=int, help="micro-batches per mini-batch")
     count.add_argument("--batch-size", type=int, help="the global batch: the planner chooses how many micro-batches "
                        "(each count dividing it, on the profile rescaled to its micro-batch size)")
-    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    p.add_argument("--schedule", choices=(*SCHEDULES, AUTO), default="1f1b",
+                   help="the pipeline schedule, or auto: the planner plans each and keeps the fastest that fits")
     p.add_argument("--method", choices=METHODS, default="vpipe")
     p.add_argument("--device", choices=sorted(workloads.DEVICES), default="rtx2080ti",
                    help="device preset for the cluster and for bundled workloads")
@@ -72,6 +73,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
                           for m, t in result.candidates)
         print(f"micro-batches x size for a batch of {args.batch_size}: {tried}; chosen {result.plan.microbatches} "
               f"x {result.microbatch_size}")
+    if result.schedules:
+        tried = ", ".join(f"{s}: " + (human_time(t) if t is not None else "does not fit") for s, t in result.schedules)
+        print(f"schedules: {tried}; chosen {result.plan.schedule}")
     print(plan_table(result.plan, result.estimate, profile))
     bound = "proven optimal" if result.proven_optimal else f"lower bound {human_time(result.lower_bound_s)}"
     print(f"{bound}; within {result.gap:.2%} of the bound")

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import Cluster
+from vpipe_lab.core.timeline import COMPUTE_KINDS
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class AutoReplanner:
         if self._predicted and spans:
             for stage, predicted in enumerate(self._predicted):
                 busy = sum(s.duration_s for s in spans if s.stage == stage
-                           and s.kind in ("forward", "backward", "recompute")) / m
+                           and s.kind in COMPUTE_KINDS) / m
                 if predicted > 0 and abs(busy - predicted) / predicted > self.drift:
                     return f"stage {stage} runs {busy / predicted - 1:+.0%} off its prediction"
         for row in event.get("memory") or []:

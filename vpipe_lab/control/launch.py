@@ -71,6 +71,7 @@ def launch(
     log: Any = None,
     replicas: int = 1,
     fused_wgrad: bool | int = True,
+    virtual_stages: int = 1,
 ) -> Session:
     """Start one worker process per stage and return the Session once every stage is ready (training not started).
 
@@ -97,6 +98,8 @@ def launch(
     ``nn.Linear`` (and HuggingFace ``Conv1D``) whose weight has at least 2**18 elements add its weight gradient
     into ``.grad`` inside the backward's GEMM, not as a new tensor added afterwards: one pass over each weight less
     per micro-batch (see ``runtime/engine/wgrad.py``); a number sets that size (0: every linear layer), False turns it off.
+    ``virtual_stages`` V > 1 (with ``schedule="interleaved-1f1b"``) gives each stage V chunks of the model in looped
+    placement; the plan then has ``stages * V + 1`` boundaries (see ``core/interleaved.py``).
     """
     from vpipe_lab import examples
     from vpipe_lab.telemetry import sinks
@@ -112,6 +115,13 @@ def launch(
         raise ValueError(f"fused_wgrad must be True, False or the smallest weight to fuse (elements, >= 0), got "
                          f"{fused_wgrad!r}")
     checks.count(replicas, "replicas")
+    checks.count(virtual_stages, "virtual_stages")
+    if virtual_stages > 1 and (schedule != "interleaved-1f1b" or stages < 2):
+        raise ValueError(f"virtual_stages={virtual_stages} needs schedule='interleaved-1f1b' and at least 2 stages "
+                         f"(got {schedule!r} on {stages})")
+    if schedule == "interleaved-1f1b" and microbatches % stages:
+        raise ValueError(f"interleaved-1f1b runs micro-batches in groups of the {stages} stages: microbatches="
+                         f"{microbatches} must be a multiple of {stages}")
     sinks.check(log)
     manifest = None
     if resume is not None:
@@ -119,14 +129,16 @@ def launch(
         if plan is None:
             saved = Plan.from_dict(manifest.plan)
             # Layers are saved one file each, so a checkpoint resumes onto another stage count too.
-            plan = saved if saved.stages == stages else Plan(uniform(manifest.num_layers, stages), saved.policies,
-                                                              saved.microbatches, saved.schedule)
+            same = (saved.stages, saved.virtual_stages) == (stages, virtual_stages)
+            plan = saved if same else Plan(uniform(manifest.num_layers, stages * virtual_stages), saved.policies,
+                                           saved.microbatches, schedule, virtual_stages)
             plan = plan.replace(microbatches=microbatches, schedule=schedule)
     if plan is not None:
         plan = plan.validate(stages=stages)
-        if plan.microbatches != microbatches or plan.schedule != schedule:
-            raise PlanError(f"the plan is for {plan.schedule} with {plan.microbatches} micro-batches but the session "
-                            f"runs {schedule} with {microbatches}; make them agree")
+        if (plan.microbatches, plan.schedule, plan.virtual_stages) != (microbatches, schedule, virtual_stages):
+            raise PlanError(f"the plan is for {plan.schedule} with {plan.microbatches} micro-batches and "
+                            f"{plan.virtual_stages} virtual stages but the session runs {schedule} with {microbatches} "
+                            f"and {virtual_stages}; make them agree")
     named: dict[str, str] = {}
     user: dict[str, Any] = {}
     if isinstance(split, str):
@@ -180,6 +192,7 @@ def launch(
         resume_path=str(Path(resume).absolute()) if resume is not None else None,
         clip_grad_norm=None if clip_grad_norm is None else float(clip_grad_norm), precision=precision,
         eval_every=eval_every, eval_batches=eval_batches, replicas=replicas, fused_wgrad=fused_wgrad, scout=scout,
+        virtual_stages=virtual_stages,
     )
     spec_path = job_dir / "job.json"
     spec.save(spec_path)

@@ -23,7 +23,7 @@ from vpipe_lab.core import checks, scaling
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
 from vpipe_lab.core.migration import LayerMove, layer_moves, migration_time_s, moved_bytes
-from vpipe_lab.core.plan import Plan
+from vpipe_lab.core.plan import AUTO, SCHEDULES, Plan
 from vpipe_lab.core.planner import search
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.report import human_bytes
@@ -104,7 +104,7 @@ class Live:
                     suggestions=("swap or recompute more of that stage's layers", "move layers off that stage"))
         with self._lock:
             version = self.state.plan_version + 1
-            moves = layer_moves(current.boundaries, plan.boundaries)
+            moves = layer_moves(current.boundaries, plan.boundaries, plan.stages)
             path = None
             if checkpoint and moves and self.job_dir is not None:
                 path = self.job_dir / "checkpoints" / f"plan-v{version}"
@@ -188,23 +188,30 @@ class Live:
 
     # --- vPipe's online planner ------------------------------------------------------------------------------------
     def replan(self, method: str = "vpipe", *, apply: bool = False, cluster: Cluster | None = None,
-               profile: ModelProfile | None = None, choose_microbatches: bool = False) -> Replan:
+               profile: ModelProfile | None = None, choose_microbatches: bool = False,
+               schedule: str | None = None) -> Replan:
         """Profile the running model, plan it from the current plan, and report the predicted gain and the moves;
         ``apply=True`` also applies the new plan (if it differs). ``choose_microbatches`` lets the planner choose
         the number of micro-batches too, for the same global batch, from the throughput-vs-micro-batch-size curve
-        the profiler measured (``core/scaling.py``); a new count is applied live like any other plan change."""
+        the profiler measured (``core/scaling.py``); a new count is applied live like any other plan change.
+        ``schedule``: plan for that schedule, or ``"auto"`` to let the planner choose it (each charged its memory
+        and its measured overhead per step); None keeps the current one. A new schedule starts at the iteration
+        the plan is applied at, like any other plan change."""
+        if schedule is not None and schedule not in (*SCHEDULES, AUTO):
+            raise PlanError(f"unknown schedule {schedule!r}: use one of {', '.join((*SCHEDULES, AUTO))}")
         profile = profile or self.profile()
         cluster = cluster or self.cluster()
         current = self.state.plan
         assert current is not None
+        schedule = schedule or current.schedule
         if choose_microbatches:
             if not profile.microbatch_size:
                 raise PlanError("no iteration has run yet, so the micro-batch size is not known: run a few "
                                 "iterations before choose_microbatches")
             result = search(profile, cluster, batch_size=profile.microbatch_size * current.microbatches,
-                            schedule=current.schedule, method=method, current=current)
+                            schedule=schedule, method=method, current=current)
         else:
-            result = search(profile, cluster, microbatches=current.microbatches, schedule=current.schedule,
+            result = search(profile, cluster, microbatches=current.microbatches, schedule=schedule,
                             method=method, current=current)
         now = estimate(current, profile, cluster).iteration_s
         if result.microbatch_size is not None:

@@ -184,8 +184,8 @@ class Session:
 
     def cluster(self) -> Cluster:
         """The running hardware as the planners see it: the stage budgets (or this machine's memory split evenly),
-        and the slowest measured host-copy and stage-to-stage bandwidths."""
-        return self.state.cluster(self.stages, self.spec.memory_budget)
+        the slowest measured host-copy and stage-to-stage bandwidths, the runtime's time per compute step."""
+        return self.state.cluster(self.stages, self.spec.memory_budget, self.metrics.timeline(20).step_overhead_s())
 
     def on_event(self, callback: EventCallback) -> Callable[[], None]:
         """Call ``callback(event)`` (from a background thread) for every event; returns an unsubscribe function.
@@ -327,12 +327,13 @@ class Session:
         return at
 
     def replan(self, method: str = "vpipe", *, apply: bool = False, cluster: Cluster | None = None,
-               profile: ModelProfile | None = None, choose_microbatches: bool = False) -> Replan:
+               profile: ModelProfile | None = None, choose_microbatches: bool = False, schedule: str | None = None
+               ) -> Replan:
         """Profile the running model, plan it from the current plan, and report the predicted gain and the moves;
         ``apply=True`` also applies the new plan (if it differs). ``choose_microbatches`` lets the planner choose
-        the number of micro-batches too (see ``Live.replan``)."""
+        the number of micro-batches, ``schedule`` ("auto" or a name) the schedule too (see ``Live.replan``)."""
         return self._live.replan(method, apply=apply, cluster=cluster, profile=profile,
-                                 choose_microbatches=choose_microbatches)
+                                 choose_microbatches=choose_microbatches, schedule=schedule)
 
     def auto_replan(self, enabled: bool = True, **options: Any) -> AutoReplanner | None:
         """Let vPipe replan on its own (periodically, on drift, on low memory headroom) and apply a new plan only

@@ -40,9 +40,10 @@ class JobState:
         self.plan_version, self.iteration = current.plan_version, current.iteration
         self.target = None if current.running else self.iteration
 
-    def cluster(self, stages: int, memory_budget: list[int] | None) -> Cluster:
+    def cluster(self, stages: int, memory_budget: list[int] | None, step_overhead_s: float = 0.0) -> Cluster:
         """The hardware the ranks reported at start as the planners see it: ``memory_budget`` per stage (or this
-        machine's memory split evenly), and the slowest measured host-copy and stage-to-stage bandwidths."""
+        machine's memory split evenly), the slowest measured host-copy and stage-to-stage bandwidths, and the
+        runtime's measured time per compute step."""
         ready = [self.ready[r] for r in sorted(self.ready)]
         swap = min(b.swap_bandwidth for b in ready)
         link = min(b.link_bandwidth for b in ready)
@@ -54,4 +55,4 @@ class JobState:
 
             budgets = int(psutil.virtual_memory().total // stages)
         return Cluster(stages, budgets, swap, link if link != float("inf") else 1e12, latency, False,
-                       f"{stages} x {ready[0].device} (measured)")
+                       f"{stages} x {ready[0].device} (measured)", step_overhead_s)

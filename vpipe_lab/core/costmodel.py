@@ -16,11 +16,18 @@ with ``hide`` the stage's compute time (less its boundary traffic when that shar
     + activation_bytes of every recomputed layer, once: the runtime rebuilds a micro-batch's recomputed layers right
       before that micro-batch's backward on the stage, and holds them until it is done
 
-with ``inflight = M`` for GPipe, ``min(M, K - s)`` for 1F1B and ``min(M, K - s + 1)`` for eager 1F1B (but the last
-stage, which keeps one). The iteration takes
+with ``inflight = M`` for GPipe, ``min(M, K - s)`` for 1F1B, ``min(M, K - s + 1)`` for eager 1F1B (but the last
+stage, which keeps one); ZB-H1 holds 1F1B's ``inflight`` and up to ``max(K, K - s + 1) - inflight`` more micro-batches
+waiting only for their weight step, each keeping its layers-with-parameters' inputs and output gradients (at most
+their activations): ``+ waiting * sum(min(activation_bytes, input_bytes + output_bytes))`` over those layers
+(``core/zero_bubble.py``). The iteration takes
 ``sum(T) + (M - 1) * max(T)`` for 1F1B (eager or not: transfer latency, which eager 1F1B hides, is not modelled
 apart from the sends' own time) and ``sum(T) + (M - 1) * (max(F) + max(B))`` for GPipe, which both reduce
-to ``(M + K - 1) * T`` for equal stages and free communication.
+to ``(M + K - 1) * T`` for equal stages and free communication. ZB-H1 takes ``M * T_b + sum over the other stages
+of max(0, T - 2 W)`` with ``b`` the slowest stage and ``W`` a stage's weight-gradient time: the fill and drain pass
+each stage without its weight step (the paper's ``(K - 1)(F + B - W)`` bubble for equal stages). Interleaved 1F1B
+costs each chunk (virtual stage) as above, with its stage's peak count of chunk-forwards in flight
+(``core/interleaved.py``), and sums a stage's chunks (``_estimate_chunks``).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
-from vpipe_lab.core import checks
+from vpipe_lab.core import checks, interleaved, zero_bubble
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.plan import SCHEDULES, Estimate, Plan, Policy
 from vpipe_lab.core.profile import Cluster, ModelProfile
@@ -50,6 +57,7 @@ class StageCost:
     host_bytes: int
     inflight: int
     rebuild_bytes: int = 0  # the recomputed layers' activations, held while one micro-batch is rebuilt (transient)
+    wgrad_s: float = 0.0  # the weights' gradients' part of backward_s (a zero-bubble schedule's W step)
 
     @property
     def total_s(self) -> float:
@@ -72,18 +80,26 @@ def swap_buffers(inflight: int) -> int:
     return min(inflight, 2)
 
 
-def iteration_time(forward: Sequence[float], backward: Sequence[float], microbatches: int, schedule: str) -> float:
-    """Iteration time of a synchronous pipeline from per-stage forward and backward time per micro-batch."""
+def iteration_time(forward: Sequence[float], backward: Sequence[float], microbatches: int, schedule: str,
+                   wgrad: Sequence[float] = ()) -> float:
+    """Iteration time of a synchronous pipeline from per-stage forward and backward time per micro-batch (and, for
+    ZB-H1, the weight-gradient part of each backward)."""
     total = [f + b for f, b in zip(forward, backward)]
     if schedule == "gpipe":
         return sum(total) + (microbatches - 1) * (max(forward) + max(backward))
+    if schedule == "zb-h1":
+        weights = list(wgrad) or [0.0] * len(total)
+        slowest = max(range(len(total)), key=lambda s: total[s])
+        return microbatches * total[slowest] + sum(max(0.0, t - 2 * w) for s, (t, w) in enumerate(zip(total, weights))
+                                                   if s != slowest)
     return sum(total) + (microbatches - 1) * max(total)
 
 
 class CostModel:
     """Prefix sums over a profile for O(1) stage queries; the single source of costs for planners and estimates."""
 
-    def __init__(self, profile: ModelProfile, cluster: Cluster, microbatches: int, schedule: str = "1f1b") -> None:
+    def __init__(self, profile: ModelProfile, cluster: Cluster, microbatches: int, schedule: str = "1f1b",
+                 virtual_stages: int = 1) -> None:
         if schedule not in SCHEDULES:
             raise PlanError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
         checks.count(microbatches, "microbatches", error=PlanError)
@@ -92,10 +108,19 @@ class CostModel:
         self.microbatches = microbatches
         self.schedule = schedule
         self.stages = cluster.stages
+        # Interleaved: stage-level queries below take a chunk (virtual stage) where they say "stage"; chunk c runs on
+        # stage c % stages. Without virtual stages the two are the same.
+        self.virtual = virtual_stages
+        self.chunks = self.stages * virtual_stages
+        self.backward_steps = 2 if schedule == "zb-h1" else 1  # B and W steps, or one backward
         layers = profile.layers
         self.num_layers = len(layers)
         self.fwd = [x.forward_s for x in layers]
         self.bwd = [x.backward_s for x in layers]
+        self._pw = [0.0, *accumulate(x.wgrad_s for x in layers)]
+        # what a micro-batch waiting for its weight step keeps: the inputs and output gradients of the GEMMs
+        self._pwait = [0, *accumulate(min(x.activation_bytes, x.input_bytes + x.output_bytes) if x.param_bytes else 0
+                                      for x in layers)]
         self.act = [x.activation_bytes for x in layers]
         self.inp = [x.input_bytes for x in layers]
         self.out = [x.output_bytes for x in layers]
@@ -111,6 +136,8 @@ class CostModel:
         """Micro-batches whose activations a stage holds at its peak."""
         if self.schedule == "gpipe":
             return self.microbatches
+        if self.schedule == "interleaved-1f1b":  # chunk-forwards held at once on the chunk's stage
+            return interleaved.peak_inflight(self.stages, self.virtual, self.microbatches, stage % self.stages)
         ahead = 1 if self.schedule == "eager-1f1b" and stage < self.stages - 1 else 0
         return min(self.microbatches, self.stages - stage + ahead)
 
@@ -127,6 +154,17 @@ class CostModel:
     def backward_compute_s(self, lo: int, hi: int) -> float:
         return self._pb[hi] - self._pb[lo]
 
+    def waiting_bytes(self, stage: int, lo: int, hi: int) -> int:
+        """ZB-H1: what the micro-batches beyond ``inflight`` that wait only for their weight step hold (else 0)."""
+        if self.schedule != "zb-h1":
+            return 0
+        waiting = min(self.microbatches, zero_bubble.waiting_w(self.stages, stage)) - self.inflight(stage)
+        return waiting * (self._pwait[hi] - self._pwait[lo])
+
+    def wgrad_compute_s(self, lo: int, hi: int) -> float:
+        """The weights' gradients' part of layers lo:hi's backward (``LayerCost.wgrad_s``)."""
+        return self._pw[hi] - self._pw[lo]
+
     def static_bytes(self, lo: int, hi: int) -> int:
         return self._ps[hi] - self._ps[lo]
 
@@ -134,7 +172,7 @@ class CostModel:
         return self._pa[hi] - self._pa[lo]
 
     def send_forward_s(self, stage: int, hi: int) -> float:
-        if stage >= self.stages - 1:
+        if stage >= self.chunks - 1:
             return 0.0
         return self.cluster.link_latency_s + self.out[hi - 1] / self.cluster.link_bandwidth
 
@@ -148,7 +186,7 @@ class CostModel:
         total = 0
         if stage > 0:
             total += 2 * self.inp[lo]
-        if stage < self.stages - 1:
+        if stage < self.chunks - 1:
             total += 2 * self.out[hi - 1]
         return total
 
@@ -161,13 +199,16 @@ class CostModel:
 
     def keep_all_bytes(self, stage: int, lo: int, hi: int) -> int:
         """Peak memory of the stage with every layer kept."""
-        return self.static_bytes(lo, hi) + self.inflight(stage) * self.activation_sum(lo, hi)
+        return (self.static_bytes(lo, hi) + self.inflight(stage) * self.activation_sum(lo, hi)
+                + self.waiting_bytes(stage, lo, hi))
 
     def base_times(self, stage: int, lo: int, hi: int) -> tuple[float, float]:
-        """Forward and backward time per micro-batch with every layer kept (communication included)."""
+        """Forward and backward time per micro-batch with every layer kept (communication and the runtime's
+        overhead per step included: one for the forward, one for the backward and one for a split-off weight step)."""
+        step = self.cluster.step_overhead_s
         return (
-            self.forward_compute_s(lo, hi) + self.send_forward_s(stage, hi),
-            self.backward_compute_s(lo, hi) + self.send_backward_s(stage, lo),
+            self.forward_compute_s(lo, hi) + self.send_forward_s(stage, hi) + step,
+            self.backward_compute_s(lo, hi) + self.send_backward_s(stage, lo) + step * self.backward_steps,
         )
 
     # --- full evaluation ----------------------------------------------------------------------------------------
@@ -197,21 +238,26 @@ class CostModel:
             swap_exposed_s=extra - recompute,
             comm_s=self.send_forward_s(stage, hi) + self.send_backward_s(stage, lo),
             static_bytes=self.static_bytes(lo, hi),
-            activation_bytes=n * resident,
+            activation_bytes=n * resident + self.waiting_bytes(stage, lo, hi),
             swap_buffer_bytes=swap_buffers(n) * swapped,
             host_bytes=(n - swap_buffers(n)) * swapped,
             inflight=n,
             rebuild_bytes=rebuilt,
+            wgrad_s=self.wgrad_compute_s(lo, hi),
         )
 
     def estimate(self, plan: Plan) -> Estimate:
         plan.validate(self.num_layers, self.stages)
-        if plan.microbatches != self.microbatches or plan.schedule != self.schedule:
-            return CostModel(self.profile, self.cluster, plan.microbatches, plan.schedule).estimate(plan)
+        if (plan.microbatches, plan.schedule, plan.virtual_stages) != (self.microbatches, self.schedule, self.virtual):
+            return CostModel(self.profile, self.cluster, plan.microbatches, plan.schedule,
+                             plan.virtual_stages).estimate(plan)
+        if self.schedule == "interleaved-1f1b":
+            return self._estimate_chunks(plan)
         costs = [self.stage_cost(s, plan.boundaries[s], plan.boundaries[s + 1], plan.policies) for s in range(self.stages)]
         fwd = tuple(c.forward_s for c in costs)
         bwd = tuple(c.backward_s for c in costs)
-        it = iteration_time(fwd, bwd, self.microbatches, self.schedule)
+        step = self.cluster.step_overhead_s  # a weight step pays it too
+        it = iteration_time(fwd, bwd, self.microbatches, self.schedule, [c.wgrad_s + step for c in costs])
         busy = sum(c.total_s for c in costs) * self.microbatches
         peaks = tuple(c.peak_bytes for c in costs)
         budgets = self.cluster.budgets
@@ -233,6 +279,34 @@ class CostModel:
             inflight=tuple(c.inflight for c in costs),
         )
 
+    def _estimate_chunks(self, plan: Plan) -> Estimate:
+        """Interleaved 1F1B: each chunk costed on its own, a stage the sum of its chunks; the iteration takes
+        ``M * max(T_stage) + (K - 1) * max(T_chunk)`` (``(M + (K - 1) / V) * T`` for equal chunks); a stage's
+        activations are its peak count of chunk-forwards held at once times its largest chunk's per micro-batch."""
+        k, m = self.stages, self.microbatches
+        costs = [self.stage_cost(c, plan.boundaries[c], plan.boundaries[c + 1], plan.policies) for c in range(self.chunks)]
+        mine = [[costs[c] for c in plan.chunks_of(r)] for r in range(k)]
+        fwd = tuple(sum(c.forward_s for c in cs) for cs in mine)
+        bwd = tuple(sum(c.backward_s for c in cs) for cs in mine)
+        total = tuple(f + b for f, b in zip(fwd, bwd))
+        it = m * max(total) + (k - 1) * max(c.total_s for c in costs)
+        static = tuple(sum(c.static_bytes for c in cs) for cs in mine)
+        held = tuple(max(c.activation_bytes + c.swap_buffer_bytes for c in cs) for cs in mine)
+        peaks = tuple(st + h + max(c.rebuild_bytes for c in cs) for st, h, cs in zip(static, held, mine))
+        busy = sum(total) * m
+        return Estimate(
+            iteration_s=it, stage_s=total, peak_bytes=peaks, budget_bytes=self.cluster.budgets,
+            bubble_fraction=(1.0 - busy / (k * it)) if it > 0 else 0.0,
+            feasible=all(p <= b for p, b in zip(peaks, self.cluster.budgets)),
+            forward_s=fwd, backward_s=bwd,
+            recompute_s=tuple(sum(c.recompute_s for c in cs) for cs in mine),
+            swap_exposed_s=tuple(sum(c.swap_exposed_s for c in cs) for cs in mine),
+            comm_s=tuple(sum(c.comm_s for c in cs) for cs in mine),
+            static_bytes=static, activation_bytes=held,
+            host_bytes=tuple(max(c.host_bytes for c in cs) for cs in mine),
+            inflight=tuple(cs[0].inflight for cs in mine),
+        )
+
     def lower_bound_s(self) -> float:
         """A bound no plan beats: every stage is at least the largest layer and the average stage, all compute runs."""
         largest = max(f + b for f, b in zip(self.fwd, self.bwd))
@@ -241,4 +315,4 @@ class CostModel:
 
 def estimate(plan: Plan, profile: ModelProfile, cluster: Cluster) -> Estimate:
     """The cost model's estimate of ``plan`` on ``cluster``."""
-    return CostModel(profile, cluster, plan.microbatches, plan.schedule).estimate(plan)
+    return CostModel(profile, cluster, plan.microbatches, plan.schedule, plan.virtual_stages).estimate(plan)

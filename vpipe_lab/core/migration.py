@@ -20,22 +20,25 @@ class LayerMove:
         return f"layer {self.layer}: stage {self.src} -> {self.dst}"
 
 
-def owners(boundaries: Sequence[int]) -> list[int]:
-    """The stage of every layer."""
+def owners(boundaries: Sequence[int], stages: int | None = None) -> list[int]:
+    """The stage of every layer; with ``stages`` the boundaries may cut chunks (virtual stages), chunk ``c`` on stage
+    ``c % stages``."""
     out: list[int] = []
-    for s in range(len(boundaries) - 1):
-        out.extend([s] * (boundaries[s + 1] - boundaries[s]))
+    for c in range(len(boundaries) - 1):
+        out.extend([c % stages if stages else c] * (boundaries[c + 1] - boundaries[c]))
     return out
 
 
-def layer_moves(old: Sequence[int], new: Sequence[int]) -> tuple[LayerMove, ...]:
-    """Every layer whose stage differs between two partitions of the same layers and stages."""
-    if old[-1] != new[-1] or len(old) != len(new):
+def layer_moves(old: Sequence[int], new: Sequence[int], stages: int | None = None) -> tuple[LayerMove, ...]:
+    """Every layer whose stage differs between two partitions of the same layers and stages (``stages``: the
+    partitions cut chunks, as many per stage as each says, possibly different)."""
+    same = len(old) == len(new) if stages is None else (len(old) - 1) % stages == (len(new) - 1) % stages == 0
+    if old[-1] != new[-1] or not same:
         raise ValueError(
             f"partitions {list(old)} and {list(new)} differ in layers or stages; migration moves layers between the "
             "same stages, so both need the same first and last boundary and the same number of stages"
         )
-    return tuple(LayerMove(i, a, b) for i, (a, b) in enumerate(zip(owners(old), owners(new))) if a != b)
+    return tuple(LayerMove(i, a, b) for i, (a, b) in enumerate(zip(owners(old, stages), owners(new, stages))) if a != b)
 
 
 def moved_bytes(moves: Sequence[LayerMove], profile: ModelProfile) -> int:

@@ -17,8 +17,12 @@ from vpipe_lab.core.profile import SCHEMA_VERSION, check_kind, load_doc
 # The one list of schedule names: planners, launch(), the CLI and the magics read it. "eager-1f1b" is 1F1B with one
 # more warm-up forward on every stage but the last, so each stage's next activation is already on its way while its
 # neighbour computes: the transfers' latency leaves the critical path, for one more micro-batch of activations held
-# on those stages (core/schedule.py, core/costmodel.py).
-SCHEDULES = ("gpipe", "1f1b", "eager-1f1b")
+# on those stages (core/schedule.py, core/costmodel.py). "zb-h1" is zero-bubble H1: 1F1B's memory with each backward
+# split into the input's gradient and the weights' gradients, the latter run in what would be bubbles
+# (core/zero_bubble.py).
+# "interleaved-1f1b" runs ``virtual_stages`` chunks per rank in looped placement (core/interleaved.py).
+SCHEDULES = ("gpipe", "1f1b", "eager-1f1b", "zb-h1", "interleaved-1f1b")
+AUTO = "auto"  # for the planner (``planner.search``, ``Session.replan``): choose the schedule too
 
 
 class Policy(StrEnum):
@@ -48,13 +52,16 @@ class Plan:
     """A partition of the layers into stages plus one memory policy per layer, for a schedule and micro-batch count.
 
     ``boundaries`` has ``stages + 1`` increasing entries from 0 to the number of layers; stage ``s`` owns layers
-    ``boundaries[s]:boundaries[s+1]``.
+    ``boundaries[s]:boundaries[s+1]``. With ``virtual_stages`` V > 1 (the interleaved schedule) there are
+    ``stages * V + 1`` boundaries, one chunk (virtual stage) between each two, and chunk ``c`` lives on stage
+    ``c % stages`` (looped placement): a stage (one worker, one device) holds V chunks, ``layers_of`` their union.
     """
 
     boundaries: tuple[int, ...]
     policies: tuple[Policy, ...]
     microbatches: int
     schedule: str = "1f1b"
+    virtual_stages: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "boundaries", tuple(int(b) for b in self.boundaries))
@@ -62,7 +69,26 @@ class Plan:
 
     @property
     def stages(self) -> int:
+        """The pipeline's stages: its workers and devices (chunks / virtual_stages)."""
+        return max(1, self.chunks // max(1, self.virtual_stages))
+
+    @property
+    def chunks(self) -> int:
+        """Virtual stages in all: each a contiguous range of layers (``stages`` when there is one per stage)."""
         return len(self.boundaries) - 1
+
+    def chunk_layers(self, chunk: int) -> range:
+        return range(self.boundaries[chunk], self.boundaries[chunk + 1])
+
+    def chunks_of(self, stage: int) -> tuple[int, ...]:
+        """The chunks ``stage`` holds, in model order."""
+        return tuple(range(stage, self.chunks, self.stages))
+
+    def chunk_of(self, layer: int) -> int:
+        for c in range(self.chunks):
+            if self.boundaries[c] <= layer < self.boundaries[c + 1]:
+                return c
+        raise PlanError(f"layer {layer} is outside this plan's {self.num_layers} layers")
 
     @property
     def num_layers(self) -> int:
@@ -70,17 +96,17 @@ class Plan:
 
     @property
     def counts(self) -> tuple[int, ...]:
-        """Layers per stage."""
+        """Layers per chunk (per stage when each stage holds one)."""
         return tuple(b - a for a, b in zip(self.boundaries, self.boundaries[1:]))
 
-    def layers_of(self, stage: int) -> range:
-        return range(self.boundaries[stage], self.boundaries[stage + 1])
+    def layers_of(self, stage: int) -> Sequence[int]:
+        """The layers ``stage`` holds: a range, or with virtual stages its chunks' layers in order."""
+        if self.virtual_stages == 1:
+            return self.chunk_layers(stage)
+        return [i for c in self.chunks_of(stage) for i in self.chunk_layers(c)]
 
     def stage_of(self, layer: int) -> int:
-        for s in range(self.stages):
-            if self.boundaries[s] <= layer < self.boundaries[s + 1]:
-                return s
-        raise PlanError(f"layer {layer} is outside this plan's {self.num_layers} layers")
+        return self.chunk_of(layer) % self.stages
 
     def validate(self, num_layers: int | None = None, stages: int | None = None) -> Plan:
         """Check the plan's shape; raise PlanError naming what is wrong and how to fix it. Returns self."""
@@ -98,15 +124,26 @@ class Plan:
                     f"boundaries {list(b)} give stage {s} no layers ({b[s]}..{b[s + 1]}): "
                     "boundaries must be strictly increasing so every stage owns at least one layer"
                 )
+        checks.count(self.virtual_stages, "virtual_stages", error=PlanError)
+        v = self.virtual_stages
+        if (len(b) - 1) % v:
+            raise PlanError(f"boundaries {list(b)} give {len(b) - 1} chunks, which {v} virtual stages per stage do not "
+                            f"divide: give stages x {v} + 1 boundaries")
+        if v > 1 and self.schedule != "interleaved-1f1b":
+            raise PlanError(f"virtual_stages={v} needs the interleaved-1f1b schedule, not {self.schedule!r}")
         if stages is not None and self.stages != stages:
-            raise PlanError(f"the plan has {self.stages} stages but the pipeline has {stages}: give {stages + 1} boundaries")
+            raise PlanError(f"the plan has {self.stages} stages but the pipeline has {stages}: give "
+                            f"{stages * v + 1} boundaries")
         checks.count(self.microbatches, "microbatches", error=PlanError)
         if self.schedule not in SCHEDULES:
             raise PlanError(f"unknown schedule {self.schedule!r}: use one of {', '.join(SCHEDULES)}")
+        if self.schedule == "interleaved-1f1b" and self.microbatches % self.stages:
+            raise PlanError(f"interleaved-1f1b runs micro-batches in groups of the {self.stages} stages: "
+                            f"microbatches={self.microbatches} must be a multiple of {self.stages}")
         return self
 
     def with_boundaries(self, boundaries: Sequence[int]) -> Plan:
-        return Plan(tuple(boundaries), self.policies, self.microbatches, self.schedule)
+        return Plan(tuple(boundaries), self.policies, self.microbatches, self.schedule, self.virtual_stages)
 
     def with_policies(self, changes: Mapping[int, Policy | str] | Sequence[Policy | str]) -> Plan:
         """A copy with some policies changed: a mapping {layer: policy}, or a full sequence."""
@@ -116,14 +153,16 @@ class Plan:
                 if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < len(policies):
                     raise PlanError(f"layer {layer!r} does not exist: layers are 0..{len(policies) - 1}")
                 policies[layer] = Policy.parse(policy)
-            return Plan(self.boundaries, tuple(policies), self.microbatches, self.schedule)
-        return Plan(self.boundaries, tuple(Policy.parse(p) for p in changes), self.microbatches, self.schedule)
+            return Plan(self.boundaries, tuple(policies), self.microbatches, self.schedule, self.virtual_stages)
+        return Plan(self.boundaries, tuple(Policy.parse(p) for p in changes), self.microbatches, self.schedule,
+                    self.virtual_stages)
 
     def replace(self, *, microbatches: int | None = None, schedule: str | None = None) -> Plan:
         return Plan(
             self.boundaries, self.policies,
             self.microbatches if microbatches is None else microbatches,
             self.schedule if schedule is None else schedule,
+            self.virtual_stages,
         )
 
     @classmethod
@@ -143,6 +182,7 @@ class Plan:
             "policies": [p.value for p in self.policies],
             "microbatches": self.microbatches,
             "schedule": self.schedule,
+            **({"virtual_stages": self.virtual_stages} if self.virtual_stages != 1 else {}),
         }
 
     def to_json(self, indent: int | None = None) -> str:
@@ -161,7 +201,7 @@ class Plan:
             raise ProfileError(f"plan.policies must be a list of 'keep'/'swap'/'recompute', got {policies!r}")
         try:
             plan = cls(tuple(bounds), tuple(Policy.parse(p) for p in policies), doc["microbatches"],
-                       str(doc.get("schedule", "1f1b")))
+                       str(doc.get("schedule", "1f1b")), doc.get("virtual_stages", 1))
         except PlanError as exc:
             raise ProfileError(f"plan: {exc}") from None
         try:
@@ -176,11 +216,12 @@ class Plan:
     def describe(self) -> str:
         """One line: layers per stage and the non-keep policies."""
         parts = []
-        for s in range(self.stages):
-            rng = self.layers_of(s)
+        for c in range(self.chunks):
+            rng = self.chunk_layers(c)
             tags = "".join(p.value[0].upper() for p in self.policies[rng.start:rng.stop])
-            parts.append(f"[{rng.start}:{rng.stop}]{tags}")
-        return f"{self.schedule} M={self.microbatches} " + " ".join(parts)
+            parts.append(f"[{rng.start}:{rng.stop}]{tags}" + (f"@{c % self.stages}" if self.virtual_stages > 1 else ""))
+        virtual = f" V={self.virtual_stages}" if self.virtual_stages > 1 else ""
+        return f"{self.schedule}{virtual} M={self.microbatches} " + " ".join(parts)
 
 
 @dataclass(frozen=True)

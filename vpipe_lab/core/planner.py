@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from vpipe_lab.core import checks, scaling
 from vpipe_lab.core.costmodel import CostModel
@@ -13,11 +14,12 @@ from vpipe_lab.core.errors import InfeasiblePlan, PlanError
 from vpipe_lab.core.memory_plans import StageProblem, exact
 from vpipe_lab.core.migration import LayerMove, layer_moves
 from vpipe_lab.core.partition import Objective, balanced, check_fits, pareto_dp, uniform
-from vpipe_lab.core.plan import Estimate, Plan, Policy
+from vpipe_lab.core.plan import AUTO, SCHEDULES, Estimate, Plan, Policy
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.vpipe_search import vpipe_search
 
 METHODS = ("uniform", "balanced", "gpipe", "pipedream", "vpipe", "optimal")
+K = TypeVar("K")  # what a search among several is keyed by: a schedule's label, a micro-batch count
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class PlanResult:
     evaluations: int
     candidates: tuple[tuple[int, float | None], ...] = ()
     microbatch_size: int | None = None
+    schedules: tuple[tuple[str, float | None], ...] = ()  # schedule="auto": each one tried and its time (None: unfit)
 
     @property
     def gap(self) -> float:
@@ -172,6 +175,7 @@ def search(
     current: Plan | None = None,
     node_limit: int = 200_000,
     counts: Sequence[int] | None = None,
+    virtual_stages: int = 1,
 ) -> PlanResult:
     """Plan ``profile`` on ``cluster`` with ``method`` and report the estimate, a lower bound and the layer moves.
 
@@ -179,7 +183,26 @@ def search(
     instead to choose the micro-batch count too: every count that divides it (or those in ``counts``) is planned on
     the profile rescaled to its micro-batch size (``core/scaling.py``), each within the method's own rules (GPipe
     recomputes everything, PipeDream keeps everything), and the fastest feasible plan wins.
+
+    ``schedule="auto"`` plans every schedule in ``SCHEDULES`` (each with its own in-flight memory, so a tight budget
+    may leave some out; interleaved 1F1B with 2 to 4 virtual stages where the layers and micro-batches allow) and
+    keeps the fastest feasible plan; ``schedules`` on the result lists what each got.
+
+    ``interleaved-1f1b`` with ``virtual_stages`` V cuts the layers into ``stages x V`` chunks balanced by compute
+    (``uniform``: by count), everything kept, or everything recomputed when that does not fit: vPipe's per-layer
+    memory search and its partition refinement work on one chunk per stage and are not applied to chunks yet.
     """
+    if schedule == AUTO:
+        return _search_schedules(profile, cluster, microbatches=microbatches, batch_size=batch_size, method=method,
+                                 current=current, node_limit=node_limit, counts=counts)
+    if schedule == "interleaved-1f1b" or virtual_stages != 1:
+        if schedule != "interleaved-1f1b":
+            raise PlanError(f"virtual_stages={virtual_stages} needs schedule='interleaved-1f1b', not {schedule!r}")
+        if batch_size is not None:
+            raise PlanError("interleaved-1f1b plans a fixed micro-batch count: give microbatches, not batch_size")
+        if microbatches is None:
+            raise PlanError("give microbatches (how many per iteration, a multiple of the stages)")
+        return _interleaved(profile, cluster, microbatches, virtual_stages, method, current)
     if batch_size is not None:
         if microbatches is not None:
             raise PlanError("give either microbatches (a fixed count) or batch_size (the planner chooses the count), "
@@ -192,6 +215,72 @@ def search(
                    node_limit=node_limit)
 
 
+def _interleaved(profile: ModelProfile, cluster: Cluster, m: int, virtual: int, method: str,
+                 current: Plan | None) -> PlanResult:
+    if method not in METHODS:
+        raise PlanError(f"unknown planning method {method!r}: use one of {', '.join(METHODS)}")
+    cm = CostModel(profile, cluster, m, "interleaved-1f1b", virtual)
+    check_fits(cm.num_layers, cm.chunks)
+    compute = [f + b for f, b in zip(cm.fwd, cm.bwd)]
+    bounds = uniform(cm.num_layers, cm.chunks) if method == "uniform" else balanced(compute, cm.chunks)
+    # GPipe's rules recompute everything; the all-keep methods keep everything; vPipe and optimal fall back to
+    # recomputing everything when keeping does not fit.
+    tries = ((Policy.RECOMPUTE,) if method == "gpipe" else (Policy.KEEP,) if method in ("uniform", "balanced", "pipedream")
+             else (Policy.KEEP, Policy.RECOMPUTE))
+    for evaluations, policy in enumerate(tries, 1):
+        found = Plan(bounds, (policy,) * cm.num_layers, m, "interleaved-1f1b", virtual)
+        est = cm.estimate(found)
+        if est.feasible:
+            moves = layer_moves(current.boundaries, bounds, cm.stages) if current is not None else ()
+            return PlanResult(found, est, method, cm.lower_bound_s(), False, moves, evaluations)
+    stage = max(range(cm.stages), key=lambda s: est.over_budget[s])
+    raise InfeasiblePlan(f"interleaved-1f1b with {virtual} virtual stages per stage does not fit: stage {stage} needs "
+                         f"{est.peak_bytes[stage]} bytes of {est.budget_bytes[stage]}", stage=stage,
+                         missing_bytes=est.over_budget[stage], suggestions=_suggestions(cm, stage))
+
+
+def _candidates(profile: ModelProfile, cluster: Cluster, microbatches: int | None) -> list[tuple[str, int]]:
+    """Every (schedule, virtual stages) that ``auto`` tries."""
+    out = [(s, 1) for s in SCHEDULES if s != "interleaved-1f1b"]
+    if microbatches is not None and microbatches % cluster.stages == 0:
+        out += [("interleaved-1f1b", v) for v in (2, 3, 4) if cluster.stages * v <= len(profile.layers)]
+    return out
+
+
+def _fastest(attempts: Iterable[tuple[K, Callable[[], PlanResult]]]
+             ) -> tuple[PlanResult | None, list[tuple[K, float | None]], InfeasiblePlan | None]:
+    """Run each search; the fastest feasible result, each key with its time (None: nothing fit), and the refusal
+    that came closest to fitting."""
+    tried: list[tuple[K, float | None]] = []
+    best: PlanResult | None = None
+    closest: InfeasiblePlan | None = None
+    for key, attempt in attempts:
+        try:
+            found = attempt()
+        except InfeasiblePlan as exc:
+            tried.append((key, None))
+            closest = exc if closest is None or exc.missing_bytes < closest.missing_bytes else closest
+            continue
+        tried.append((key, found.estimate.iteration_s))
+        if best is None or found.estimate.iteration_s < best.estimate.iteration_s:
+            best = found
+    return best, tried, closest
+
+
+def _search_schedules(profile: ModelProfile, cluster: Cluster, **options: Any) -> PlanResult:
+    def attempt(schedule: str, virtual: int) -> Callable[[], PlanResult]:
+        extra = {"virtual_stages": virtual, "batch_size": None} if virtual > 1 else {}
+        return functools.partial(search, profile, cluster, schedule=schedule, **{**options, **extra})
+
+    best, tried, closest = _fastest((schedule if virtual == 1 else f"{schedule} V={virtual}", attempt(schedule, virtual))
+                                    for schedule, virtual in _candidates(profile, cluster, options.get("microbatches")))
+    if best is None:
+        assert closest is not None
+        raise InfeasiblePlan(f"no schedule fits: {closest}", stage=closest.stage, missing_bytes=closest.missing_bytes,
+                             suggestions=closest.suggestions)
+    return replace(best, schedules=tuple(tried))
+
+
 def _search_counts(profile: ModelProfile, cluster: Cluster, batch_size: int, counts: Sequence[int] | None,
                    **options: Any) -> PlanResult:
     checks.count(batch_size, "batch_size", error=PlanError)
@@ -201,20 +290,9 @@ def _search_counts(profile: ModelProfile, cluster: Cluster, batch_size: int, cou
     if bad or not wanted:
         raise PlanError(f"micro-batch counts {bad or wanted} do not divide the batch of {batch_size}: give counts "
                         "that divide it")
-    tried: list[tuple[int, float | None]] = []
-    best: PlanResult | None = None
-    closest: InfeasiblePlan | None = None
-    for m in wanted:
-        try:
-            found = _search(scaling.at(profile, batch_size // m), cluster, microbatches=m, **options)
-        except InfeasiblePlan as exc:
-            tried.append((m, None))
-            if closest is None or exc.missing_bytes < closest.missing_bytes:
-                closest = exc
-            continue
-        tried.append((m, found.estimate.iteration_s))
-        if best is None or found.estimate.iteration_s < best.estimate.iteration_s:
-            best = found
+    best, tried, closest = _fastest(
+        (m, functools.partial(_search, scaling.at(profile, batch_size // m), cluster, microbatches=m, **options))
+        for m in wanted)
     if best is None:
         assert closest is not None
         raise InfeasiblePlan(f"{options['method']} fits no plan for a batch of {batch_size} with any micro-batch count "

@@ -47,6 +47,8 @@ class LayerCost:
     instead, ``output_bytes`` what crosses a stage boundary after it. ``times`` are forward and backward seconds
     measured at other micro-batch sizes, ``(size, forward_s, backward_s)``: a layer runs closer to the hardware's
     peak on larger micro-batches, which a linear model cannot see (``core/scaling.py`` interpolates them).
+    ``weight_grad_s`` is the part of ``backward_s`` that computes the weights' gradients, which a zero-bubble schedule
+    runs as a step of its own (``core/zero_bubble.py``); None when not measured (see ``wgrad_s``).
     """
 
     name: str
@@ -58,6 +60,7 @@ class LayerCost:
     param_bytes: int
     optimizer_bytes: int = 0
     times: tuple[tuple[int, float, float], ...] = ()
+    weight_grad_s: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "times", tuple(sorted((int(b), float(f), float(w)) for b, f, w in self.times)))
@@ -75,6 +78,17 @@ class LayerCost:
             param_bytes=self.param_bytes,
             optimizer_bytes=self.optimizer_bytes,
         )
+        if self.weight_grad_s is not None and not 0 <= self.weight_grad_s <= self.backward_s:
+            raise ProfileError(f"layer {self.name!r}: weight_grad_s is part of backward_s, so 0 <= weight_grad_s <= "
+                               f"{self.backward_s}; got {self.weight_grad_s!r}")
+
+    @property
+    def wgrad_s(self) -> float:
+        """The weights' gradients' share of the backward: as measured, else half the backward of a layer with
+        parameters (a matrix product's input and weight gradients are products of the same size) and none without."""
+        if self.weight_grad_s is not None:
+            return self.weight_grad_s
+        return self.backward_s / 2 if self.param_bytes > 0 else 0.0
 
     @property
     def compute_s(self) -> float:
@@ -96,6 +110,7 @@ class LayerCost:
             "param_bytes": self.param_bytes,
             "optimizer_bytes": self.optimizer_bytes,
             **({"times": [list(t) for t in self.times]} if self.times else {}),
+            **({"weight_grad_s": self.weight_grad_s} if self.weight_grad_s is not None else {}),
         }
 
     @classmethod
@@ -115,6 +130,7 @@ class LayerCost:
             param_bytes=_number(doc, "param_bytes", where, integer=True),
             optimizer_bytes=_number(doc, "optimizer_bytes", where, integer=True, default=0),
             times=_times(doc.get("times", ()), where),
+            weight_grad_s=_number(doc, "weight_grad_s", where) if doc.get("weight_grad_s") is not None else None,
         )
 
 
@@ -211,7 +227,9 @@ class Cluster:
 
     ``swap_bandwidth`` is host<->device bytes/s per direction (PCIe); ``link_bandwidth`` is bytes/s between
     neighbouring stages. ``shared_link`` says inter-stage traffic crosses the same link as swaps (no NVLink), so it
-    eats into the budget that hides swap transfers.
+    eats into the budget that hides swap transfers. ``step_overhead_s`` is the runtime's own time per compute step
+    (forward, backward, weight step): dispatch and bookkeeping between the kernels, which a schedule with more steps
+    per micro-batch pays more often (``Timeline.step_overhead_s`` measures it).
     """
 
     stages: int
@@ -221,6 +239,7 @@ class Cluster:
     link_latency_s: float = 0.0
     shared_link: bool = False
     name: str = ""
+    step_overhead_s: float = 0.0
     budgets: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -245,7 +264,7 @@ class Cluster:
             raise ProfileError(f"cluster.swap_bandwidth must be a positive number of bytes/s, got {self.swap_bandwidth!r}")
         if not (self.link_bandwidth > 0 and math.isfinite(self.link_bandwidth)):
             raise ProfileError(f"cluster.link_bandwidth must be a positive number of bytes/s, got {self.link_bandwidth!r}")
-        _check_nonneg("cluster", link_latency_s=self.link_latency_s)
+        _check_nonneg("cluster", link_latency_s=self.link_latency_s, step_overhead_s=self.step_overhead_s)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -258,6 +277,7 @@ class Cluster:
             "link_bandwidth": self.link_bandwidth,
             "link_latency_s": self.link_latency_s,
             "shared_link": self.shared_link,
+            "step_overhead_s": self.step_overhead_s,
         }
 
     def to_json(self, indent: int | None = 1) -> str:
@@ -285,6 +305,7 @@ class Cluster:
             link_latency_s=_number(doc, "link_latency_s", "cluster", default=0.0),
             shared_link=bool(doc.get("shared_link", False)),
             name=str(doc.get("name", "")),
+            step_overhead_s=_number(doc, "step_overhead_s", "cluster", default=0.0),
         )
 
     @classmethod

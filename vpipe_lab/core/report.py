@@ -51,14 +51,15 @@ def plan_table(plan: Plan, est: Estimate, profile: ModelProfile | None = None) -
     """One row per stage: layers, policies, time per micro-batch, peak memory against the budget."""
     rows = [("stage", "layers", "policies", "time/mb", "peak memory", "budget", "")]
     for s in range(plan.stages):
-        rng = plan.layers_of(s)
+        ranges = [plan.chunk_layers(c) for c in plan.chunks_of(s)]  # one, or a stage's chunks
         names = ""
-        if profile is not None:
-            first, last = profile.layers[rng.start].name, profile.layers[rng.stop - 1].name
-            names = f" ({first}..{last})" if rng.stop - rng.start > 1 else f" ({first})"
+        if profile is not None and len(ranges) == 1:
+            first, last = profile.layers[ranges[0].start].name, profile.layers[ranges[0].stop - 1].name
+            names = f" ({first}..{last})" if len(ranges[0]) > 1 else f" ({first})"
         over = est.peak_bytes[s] > est.budget_bytes[s]
         rows.append((
-            str(s), f"{rng.start}:{rng.stop}{names}", _policy_summary(plan.policies[rng.start:rng.stop]),
+            str(s), ", ".join(f"{r.start}:{r.stop}" for r in ranges) + names,
+            _policy_summary([plan.policies[i] for i in plan.layers_of(s)]),
             human_time(est.stage_s[s]), human_bytes(est.peak_bytes[s]), human_bytes(est.budget_bytes[s]),
             "OVER BUDGET" if over else ("bottleneck" if s == est.bottleneck else ""),
         ))

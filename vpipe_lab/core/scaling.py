@@ -49,7 +49,10 @@ def layer_at(layer: LayerCost, reference: int, size: int) -> LayerCost:
     scale = size / reference
     return LayerCost(layer.name, fwd, bwd, round(layer.activation_bytes * scale), round(layer.input_bytes * scale),
                      round(layer.output_bytes * scale), layer.param_bytes, layer.optimizer_bytes,
-                     tuple((b, *measured[b]) for b in sizes))
+                     tuple((b, *measured[b]) for b in sizes),
+                     # the weight step keeps its measured share of the backward at the new size
+                     None if layer.weight_grad_s is None or layer.backward_s <= 0
+                     else bwd * layer.weight_grad_s / layer.backward_s)
 
 
 def at(profile: ModelProfile, size: int) -> ModelProfile:

@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from vpipe_lab.core.costmodel import CostModel
+from vpipe_lab.core.generators import for_plan
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import Cluster, ModelProfile
-from vpipe_lab.core.schedule import Action, Op, Schedule, for_plan, run_schedule
+from vpipe_lab.core.schedule import Action, Op, Schedule, run_schedule
 from vpipe_lab.core.timeline import Timeline
 
 
@@ -21,13 +22,17 @@ def durations(cm: CostModel, plan: Plan) -> Callable[[Action], float]:
     """The cost model's duration of every action of ``plan``'s schedule."""
     bounds = plan.boundaries
     bw = cm.cluster.swap_bandwidth
+    split = plan.schedule == "zb-h1"  # B is the input's gradient only; W the weights'
+    step = cm.cluster.step_overhead_s  # the runtime's own time per compute step
 
     def duration(a: Action) -> float:
         lo, hi = bounds[a.stage], bounds[a.stage + 1]
         if a.op is Op.F:
-            return cm.forward_compute_s(lo, hi)
+            return cm.forward_compute_s(lo, hi) + step
         if a.op is Op.B:
-            return cm.backward_compute_s(lo, hi)
+            return cm.backward_compute_s(lo, hi) - (cm.wgrad_compute_s(lo, hi) if split else 0.0) + step
+        if a.op is Op.W:
+            return cm.wgrad_compute_s(lo, hi) + step
         if a.op is Op.RECOMPUTE:
             return cm.fwd[a.layer] if a.layer is not None else 0.0
         if a.op is Op.SEND_F:
@@ -44,7 +49,7 @@ def durations(cm: CostModel, plan: Plan) -> Callable[[Action], float]:
 def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, *, schedule: Schedule | None = None,
              iteration: int = 0) -> Timeline:
     """The simulated timeline of one iteration of ``plan``; its ``iteration_s`` is the predicted iteration time."""
-    cm = CostModel(profile, cluster, plan.microbatches, plan.schedule)
+    cm = CostModel(profile, cluster, plan.microbatches, plan.schedule, plan.virtual_stages)
     plan.validate(cm.num_layers, cm.stages)
     sched = schedule if schedule is not None else for_plan(plan)
     return run_schedule(sched, durations(cm, plan), sends_use_copy_lane=cluster.shared_link, iteration=iteration)

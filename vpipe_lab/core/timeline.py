@@ -10,7 +10,9 @@ from typing import Any
 
 from vpipe_lab.core.errors import ProfileError
 
-KINDS = ("forward", "backward", "recompute", "swap_out", "swap_in", "send", "recv", "idle", "migrate")
+# Appended, never reordered: a worker's iteration report sends a span's kind as its index here.
+KINDS = ("forward", "backward", "recompute", "swap_out", "swap_in", "send", "recv", "idle", "migrate", "wgrad")
+COMPUTE_KINDS = frozenset({"forward", "backward", "wgrad", "recompute"})
 # Work that runs beside the compute stream (copy engines), drawn on a lane of its own.
 ASYNC_KINDS = frozenset({"swap_out", "swap_in"})
 
@@ -92,7 +94,24 @@ class Timeline:
     def busy_s(self, stage: int, replica: int = 0) -> float:
         """Time the stage's compute stream spends on forward, backward and recompute."""
         return sum(s.duration_s for s in self.spans
-                   if s.stage == stage and s.replica == replica and s.kind in ("forward", "backward", "recompute"))
+                   if s.stage == stage and s.replica == replica and s.kind in COMPUTE_KINDS)
+
+    def step_overhead_s(self) -> float:
+        """The runtime's own time per compute step: in each stage's iteration, the time its compute lane is covered
+        by no span (between its first and last), over its forward, backward and weight steps; the median over
+        stages and iterations (0 without spans)."""
+        lanes: dict[tuple[int, int, int], list[Span]] = {}
+        for s in self.spans:
+            if s.kind not in ASYNC_KINDS and s.kind not in ("idle", "migrate"):
+                lanes.setdefault((s.iteration, s.replica, s.stage), []).append(s)
+        per_step = []
+        for spans in lanes.values():
+            steps = sum(s.kind in ("forward", "backward", "wgrad") and s.layer is None for s in spans)
+            if steps:
+                window = max(s.end_s for s in spans) - min(s.start_s for s in spans)
+                per_step.append(max(0.0, window - sum(s.duration_s for s in spans)) / steps)
+        per_step.sort()
+        return per_step[len(per_step) // 2] if per_step else 0.0
 
     def with_idle(self) -> Timeline:
         """Adds ``idle`` spans for the gaps in each stage's compute lane (of every replica) between its first and last

@@ -22,7 +22,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from vpipe_lab.core import checks
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.errors import VpipeError
-from vpipe_lab.core.plan import SCHEDULES, Policy
+from vpipe_lab.core.plan import AUTO, SCHEDULES, Policy
 from vpipe_lab.core.planner import METHODS
 from vpipe_lab.core.report import human_time, plan_table
 from vpipe_lab.wire.jobspec import DEVICES, add_training_options, byte_size
@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--apply", action="store_true", help="apply it (live migration)")
     pl.add_argument("--choose-microbatches", action="store_true",
                     help="let the planner choose the micro-batch count too, for the same global batch")
+    pl.add_argument("--schedule", choices=(*SCHEDULES, AUTO), default=None,
+                    help="plan for this schedule, or auto to let the planner choose it (default: the current one)")
     a = sub.add_parser("apply", help="apply a Plan held in a notebook variable")
     a.add_argument("plan")
     a.add_argument("--force", action="store_true", help="even if its estimate exceeds a memory budget")
@@ -268,7 +270,10 @@ class VpipeMagics(Magics):
 
     def cmd_plan(self, args: argparse.Namespace) -> Any:
         s = self._need()
-        found = s.replan(args.method, apply=args.apply, choose_microbatches=args.choose_microbatches)
+        found = s.replan(args.method, apply=args.apply, choose_microbatches=args.choose_microbatches,
+                         schedule=args.schedule)
+        if args.schedule is not None:
+            print(f"schedule: {found.plan.schedule}")
         if args.choose_microbatches:
             print(f"micro-batches: {found.plan.microbatches} of {found.profile.microbatch_size} samples")
         est = estimate(found.plan, found.profile, s.cluster())

@@ -63,6 +63,7 @@ class PartitionEditor(anywidget.AnyWidget):
     _esm = STATIC / "partition.js"
     layers = traitlets.List(traitlets.Dict()).tag(sync=True)
     boundaries = traitlets.List(traitlets.Int()).tag(sync=True)
+    stages = traitlets.Int(1).tag(sync=True)  # with virtual stages, boundaries cut chunks; chunk c on stage c % stages
     policies = traitlets.List(traitlets.Unicode()).tag(sync=True)
     draft_boundaries = traitlets.List(traitlets.Int()).tag(sync=True)
     draft_policies = traitlets.List(traitlets.Unicode()).tag(sync=True)
@@ -98,6 +99,7 @@ class PartitionEditor(anywidget.AnyWidget):
     def _load(self, plan: Plan) -> None:
         with self.hold_sync():
             self.boundaries = list(plan.boundaries)
+            self.stages = plan.stages
             self.policies = [p.value for p in plan.policies]
             self.draft_boundaries = list(plan.boundaries)
             self.draft_policies = [p.value for p in plan.policies]
@@ -114,7 +116,7 @@ class PartitionEditor(anywidget.AnyWidget):
 
     def draft(self) -> Plan:
         return Plan(tuple(self.draft_boundaries), tuple(self.draft_policies), self._plan.microbatches,
-                    self._plan.schedule)
+                    self._plan.schedule, self._plan.virtual_stages)
 
     # --- messages from the browser: on whatever thread delivers them; they only queue work ------------------------
     def receive(self, message: Any) -> None:
@@ -212,6 +214,7 @@ class PartitionEditor(anywidget.AnyWidget):
         self.applied.append(int(iteration or 0))
         with self.hold_sync():
             self.boundaries = list(plan.boundaries)
+            self.stages = plan.stages
             self.policies = [p.value for p in plan.policies]
             self.status = {"state": "applied", "message": message, "iteration": int(iteration or 0)}
         self._work.put(("refresh", None))

@@ -213,11 +213,12 @@ def initial_plan(spec: JobSpec, chain: Chain, rank: int, world: int, peer: Peer)
     if world > 1 and peer.broadcast_json(mine) != mine:
         raise RuntimeError(f"stage {rank} cut the model differently from stage 0: the model factory must "
                            "build the same model on every rank (seeded, no rank-dependent code)")
-    if len(chain) < world:
+    chunks = world * spec.virtual_stages
+    if len(chain) < chunks:
         raise ValueError(f"the model has {len(chain)} partition units ({', '.join(chain.names)}) but the pipeline has "
-                         f"{world} stages: every stage needs at least one unit; use at most {len(chain)} stages, or "
-                         "more split points")
+                         f"{chunks} stages (virtual ones included): every stage needs at least one unit; use at most "
+                         f"{len(chain)}, or more split points")
     if spec.plan is not None:
         return Plan.from_dict(spec.plan).validate(len(chain), world)
-    return Plan(uniform(len(chain), world), (Policy.KEEP,) * len(chain), spec.microbatches,
-                spec.schedule).validate(len(chain), world)
+    return Plan(uniform(len(chain), chunks), (Policy.KEEP,) * len(chain), spec.microbatches,
+                spec.schedule, spec.virtual_stages).validate(len(chain), world)

@@ -126,7 +126,9 @@ def new_model(factory: Callable[[], Any], seed: int, old: Chain, old_plan: Plan,
     if plan is not None:
         return chain, sources, Plan.from_dict(plan).validate(len(chain), world)
     policies = [old_plan.policies[i] if i is not None else Policy.KEEP for _, i in sorted(sources.items())]
-    return chain, sources, Plan(uniform(len(chain), world), tuple(policies), old_plan.microbatches, old_plan.schedule)
+    v = old_plan.virtual_stages
+    return chain, sources, Plan(uniform(len(chain), world * v), tuple(policies), old_plan.microbatches,
+                                old_plan.schedule, v)
 
 
 @dataclass
@@ -154,7 +156,7 @@ class Migration:
         ``new_chain``). Nothing changes unless the result says ok."""
         start = time.perf_counter()
         rank, stage = self.rank, self.stage
-        old_owner, new_owner = owners(current.boundaries), owners(plan.boundaries)
+        old_owner, new_owner = owners(current.boundaries, current.stages), owners(plan.boundaries, plan.stages)
         sends = [(j, i, new_owner[j]) for j, i in sorted(sources.items())
                  if i is not None and old_owner[i] == rank and new_owner[j] != rank]
         recvs = [(j, i, old_owner[i]) for j, i in sorted(sources.items())

@@ -98,7 +98,8 @@ def _resume_point(run_dir: Path, stages: int) -> dict[str, Any] | None:
         return None
     plan = Plan.from_dict(manifest.plan)
     if plan.stages != stages:  # layers are saved one file each: another stage count resumes on an even split
-        plan = Plan(uniform(manifest.num_layers, stages), plan.policies, plan.microbatches, plan.schedule)
+        plan = Plan(uniform(manifest.num_layers, stages * plan.virtual_stages), plan.policies, plan.microbatches,
+                    plan.schedule, plan.virtual_stages)
     log.info("resuming from %s at iteration %d", manifest.directory, manifest.iteration)
     return {"path": str(root.absolute()), "iteration": manifest.iteration, "plan": plan.to_dict()}
 

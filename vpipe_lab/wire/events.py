@@ -113,7 +113,8 @@ class Ack(Body):
 class LayerMeasure(Body):
     """One layer's costs as its stage measured them since the last reset (``core.profile.LayerCost``'s fields, by
     name), with its global ``index``, how many forwards were timed (``samples``) and ``times`` per micro-batch size
-    (``[size, forward_s, backward_s]``). A weight tied between layers counts with each of them."""
+    (``[size, forward_s, backward_s]``). A weight tied between layers counts with each of them. Under a zero-bubble
+    schedule ``backward_s`` is B plus W and ``weight_grad_s`` is W."""
 
     index: int
     name: str
@@ -126,6 +127,8 @@ class LayerMeasure(Body):
     optimizer_bytes: int
     samples: int
     times: list[tuple[int, float, float]]
+    weight_grad_s: float | None = None  # the W step's share of backward_s, where a split backward measured it
+    deferrable: float = 1.0  # the share of its parameter elements a split backward defers to W
 
 
 @register

@@ -21,11 +21,16 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _ranks(rank: int, port: int, out: dict) -> None:  # type: ignore[type-arg]
+def _join(rank: int, port: int) -> Peer:
+    """Rank ``rank`` of a 2-rank gloo group on 127.0.0.1, one thread, and its peer."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=timedelta(seconds=30))
-    peer = Peer(rank, 2, torch.device("cpu"), 30)
+    return Peer(rank, 2, torch.device("cpu"), 30)
+
+
+def _ranks(rank: int, port: int, out: dict) -> None:  # type: ignore[type-arg]
+    peer = _join(rank, port)
     if rank == 0:
         # Both neighbours send before either receives: the 1F1B pattern that deadlocks with blocking sends.
         peer.send((torch.arange(6.0).reshape(2, 3).requires_grad_(), torch.tensor([1, 2], dtype=torch.int64)), 1,
@@ -85,10 +90,7 @@ def test_unsupported_tensor_is_refused_before_sending() -> None:
 
 
 def _agreed(rank: int, port: int, out: dict) -> None:  # type: ignore[type-arg]
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=30))
-    peer = Peer(rank, 2, torch.device("cpu"), 30)
+    peer = _join(rank, port)
     if rank == 0:
         counts = []
         for i in range(3):

@@ -24,7 +24,7 @@ def executor(policies: str, schedule: str, budget: int | None = None) -> tuple[E
     return Executor(0, 1, stage, Peer(0, 1, torch.device("cpu"), 5), placement, Clock(), mlp.loss, budget), plan
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb-h1"])
 def test_single_stage_matches_plain_training(schedule: str) -> None:
     ex, plan = executor("ksrksrksrk", schedule)
     losses = []
@@ -39,6 +39,7 @@ def test_single_stage_matches_plain_training(schedule: str) -> None:
             torch.testing.assert_close(a, b)
     kinds = {k for k, *_ in result.spans}
     assert {"forward", "backward", "recompute", "swap_out", "swap_in"} <= kinds
+    assert ("wgrad" in kinds) == (schedule == "zb-h1")  # the weight steps of a split backward, on their own spans
 
 
 def test_budget_violation_names_kept_layers() -> None:

@@ -188,3 +188,40 @@ def test_only_weights_of_at_least_min_params_are_fused() -> None:
     assert "forward" not in model[0].__dict__ and "forward" not in model[4].__dict__
     assert wgrad.fuse(_model()) == 0  # the default leaves cache-sized weights to autograd
     assert wgrad.threshold(True) == wgrad.MIN_PARAMS and wgrad.threshold(False) is None and wgrad.threshold(0) == 0
+
+
+def test_a_deferred_backward_leaves_the_weight_gemms_for_the_w_step() -> None:
+    """B computes the input's gradient only; the weights' gradients appear when W runs, equal to plain autograd's,
+    over several micro-batches whose W steps run in another order than their B steps."""
+    plain, split = _model(), _model()
+    wgrad.fuse(split, 0)
+    torch.manual_seed(1)
+    inputs = [torch.randn(5, 8) for _ in range(3)]
+    expected = _accumulate(plain, inputs)
+    store = wgrad.Deferred()
+    got = []
+    for mb, x in enumerate(inputs):
+        x = x.clone().requires_grad_()
+        with store.collecting(mb, None) as added:
+            split(x).square().mean().backward()
+        assert len(added) == 3 and x.grad is not None  # one GEMM per linear layer, the input's gradient now
+        got.append(x.grad)
+        assert split[0].weight.grad is None and split[4].bias.grad is None  # weights wait for W (LayerNorm does not)
+        assert split[3].weight.grad is not None
+    assert wgrad.held_bytes(store.pending[0]) > 0
+    timed: list[tuple[int | None, float]] = []
+    for mb in (2, 0, 1):
+        store.step(mb, timer=lambda: 0.0, took=lambda layer, seconds: timed.append((layer, seconds)))
+    assert store.pending == {} and timed == [(None, 0.0)] * 3
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+    for a, b in zip(split.parameters(), plain.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_routed_elements_say_what_a_split_would_defer() -> None:
+    model = _model()  # Linear(8, 32), Linear(32, 16), Linear(16, 4): 256, 512 and 64 weight elements
+    assert wgrad.routed_elements(model, 0) == (832, 832)
+    assert wgrad.routed_elements(model, 256) == (768, 832)
+    exported = torch.export.export(torch.nn.Sequential(torch.nn.Linear(8, 32)), (torch.randn(2, 8),)).module()
+    assert wgrad.routed_elements(exported, 0) == (256, 256)  # a captured graph's aten.linear counts too

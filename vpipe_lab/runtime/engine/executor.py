@@ -11,6 +11,10 @@ synchronised between actions; losses stay tensors until the iteration ends. Whil
 action runs inside a ``torch.profiler.record_function`` labelled like the timeline (``vpipe/forward mb2``), so a
 torch.profiler trace of a worker reads like vpipe_lab's own timeline.
 
+With virtual stages (interleaved 1F1B) a rank holds several chunks: each action runs on its chunk's segments, a
+chunk's input comes from the rank of the chunk before it (the last rank's last chunk of a lap sends to rank 0), and
+every chunk-to-chunk stream has a tag of its own (``tag_into``).
+
 ``evaluate`` is the forward-only pass: every micro-batch forward through the stages with the layers in eval mode and
 no autograd, the last stage returning the losses; no gradient, optimizer state or statistic of training changes.
 """
@@ -24,8 +28,9 @@ from typing import Any
 
 import torch
 
+from vpipe_lab.core.generators import for_plan
 from vpipe_lab.core.plan import Plan
-from vpipe_lab.core.schedule import Op, Schedule, for_plan
+from vpipe_lab.core.schedule import KIND, Op, Schedule
 from vpipe_lab.runtime.engine import faults
 from vpipe_lab.runtime.engine.comm import TAG_BACKWARD, TAG_EVAL, TAG_FORWARD, Incoming, Peer
 from vpipe_lab.runtime.engine.device import Clock, Placement, Stopwatch
@@ -34,13 +39,17 @@ from vpipe_lab.runtime.model.batches import loss_with_check, split, to_device
 from vpipe_lab.runtime.model.capture import Chain, for_inference
 
 LossFn = Callable[[Any, Any], torch.Tensor]
+Step = tuple[int, int]  # (chunk, micro-batch)
+
+
+def tag_into(op: Op, chunk: int, plan: Plan) -> int:
+    """The tag of a transfer into ``chunk`` (its input for RECV_F, its output's gradient for RECV_B): per chunk
+    with virtual stages, since two ranks then exchange several chunks' tensors and each stream must stay in order."""
+    base = TAG_FORWARD if op in (Op.RECV_F, Op.SEND_F) else TAG_BACKWARD
+    return base if plan.virtual_stages == 1 else base + 8 * chunk
 
 _COMM = (Op.SEND_F, Op.SEND_B, Op.RECV_F, Op.RECV_B)
 _UNLABELLED = nullcontext()
-_KIND = {
-    Op.F: "forward", Op.B: "backward", Op.RECOMPUTE: "recompute", Op.SEND_F: "send", Op.SEND_B: "send",
-    Op.RECV_F: "recv", Op.RECV_B: "recv", Op.SWAP_OUT: "swap_out", Op.SWAP_IN: "swap_in",
-}
 
 
 def default_loss(output: Any, target: Any) -> torch.Tensor:
@@ -92,7 +101,7 @@ class Executor:
         self.loss_fn = loss_with_check(loss_fn, chain.finish if chain is not None else (lambda out: out))
         self.budget = budget
         self.record_spans = record_spans
-        self._schedule: tuple[Plan, Schedule, dict[int, int | None], dict[Op, int | None]] | None = None
+        self._schedule: tuple[Plan, Schedule, dict[int, Step | None], dict[Op, Step | None]] | None = None
         self.fault = faults.parse()
         self._static = self._param_bytes = 0
         self.loss_multiplier = 1.0  # the fp16 loss scale (see runtime/training/precision.py); 1 otherwise
@@ -100,17 +109,18 @@ class Executor:
     def schedule(self, plan: Plan) -> Schedule:
         return self._plan(plan)[1]
 
-    def _plan(self, plan: Plan) -> tuple[Plan, Schedule, dict[int, int | None], dict[Op, int | None]]:
-        """The schedule; for each receive step the micro-batch of the next receive of the same kind; and the
-        micro-batch of the first receive of each kind (worked out once per plan, not per iteration)."""
+    def _plan(self, plan: Plan) -> tuple[Plan, Schedule, dict[int, Step | None], dict[Op, Step | None]]:
+        """The schedule; for each receive step the (chunk, micro-batch) of the next receive of the same kind; and
+        that of the first receive of each kind (worked out once per plan, not per iteration)."""
         if self._schedule is None or self._schedule[0] != plan:
             schedule = for_plan(plan)
             row = schedule.stages[self.rank]
-            following: dict[int, int | None] = {}
+            following: dict[int, Step | None] = {}
             for i, action in enumerate(row):
                 if action.op in (Op.RECV_F, Op.RECV_B):
-                    following[i] = next((a.microbatch for a in row[i + 1:] if a.op is action.op), None)
-            firsts = {op: next((a.microbatch for a in row if a.op is op), None) for op in (Op.RECV_F, Op.RECV_B)}
+                    following[i] = next(((a.stage, a.microbatch) for a in row[i + 1:] if a.op is action.op), None)
+            firsts = {op: next(((a.stage, a.microbatch) for a in row if a.op is op), None)
+                      for op in (Op.RECV_F, Op.RECV_B)}
             self._schedule = (plan, schedule, following, firsts)
         return self._schedule
 
@@ -140,6 +150,7 @@ class Executor:
         stage.scales = [self.loss_multiplier * (n / sum(sizes)) for n in sizes] if uneven and sizes else None
         agreed = not uneven  # shapes agreed once per epoch only when every micro-batch has them
         stage.iteration = iteration
+        stage.split_backward(plan.schedule == "zb-h1")  # B then W (core/zero_bubble.py), or one backward
         stage.ledger.reset_peaks()
         if self.budget is not None:
             static = stage.static_bytes()  # not ``sizes``: that name is the micro-batches' samples, reported below
@@ -152,33 +163,40 @@ class Executor:
             if last:
                 targets = [None] * m if batch[1] is None else split(batch[1], m, "targets")
         chain = self.chain
+        k, top = plan.stages, plan.chunks - 1  # chunk c (a virtual stage) runs on rank c % k; one each without them
         segments = stage.segments(profile)
-        first_layer = segments[0][0]
+        # Each chunk's segments: a rank's chunks are never adjacent (k >= 2), so no segment spans two.
+        segs = {c: [g for g in segments if plan.boundaries[c] <= g[0] < plan.boundaries[c + 1]] for c in
+                plan.chunks_of(rank)}
         timer = self.watch.exact if profile else None
-        received: dict[int, Any] = {}
-        outputs: dict[int, Any] = {}
-        grads_out: dict[int, tuple[torch.Tensor, ...]] = {}
-        grads_in: dict[int, tuple[torch.Tensor, ...]] = {}
+        received: dict[Step, Any] = {}
+        outputs: dict[Step, Any] = {}
+        grads_out: dict[Step, tuple[torch.Tensor, ...]] = {}
+        grads_in: dict[Step, tuple[torch.Tensor, ...]] = {}
         losses: list[torch.Tensor] = []
-        posted: dict[tuple[Op, int], Incoming] = {}
+        posted: dict[tuple[Op, int, int], Incoming] = {}
         _, schedule, following, firsts = self._plan(plan)
         row = schedule.stages[rank]
-        where = {Op.RECV_F: (rank - 1, TAG_FORWARD), Op.RECV_B: (rank + 1, TAG_BACKWARD)}
 
-        def receive(step: int, op: Op, mb: int) -> Any:
-            src, tag = where[op]
-            inc = posted.pop((op, mb), None) or peer.post_recv(src, tag, agreed=agreed)
+        def where(op: Op, c: int) -> tuple[int, int]:
+            """Who sends into chunk ``c`` and with which tag: its input from chunk c-1, its gradient from c+1."""
+            return ((c - 1) % k if op is Op.RECV_F else (c + 1) % k), tag_into(op, c, plan)
+
+        def receive(step: int, op: Op, c: int, mb: int) -> Any:
+            src, tag = where(op, c)
+            inc = posted.pop((op, c, mb), None) or peer.post_recv(src, tag, agreed=agreed)
             value = peer.wait(inc)
             nxt = following[step]
-            if nxt is not None and agreed and peer.prepost and peer.knows(src, tag):  # post the next one ahead
-                posted[(op, nxt)] = peer.post_recv(src, tag, agreed=True)
+            if nxt is not None and agreed and peer.prepost:  # post the next one ahead, when its shapes are known
+                src, tag = where(op, nxt[0])
+                if peer.knows(src, tag):
+                    posted[(op, *nxt)] = peer.post_recv(src, tag, agreed=True)
             return value
 
         if peer.prepost and agreed:  # the first receive of each kind, when this shape epoch knows its shapes
             for op, first in firsts.items():
-                src, tag = where[op]
-                if first is not None and peer.knows(src, tag):
-                    posted[(op, first)] = peer.post_recv(src, tag, agreed=True)
+                if first is not None and peer.knows(*where(op, first[0])):
+                    posted[(op, *first)] = peer.post_recv(*where(op, first[0]), agreed=True)
         mark = self.watch.mark
         marks: list[tuple[str, int, int | None, float, float]] = []
         # Labels only while a torch profiler records: entering a record_function per action costs ~3% of a small
@@ -186,38 +204,39 @@ class Executor:
         labelled = torch._C._autograd._profiler_enabled()
         result = IterationResult(iteration, self.watch.begin(), 0.0)
         for step, action in enumerate(row):
-            op, mb = action.op, action.microbatch
+            op, mb, c = action.op, action.microbatch, action.stage
             if op not in _COMM:
                 peer.issue()  # transfers queued by the actions before this one leave before it computes
             if op in (Op.RECV_B, Op.RECOMPUTE, Op.B):
                 stage.ledger.in_backward = True  # from here on, working sets of the backward phase
             label = _UNLABELLED if not labelled else torch.profiler.record_function(
-                f"vpipe/{_KIND[op]} mb{mb}" if action.layer is None else f"vpipe/{_KIND[op]} mb{mb} layer{action.layer}")
+                f"vpipe/{KIND[op]} mb{mb}" if action.layer is None else f"vpipe/{KIND[op]} mb{mb} layer{action.layer}")
             label.__enter__()
             start = mark()
             if op is Op.RECV_F:
-                got = receive(step, op, mb)
-                received[mb] = chain.unpack(first_layer - 1, got) if chain is not None else (
+                got = receive(step, op, c, mb)
+                received[(c, mb)] = chain.unpack(plan.boundaries[c] - 1, got) if chain is not None else (
                     got[0] if isinstance(got, tuple) and len(got) == 1 else got)
             elif op is Op.F:
                 if self.fault is not None:
                     faults.hit(self.fault, "forward", rank, iteration)
-                if rank > 0:
-                    x = received.pop(mb)
+                if c > 0:
+                    x = received.pop((c, mb))
                 else:
                     x = to_device(inputs[mb], self.placement.device)  # type: ignore[index]
                     x = chain.start(x) if chain is not None else x
-                for segment in segments:
-                    x = stage.forward(mb, segment, x, input_grad=rank > 0 or segment[0] != first_layer, timer=timer)
+                for segment in segs[c]:  # the pipeline's data input needs no gradient
+                    x = stage.forward(mb, segment, x, input_grad=c > 0 or segment[0] > 0, timer=timer)
                     self._check_budget(result)
-                if last:
+                if c == top:
                     target = to_device(targets[mb], self.placement.device)  # type: ignore[index]
-                    losses.append(stage.attach_loss(mb, segments[-1], x, self.loss_fn, target, timer))
+                    losses.append(stage.attach_loss(mb, segs[c][-1], x, self.loss_fn, target, timer))
                 else:
-                    outputs[mb] = x
+                    outputs[(c, mb)] = x
             elif op is Op.SEND_F:
-                out = outputs.pop(mb)
-                peer.post_send(chain.pack(out) if chain is not None else out, rank + 1, TAG_FORWARD, agreed=agreed)
+                out = outputs.pop((c, mb))
+                peer.post_send(chain.pack(out) if chain is not None else out, (c + 1) % k,
+                               tag_into(Op.RECV_F, c + 1, plan), agreed=agreed)
             elif op is Op.SWAP_OUT:
                 if action.layer in stage.layers:
                     stage.swap.swap_out(mb, action.layer)
@@ -225,22 +244,24 @@ class Executor:
                 if action.layer in stage.layers:
                     stage.swap.swap_in(mb, action.layer)
             elif op is Op.RECV_B:
-                grads_out[mb] = receive(step, op, mb)
+                grads_out[(c, mb)] = receive(step, op, c, mb)
             elif op is Op.RECOMPUTE:
                 owner = stage.owner(action.layer, profile) if action.layer is not None else None
                 if owner is not None:
                     stage.rematerialise(mb, owner, timer)
                     self._check_budget(result)
             elif op is Op.B:
-                grads: tuple[torch.Tensor, ...] | None = None if last else grads_out.pop(mb)
-                for segment in reversed(segments):
+                grads: tuple[torch.Tensor, ...] | None = None if c == top else grads_out.pop((c, mb))
+                for segment in reversed(segs[c]):
                     grads = stage.backward(mb, segment, grads, timer)
-                if rank > 0:
-                    grads_in[mb] = grads  # type: ignore[assignment]
+                if c > 0:
+                    grads_in[(c, mb)] = grads  # type: ignore[assignment]
+            elif op is Op.W:
+                stage.weight_step(mb, timer)
             elif op is Op.SEND_B:
-                peer.post_send(grads_in.pop(mb), rank - 1, TAG_BACKWARD, agreed=agreed)
+                peer.post_send(grads_in.pop((c, mb)), (c - 1) % k, tag_into(Op.RECV_B, c - 1, plan), agreed=agreed)
             if self.record_spans:
-                marks.append((_KIND[op], mb, action.layer, start, mark()))
+                marks.append((KIND[op], mb, action.layer, start, mark()))
             label.__exit__(None, None, None)
         peer.flush()
         result.end_s = self.watch.end()
@@ -256,35 +277,37 @@ class Executor:
         norm on its running statistics, which it then does not update) and back in train mode after."""
         rank, last, m = self.rank, self.rank == self.world - 1, plan.microbatches
         stage, peer, chain = self.stage, self.peer, self.chain
+        k, top = plan.stages, plan.chunks - 1
         inputs = split(batch[0], m, "inputs") if batch is not None and rank == 0 else None
         targets = None
         if batch is not None and last:
             targets = [None] * m if batch[1] is None else split(batch[1], m, "targets")
-        modules = [for_inference(stage.layers[i].module) for i in stage.owned]
+        modules = {i: for_inference(stage.layers[i].module) for i in stage.owned}
         losses: list[torch.Tensor] = []
         try:
             with torch.no_grad():
                 for mb in range(m):
-                    with torch.profiler.record_function(f"vpipe/eval mb{mb}"):
-                        if rank == 0:
-                            x = to_device(inputs[mb], self.placement.device)  # type: ignore[index]
-                            x = chain.start(x) if chain is not None else x
-                        else:
-                            got = peer.recv(rank - 1, TAG_EVAL)
-                            x = chain.unpack(stage.owned[0] - 1, got) if chain is not None else (
-                                got[0] if isinstance(got, tuple) and len(got) == 1 else got)
-                        for module, _ in modules:
-                            with stage.autocast():
-                                x = module(x)
-                        if last:
-                            target = to_device(targets[mb], self.placement.device)  # type: ignore[index]
-                            with stage.autocast():
-                                losses.append(self.loss_fn(x, target).detach())
-                        else:
-                            peer.send(chain.pack(x) if chain is not None else x, rank + 1, TAG_EVAL)
+                    for c in plan.chunks_of(rank):  # each micro-batch through this rank's chunks, in model order
+                        with torch.profiler.record_function(f"vpipe/eval mb{mb}"):
+                            if c == 0:
+                                x = to_device(inputs[mb], self.placement.device)  # type: ignore[index]
+                                x = chain.start(x) if chain is not None else x
+                            else:
+                                got = peer.recv((c - 1) % k, TAG_EVAL + 8 * c)
+                                x = chain.unpack(plan.boundaries[c] - 1, got) if chain is not None else (
+                                    got[0] if isinstance(got, tuple) and len(got) == 1 else got)
+                            for i in plan.chunk_layers(c):
+                                with stage.autocast():
+                                    x = modules[i][0](x)
+                            if c == top:
+                                target = to_device(targets[mb], self.placement.device)  # type: ignore[index]
+                                with stage.autocast():
+                                    losses.append(self.loss_fn(x, target).detach())
+                            else:
+                                peer.send(chain.pack(x) if chain is not None else x, (c + 1) % k, TAG_EVAL + 8 * (c + 1))
             peer.flush()
         finally:
-            for module, back in modules:
+            for module, back in modules.values():
                 if back:
                     module.train()
         return [float(v) for v in losses]

@@ -11,13 +11,17 @@ its size (``Stage.probe``): the points of its throughput-vs-micro-batch-size cur
 micro-batch count (``core/scaling.py``). That adds about 2.5 micro-batches' compute to a profiling iteration. A
 captured model's graph is specialised to one micro-batch shape, so it is not probed. A recomputed layer's saved
 bytes are measured when it is rematerialised; its forward time is the no-grad forward, a slight underestimate of a
-kept forward.
+kept forward. Under a zero-bubble schedule a layer's W step is timed on its own and reported apart
+(``weight_grad_s``) and inside its backward; ``deferrable`` is the share of the layer's parameter elements a split
+would defer (linear weights of at least ``wgrad.SPLIT_MIN_PARAMS`` elements: smaller ones' gradients stay in B), from
+which the controller estimates W before it has been timed (``control/profiles.py``).
 """
 
 from __future__ import annotations
 
 import torch
 
+from vpipe_lab.runtime.engine import wgrad
 from vpipe_lab.runtime.engine.memory import tensor_bytes
 from vpipe_lab.runtime.engine.stage import Stage
 from vpipe_lab.wire.events import LayerMeasure
@@ -34,10 +38,15 @@ def layer_costs(stage: Stage, names_of: dict[int, str]) -> list[LayerMeasure]:
         params = sum(tensor_bytes(stage.tensors[n]) for n in dict.fromkeys(names))
         opt = sum(tensor_bytes(v) for state in stage.optimizer_state(names).values() for v in state.values()
                   if isinstance(v, torch.Tensor))
+        weight = st.typical(st.weight_times) if st.weight_times else None  # a split backward's W, timed apart
+        routed, _ = wgrad.routed_elements(layer.module, wgrad.split_threshold(stage.fused_wgrad))
+        elements = sum(stage.tensors[n].numel() for n in dict.fromkeys(names))
         out.append(LayerMeasure(
-            index, names_of.get(index, str(index)), st.typical(st.forward_times), st.typical(st.backward_times),
+            index, names_of.get(index, str(index)), st.typical(st.forward_times),
+            st.typical(st.backward_times) + (weight or 0.0),
             int(st.activation_bytes), int(st.input_bytes), int(st.output_bytes), int(params), int(opt), st.forwards,
-            [(size, st.typical(fwd), st.typical(bwd)) for size, (fwd, bwd) in sorted(st.sizes.items())]))
+            [(size, st.typical(fwd), st.typical(bwd)) for size, (fwd, bwd) in sorted(st.sizes.items())], weight,
+            min(1.0, routed / elements) if elements else 0.0))
     return out
 
 

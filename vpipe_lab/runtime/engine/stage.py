@@ -47,6 +47,8 @@ class Stage:
                  fused_wgrad: int | None = wgrad.MIN_PARAMS) -> None:
         self.device = device
         self.fused_wgrad = fused_wgrad  # Linear weights this large accumulate inside the GEMM (runtime/engine/wgrad.py)
+        self.split = False  # a zero-bubble schedule: B defers the linear weights' gradients to W (split_backward)
+        self.deferred = wgrad.Deferred()  # the weight GEMMs each micro-batch's B left for its W
         self.seed = seed
         self.layers: dict[int, Layer] = {}
         self.tensors: dict[str, torch.Tensor] = {}  # canonical name -> the one parameter or buffer object
@@ -81,8 +83,7 @@ class Stage:
                                   [(n, f"{index}.{n}") for n, _ in module.named_buffers(remove_duplicate=False)])
         module.to(self.device)
         self._retarget(module)
-        if self.fused_wgrad is not None:
-            wgrad.fuse(module, self.fused_wgrad)
+        self._fuse(module)
         for local, name in tensors.params + tensors.buffers:
             held = self.tensors.get(name)
             if held is None:
@@ -97,10 +98,22 @@ class Stage:
         """Run layer ``index`` with ``module``: the same unit captured for other input shapes, already computing with
         this stage's tensors (``recapture.bind``). Parameters, optimizer state and statistics stay."""
         self._retarget(module)
-        if self.fused_wgrad is not None:
-            wgrad.fuse(module, self.fused_wgrad)
+        self._fuse(module)
         self.layers[index].module = module
         self._changed()
+
+    def _fuse(self, module: torch.nn.Module) -> None:
+        """Linear weights through ``wgrad``: from the launch's threshold, lower while the backward is split."""
+        if (threshold := wgrad.split_threshold(self.fused_wgrad) if self.split else self.fused_wgrad) is not None:
+            wgrad.fuse(module, threshold)
+
+    def split_backward(self, on: bool) -> None:
+        """Split each backward into B (input gradients) and W (``weight_step``) for a zero-bubble schedule, or not."""
+        if on != self.split:
+            self.split = on
+            for layer in self.layers.values():
+                wgrad.unfuse(layer.module)
+                self._fuse(layer.module)
 
     def _retarget(self, module: torch.nn.Module) -> None:
         retarget = getattr(module, "retarget", None)  # a captured unit: its graph's device arguments
@@ -307,8 +320,7 @@ class Stage:
             self.layers[segment[-1]].stats.add_forward(timer() - start, extend=True)
         return value
 
-    def scale_of(self, mb: int) -> float:
-        """What micro-batch ``mb``'s loss is multiplied by before its backward."""
+    def scale_of(self, mb: int) -> float:  # what micro-batch ``mb``'s loss is multiplied by before its backward
         return self.scales[mb] if self.scales is not None else self.loss_scale
 
     def backward(self, mb: int, segment: Segment, grads: tuple[torch.Tensor, ...] | None,
@@ -325,8 +337,11 @@ class Stage:
             pairs = [(t, g) for t, g in zip((t for t in tensors_of(out) if t.is_floating_point()), grads)
                      if t.requires_grad]
             outs, grad_list = [t for t, _ in pairs], [g for _, g in pairs]
-        if outs:
-            torch.autograd.backward(outs, grad_tensors=grad_list)
+        split = self.deferred.collecting(mb, segment[0] if timer else None) if self.split else nullcontext([])
+        with split as added:  # a split backward leaves its weight GEMMs for the W step
+            if outs:
+                torch.autograd.backward(outs, grad_tensors=grad_list)
+        self.ledger.add(mb, -1, wgrad.held_bytes(added))  # what W needs held until it runs, under no layer's name
         for index in segment:
             self.swap.release(mb, index)
         grads_in = tuple(leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in leaves)
@@ -334,6 +349,12 @@ class Stage:
             st = self.layers[segment[0]].stats
             st.add_backward(timer() - start)
         return grads_in
+
+    def weight_step(self, mb: int, timer: Timer | None = None) -> None:
+        """W: the weight gradients micro-batch ``mb``'s B deferred; timed per layer in a profiling iteration."""
+        self.deferred.step(mb, timer, lambda i, seconds: self.layers[i].stats.add_weight(seconds)
+                           if i in self.layers else None)
+        self.ledger.release(mb, -1)
 
     # --- iteration boundary ----------------------------------------------------------------------------------------
     def step(self) -> None:
@@ -349,6 +370,7 @@ class Stage:
         """Drop every in-flight micro-batch (a failed iteration) without touching parameters or optimizer state."""
         self._ctx.clear()
         self._losses.clear()
+        self.deferred.clear()
         self.swap.clear()
         self.zero_grad()
 
@@ -361,8 +383,7 @@ class Stage:
             "optimizer": optimizer_bytes(self.optimizer),
         }
 
-    def static_total(self) -> int:
-        """Parameters, gradients and optimizer state held here: the memory no policy can free."""
+    def static_total(self) -> int:  # parameters, gradients and optimizer state: the memory no policy can free
         return sum(self.static_bytes().values())
 
     def unit_static_bytes(self, index: int) -> int:

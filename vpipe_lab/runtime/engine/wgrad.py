@@ -14,13 +14,20 @@ autograd records, the weight is trainable and no autocast is active: everything 
 A weight's gradient then arrives by this side effect, not through autograd's graph, so hooks registered on such a
 weight do not fire, and ``torch.autograd.grad`` with respect to it must run under ``suspended()`` (the
 profiler's probes do).
+
+The same backward is how a zero-bubble schedule splits a backward in two (``core/zero_bubble.py``): inside
+``deferred(into)`` it computes only the input's gradient and appends the weight-gradient GEMM's operands to
+``into``; ``run(into)`` does those GEMMs later, in the schedule's W step. No hook runs per layer: the split is the
+autograd function the layer already calls. Only the weights routed here are deferred (a zero-bubble stage routes every
+linear weight of at least ``SPLIT_MIN_PARAMS`` elements: ``Stage.split_backward``); other parameters (smaller linears,
+norms, embeddings) get their gradients in B.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import torch
@@ -32,7 +39,17 @@ _MARK = "_vpipe_fused_wgrad"  # a rewritten graph node's meta key: the op it cal
 # cheap, and the Python autograd.Function's own cost (tens of microseconds per call) outweighs the pass it saves:
 # gpt-tiny's 96-wide layers ran 5-10% slower fused, the MLP's 256x1024 to 2048x2048 layers 20-30% faster.
 MIN_PARAMS = 1 << 18
+SPLIT_MIN_PARAMS = 1 << 14
 _suspended = 0
+# A deferred weight gradient: (input rows, output-gradient rows, weight, bias, transposed, layer index or None).
+Pending = tuple[torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None", bool, "int | None"]
+_deferring: list[Pending] | None = None  # where the running backward puts its weight GEMMs (None: does them now)
+_layer: int | None = None  # the layer whose backward runs, in a profiling iteration (to time its W on its own)
+
+
+def split_threshold(fused: int | None) -> int:
+    """The smallest weight a split backward defers to W: ``SPLIT_MIN_PARAMS``, or the launch's lower threshold."""
+    return SPLIT_MIN_PARAMS if fused is None else min(fused, SPLIT_MIN_PARAMS)
 
 
 def threshold(option: bool | int) -> int | None:
@@ -54,6 +71,75 @@ def suspended() -> Iterator[None]:
         yield
     finally:
         _suspended -= 1
+
+
+@contextlib.contextmanager
+def deferred(into: list[Pending], layer: int | None = None) -> Iterator[None]:
+    """Backwards run inside put their weight-gradient GEMMs into ``into`` instead of doing them (a B step)."""
+    global _deferring, _layer
+    before = _deferring, _layer
+    _deferring, _layer = into, layer
+    try:
+        yield
+    finally:
+        _deferring, _layer = before
+
+
+def run(pending: list[Pending]) -> None:
+    """The weight-gradient GEMMs a B step deferred, in its order (a W step); empties ``pending``."""
+    for x, grad, weight, bias, transposed, _ in pending:
+        _accumulate(x, grad, weight, bias, transposed)
+    pending.clear()
+
+
+class Deferred:
+    """The weight GEMMs each micro-batch's B steps deferred, until its W step (a stage's split backward)."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, list[Pending]] = {}
+
+    @contextlib.contextmanager
+    def collecting(self, mb: int, layer: int | None) -> Iterator[list[Pending]]:
+        """Backwards inside defer into micro-batch ``mb``'s list; yields what this one deferred, once it is done."""
+        pending = self.pending.setdefault(mb, [])
+        before = len(pending)
+        added: list[Pending] = []
+        with deferred(pending, layer):
+            yield added
+        added.extend(pending[before:])
+
+    def step(self, mb: int, timer: Callable[[], float] | None = None,
+             took: Callable[[int | None, float], None] | None = None) -> None:
+        """W for ``mb``; with a ``timer``, layer by layer, each one's seconds to ``took(layer, seconds)``."""
+        pending = self.pending.pop(mb, [])
+        if timer is None or took is None:
+            run(pending)
+            return
+        for layer in dict.fromkeys(p[-1] for p in pending):
+            start = timer()
+            run([p for p in pending if p[-1] == layer])
+            took(layer, timer() - start)
+
+    def clear(self) -> None:
+        self.pending.clear()
+
+
+def held_bytes(pending: list[Pending]) -> int:
+    """What deferred GEMMs keep alive until W: their layers' inputs and output gradients (a shared one once)."""
+    held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for x, g, *_ in pending for t in (x, g)}
+    return sum(held.values())
+
+
+def _accumulate(xs: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                transposed: bool) -> None:
+    a, b = (xs.t(), g) if transposed else (g.t(), xs)  # the weight's gradient is a @ b
+    held = weight.grad
+    if _in_place(held, weight):
+        held.addmm_(a, b)  # the accumulation inside the GEMM: no temporary, no second pass
+    else:
+        _add(weight, a.mm(b))
+    if bias is not None and bias.requires_grad:
+        _add(bias, g.sum(0))
 
 
 def _in_place(held: torch.Tensor | None, like: torch.Tensor) -> bool:
@@ -97,14 +183,10 @@ class _AccumulatingLinear(torch.autograd.Function):
             grad_input = grad.matmul(saved_weight.t() if transposed else saved_weight)
         g = grad.reshape(-1, grad.shape[-1])
         xs = x.reshape(-1, x.shape[-1])
-        a, b = (xs.t(), g) if transposed else (g.t(), xs)  # the weight's gradient is a @ b
-        held = weight.grad
-        if _in_place(held, weight):
-            held.addmm_(a, b)  # the accumulation inside the GEMM: no temporary, no second pass
+        if _deferring is not None:
+            _deferring.append((xs, g, weight, bias, transposed, _layer))
         else:
-            _add(weight, a.mm(b))
-        if bias is not None and bias.requires_grad:
-            _add(bias, g.sum(0))
+            _accumulate(xs, g, weight, bias, transposed)
         return grad_input, None, None, None
 
 
@@ -217,6 +299,30 @@ def fuse(module: torch.nn.Module, min_params: int = MIN_PARAMS) -> int:
         if not isinstance(sub.__dict__.get("forward"), _Forward):
             sub.forward = _Forward(sub, kind)
     return count
+
+
+def routed_elements(module: torch.nn.Module, min_params: int) -> tuple[int, int]:
+    """(weight elements ``fuse(module, min_params)`` routes through the accumulating backward, all weight elements of
+    its linear layers): the share of a layer's weight gradients a split backward would defer to W."""
+    routed = total = 0
+    for sub in module.modules():
+        if isinstance(sub, torch.fx.GraphModule):
+            for node in sub.graph.nodes:
+                original = node.meta.get(_MARK, node.target)
+                if node.op != "call_function" or original not in _GRAPH_OPS:
+                    continue
+                at = _GRAPH_OPS[original][1]
+                weight = node.args[at] if len(node.args) > at else None
+                param = attribute(sub, str(weight.target)) if isinstance(weight, torch.fx.Node) and \
+                    weight.op == "get_attr" else None
+                if isinstance(param, torch.nn.Parameter):
+                    total += param.numel()
+                    routed += param.numel() if param.numel() >= min_params else 0
+        elif _kind(sub) is not None:
+            n = cast(torch.Tensor, sub.weight).numel()
+            total += n
+            routed += n if n >= min_params else 0
+    return routed, total
 
 
 def unfuse(module: torch.nn.Module) -> None:

@@ -64,6 +64,7 @@ class LayerStats:
     output_bytes: int = 0
     forward_times: list[float] = field(default_factory=list)
     backward_times: list[float] = field(default_factory=list)
+    weight_times: list[float] = field(default_factory=list)  # a split backward's W step (zero-bubble schedules)
     # Micro-batch size -> (forward times, backward times) of probes at sizes other than the running one.
     sizes: dict[int, tuple[list[float], list[float]]] = field(default_factory=dict)
 
@@ -85,6 +86,10 @@ class LayerStats:
         self.backwards += 1
         self.backward_times.append(seconds)
         del self.backward_times[:-SAMPLES]
+
+    def add_weight(self, seconds: float) -> None:
+        self.weight_times.append(seconds)
+        del self.weight_times[:-SAMPLES]
 
     @staticmethod
     def typical(times: list[float]) -> float:
