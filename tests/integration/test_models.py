@@ -27,6 +27,13 @@ def pipelined(model, data, loss, optimizer, *, stages, plan=None, iterations=3, 
     return names, losses, state
 
 
+# Plain PyTorch against itself: GPT-2 trained with 4 micro-batches and with 2 (the same sums in another order) ends
+# 1.1e-5 apart in c_attn's bias after three AdamW steps on an AMD EPYC (its BLAS blocks these small shapes differently),
+# past assert_close's float32 atol of 1e-5, and the pipeline is as far (1.1e-5) from the 4-micro-batch reference; ResNet-18's
+# BatchNorm takes the same noise to 1.7e-5. A wrong gradient moves a parameter by a good part of a step (lr 1e-2), orders
+# of magnitude more than this.
+REORDERING_ATOL = 5e-5
+
 GPT2_UNITS = ["transformer.wte+transformer.wpe+transformer.drop", "transformer.h.0", "transformer.h.1",
               "transformer.h.2", "transformer.h.3", "transformer.ln_f+lm_head"]
 
@@ -48,7 +55,7 @@ def test_gpt2_matches_plain_pytorch(stages: int, schedule: str, policies: str, b
     model, ref_losses = reference.train(zoo.gpt2, zoo.gpt2_data, zoo.lm_loss, zoo.adamw, iterations=3,
                                         microbatches=4)
     assert losses == pytest.approx(ref_losses, rel=1e-5)
-    reference.assert_state_matches(state, model)
+    reference.assert_state_matches(state, model, atol=REORDERING_ATOL)
     assert state["lm_head.weight"] is state["transformer.wte.weight"]  # the tie under both names, one tensor
 
 
@@ -113,7 +120,8 @@ def test_resnet18_matches_plain_pytorch_with_batchnorm_buffers() -> None:
     model, ref_losses = reference.train(zoo.resnet18, zoo.image_data, _token_loss, zoo.sgd, iterations=2,
                                         microbatches=4)
     assert losses == pytest.approx(ref_losses, rel=1e-5)
-    reference.assert_state_matches(state, model)  # running means/vars and num_batches_tracked included
+    # running means/vars and num_batches_tracked included
+    reference.assert_state_matches(state, model, atol=REORDERING_ATOL)
 
 
 def test_dataloader_with_keyword_inputs_resumes_from_the_right_batch(tmp_path) -> None:
