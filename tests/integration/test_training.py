@@ -74,16 +74,16 @@ def test_mixed_precision_tracks_fp32_with_float32_parameters(precision: str) -> 
     its loss scale and skips no step on this well-scaled model."""
     with vpipe_lab.launch("mlp", stages=2, microbatches=4, precision=precision, device="cpu",
                           timeout=60) as session:
-        session.run(5)
+        session.run(3)  # half-precision GEMMs are emulated on CPUs without AVX-512 BF16/FP16: each step is slow
         session.wait(timeout=120)
         frame = session.metrics.iterations
         state = session.state_dict()
-    _, fp32 = reference.train(mlp.model, mlp.data, mlp.loss, mlp.optimizer, iterations=5, microbatches=4)
+    _, fp32 = reference.train(mlp.model, mlp.data, mlp.loss, mlp.optimizer, iterations=3, microbatches=4)
     assert list(frame["loss"]) == pytest.approx(fp32, rel=0.05)
     assert list(frame["loss"]) != pytest.approx(fp32, rel=1e-6)  # the compute really ran in half precision
     assert all(v.dtype == torch.float32 for v in state.values() if v.is_floating_point())
     if precision == "fp16":
-        assert list(frame["loss_scale"]) == [2.0 ** 16] * 5
+        assert list(frame["loss_scale"]) == [2.0 ** 16] * 3
         assert not frame["skipped"].any()
 
 
