@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from vpipe_lab.core import interleaved, zero_bubble
 from vpipe_lab.core.plan import Plan, Policy
-from vpipe_lab.core.schedule import Action, Op, Schedule
+from vpipe_lab.core.schedule import Action, Op, Schedule, one_f_one_b_order
 
 
 def _expand(order: list[tuple[Op, int, int]], chunks: int, plan: Plan | None) -> tuple[Action, ...]:
@@ -72,15 +72,7 @@ def one_f_one_b(stages: int, microbatches: int, plan: Plan | None = None, *, eag
     rows = []
     for s in range(stages):
         warm = min(stages - s - 1 + (1 if eager and s < stages - 1 else 0), microbatches)
-        order: list[tuple[Op, int, int]] = [(Op.F, s, m) for m in range(warm)]
-        f, b = warm, 0
-        while f < microbatches:
-            order.append((Op.F, s, f))
-            f += 1
-            order.append((Op.B, s, b))
-            b += 1
-        order.extend((Op.B, s, m) for m in range(b, microbatches))
-        rows.append(_expand(order, stages, plan))
+        rows.append(_expand([(op, s, m) for op, m in one_f_one_b_order(warm, microbatches)], stages, plan))
     return Schedule(tuple(rows), microbatches, "eager-1f1b" if eager else "1f1b")
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 
 from vpipe_lab.core.errors import ScheduleError
+from vpipe_lab.core.schedule import one_f_one_b_order
 
 Step = tuple[str, int, int]  # ("F" | "B", chunk, micro-batch)
 
@@ -33,15 +34,7 @@ def orders(ranks: int, virtual: int, microbatches: int) -> list[list[Step]]:
     out = []
     for r in range(k):
         warmup = min((k - r - 1) * 2 + (v - 1) * k, total)
-        steps = [_step("F", i, r, k, v) for i in range(warmup)]
-        f, b = warmup, 0
-        while f < total:
-            steps.append(_step("F", f, r, k, v))
-            f += 1
-            steps.append(_step("B", b, r, k, v))
-            b += 1
-        steps.extend(_step("B", j, r, k, v) for j in range(b, total))
-        out.append(steps)
+        out.append([_step(op, i, r, k, v) for op, i in one_f_one_b_order(warmup, total)])
     return out
 
 

@@ -215,10 +215,14 @@ def search(
                    node_limit=node_limit)
 
 
-def _interleaved(profile: ModelProfile, cluster: Cluster, m: int, virtual: int, method: str,
-                 current: Plan | None) -> PlanResult:
+def _check_method(method: str) -> None:
     if method not in METHODS:
         raise PlanError(f"unknown planning method {method!r}: use one of {', '.join(METHODS)}")
+
+
+def _interleaved(profile: ModelProfile, cluster: Cluster, m: int, virtual: int, method: str,
+                 current: Plan | None) -> PlanResult:
+    _check_method(method)
     cm = CostModel(profile, cluster, m, "interleaved-1f1b", virtual)
     check_fits(cm.num_layers, cm.chunks)
     compute = [f + b for f, b in zip(cm.fwd, cm.bwd)]
@@ -311,8 +315,7 @@ def _search(
     current: Plan | None,
     node_limit: int,
 ) -> PlanResult:
-    if method not in METHODS:
-        raise PlanError(f"unknown planning method {method!r}: use one of {', '.join(METHODS)}")
+    _check_method(method)
     cm = CostModel(profile, cluster, microbatches, schedule)
     n, k = cm.num_layers, cm.stages
     check_fits(n, k)

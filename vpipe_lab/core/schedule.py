@@ -108,6 +108,17 @@ class Schedule:
         return self
 
 
+def one_f_one_b_order(warmup: int, total: int) -> list[tuple[Op, int]]:
+    """1F1B's shape over ``total`` forwards and backwards, by index: ``warmup`` forwards, then one forward and one
+    backward alternately, then the backwards left (the plain and the interleaved generators both walk it)."""
+    order = [(Op.F, i) for i in range(warmup)]
+    f, b = warmup, 0
+    while f < total:
+        order += [(Op.F, f), (Op.B, b)]
+        f, b = f + 1, b + 1
+    return order + [(Op.B, j) for j in range(b, total)]
+
+
 def format_grid(schedule: Schedule, mark: tuple[int, int] | None = None, note: str = "") -> str:
     """Rows of actions per stage; the action at ``mark`` = (stage, step) is bracketed as >>1F0<<."""
     rows = schedule.to_strings()

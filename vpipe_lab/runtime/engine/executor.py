@@ -42,11 +42,15 @@ LossFn = Callable[[Any, Any], torch.Tensor]
 Step = tuple[int, int]  # (chunk, micro-batch)
 
 
-def tag_into(op: Op, chunk: int, plan: Plan) -> int:
-    """The tag of a transfer into ``chunk`` (its input for RECV_F, its output's gradient for RECV_B): per chunk
-    with virtual stages, since two ranks then exchange several chunks' tensors and each stream must stay in order."""
-    base = TAG_FORWARD if op in (Op.RECV_F, Op.SEND_F) else TAG_BACKWARD
+def chunk_tag(base: int, chunk: int, plan: Plan) -> int:
+    """``base`` (a ``TAG_*``) for transfers into ``chunk``: per chunk with virtual stages, since two ranks then
+    exchange several chunks' tensors and each stream must stay in order."""
     return base if plan.virtual_stages == 1 else base + 8 * chunk
+
+
+def tag_into(op: Op, chunk: int, plan: Plan) -> int:
+    """The tag of a transfer into ``chunk``: its input for RECV_F, its output's gradient for RECV_B."""
+    return chunk_tag(TAG_FORWARD if op in (Op.RECV_F, Op.SEND_F) else TAG_BACKWARD, chunk, plan)
 
 _COMM = (Op.SEND_F, Op.SEND_B, Op.RECV_F, Op.RECV_B)
 _UNLABELLED = nullcontext()
@@ -195,8 +199,8 @@ class Executor:
 
         if peer.prepost and agreed:  # the first receive of each kind, when this shape epoch knows its shapes
             for op, first in firsts.items():
-                if first is not None and peer.knows(*where(op, first[0])):
-                    posted[(op, *first)] = peer.post_recv(*where(op, first[0]), agreed=True)
+                if first is not None and peer.knows(*(source := where(op, first[0]))):
+                    posted[(op, *first)] = peer.post_recv(*source, agreed=True)
         mark = self.watch.mark
         marks: list[tuple[str, int, int | None, float, float]] = []
         # Labels only while a torch profiler records: entering a record_function per action costs ~3% of a small
@@ -293,7 +297,7 @@ class Executor:
                                 x = to_device(inputs[mb], self.placement.device)  # type: ignore[index]
                                 x = chain.start(x) if chain is not None else x
                             else:
-                                got = peer.recv((c - 1) % k, TAG_EVAL + 8 * c)
+                                got = peer.recv((c - 1) % k, chunk_tag(TAG_EVAL, c, plan))
                                 x = chain.unpack(plan.boundaries[c] - 1, got) if chain is not None else (
                                     got[0] if isinstance(got, tuple) and len(got) == 1 else got)
                             for i in plan.chunk_layers(c):
@@ -304,7 +308,8 @@ class Executor:
                                 with stage.autocast():
                                     losses.append(self.loss_fn(x, target).detach())
                             else:
-                                peer.send(chain.pack(x) if chain is not None else x, (c + 1) % k, TAG_EVAL + 8 * (c + 1))
+                                peer.send(chain.pack(x) if chain is not None else x, (c + 1) % k,
+                                          chunk_tag(TAG_EVAL, c + 1, plan))
             peer.flush()
         finally:
             for module, back in modules.values():
