@@ -27,11 +27,11 @@ import sys
 import traceback
 from typing import Any
 
-from vpipe_lab.runtime import process  # the point of this process: torch and the runtime, imported before any fork
-
 # torch.optim's Optimizer.__init__ imports torch._dynamo on first use (its @_disable_dynamo wrapper): 2.5 s of imports
 # that every forked worker would repeat when it builds its optimizer. Imported here, the fork shares it.
-import torch._dynamo  # noqa: E402,F401
+import torch._dynamo  # noqa: F401
+
+from vpipe_lab.runtime import process  # the point of this process: torch and the runtime, imported before any fork
 
 
 def _child(request: dict[str, Any], log_fd: int, parent_fd: int, sock: socket.socket) -> None:
