@@ -80,6 +80,7 @@ def serve(sock: socket.socket) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wakeup fd hears about exits
     children: set[int] = set()
+    sock.send(json.dumps({"ready": True}).encode())  # imports done: a close from here on is answered by leaving
     while True:
         ready, _, _ = select.select([sock, wake_r], [], [], 1.0)
         if wake_r in ready:
