@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from vpipe_lab.core import checks, scaling
+from vpipe_lab.core.chunk_plans import fit_chunks
 from vpipe_lab.core.costmodel import CostModel
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
 from vpipe_lab.core.memory_plans import StageProblem, exact
@@ -189,8 +190,9 @@ def search(
     keeps the fastest feasible plan; ``schedules`` on the result lists what each got.
 
     ``interleaved-1f1b`` with ``virtual_stages`` V cuts the layers into ``stages x V`` chunks balanced by compute
-    (``uniform``: by count), everything kept, or everything recomputed when that does not fit: vPipe's per-layer
-    memory search and its partition refinement work on one chunk per stage and are not applied to chunks yet.
+    (``uniform``: by count); ``vpipe`` and ``optimal`` then keep, swap or recompute each layer so every rank's chunks
+    fit its budget (``core/chunk_plans.py``, greedy: not proven optimal); vPipe's partition refinement works on one
+    chunk per stage and is not applied to chunks.
     """
     if schedule == AUTO:
         return _search_schedules(profile, cluster, microbatches=microbatches, batch_size=batch_size, method=method,
@@ -227,16 +229,15 @@ def _interleaved(profile: ModelProfile, cluster: Cluster, m: int, virtual: int, 
     check_fits(cm.num_layers, cm.chunks)
     compute = [f + b for f, b in zip(cm.fwd, cm.bwd)]
     bounds = uniform(cm.num_layers, cm.chunks) if method == "uniform" else balanced(compute, cm.chunks)
-    # GPipe's rules recompute everything; the all-keep methods keep everything; vPipe and optimal fall back to
-    # recomputing everything when keeping does not fit.
-    tries = ((Policy.RECOMPUTE,) if method == "gpipe" else (Policy.KEEP,) if method in ("uniform", "balanced", "pipedream")
-             else (Policy.KEEP, Policy.RECOMPUTE))
-    for evaluations, policy in enumerate(tries, 1):
-        found = Plan(bounds, (policy,) * cm.num_layers, m, "interleaved-1f1b", virtual)
-        est = cm.estimate(found)
-        if est.feasible:
-            moves = layer_moves(current.boundaries, bounds, cm.stages) if current is not None else ()
-            return PlanResult(found, est, method, cm.lower_bound_s(), False, moves, evaluations)
+    # GPipe's rules recompute everything; the all-keep methods keep everything; vPipe and optimal keep, swap and
+    # recompute per layer across a rank's chunks (core/chunk_plans.py).
+    fixed = {"gpipe": Policy.RECOMPUTE, "uniform": Policy.KEEP, "balanced": Policy.KEEP, "pipedream": Policy.KEEP}
+    policies = (fixed[method],) * cm.num_layers if method in fixed else fit_chunks(cm, bounds)
+    found = Plan(bounds, policies, m, "interleaved-1f1b", virtual)
+    est = cm.estimate(found)
+    if est.feasible:
+        moves = layer_moves(current.boundaries, bounds, cm.stages) if current is not None else ()
+        return PlanResult(found, est, method, cm.lower_bound_s(), False, moves, 1)
     stage = max(range(cm.stages), key=lambda s: est.over_budget[s])
     raise InfeasiblePlan(f"interleaved-1f1b with {virtual} virtual stages per stage does not fit: stage {stage} needs "
                          f"{est.peak_bytes[stage]} bytes of {est.budget_bytes[stage]}", stage=stage,

@@ -1,0 +1,93 @@
+"""Memory plans over virtual stages: which layers of a rank's interleaved chunks to keep, swap or recompute.
+
+Under interleaved 1F1B a rank holds several chunks, and its peak counts the chunk-forwards it holds at once times its
+largest chunk's bytes per micro-batch (``CostModel._estimate_chunks``), so freeing memory in a chunk that is not the
+largest buys nothing, and what one layer's policy costs in time depends on the rank's other chunks. The per-stage
+solvers (``core/memory_plans.py``) assume one contiguous range whose memory is a sum over its layers; here the search is
+vPipe's greedy rule made to score each step against the cost model itself: while a rank is over its budget, take the
+change (keep -> swap, keep -> recompute, swap -> recompute) on that rank that frees the most of its peak per second it
+adds to the iteration, a change that adds nothing (a swap whose transfers hide under compute) first and the largest of
+those first. Each step re-costs one chunk, so a plan of ``n`` layers takes at most ``2 n`` steps of ``O(n)`` work each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from vpipe_lab.core.costmodel import CostModel, StageCost
+from vpipe_lab.core.plan import Policy
+
+_K, _S, _R = Policy.KEEP, Policy.SWAP, Policy.RECOMPUTE
+_NEXT = {_K: (_S, _R), _S: (_R,), _R: ()}  # each change frees more of the layer's activations than the one before
+
+
+class _Rank:
+    """One rank's chunks and their costs under the current policies, re-costed one chunk at a time."""
+
+    def __init__(self, cm: CostModel, bounds: Sequence[int], chunks: Sequence[int]) -> None:
+        self.cm, self.bounds, self.chunks = cm, bounds, tuple(chunks)
+
+    def cost(self, chunk: int, policies: Sequence[Policy]) -> StageCost:
+        return self.cm.stage_cost(chunk, self.bounds[chunk], self.bounds[chunk + 1], policies)
+
+    @staticmethod
+    def peak(costs: Sequence[StageCost]) -> int:
+        """The rank's peak bytes from its chunks' costs (as ``CostModel._estimate_chunks`` adds them up)."""
+        return (sum(c.static_bytes for c in costs) + max(c.activation_bytes + c.swap_buffer_bytes for c in costs)
+                + max(c.rebuild_bytes for c in costs))
+
+
+def fit_chunks(cm: CostModel, bounds: Sequence[int], policies: Sequence[Policy] | None = None) -> tuple[Policy, ...]:
+    """Per-layer policies that fit every rank of the interleaved plan with ``bounds`` into its budget, starting from
+    ``policies`` (everything kept by default) and adding as little time as the greedy rule finds. A rank that no
+    change brings under its budget is left as close to it as the rule got (the plan's estimate then says by how much
+    it is over)."""
+    current = list(policies) if policies is not None else [_K] * cm.num_layers
+    chunk_costs = [cm.stage_cost(c, bounds[c], bounds[c + 1], current) for c in range(cm.chunks)]
+    for rank in range(cm.stages):
+        mine = _Rank(cm, bounds, range(rank, cm.chunks, cm.stages))
+        budget = cm.budget(rank)
+        while _Rank.peak([chunk_costs[c] for c in mine.chunks]) > budget:
+            best = _best_change(cm, mine, current, chunk_costs)
+            if best is None:
+                break
+            layer, policy, chunk, cost = best
+            current[layer] = policy
+            chunk_costs[chunk] = cost
+    return tuple(current)
+
+
+def _held(cost: StageCost) -> int:
+    return cost.activation_bytes + cost.swap_buffer_bytes
+
+
+def _best_change(cm: CostModel, rank: _Rank, policies: list[Policy], chunk_costs: list[StageCost]
+                 ) -> tuple[int, Policy, int, StageCost] | None:
+    """The change on ``rank``'s largest chunk with the most bytes freed per second added (see the module docstring).
+    Bytes freed: the chunk's held activations less any growth of the rank's largest rebuild; only the largest chunk
+    counts toward the peak, and when two tie the next step takes the other."""
+    k, m = cm.stages, cm.microbatches
+    totals = [c.total_s for c in chunk_costs]
+    rank_s = [sum(totals[c] for c in range(r, cm.chunks, k)) for r in range(k)]
+    now_s = m * max(rank_s) + (k - 1) * max(totals)
+    chunk = max(rank.chunks, key=lambda c: _held(chunk_costs[c]))
+    rebuild = max(chunk_costs[c].rebuild_bytes for c in rank.chunks)
+    others = max((chunk_costs[c].rebuild_bytes for c in rank.chunks if c != chunk), default=0)
+    best: tuple[float, int, tuple[int, Policy, int, StageCost]] | None = None
+    for layer in range(rank.bounds[chunk], rank.bounds[chunk + 1]):
+        was = policies[layer]
+        for policy in _NEXT[was]:
+            policies[layer] = policy
+            cost = rank.cost(chunk, policies)
+            policies[layer] = was
+            freed = _held(chunk_costs[chunk]) - _held(cost) - (max(others, cost.rebuild_bytes) - rebuild)
+            if freed <= 0:
+                continue
+            chunk_totals = [cost.total_s if c == chunk else t for c, t in enumerate(totals)]
+            mine_s = sum(chunk_totals[c] for c in rank.chunks)
+            added = max(0.0, m * max(mine_s, *rank_s) + (k - 1) * max(chunk_totals) - now_s)
+            # free changes first, the largest of them first; then the most bytes per second added
+            score = float(freed) * 1e30 if added <= 1e-15 else freed / added
+            if best is None or (score, freed) > (best[0], best[1]):
+                best = (score, freed, (layer, policy, chunk, cost))
+    return None if best is None else best[2]
