@@ -4,7 +4,7 @@ from vpipe_lab.charts.figures import gantt_data, gantt_figure, lane, memory_figu
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import Cluster
 from vpipe_lab.core.simulator import simulate
-from vpipe_lab.core.timeline import KINDS
+from vpipe_lab.core.timeline import KINDS, Span, Timeline
 from vpipe_lab.core.workloads import random_chain
 
 
@@ -22,6 +22,26 @@ def test_gantt_has_one_trace_per_kind_with_nan_gaps() -> None:
     assert len(fwd.x) == 3 * len(t.select(kind="forward")) and fwd.x[2] is None
     swaps = gantt_data(t)["swap_out"]
     assert swaps["y"][0] == lane(0, "swap_out") and lane(0, "swap_out") != lane(0, "forward")
+
+
+def test_a_stage_with_virtual_stages_gets_a_compute_lane_per_chunk() -> None:
+    """Interleaved 1F1B, two chunks per stage: each chunk's spans on a lane of its own inside its stage's, named
+    "stage s · cN", the stage's idle time on each of them, its copy lane apart from all."""
+    from vpipe_lab.charts.figures import gantt_spec
+
+    profile = random_chain(8, seed=1)
+    t = simulate(Plan((0, 2, 4, 6, 8), ("keep",) * 8, 4, "interleaved-1f1b", 2), profile, Cluster(2, 10**12, 1e9, 1e7))
+    t = t + Timeline((Span(1, "idle", 0, None, t.end_s, t.end_s + 1e-3),))  # the stage's, not a chunk's
+    assert t.chunks == 2 and {(s.stage, s.chunk) for s in t.select(kind="forward")} == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    spec = gantt_spec(t, stages=2)
+    ticks = spec["layout"]["yaxis"]
+    assert ticks["ticktext"] == ["stage 0 · c0", "stage 0 · c1", "stage 1 · c0", "stage 1 · c1"]
+    forward = next(tr for tr in spec["data"] if tr["name"] == "forward")
+    assert sorted({y for y in forward["y"] if y is not None}) == ticks["tickvals"]
+    assert any("chunk 1" in text for text in forward["text"])
+    idle = t.select(kind="idle")
+    assert idle.spans and len([y for y in gantt_data(t)["idle"]["y"] if y is not None]) == 2 * 2 * len(idle)
+    assert lane(0, "swap_in", chunk=1, chunks=2) == lane(0, "swap_in") not in ticks["tickvals"]
 
 
 def test_memory_values_and_html(tmp_path: Path) -> None:

@@ -9,11 +9,12 @@ from vpipe_lab.cli import main
 
 @pytest.mark.slow
 def test_run_trains_prints_a_summary_and_writes_a_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Interleaved 1F1B (two chunks per stage by default), planned by vPipe from the profile measured on the workers."""
     report = tmp_path / "run.html"
     assert main(["run", "--model", "mlp", "--stages", "2", "--microbatches", "2", "--iterations", "4",
-                 "--device", "cpu", "--plan", "auto", "--report", str(report)]) == 0
+                 "--schedule", "interleaved-1f1b", "--device", "cpu", "--plan", "auto", "--report", str(report)]) == 0
     out = capsys.readouterr().out
-    assert "vpipe planned from the measured profile" in out
+    assert "vpipe planned from the measured profile" in out and "interleaved-1f1b V=2" in out
     assert "4 iterations: loss" in out and "samples/s" in out and "stage 1:" in out
     html = report.read_text()
     assert "measured timeline" in html and "loss per iteration" in html

@@ -19,7 +19,7 @@ def report(stage: int, it: int, losses: list[float]) -> P.Message:
     memory = {"params": 1, "grads": 1, "optimizer": 2, "static": 4, "activations": 5, "resident": 5, "host": 0,
               "peak": 9, "budget": None}
     return messages.report(it, stage, start=10.0 + stage, end=11.0 + stage, losses=losses, memory=memory,
-                           spans=[[0, 0, -1, 10.0, 10.5]], samples=8, grad_norm=1.5, lr=0.1).message()
+                           spans=[[0, 0, -1, 10.0, 10.5, 0]], samples=8, grad_norm=1.5, lr=0.1).message()
 
 
 def make() -> tuple[Intake, JobState, Metrics, list[dict[str, Any]], list[tuple[Any, ...]]]:

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.errors import ScheduleError
-from vpipe_lab.core.generators import gpipe, one_f_one_b, zb_h1
+from vpipe_lab.core.generators import for_plan, gpipe, one_f_one_b, zb_h1
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
 from vpipe_lab.core.schedule import Schedule
@@ -120,3 +120,15 @@ def test_zb_h1_replays_b_and_w_apart_with_the_weight_share() -> None:
     assert all(s.duration_s == 1.0 for s in t if s.kind in ("backward", "wgrad"))
     assert t.iteration_s == 3 * m + (k - 1) == estimate(plan, profile, cluster).iteration_s
     assert simulate(plan.replace(schedule="1f1b"), profile, cluster).iteration_s == 3 * (m + k - 1)
+
+
+@pytest.mark.parametrize(("schedule", "virtual"), [("interleaved-1f1b", 2), ("zb-h1", 1)])
+def test_compute_bound_of_a_free_link_replay_is_the_replay(schedule: str, virtual: int) -> None:
+    """A rank's spans name their chunk: under interleaved 1F1B each chunk's actions take their own spans' time (not
+    the sum over the rank's chunks), and ZB-H1's weight steps count as compute."""
+    profile = ModelProfile(tuple(LayerCost(f"l{i}", 1.0 + i / 8, 2.0, 100, 10, 10, 10, weight_grad_s=0.5) for i in range(8)))
+    cluster = Cluster(2, 10**9, 1e30, 1e30)
+    plan = Plan(tuple(range(0, 9, 8 // (2 * virtual))), ("keep",) * 8, 4, schedule, virtual)
+    replay = simulate(plan, profile, cluster)
+    assert {s.chunk for s in replay} == set(range(virtual))
+    assert compute_bound_s(for_plan(plan), replay) == pytest.approx(replay.iteration_s)

@@ -178,7 +178,10 @@ LIVE_REPORT_JS = """() => [...document.querySelectorAll('[data-testid="live"]')]
     out.panels[name] = {count, title, drawn: panel?.dataset.drawn === '1',
                         panel: panel ? rect(panel) : null, svg: svg ? rect(svg) : null,
                         legend: legend ? rect(legend) : null,
-                        legendItems: panel ? panel.querySelectorAll('g.legend g.traces').length : 0};
+                        legendItems: panel ? panel.querySelectorAll('g.legend g.traces').length : 0,
+                        ticks: [...(panel?.querySelectorAll('g.ytick text') || [])].map(t => t.textContent),
+                        tickLeft: Math.min(...[...(panel?.querySelectorAll('g.ytick text') || [])]
+                                                 .map(t => t.getBoundingClientRect().left))};
   }
   return out;
 })"""

@@ -1,7 +1,7 @@
 """Real browser, real JupyterLab: the live dashboard draws every panel in every display while training runs on a
-loaded CPU, fits the output area, and survives %vpipe stop; in the quickstart a partition boundary is dragged with
-the mouse and applied, and the engine runs the new partition from the next iteration. Keeps screenshots in
-artifacts/browser/."""
+loaded CPU, fits the output area, and survives %vpipe stop; under interleaved 1F1B each stage's lane holds a lane per
+chunk; in the quickstart a partition boundary is dragged with the mouse and applied, and the engine runs the new
+partition from the next iteration. Keeps screenshots in artifacts/browser/."""
 
 from __future__ import annotations
 
@@ -86,6 +86,7 @@ def test_every_dashboard_display_draws_fits_and_survives_stop_on_a_loaded_machin
         views = live_views(page)
         assert len(views) == 3 and all(drawn(v) for v in views), views
         assert all("running" in v["header"] and "iteration" in v["header"] for v in views)
+        assert all(v["panels"]["timeline"]["ticks"] == ["stage 0", "stage 1"] for v in views), views
         # ... and keeps updating, at most 10 frames a second, drawing the newest frame (no backlog).
         kc = kernel_client(lab, "displays.ipynb")
         try:
@@ -129,6 +130,31 @@ def test_every_dashboard_display_draws_fits_and_survives_stop_on_a_loaded_machin
             assert "no running session" in ask(kc, "%vpipe status") or "stopped" in ask(kc, "print(session.status)")
         finally:
             kc.stop_channels()
+
+
+def test_interleaved_stages_draw_a_lane_per_chunk(lab: Lab) -> None:
+    cells = ["%load_ext vpipe_lab",
+             "%vpipe start gpt-tiny --stages 2 --microbatches 4 --schedule interleaved-1f1b --device cpu --run 40",
+             "%vpipe dashboard", "%vpipe stop"]  # all but the last run from the page; the kernel stops it
+    write_notebook(lab.root / "chunks.ipynb", cells)
+    lanes = ["stage 0 · c0", "stage 0 · c1", "stage 1 · c0", "stage 1 · c1"]  # two chunks per stage by default
+    with chromium(1400, 1000) as page:
+        open_notebook(page, lab, "chunks.ipynb")
+        run_cells(page, "notebook:run-all-above", below=len(cells) - 1)
+        page.wait_for_function(f"""() => {{ const views = ({LIVE_REPORT_JS})();
+            return views.length === 1 && views[0].panels.timeline.count >= 16
+                   && views[0].panels.timeline.ticks.length === 4; }}""", timeout=180_000)
+        page.wait_for_timeout(1000)
+        view = live_views(page)[0]
+        timeline = view["panels"]["timeline"]
+        assert timeline["ticks"] == lanes and drawn(view) and clipped(view) == []
+        assert timeline["tickLeft"] >= timeline["svg"]["x"]  # the lanes' names fit in the plot's margin
+        page.screenshot(path=str(ARTIFACTS / "interleaved.png"), full_page=True)
+    kc = kernel_client(lab, "chunks.ipynb")
+    try:
+        assert "no worker process is left" in ask(kc, "%vpipe stop")
+    finally:
+        kc.stop_channels()
 
 
 def test_drag_a_boundary_in_the_quickstart_and_apply_it(lab: Lab) -> None:

@@ -46,7 +46,9 @@ def test_two_stages_match_plain_pytorch_under_every_policy(schedule: str) -> Non
         losses = list(session.metrics.iterations["loss"])
         state = session.state_dict()
         kinds = {(span.stage, span.kind) for span in session.metrics.timeline(2)}
+        chunks = {(span.stage, span.chunk) for span in session.metrics.timeline(2)}
         measured = session.profile() if schedule == "zb-h1" else None
+    assert chunks == {(s, c) for s in (0, 1) for c in range(virtual)}  # each span names its stage's chunk
     # zb-h1 runs each micro-batch's weight gradients as a step of their own, on both stages
     assert {(0, "wgrad"), (1, "wgrad")} <= kinds if schedule == "zb-h1" else not {k for _, k in kinds} & {"wgrad"}
     if measured is not None:  # the profiler timed each layer's weight step on its own, inside its backward

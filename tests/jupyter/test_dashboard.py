@@ -37,8 +37,8 @@ class FakeSession:
         return lambda: self.callbacks.remove(cb)
 
     def step(self, it: int) -> None:
-        spans = spans_from_wire(0, it, [[0, 0, -1, it, it + 0.4], [1, 0, -1, it + 0.5, it + 0.9]])
-        spans += spans_from_wire(1, it, [[0, 0, -1, it + 0.4, it + 0.5], [5, 0, -1, it + 0.5, it + 0.55]])
+        spans = spans_from_wire(0, it, [[0, 0, -1, it, it + 0.4, 0], [1, 0, -1, it + 0.5, it + 0.9, 0]])
+        spans += spans_from_wire(1, it, [[0, 0, -1, it + 0.4, it + 0.5, 0], [5, 0, -1, it + 0.5, it + 0.55, 0]])
         memory = [{"iteration": it, "stage": s, "params": 10, "grads": 10, "optimizer": 20, "static": 40, "resident": 100,
                    "activations": 120, "host": 0} for s in range(2)]
         self.metrics.add({"iteration": it, "loss": 2.0 / (it + 1), "time_s": 1.0, "samples_per_s": float("nan"),
@@ -105,8 +105,8 @@ def test_simulated_timelines_use_the_same_drawing() -> None:
 def test_every_replica_gets_its_own_lanes_and_bars() -> None:
     s = FakeSession()
     s.replicas = 2
-    spans = spans_from_wire(0, 0, [[0, 0, -1, 0.0, 0.4]]) + spans_from_wire(1, 0, [[0, 0, -1, 0.4, 0.5]])
-    spans += spans_from_wire(0, 0, [[0, 0, -1, 0.0, 0.3]], replica=1) + spans_from_wire(1, 0, [[0, 0, -1, 0.3, 0.6]],
+    spans = spans_from_wire(0, 0, [[0, 0, -1, 0.0, 0.4, 0]]) + spans_from_wire(1, 0, [[0, 0, -1, 0.4, 0.5, 0]])
+    spans += spans_from_wire(0, 0, [[0, 0, -1, 0.0, 0.3, 0]], replica=1) + spans_from_wire(1, 0, [[0, 0, -1, 0.3, 0.6, 0]],
                                                                                        replica=1)
     memory = [{"iteration": 0, "stage": st, "replica": r, "static": 40, "resident": 100, "activations": 120,
                "host": 0} for r in range(2) for st in range(2)]

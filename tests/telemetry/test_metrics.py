@@ -5,7 +5,7 @@ from vpipe_lab.telemetry.metrics import Metrics, spans_from_wire
 def test_rolling_spans_and_frames() -> None:
     m = Metrics(span_window=2)
     for it in range(4):
-        spans = spans_from_wire(0, it, [[0, 0, -1, it, it + 0.5], [3, 0, 2, it + 0.5, it + 0.6]])
+        spans = spans_from_wire(0, it, [[0, 0, -1, it, it + 0.5, 0], [3, 0, 2, it + 0.5, it + 0.6, 0]])
         m.add({"iteration": it, "loss": 1.0 / (it + 1)}, spans, [{"iteration": it, "stage": 0, "peak": 10}])
     assert len(m.timeline()) == 4 and {s.iteration for s in m.timeline()} == {2, 3}
     assert list(m.iterations["iteration"]) == [0, 1, 2, 3]
@@ -22,7 +22,7 @@ def test_every_replica_s_spans_and_memory_are_kept_and_the_first_replica_s_ranks
     for replica in (1, 0):  # any arrival order
         for stage in (1, 0):
             done = parts.add(report(5, stage, replica=replica, losses=[1.0 + replica] if stage == 1 else [], samples=4,
-                                    spans=[[0, 0, -1, 0.1 * replica, 0.5]], memory={"peak": 100 * (replica + 1)}))
+                                    spans=[[0, 0, -1, 0.1 * replica, 0.5, 0]], memory={"peak": 100 * (replica + 1)}))
     assert done is not None
     assert sorted((s.replica, s.stage) for s in done.spans) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert [(r["replica"], r["stage"], r["peak"]) for r in done.memory] == [(0, 0, 100), (0, 1, 100), (1, 0, 200),

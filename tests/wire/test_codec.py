@@ -26,10 +26,10 @@ def test_a_body_survives_signing_and_json() -> None:
 
 def test_ints_are_accepted_for_floats_and_tuples_come_back_as_tuples() -> None:
     doc = {"iteration": 1, "stage": 0, "start": 1, "end": 2, "losses": [1, 2.5], "memory": {}, "microbatches": 2,
-           "spans": [[0, 1, -1, 0, 1]]}
+           "spans": [[0, 1, -1, 0, 1, 1]]}
     got = decode(Message("iteration", body=doc))
     assert isinstance(got, IterationReport) and got.start == 1.0 and isinstance(got.start, float)
-    assert got.spans == [(0, 1, -1, 0.0, 1.0)] and isinstance(got.spans[0][0], int)
+    assert got.spans == [(0, 1, -1, 0.0, 1.0, 1)] and isinstance(got.spans[0][0], int)
 
 
 @pytest.mark.parametrize(("body", "message"), [

@@ -6,7 +6,9 @@ dashboard sends it to the browser as it is, several times a second, without buil
 notebooks wrap the same dict in a ``plotly.graph_objects.Figure``. The Gantt chart draws every kind of span as one
 thick line broken by gaps (None, which plotly draws as a gap and, unlike NaN, is valid JSON on the widget channel): a
 handful of traces whatever the number of spans, far cheaper to draw than one bar per span. Measured and simulated
-timelines go through the same code; a job with several pipeline replicas gets a lane per (replica, stage).
+timelines go through the same code; a job with several pipeline replicas gets a lane per (replica, stage), and a
+stage with several virtual stages (interleaved 1F1B) a compute lane per chunk inside its own: the chunks share the
+stage's compute stream, so its idle time is drawn on each of them.
 Layouts leave the width to the page (``autosize``) and put legends under the plot, so a figure fits any output area.
 """
 
@@ -29,13 +31,30 @@ _LEGEND = {"orientation": "h", "x": 0, "xanchor": "left", "y": -0.08, "yanchor":
 Fig = dict[str, Any]
 
 
-def lane(stage: int, kind: str, replica: int = 0, stages: int = 1) -> float:
-    """The y of a span's lane: one per (replica, stage), the copy lane just below its compute lane."""
-    return replica * stages + stage + (_COPY_OFFSET if kind in ASYNC_KINDS else 0.0)
+def chunk_offset(chunk: int, chunks: int) -> float:
+    """Where chunk ``chunk`` of a stage's ``chunks`` sits in the stage's lane (0 with one chunk): spread above the
+    copy lane, the first chunk on top."""
+    return 0.0 if chunks <= 1 else -0.3 + chunk * 0.42 / (chunks - 1)
+
+
+def lane(stage: int, kind: str, replica: int = 0, stages: int = 1, chunk: int = 0, chunks: int = 1) -> float:
+    """The y of a span's lane: one per (replica, stage), the copy lane just below its compute lane, and with several
+    chunks per stage a compute lane per chunk."""
+    base = replica * stages + stage
+    return base + (_COPY_OFFSET if kind in ASYNC_KINDS else chunk_offset(chunk, chunks))
 
 
 def lane_names(stages: int, replicas: int = 1) -> list[str]:
     return [f"stage {s}" if replicas == 1 else f"r{r} stage {s}" for r in range(replicas) for s in range(stages)]
+
+
+def _ticks(stages: int, replicas: int, chunks: int) -> tuple[list[float], list[str]]:
+    """The y-axis ticks: a stage's name, or with several chunks each chunk's lane named (``stage 0 · c1``)."""
+    names = lane_names(stages, replicas)
+    if chunks <= 1:
+        return [float(i) for i in range(len(names))], names
+    return ([i + chunk_offset(c, chunks) for i in range(len(names)) for c in range(chunks)],
+            [f"{name} · c{c}" for name in names for c in range(chunks)])
 
 
 def gantt_data(timeline: Timeline, *, origin: float | None = None, unit: float = 1e3,
@@ -43,38 +62,43 @@ def gantt_data(timeline: Timeline, *, origin: float | None = None, unit: float =
     """Per kind, the x/y/text arrays of its line trace (times relative to ``origin``, in ms by default)."""
     start = timeline.start_s if origin is None else origin
     per_replica = max(stages or 0, timeline.stages, 1)
+    chunks = timeline.chunks
     data: dict[str, dict[str, list[Any]]] = {k: {"x": [], "y": [], "text": []} for k in KINDS}
     for s in timeline.spans:
         d = data[s.kind]
-        y = lane(s.stage, s.kind, s.replica, per_replica)
         label = (f"{s.kind} it{s.iteration} mb{s.microbatch}" + (f" L{s.layer}" if s.layer is not None else "")
-                 + f" {1e3 * s.duration_s:.2f} ms")
-        d["x"].extend(((s.start_s - start) * unit, (s.end_s - start) * unit, None))
-        d["y"].extend((y, y, None))
-        d["text"].extend((label, label, ""))
+                 + (f" chunk {s.chunk}" if chunks > 1 else "") + f" {1e3 * s.duration_s:.2f} ms")
+        # the stage's own time (idle, a migration) belongs to every chunk's lane
+        for c in range(chunks) if chunks > 1 and s.kind in ("idle", "migrate") else (s.chunk,):
+            y = lane(s.stage, s.kind, s.replica, per_replica, c, chunks)
+            d["x"].extend(((s.start_s - start) * unit, (s.end_s - start) * unit, None))
+            d["y"].extend((y, y, None))
+            d["text"].extend((label, label, ""))
     return data
 
 
 def gantt_spec(timeline: Timeline, *, title: str = "pipeline timeline", stages: int | None = None,
                replicas: int | None = None) -> Fig:
-    """A per-stage Gantt chart (per replica and stage with several replicas): a compute lane per stage, a copy lane
-    (swaps) below it, as a plain figure dict."""
+    """A per-stage Gantt chart (per replica and stage with several replicas): a compute lane per stage (per chunk of
+    the stage with virtual stages), a copy lane (swaps) below it, as a plain figure dict."""
     n = max(stages or 0, timeline.stages, 1)
     r = max(replicas or 0, timeline.replicas, 1)
+    v = timeline.chunks
     data = gantt_data(timeline, stages=n)
+    width = 14 if r * n <= 8 and v == 1 else 8
     traces = [
         {"type": "scatter", "x": data[k]["x"], "y": data[k]["y"], "text": data[k]["text"], "name": k,
-         "mode": "lines", "line": {"color": COLORS[k], "width": 14 if r * n <= 8 else 8}, "hoverinfo": "text",
+         "mode": "lines", "line": {"color": COLORS[k], "width": width}, "hoverinfo": "text",
          "connectgaps": False}  # plotly leaves a trace without points out of the legend
         for k in KINDS
     ]
     lanes = r * n
+    tickvals, ticktext = _ticks(n, r, v)
     layout = {
-        "title": {"text": title}, "height": 150 + 44 * lanes, "autosize": True,
-        "margin": {"l": 80 if r > 1 else 64, "r": 16, "t": 40, "b": 40},
+        "title": {"text": title}, "height": 150 + (44 if v == 1 else 30 + 14 * v) * lanes, "autosize": True,
+        "margin": {"l": (80 if r > 1 else 64) + (40 if v > 1 else 0), "r": 16, "t": 40, "b": 40},
         "xaxis": {"ticksuffix": " ms", "zeroline": False},
-        "yaxis": {"tickvals": list(range(lanes)), "ticktext": lane_names(n, r), "range": [lanes - 0.5, -0.5],
-                  "zeroline": False},
+        "yaxis": {"tickvals": tickvals, "ticktext": ticktext, "range": [lanes - 0.5, -0.5], "zeroline": False},
         "legend": _LEGEND, "uirevision": "gantt", "hovermode": "closest",
     }
     return {"data": traces, "layout": layout}

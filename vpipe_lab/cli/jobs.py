@@ -23,18 +23,26 @@ def _progress(total: int) -> Any:
     return tqdm(total=total, unit="it", file=sys.stderr, dynamic_ncols=True, leave=True)
 
 
+def virtual(args: argparse.Namespace) -> int:
+    """``--virtual-stages``, by default 2 under interleaved 1F1B (one chunk per stage would be plain 1F1B)."""
+    given = getattr(args, "virtual_stages", None)
+    return given if given is not None else 2 if args.schedule == "interleaved-1f1b" else 1
+
+
 def profile_and_plan(args: argparse.Namespace, budget: int | None) -> Plan:
     """Measure every layer on the real workers for two iterations, then let vPipe plan the measured profile."""
     import vpipe_lab
     from vpipe_lab.core.planner import search
 
     with vpipe_lab.launch(args.model, stages=args.stages, microbatches=args.microbatches, schedule=args.schedule,
-                          device=args.device, memory_budget=budget, seed=args.seed) as probe:
+                          virtual_stages=virtual(args), device=args.device, memory_budget=budget,
+                          seed=args.seed) as probe:
         probe.run(2)
         probe.wait(timeout=600)
         profile = probe.profile()
         cluster = probe.cluster()
-    result = search(profile, cluster, microbatches=args.microbatches, schedule=args.schedule, method="vpipe")
+    result = search(profile, cluster, microbatches=args.microbatches, schedule=args.schedule, method="vpipe",
+                    virtual_stages=virtual(args))
     print(f"vpipe planned from the measured profile: {result.plan.describe()} "
           f"(predicted {human_time(result.estimate.iteration_s)} per iteration)")
     return result.plan
@@ -51,7 +59,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         plan = Plan.from_json(Path(args.plan))
     print(f"starting {args.stages} stage workers for {args.model!r} ...", file=sys.stderr)
     with vpipe_lab.launch(args.model, stages=args.stages, microbatches=args.microbatches, schedule=args.schedule,
-                          device=args.device, memory_budget=budget, plan=plan, seed=args.seed) as session:
+                          virtual_stages=virtual(args), device=args.device, memory_budget=budget, plan=plan,
+                          seed=args.seed) as session:
         bar = _progress(args.iterations)
 
         def on_event(event: dict[str, Any]) -> None:
@@ -161,6 +170,8 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--microbatches", "-m", type=int, default=4)
     p.add_argument("--iterations", "-n", type=int, default=20)
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    p.add_argument("--virtual-stages", "-v", type=int, default=None,
+                   help="model chunks per stage under interleaved-1f1b (default: 2 with it, else 1)")
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("--plan", default=None, help="'auto' (profile, then plan with vpipe) or a plan JSON file")
     p.add_argument("--memory-budget", type=int, default=None, help="bytes per stage")

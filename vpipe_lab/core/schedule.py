@@ -200,6 +200,16 @@ KIND = {
 }
 
 
+def chunk_indices(schedule: Schedule) -> list[int]:
+    """Each chunk's index among its row's chunks, in order (what a span's ``chunk`` says)."""
+    seen: dict[int, int] = {}
+    out = []
+    for row in schedule.placement:
+        out.append(seen.get(row, 0))
+        seen[row] = out[-1] + 1
+    return out
+
+
 def run_schedule(
     schedule: Schedule,
     duration: Callable[[Action], float],
@@ -217,10 +227,11 @@ def run_schedule(
     swapped_out: dict[tuple[int, int, int | None], float] = {}
     swapped_in: dict[tuple[int, int], float] = {}  # (chunk, micro-batch) -> when its last swap-in ends
     spans: list[Span] = []
+    local = chunk_indices(schedule)
 
     def add(s: int, a: Action, start: float, end: float) -> None:
         if end > start or a.op in (Op.F, Op.B, Op.W):
-            spans.append(Span(s, KIND[a.op], a.microbatch, a.layer, start, end, iteration))
+            spans.append(Span(s, KIND[a.op], a.microbatch, a.layer, start, end, iteration, 0, local[a.stage]))
 
     # Event-driven: a row runs until a receive blocks it, registers what it waits for, and the matching send wakes
     # it up again, so every action is replayed exactly once (linear in the schedule's length).

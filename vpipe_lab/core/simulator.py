@@ -14,7 +14,7 @@ from vpipe_lab.core.costmodel import CostModel
 from vpipe_lab.core.generators import for_plan
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import Cluster, ModelProfile
-from vpipe_lab.core.schedule import Action, Op, Schedule, run_schedule
+from vpipe_lab.core.schedule import Action, Op, Schedule, chunk_indices, run_schedule
 from vpipe_lab.core.timeline import Timeline
 
 
@@ -61,17 +61,19 @@ def compute_bound_s(schedule: Schedule, measured: Timeline) -> float:
     ``1 - (K - 1) / (M + K - 1)`` assumes equal ones). A measured iteration over this bound is the runtime's own
     overhead on the critical path: transfer latency, waiting, bookkeeping.
 
-    ``measured`` holds one iteration's spans; each forward, backward and recompute action takes the total of its
-    spans (stage, kind, micro-batch and layer), an action without a span takes no time.
+    ``measured`` holds one iteration's spans; each forward, backward, weight-step and recompute action takes the
+    total of its spans (stage, chunk, kind, micro-batch and layer), an action without a span takes no time.
     """
-    took: dict[tuple[int, str, int, int | None], float] = {}
+    took: dict[tuple[int, int, str, int, int | None], float] = {}
     for span in measured:
-        key = (span.stage, span.kind, span.microbatch, span.layer)
+        key = (span.stage, span.chunk, span.kind, span.microbatch, span.layer)
         took[key] = took.get(key, 0.0) + span.duration_s
-    kinds = {Op.F: "forward", Op.B: "backward", Op.RECOMPUTE: "recompute"}
+    kinds = {Op.F: "forward", Op.B: "backward", Op.W: "wgrad", Op.RECOMPUTE: "recompute"}
+    local = chunk_indices(schedule)
 
     def duration(a: Action) -> float:
         kind = kinds.get(a.op)
-        return 0.0 if kind is None else took.get((a.stage, kind, a.microbatch, a.layer), 0.0)
+        where = (schedule.placement[a.stage], local[a.stage])
+        return 0.0 if kind is None else took.get((*where, kind, a.microbatch, a.layer), 0.0)
 
     return run_schedule(schedule, duration).iteration_s

@@ -20,7 +20,8 @@ ASYNC_KINDS = frozenset({"swap_out", "swap_in"})
 @dataclass(frozen=True)
 class Span:
     """One piece of work: ``kind`` on ``stage`` for ``microbatch`` (and ``layer`` where it is per layer), in pipeline
-    ``replica`` (a data-parallel copy of the pipeline; 0 unless the job runs several)."""
+    ``replica`` (a data-parallel copy of the pipeline; 0 unless the job runs several), for the stage's ``chunk``-th
+    virtual stage (0 unless the schedule gives a stage several, as interleaved 1F1B does)."""
 
     stage: int
     kind: str
@@ -30,6 +31,7 @@ class Span:
     end_s: float
     iteration: int = 0
     replica: int = 0
+    chunk: int = 0
 
     @property
     def duration_s(self) -> float:
@@ -60,6 +62,11 @@ class Timeline:
     @property
     def stages(self) -> int:
         return 1 + max((s.stage for s in self.spans), default=-1)
+
+    @property
+    def chunks(self) -> int:
+        """Virtual stages per stage with spans here (at least 1)."""
+        return 1 + max((s.chunk for s in self.spans), default=0)
 
     @property
     def replicas(self) -> int:
@@ -137,7 +144,7 @@ class Timeline:
         """A DataFrame with one row per span (needs pandas)."""
         import pandas as pd  # optional dependency: the core itself stays stdlib-only
 
-        columns = ["stage", "kind", "microbatch", "layer", "start_s", "end_s", "iteration", "replica"]
+        columns = ["stage", "kind", "microbatch", "layer", "start_s", "end_s", "iteration", "replica", "chunk"]
         frame = pd.DataFrame(self.to_records(), columns=columns)
         frame["duration_s"] = frame["end_s"] - frame["start_s"]
         return frame
@@ -171,12 +178,13 @@ class Timeline:
                 events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": 1, "args": {"name": "copy"}})
         origin = self.start_s
         for s in self.spans:
-            label = f"{s.kind} mb{s.microbatch}" + (f" L{s.layer}" if s.layer is not None else "")
+            label = (f"{s.kind} mb{s.microbatch}" + (f" L{s.layer}" if s.layer is not None else "")
+                     + (f" chunk {s.chunk}" if s.chunk else ""))
             events.append({
                 "ph": "X", "name": label, "cat": s.kind, "pid": s.replica * stages + s.stage,
                 "tid": 1 if s.kind in ASYNC_KINDS else 0,
                 "ts": (s.start_s - origin) * 1e6, "dur": max(0.0, s.duration_s) * 1e6,
-                "args": {"microbatch": s.microbatch, "layer": s.layer, "iteration": s.iteration},
+                "args": {"microbatch": s.microbatch, "layer": s.layer, "iteration": s.iteration, "chunk": s.chunk},
             })
         return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"source": name}}
 

@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--microbatches", "-m", type=int, default=4)
     s.add_argument("--replicas", type=int, default=1, help="data-parallel copies of the pipeline")
     s.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    s.add_argument("--virtual-stages", "-v", type=int, default=None,
+                   help="model chunks per stage under interleaved-1f1b (default: 2 with it, else 1)")
     s.add_argument("--device", choices=DEVICES, default="auto")
     s.add_argument("--budget", type=byte_size, help="memory budget per stage, e.g. 2GiB")
     s.add_argument("--plan", help="notebook variable holding a Plan")
@@ -189,14 +191,16 @@ class VpipeMagics(Magics):
 
         if self.session is not None and not self.session.closed:
             raise UsageError("a session is already running: %vpipe stop it first")
-        for name in ("stages", "microbatches", "replicas"):
-            checks.count(getattr(args, name), f"--{name}", error=UsageError)
+        if args.virtual_stages is None:
+            args.virtual_stages = 2 if args.schedule == "interleaved-1f1b" else 1
+        for name in ("stages", "microbatches", "replicas", "virtual_stages"):
+            checks.count(getattr(args, name), f"--{name.replace('_', '-')}", error=UsageError)
         model = args.model if args.model in EXAMPLES else self._value(args.model, "model")
         data = None if args.data is None else args.data if args.data in EXAMPLES else self._value(args.data, "data")
         try:
             session = launch(
                 model, data, stages=args.stages, microbatches=args.microbatches, schedule=args.schedule,
-                device=args.device, memory_budget=args.budget, seed=args.seed,
+                virtual_stages=args.virtual_stages, device=args.device, memory_budget=args.budget, seed=args.seed,
                 loss=self._value(args.loss, "loss") if args.loss else None,
                 optimizer=self._value(args.optimizer, "optimizer factory") if args.optimizer else None,
                 plan=self._value(args.plan, "plan") if args.plan else None, auto_replan=args.auto_replan,

@@ -306,7 +306,7 @@ class Worker(WorkerCommands):
         return True
 
     def report(self, result: IterationResult, memory: dict[str, Any], step: StepReport) -> None:
-        spans = [(KINDS.index(k), mb, -1 if layer is None else layer, s, e) for k, mb, layer, s, e in result.spans]
+        spans = [(KINDS.index(k), mb, -1 if layer is None else layer, s, e, c) for k, mb, layer, s, e, c in result.spans]
         self.send(E.IterationReport(
             result.iteration, self.index, result.start_s, result.end_s, result.losses, memory, spans,
             self.plan.microbatches, self.ctl.plan_version, self.replica, self.samples, result.sizes,

@@ -114,9 +114,10 @@ class Metrics:
         return self.timeline().to_pandas()
 
 
-def spans_from_wire(stage: int, iteration: int, rows: list[tuple[int, int, int, float, float]], replica: int = 0) -> list[Span]:
-    return [Span(stage, KINDS[k], mb, None if layer < 0 else layer, s, e, iteration, replica)
-            for k, mb, layer, s, e in rows]
+def spans_from_wire(stage: int, iteration: int, rows: list[tuple[int, int, int, float, float, int]],
+                    replica: int = 0) -> list[Span]:
+    return [Span(stage, KINDS[k], mb, None if layer < 0 else layer, s, e, iteration, replica, chunk)
+            for k, mb, layer, s, e, chunk in rows]
 
 
 def combine(iteration: int, parts: list[IterationReport]) -> dict[str, Any]:

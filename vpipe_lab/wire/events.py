@@ -55,7 +55,8 @@ class Ready(Body):
 @register
 class IterationReport(Body):
     """One rank's iteration: its time span, its micro-batches' losses (last stage), memory, spans
-    (``[kind index, micro-batch, layer or -1, start, end]``) and its optimizer step's figures."""
+    (``[kind index, micro-batch, layer or -1, start, end, chunk]``, chunk: the stage's virtual stage) and its optimizer
+    step's figures."""
 
     TYPE = P.ITERATION
     iteration: int
@@ -64,7 +65,7 @@ class IterationReport(Body):
     end: float
     losses: list[float]
     memory: dict[str, Any]
-    spans: list[tuple[int, int, int, float, float]]
+    spans: list[tuple[int, int, int, float, float, int]]
     microbatches: int
     plan_version: int = 0
     replica: int = 0

@@ -87,7 +87,7 @@ class IterationResult:
     start_s: float
     end_s: float
     losses: list[float] = field(default_factory=list)
-    spans: list[tuple[str, int, int | None, float, float]] = field(default_factory=list)
+    spans: list[tuple[str, int, int | None, float, float, int]] = field(default_factory=list)  # ..., chunk
     violation: BudgetViolation | None = None
     sizes: list[int] | None = None  # samples per micro-batch: the losses' weights in the iteration's loss
 
@@ -202,7 +202,8 @@ class Executor:
                 if first is not None and peer.knows(*(source := where(op, first[0]))):
                     posted[(op, *first)] = peer.post_recv(*source, agreed=True)
         mark = self.watch.mark
-        marks: list[tuple[str, int, int | None, float, float]] = []
+        marks: list[tuple[str, int, int | None, float, float, int]] = []
+        local = {c: i for i, c in enumerate(plan.chunks_of(rank))}  # a span names the stage's chunk by its index
         # Labels only while a torch profiler records: entering a record_function per action costs ~3% of a small
         # model's iteration even when nothing listens (gpt-tiny, 2 CPU stages, benchmarks/interleaved.py).
         labelled = torch._C._autograd._profiler_enabled()
@@ -265,12 +266,12 @@ class Executor:
             elif op is Op.SEND_B:
                 peer.post_send(grads_in.pop((c, mb)), (c - 1) % k, tag_into(Op.RECV_B, c - 1, plan), agreed=agreed)
             if self.record_spans:
-                marks.append((KIND[op], mb, action.layer, start, mark()))
+                marks.append((KIND[op], mb, action.layer, start, mark(), local[c]))
             label.__exit__(None, None, None)
         peer.flush()
         result.end_s = self.watch.end()
         seconds = self.watch.seconds
-        result.spans = [(kind, mb, layer, seconds(a), seconds(b)) for kind, mb, layer, a, b in marks]
+        result.spans = [(kind, mb, layer, seconds(a), seconds(b), c) for kind, mb, layer, a, b, c in marks]
         result.losses = [float(v) for v in losses]
         result.sizes = list(sizes) if sizes is not None else None
         return result
