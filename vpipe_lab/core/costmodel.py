@@ -2,7 +2,7 @@
 
 Per micro-batch, stage ``s`` owning layers ``lo:hi`` takes
 
-    forward  = sum(forward_s) + send of its output to stage s+1
+    forward  = sum(forward_s) + send of its output to stage s+1 (its bytes over the link bandwidth)
     backward = sum(backward_s) + recompute (forward_s of recomputed layers) + exposed swap + send of the input
                gradient to stage s-1
 
@@ -20,13 +20,16 @@ with ``inflight = M`` for GPipe, ``min(M, K - s)`` for 1F1B, ``min(M, K - s + 1)
 stage, which keeps one); ZB-H1 holds 1F1B's ``inflight`` and up to ``max(K, K - s + 1) - inflight`` more micro-batches
 waiting only for their weight step, each keeping its layers-with-parameters' inputs and output gradients (at most
 their activations): ``+ waiting * sum(min(activation_bytes, input_bytes + output_bytes))`` over those layers
-(``core/zero_bubble.py``). The iteration takes
-``sum(T) + (M - 1) * max(T)`` for 1F1B (eager or not: transfer latency, which eager 1F1B hides, is not modelled
-apart from the sends' own time) and ``sum(T) + (M - 1) * (max(F) + max(B))`` for GPipe, which both reduce
+(``core/zero_bubble.py``). A transfer arrives the link's latency ``L`` after its send (on nobody's compute stream),
+so the first forward and the last backward add ``2 (K - 1) L``. The iteration takes
+``sum(T) + 2 (K - 1) L + (M - 1) * P`` for 1F1B and eager 1F1B, with ``P`` the slowest stage or, when latency is
+long, a round trip over the micro-batches in flight (``period``: what eager 1F1B's extra micro-batch hides), and
+``sum(T) + 2 (K - 1) L + (M - 1) * (max(F) + max(B))`` for GPipe, which both reduce
 to ``(M + K - 1) * T`` for equal stages and free communication. ZB-H1 takes ``M * T_b + sum over the other stages
-of max(0, T - 2 W)`` with ``b`` the slowest stage and ``W`` a stage's weight-gradient time: the fill and drain pass
-each stage without its weight step (the paper's ``(K - 1)(F + B - W)`` bubble for equal stages). Interleaved 1F1B
-costs each chunk (virtual stage) as above, with its stage's peak count of chunk-forwards in flight
+of max(0, T - 2 W)`` (``P`` for ``T_b`` when latency makes it longer) with ``b`` the slowest stage and ``W`` a
+stage's weight-gradient time: the fill and drain pass each stage without its weight step (the paper's
+``(K - 1)(F + B - W)`` bubble for equal stages). Interleaved 1F1B costs each chunk (virtual stage) as above, with its
+stage's peak count of chunk-forwards in flight and ``2 (K V - 1) L`` of latency
 (``core/interleaved.py``), and sums a stage's chunks (``_estimate_chunks``).
 """
 
@@ -81,18 +84,39 @@ def swap_buffers(inflight: int) -> int:
 
 
 def iteration_time(forward: Sequence[float], backward: Sequence[float], microbatches: int, schedule: str,
-                   wgrad: Sequence[float] = ()) -> float:
+                   wgrad: Sequence[float] = (), latency_s: float = 0.0, inflight: Sequence[int] = ()) -> float:
     """Iteration time of a synchronous pipeline from per-stage forward and backward time per micro-batch (and, for
-    ZB-H1, the weight-gradient part of each backward)."""
+    ZB-H1, the weight-gradient part of each backward), each transfer arriving ``latency_s`` after its send, with
+    ``inflight[s]`` micro-batches between stage s's forward and backward (1F1B-shaped schedules; see ``period``)."""
     total = [f + b for f, b in zip(forward, backward)]
+    fill = 2 * (len(total) - 1) * latency_s  # the first forward and the last backward cross every link
     if schedule == "gpipe":
-        return sum(total) + (microbatches - 1) * (max(forward) + max(backward))
-    if schedule == "zb-h1":
-        weights = list(wgrad) or [0.0] * len(total)
+        return sum(total) + fill + (microbatches - 1) * (max(forward) + max(backward))
+    weights = list(wgrad) or [0.0] * len(total)
+    if schedule == "zb-h1":  # a stage's own weight steps wait for its gradients; later stages' may delay them
+        step = period(total, latency_s, inflight, [t - w for t, w in zip(total, weights)])
         slowest = max(range(len(total)), key=lambda s: total[s])
-        return microbatches * total[slowest] + sum(max(0.0, t - 2 * w) for s, (t, w) in enumerate(zip(total, weights))
-                                                   if s != slowest)
-    return sum(total) + (microbatches - 1) * max(total)
+        return microbatches * step + fill + sum(max(0.0, t - 2 * w) for s, (t, w) in enumerate(zip(total, weights))
+                                                if s != slowest)
+    return sum(total) + fill + (microbatches - 1) * period(total, latency_s, inflight)
+
+
+def period(total: Sequence[float], latency_s: float, inflight: Sequence[int] = (),
+           own: Sequence[float] | None = None) -> float:
+    """The steady state's time per micro-batch of a 1F1B-shaped schedule: the slowest stage, or, when transfers take
+    long, a round trip over the micro-batches in flight. Stage ``s`` holds ``inflight[s]`` micro-batches between a
+    forward and its backward, and each makes a round trip of ``sum(T[s:]) + 2 (K - 1 - s) latency`` (its own and the
+    later stages' work, and a transfer each way per link), so by Little's law a micro-batch leaves it no faster than
+    every round trip over ``inflight[s]``. That is what eager 1F1B's extra micro-batch in flight buys: the latency
+    that 1F1B's ``K - s`` leave on the critical path. ``own`` is a stage's part of its own round trips where it is
+    not all of its ``total`` (ZB-H1: without its weight steps, which fill its wait for the gradient)."""
+    k = len(total)
+    step = max(total)
+    if latency_s > 0 and inflight:
+        for s in range(k):
+            mine = total[s] if own is None else own[s]
+            step = max(step, (mine + sum(total[s + 1:]) + 2 * (k - 1 - s) * latency_s) / max(1, inflight[s]))
+    return step
 
 
 class CostModel:
@@ -172,14 +196,21 @@ class CostModel:
         return self._pa[hi] - self._pa[lo]
 
     def send_forward_s(self, stage: int, hi: int) -> float:
+        """The sender's time for a stage's output: its bytes over the link (the latency is the wire's, not the
+        sender's: ``hop_s``)."""
         if stage >= self.chunks - 1:
             return 0.0
-        return self.cluster.link_latency_s + self.out[hi - 1] / self.cluster.link_bandwidth
+        return self.out[hi - 1] / self.cluster.link_bandwidth
 
     def send_backward_s(self, stage: int, lo: int) -> float:
         if stage <= 0:
             return 0.0
-        return self.cluster.link_latency_s + self.inp[lo] / self.cluster.link_bandwidth
+        return self.inp[lo] / self.cluster.link_bandwidth
+
+    @property
+    def hop_s(self) -> float:
+        """A transfer's latency: from its send's end to its arrival, on nobody's compute stream."""
+        return self.cluster.link_latency_s
 
     def boundary_bytes(self, stage: int, lo: int, hi: int) -> int:
         """Bytes a stage sends and receives per micro-batch (activations both ways, gradients both ways)."""
@@ -257,7 +288,8 @@ class CostModel:
         fwd = tuple(c.forward_s for c in costs)
         bwd = tuple(c.backward_s for c in costs)
         step = self.cluster.step_overhead_s  # a weight step pays it too
-        it = iteration_time(fwd, bwd, self.microbatches, self.schedule, [c.wgrad_s + step for c in costs])
+        it = iteration_time(fwd, bwd, self.microbatches, self.schedule, [c.wgrad_s + step for c in costs], self.hop_s,
+                            [c.inflight for c in costs])
         busy = sum(c.total_s for c in costs) * self.microbatches
         peaks = tuple(c.peak_bytes for c in costs)
         budgets = self.cluster.budgets
@@ -289,7 +321,8 @@ class CostModel:
         fwd = tuple(sum(c.forward_s for c in cs) for cs in mine)
         bwd = tuple(sum(c.backward_s for c in cs) for cs in mine)
         total = tuple(f + b for f, b in zip(fwd, bwd))
-        it = m * max(total) + (k - 1) * max(c.total_s for c in costs)
+        # every one of the K V - 1 links is crossed once by the first forward and once by the last backward
+        it = m * max(total) + (k - 1) * max(c.total_s for c in costs) + 2 * (self.chunks - 1) * self.hop_s
         static = tuple(sum(c.static_bytes for c in cs) for cs in mine)
         held = tuple(max(c.activation_bytes + c.swap_buffer_bytes for c in cs) for cs in mine)
         peaks = tuple(st + h + max(c.rebuild_bytes for c in cs) for st, h, cs in zip(static, held, mine))

@@ -216,8 +216,10 @@ def run_schedule(
     *,
     sends_use_copy_lane: bool = False,
     iteration: int = 0,
+    latency_s: float = 0.0,
 ) -> Timeline:
-    """Replay ``schedule`` with ``duration(action)`` seconds per action; raise ScheduleError on deadlock."""
+    """Replay ``schedule`` with ``duration(action)`` seconds per action, each transfer arriving ``latency_s`` after
+    its send ends; raise ScheduleError on deadlock."""
     k = schedule.num_stages
     pc = [0] * k
     clock = [0.0] * k
@@ -271,7 +273,7 @@ def run_schedule(
                 end = start + duration(a)
                 clock[s] = end
                 if op in (Op.SEND_F, Op.SEND_B):
-                    arrivals[(c, op, a.microbatch)] = end
+                    arrivals[(c, op, a.microbatch)] = end + latency_s
                     if sends_use_copy_lane:
                         lane_out[s] = end
                     woken = waiting.pop((c, op, a.microbatch), None)

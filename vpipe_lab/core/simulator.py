@@ -1,9 +1,10 @@
 """The simulator: a plan's schedule replayed (``schedule.run_schedule``) with the cost model's durations.
 
 The replay is discrete-event: each stage has a compute stream that runs its actions in order and two copy lanes
-(device-to-host and host-to-device) for swaps. Sends occupy the sender's compute stream (blocking, buffered); a
-receive waits until the matching send has ended. With ``Cluster.shared_link`` sends also occupy the device-to-host
-lane, so swaps compete with pipeline traffic as they do on a PCIe-only machine. A backward waits for its swap-ins.
+(device-to-host and host-to-device) for swaps. Sends occupy the sender's compute stream for their bytes over the
+link (blocking, buffered); a receive waits until the matching send has ended and the link's latency has passed.
+With ``Cluster.shared_link`` sends also occupy the device-to-host lane, so swaps compete with pipeline traffic as
+they do on a PCIe-only machine. A backward waits for its swap-ins.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, *, schedule: S
     cm = CostModel(profile, cluster, plan.microbatches, plan.schedule, plan.virtual_stages)
     plan.validate(cm.num_layers, cm.stages)
     sched = schedule if schedule is not None else for_plan(plan)
-    return run_schedule(sched, durations(cm, plan), sends_use_copy_lane=cluster.shared_link, iteration=iteration)
+    return run_schedule(sched, durations(cm, plan), sends_use_copy_lane=cluster.shared_link, iteration=iteration,
+                        latency_s=cm.hop_s)
 
 
 def compute_bound_s(schedule: Schedule, measured: Timeline) -> float:
