@@ -71,3 +71,18 @@ def test_the_planner_keeps_swaps_and_recomputes_across_chunks() -> None:
     assert set(gpipe.plan.policies) == {Policy.RECOMPUTE}
     with pytest.raises(InfeasiblePlan, match="does not fit: stage 0 needs"):
         search(profile, cluster, microbatches=8, schedule=INTERLEAVED, virtual_stages=2, method="pipedream")
+
+
+def test_the_last_chunk_is_never_swapped() -> None:
+    """The pipeline's last chunk runs each backward right after its forward: a swap there would go out and come
+    straight back on the critical path, so its largest layer (an LM head, say) is recomputed instead."""
+    head = LayerCost("head", 1e-3, 2e-3, 1 << 26, 1 << 16, 1 << 16, 1 << 20)
+    profile = ModelProfile((*(LayerCost(f"l{i}", 1e-3, 2e-3, 1 << 22, 1 << 16, 1 << 16, 1 << 20)
+                              for i in range(7)), head))
+    bounds = (0, 2, 4, 6, 8)
+    roomy = CostModel(profile, Cluster(2, 1 << 34, 1e12, 1e12), 4, INTERLEAVED, 2)
+    need = roomy.estimate(Plan(bounds, (Policy.KEEP,) * 8, 4, INTERLEAVED, 2)).peak_bytes[1]
+    cm = CostModel(profile, Cluster(2, need // 2, 1e12, 1e12), 4, INTERLEAVED, 2)
+    policies = fit_chunks(cm, bounds)
+    assert policies[7] is Policy.RECOMPUTE and Policy.SWAP not in policies[6:]
+    assert cm.estimate(Plan(bounds, policies, 4, INTERLEAVED, 2)).feasible
