@@ -53,8 +53,9 @@ def against_torch(args: argparse.Namespace) -> None:
 def planner(args: argparse.Namespace) -> None:
     import vpipe_lab
 
-    print("\n| model | M | planner's pick (predicted ms/it) | candidate | measured ms/it (median of blocks) |")
-    print("|---|---|---|---|---|")
+    print("\n| model | M | planner's pick (predicted ms/it) | candidate | predicted ms/it | measured ms/it (median of "
+          "blocks) |")
+    print("|---|---|---|---|---|---|")
     for name, m in (("mlp", 8), ("gpt-tiny", 8)):
         with vpipe_lab.launch(name, stages=2, microbatches=m, device="cpu", timeout=300) as s:
             s.run(6)
@@ -77,8 +78,9 @@ def planner(args: argparse.Namespace) -> None:
             t = statistics.median(times[v.label])
             mark = " (pick" + (", within 5% of the fastest)" if t <= 1.05 * best else ", NOT within 5%)") \
                 if v.label == pick else ""
-            print(f"| {name} | {m} | {pick} ({1e3 * chosen.predicted_s:.1f}) | {v.label}{mark} | {1e3 * t:.1f} |",
-                  flush=True)
+            predicted = dict(found.schedules)[v.label] or float("nan")
+            print(f"| {name} | {m} | {pick} ({1e3 * chosen.predicted_s:.1f}) | {v.label}{mark} | {1e3 * predicted:.1f} "
+                  f"| {1e3 * t:.1f} |", flush=True)
 
 
 def main() -> None:

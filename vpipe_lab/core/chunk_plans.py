@@ -5,16 +5,17 @@ largest chunk's bytes per micro-batch (``CostModel._estimate_chunks``), so freei
 largest buys nothing, and what one layer's policy costs in time depends on the rank's other chunks. The per-stage
 solvers (``core/memory_plans.py``) assume one contiguous range whose memory is a sum over its layers; here the search is
 vPipe's greedy rule made to score each step against the cost model itself: while a rank is over its budget, take the
-change (keep -> swap, keep -> recompute, swap -> recompute) on that rank that frees the most of its peak per second it
-adds to the iteration, a change that adds nothing (a swap whose transfers hide under compute) first and the largest of
-those first. Each step re-costs one chunk, so a plan of ``n`` layers takes at most ``2 n`` steps of ``O(n)`` work each.
+change (keep -> swap, keep -> recompute, swap -> recompute) in that rank's largest chunk that frees the most bytes per
+second it adds to the iteration, a change that adds nothing (a swap whose transfers hide under compute) first and the
+largest of those first. The pipeline's last chunk is never swapped (its backward follows its forward at once). Each
+step re-costs one chunk, so a plan of ``n`` layers takes at most ``2 n`` steps of ``O(n)`` work each.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vpipe_lab.core.costmodel import CostModel, StageCost
+from vpipe_lab.core.costmodel import CostModel, StageCost, chunks_peak
 from vpipe_lab.core.plan import Policy
 
 _K, _S, _R = Policy.KEEP, Policy.SWAP, Policy.RECOMPUTE
@@ -30,11 +31,6 @@ class _Rank:
     def cost(self, chunk: int, policies: Sequence[Policy]) -> StageCost:
         return self.cm.stage_cost(chunk, self.bounds[chunk], self.bounds[chunk + 1], policies)
 
-    @staticmethod
-    def peak(costs: Sequence[StageCost]) -> int:
-        """The rank's peak bytes from its chunks' costs (as ``CostModel._estimate_chunks`` adds them up)."""
-        return (sum(c.static_bytes for c in costs) + max(c.activation_bytes + c.swap_buffer_bytes for c in costs)
-                + max(c.rebuild_bytes for c in costs))
 
 
 def fit_chunks(cm: CostModel, bounds: Sequence[int], policies: Sequence[Policy] | None = None) -> tuple[Policy, ...]:
@@ -47,7 +43,7 @@ def fit_chunks(cm: CostModel, bounds: Sequence[int], policies: Sequence[Policy] 
     for rank in range(cm.stages):
         mine = _Rank(cm, bounds, range(rank, cm.chunks, cm.stages))
         budget = cm.budget(rank)
-        while _Rank.peak([chunk_costs[c] for c in mine.chunks]) > budget:
+        while chunks_peak([chunk_costs[c] for c in mine.chunks]) > budget:
             best = _best_change(cm, mine, current, chunk_costs)
             if best is None:
                 break

@@ -71,6 +71,13 @@ class StageCost:
         return self.static_bytes + self.activation_bytes + self.swap_buffer_bytes + self.rebuild_bytes
 
 
+def chunks_peak(costs: Sequence[StageCost]) -> int:
+    """A stage's peak bytes from its chunks' costs: their statics, the largest chunk's activations held at the stage's
+    peak count of chunk-forwards in flight, and the largest rebuild (one chunk at a time runs its backward)."""
+    return (sum(c.static_bytes for c in costs) + max(c.activation_bytes + c.swap_buffer_bytes for c in costs)
+            + max(c.rebuild_bytes for c in costs))
+
+
 def policy_overhead(recompute_s: float, swap_bytes: int, hide_s: float, bandwidth: float) -> float:
     """Extra backward time of a stage's memory plan: recompute plus the swap transfer time not hidden by compute."""
     if swap_bytes <= 0:
@@ -325,7 +332,7 @@ class CostModel:
         it = m * max(total) + (k - 1) * max(c.total_s for c in costs) + 2 * (self.chunks - 1) * self.hop_s
         static = tuple(sum(c.static_bytes for c in cs) for cs in mine)
         held = tuple(max(c.activation_bytes + c.swap_buffer_bytes for c in cs) for cs in mine)
-        peaks = tuple(st + h + max(c.rebuild_bytes for c in cs) for st, h, cs in zip(static, held, mine))
+        peaks = tuple(chunks_peak(cs) for cs in mine)
         busy = sum(total) * m
         return Estimate(
             iteration_s=it, stage_s=total, peak_bytes=peaks, budget_bytes=self.cluster.budgets,
