@@ -136,10 +136,11 @@ def test_lower_bound_is_below_every_plan(profile: ModelProfile) -> None:
 
 
 def test_transfer_latency_is_on_the_critical_path_of_1f1b_and_hidden_by_eager_1f1b() -> None:
-    """Each transfer arrives ``link_latency_s`` after its send (the simulator's replay): the first forward and the
-    last backward cross every link, and 1F1B's K - s micro-batches in flight leave a round trip's latency in every
-    step, where eager 1F1B's one more hides it. The cost model's closed form stays within 6% of the replay (ZB-H1
-    within 7%), and reduces to the latency-free formula at 0."""
+    """Each transfer costs its sender ``link_latency_s`` and arrives that long after its send (the simulator's
+    replay): the first forward and the last backward cross every link, and 1F1B's K - s micro-batches in flight
+    leave a round trip's latency in every step, where eager 1F1B's one more hides it. The cost model's closed form
+    stays within 7% of the replay (ZB-H1 within 11%: at 4 stages with a latency a third of a layer's step, its weight
+    steps no longer fill the wait), and reduces to the latency-free formula at 0."""
     from vpipe_lab.core.simulator import simulate
 
     profile = ModelProfile(tuple(L(f"l{i}", 1e-3, 2e-3, 1000, 100, 100, 100, weight_grad_s=1e-3) for i in range(8)))
@@ -151,7 +152,7 @@ def test_transfer_latency_is_on_the_critical_path_of_1f1b_and_hidden_by_eager_1f
             plan = Plan(tuple(range(0, 9, 8 // (k * v))), ("keep",) * 8, m, schedule, v)
             predicted = estimate(plan, profile, cluster).iteration_s
             replayed = simulate(plan, profile, cluster).iteration_s
-            assert abs(predicted / replayed - 1) <= (0.07 if schedule == "zb-h1" else 0.06), (k, m, schedule)
+            assert abs(predicted / replayed - 1) <= (0.11 if schedule == "zb-h1" else 0.07), (k, m, schedule)
             worst = max(worst, abs(predicted / replayed - 1))
             times[schedule] = predicted
             free = estimate(plan, profile, Cluster(k, 10**12, 1e12, 1e12)).iteration_s

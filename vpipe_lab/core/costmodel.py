@@ -2,7 +2,7 @@
 
 Per micro-batch, stage ``s`` owning layers ``lo:hi`` takes
 
-    forward  = sum(forward_s) + send of its output to stage s+1 (its bytes over the link bandwidth)
+    forward  = sum(forward_s) + send of its output to stage s+1 (latency + bytes over the link bandwidth)
     backward = sum(backward_s) + recompute (forward_s of recomputed layers) + exposed swap + send of the input
                gradient to stage s-1
 
@@ -20,8 +20,8 @@ with ``inflight = M`` for GPipe, ``min(M, K - s)`` for 1F1B, ``min(M, K - s + 1)
 stage, which keeps one); ZB-H1 holds 1F1B's ``inflight`` and up to ``max(K, K - s + 1) - inflight`` more micro-batches
 waiting only for their weight step, each keeping its layers-with-parameters' inputs and output gradients (at most
 their activations): ``+ waiting * sum(min(activation_bytes, input_bytes + output_bytes))`` over those layers
-(``core/zero_bubble.py``). A transfer arrives the link's latency ``L`` after its send (on nobody's compute stream),
-so the first forward and the last backward add ``2 (K - 1) L``. The iteration takes
+(``core/zero_bubble.py``). A transfer costs its sender the link's latency ``L`` and arrives ``L`` after its send
+(see ``send_forward_s``), so the first forward and the last backward add ``2 (K - 1) L`` more. The iteration takes
 ``sum(T) + 2 (K - 1) L + (M - 1) * P`` for 1F1B and eager 1F1B, with ``P`` the slowest stage or, when latency is
 long, a round trip over the micro-batches in flight (``period``: what eager 1F1B's extra micro-batch hides), and
 ``sum(T) + 2 (K - 1) L + (M - 1) * (max(F) + max(B))`` for GPipe, which both reduce
@@ -203,20 +203,22 @@ class CostModel:
         return self._pa[hi] - self._pa[lo]
 
     def send_forward_s(self, stage: int, hi: int) -> float:
-        """The sender's time for a stage's output: its bytes over the link (the latency is the wire's, not the
-        sender's: ``hop_s``)."""
+        """The sender's time for a stage's output: the link's latency and its bytes over the link bandwidth. The
+        latency is charged twice, to the sender and as the transfer's flight (``hop_s``): on gloo it is mostly
+        software time on both ends (per transfer, so V chunks per stage pay it V times), and the receiver waits for
+        it (which 1F1B's round trips expose and eager 1F1B hides)."""
         if stage >= self.chunks - 1:
             return 0.0
-        return self.out[hi - 1] / self.cluster.link_bandwidth
+        return self.cluster.link_latency_s + self.out[hi - 1] / self.cluster.link_bandwidth
 
     def send_backward_s(self, stage: int, lo: int) -> float:
         if stage <= 0:
             return 0.0
-        return self.inp[lo] / self.cluster.link_bandwidth
+        return self.cluster.link_latency_s + self.inp[lo] / self.cluster.link_bandwidth
 
     @property
     def hop_s(self) -> float:
-        """A transfer's latency: from its send's end to its arrival, on nobody's compute stream."""
+        """A transfer's flight: from its send's end to its arrival, on nobody's compute stream."""
         return self.cluster.link_latency_s
 
     def boundary_bytes(self, stage: int, lo: int, hi: int) -> int:
