@@ -13,8 +13,8 @@ with ``hide`` the stage's compute time (less its boundary traffic when that shar
     + inflight * (activation_bytes of kept layers + input_bytes of recomputed layers)
     + min(inflight, 2) * activation_bytes of swapped layers (the micro-batch being computed and the one being
       prefetched for its backward, which the schedule issues one compute step early; the rest live on the host)
-    + activation_bytes of every recomputed layer, once: the runtime rebuilds a micro-batch's recomputed layers right
-      before that micro-batch's backward on the stage, and holds them until it is done
+    + the largest activation_bytes of a recomputed layer: the runtime rebuilds each recomputed layer right before its
+      own backward (vPipe's order) and frees it with that backward, so one is held at a time
 
 with ``inflight = M`` for GPipe, ``min(M, K - s)`` for 1F1B, ``min(M, K - s + 1)`` for eager 1F1B (but the last
 stage, which keeps one); ZB-H1 holds 1F1B's ``inflight`` and up to ``max(K, K - s + 1) - inflight`` more micro-batches
@@ -59,7 +59,7 @@ class StageCost:
     swap_buffer_bytes: int
     host_bytes: int
     inflight: int
-    rebuild_bytes: int = 0  # the recomputed layers' activations, held while one micro-batch is rebuilt (transient)
+    rebuild_bytes: int = 0  # the largest recomputed layer's activations, held while it is rebuilt (transient)
     wgrad_s: float = 0.0  # the weights' gradients' part of backward_s (a zero-bubble schedule's W step)
 
     @property
@@ -258,7 +258,7 @@ class CostModel:
         resident = 0
         swapped = 0
         recompute = 0.0
-        rebuilt = 0  # the recomputed layers' activations, rebuilt for one micro-batch at a time
+        rebuilt = 0  # the largest recomputed layer's activations: each is rebuilt right before its own backward
         for i in range(lo, hi):
             policy = policies[i]
             if policy is Policy.KEEP:
@@ -266,7 +266,7 @@ class CostModel:
             elif policy is Policy.RECOMPUTE:
                 resident += self.inp[i]
                 recompute += self.fwd[i]
-                rebuilt += self.act[i]
+                rebuilt = max(rebuilt, self.act[i])
             else:
                 swapped += self.act[i]
         extra = policy_overhead(recompute, swapped, self.hide_s(stage, lo, hi), self.cluster.swap_bandwidth)

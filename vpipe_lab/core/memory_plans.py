@@ -32,14 +32,19 @@ class StageProblem:
 
     swap_save: tuple[int, ...] = ()
     rec_save: tuple[int, ...] = ()
+    rec_most: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         n = self.inflight
         # Swapping frees every in-flight micro-batch but the transfer buffers; recompute keeps only the input, and
-        # holds the layer's activations again for the micro-batch being rebuilt (see core/costmodel.py).
+        # holds the layer's activations again while it is rebuilt, one recomputed layer at a time (the cost model
+        # charges the largest, core/costmodel.py). ``rec_save`` charges each layer its own rebuild (additive, never
+        # more than it frees: the greedy's), ``rec_most`` none (what it frees when a larger one is rebuilt anyway:
+        # the exact search's bound); ``_Search`` tracks the largest rebuild for the exact figure.
         object.__setattr__(self, "swap_save", tuple((n - swap_buffers(n)) * a for a in self.activation))
         object.__setattr__(self, "rec_save", tuple(
             max(0, n * (a - x) - a) for a, x in zip(self.activation, self.inputs)))
+        object.__setattr__(self, "rec_most", tuple(max(0, n * (a - x)) for a, x in zip(self.activation, self.inputs)))
 
     @classmethod
     def of(cls, cm: CostModel, stage: int, lo: int, hi: int) -> StageProblem:
@@ -170,10 +175,10 @@ class _Search:
         self.p = p
         n = len(p.activation)
         key = [(p.activation[i], p.inputs[i], p.forward_s[i]) for i in range(n)]
-        value = [max(p.swap_saving(i), p.recompute_saving(i)) for i in range(n)]
+        value = [max(p.swap_saving(i), p.rec_most[i]) for i in range(n)]  # at most what each can free
         # Most bytes freed per second of recompute first (then by size): finds good plans early, so the bound prunes more.
         self.order = sorted((i for i in range(n) if value[i] > 0),
-                            key=lambda i: (-(p.recompute_saving(i) / p.forward_s[i]) if p.forward_s[i] > 0 else -math.inf,
+                            key=lambda i: (-(p.rec_most[i] / p.forward_s[i]) if p.forward_s[i] > 0 else -math.inf,
                                            -value[i], key[i], i))
         order = self.order
         self.same_as_prev = [j > 0 and key[order[j]] == key[order[j - 1]] for j in range(len(order))]
@@ -186,7 +191,7 @@ class _Search:
             i = order[j]
             self.rest_value[j] = self.rest_value[j + 1] + value[i]
             self.rest_act[j] = self.rest_act[j + 1] + (p.activation[i] if p.swap_saving(i) > 0 else 0)
-            saving, f = p.recompute_saving(i), p.forward_s[i]
+            saving, f = p.rec_most[i], p.forward_s[i]
             self.free_rec[j] = self.free_rec[j + 1] + (saving if f == 0 else 0)
             rate = saving / f if f > 0 else 0.0
             self.best_rate[j] = max(self.best_rate[j + 1], rate)
@@ -211,7 +216,9 @@ class _Search:
         rate = self.best_rate[j] + (swap_rate * p.bandwidth if self.rest_act[j] > free_swap else 0.0)
         return cur + remaining_f / rate if rate > 0 else math.inf
 
-    def run(self, j: int, rho: float, sigma: int, remaining: int, floor: int) -> None:
+    def run(self, j: int, rho: float, sigma: int, remaining: int, floor: int, top: int = 0) -> None:
+        """Choose for ``order[j:]``; ``top`` is the largest activation of a layer recomputed so far (its rebuild is
+        the one held)."""
         self.nodes += 1
         if self.nodes > self.node_limit:
             self.aborted = True
@@ -232,20 +239,21 @@ class _Search:
         # Options ranked recompute < swap < keep; identical neighbours take non-decreasing ranks (symmetry breaking).
         for rank in range(start, 3):
             if rank == 0:
-                saving = p.recompute_saving(i)
-                if saving <= 0:
+                if p.rec_most[i] <= 0:
                     continue
+                # may free nothing yet: a rebuild at least as large, chosen later, makes this one free
+                saving = p.rec_most[i] - max(0, p.activation[i] - top)
                 self.choice[j] = _R
-                self.run(j + 1, rho + p.forward_s[i], sigma, remaining - saving, 0)
+                self.run(j + 1, rho + p.forward_s[i], sigma, remaining - saving, 0, max(top, p.activation[i]))
             elif rank == 1:
                 saving = p.swap_saving(i)
                 if saving <= 0:
                     continue
                 self.choice[j] = _S
-                self.run(j + 1, rho, sigma + p.activation[i], remaining - saving, 1)
+                self.run(j + 1, rho, sigma + p.activation[i], remaining - saving, 1, top)
             else:
                 self.choice[j] = _K
-                self.run(j + 1, rho, sigma, remaining, 2)
+                self.run(j + 1, rho, sigma, remaining, 2, top)
             if self.aborted:
                 return
         self.choice[j] = _K

@@ -251,13 +251,18 @@ class Executor:
             elif op is Op.RECV_B:
                 grads_out[(c, mb)] = receive(step, op, c, mb)
             elif op is Op.RECOMPUTE:
-                owner = stage.owner(action.layer, profile) if action.layer is not None else None
-                if owner is not None:
-                    stage.rematerialise(mb, owner, timer)
-                    self._check_budget(result)
+                label.__exit__(None, None, None)
+                continue  # vPipe's order: each layer is rebuilt in B, right before its own backward (below)
             elif op is Op.B:
                 grads: tuple[torch.Tensor, ...] | None = None if c == top else grads_out.pop((c, mb))
                 for segment in reversed(segs[c]):
+                    if stage.rebuilds(mb, segment):  # held only until its backward: one recomputed layer at a time
+                        if self.record_spans:
+                            marks.append((KIND[op], mb, None, start, (start := mark()), local[c]))
+                        stage.rematerialise(mb, segment, timer)
+                        self._check_budget(result)
+                        if self.record_spans:
+                            marks.append(("recompute", mb, segment[0], start, (start := mark()), local[c]))
                     grads = stage.backward(mb, segment, grads, timer)
                 if c > 0:
                     grads_in[(c, mb)] = grads  # type: ignore[assignment]

@@ -1,12 +1,12 @@
 """One pipeline stage: its layers (partition units) by global index, run as fused segments, and one optimizer.
 
-Consecutive layers with the same policy run as one *segment*: one autograd graph from the segment's input (a fresh
-leaf) to its output, one backward call, as a plain model would run them. Recompute boundaries must split segments (a
-recomputed segment runs without autograd and is rebuilt before its backward) and so do swap boundaries (a swapped
-segment's saved tensors leave the device between its forward and backward). A micro-batch's recomputed layers are
-rebuilt together right before its backward on the stage (the schedule's RECOMPUTE steps), so their activations are
-all held then, which is what the cost model charges (``core/costmodel.py``). Saved tensors are still attributed to
-the layer that saved them (the saved-tensor hooks know the layer running), so a layer's swap moves only its own.
+Consecutive kept or swapped layers run as one *segment*: one autograd graph from the segment's input (a fresh leaf)
+to its output, one backward call, as a plain model would run them; swap boundaries split segments (a swapped
+segment's saved tensors leave the device between its forward and backward). A recomputed layer is a segment of its
+own: it runs without autograd, keeps its input, and is rebuilt in the backward right before its own (vPipe's order),
+so one recomputed layer's activations are held at a time, which is what the cost model charges
+(``core/costmodel.py``). Saved tensors are attributed to the layer that saved them (the saved-tensor hooks know the
+layer running), so a layer's swap moves only its own.
 In a *profiling* iteration every layer is a segment of its own, timed with the device synchronised, which is what the
 online profiler reads; the executor decides which iterations profile (see ``executor.Executor``).
 
@@ -193,14 +193,16 @@ class Stage:
         self._segments.clear()
 
     def segments(self, profile: bool = False) -> list[Segment]:
-        """The owned layers as segments: maximal runs of one policy, or one layer each in a profiling iteration."""
+        """The owned layers as segments: maximal runs of one policy, one layer per recomputed layer (each keeps its
+        own input, so its rebuild holds only its activations), or one layer each in a profiling iteration."""
         key = (profile, tuple((i, self.layers[i].policy) for i in self.owned))
         found = self._segments.get(key)
         if found is None:
             found = []
             for index in self.owned:
                 policy = self.layers[index].policy
-                if found and not profile and self.layers[found[-1][-1]].policy is policy and found[-1][-1] == index - 1:
+                if (found and not profile and policy is not Policy.RECOMPUTE
+                        and self.layers[found[-1][-1]].policy is policy and found[-1][-1] == index - 1):
                     found[-1] = (*found[-1], index)
                 else:
                     found.append((index,))
@@ -267,16 +269,12 @@ class Stage:
                     self._unprobed.add(segment[0])
         return result
 
-    def owner(self, index: int, profile: bool = False) -> Segment | None:
-        """The segment that runs layer ``index`` in this iteration's grouping."""
-        for segment in self.segments(profile):
-            if index in segment:
-                return segment
-        return None
+    def rebuilds(self, mb: int, segment: Segment) -> bool:
+        """Whether the segment's backward must first rebuild its graph (a recomputed segment not rebuilt yet)."""
+        return isinstance(self._ctx.get((mb, segment[0])), recompute.Saved)
 
     def rematerialise(self, mb: int, segment: Segment, timer: Timer | None = None) -> None:
-        """RECOMPUTE: rebuild the segment's graph from its saved input, right before its backward (once per
-        segment: the schedule asks for each of its layers)."""
+        """Rebuild the segment's graph from its saved input, right before its own backward."""
         key = (mb, segment[0])
         saved = self._ctx.get(key)
         if not isinstance(saved, recompute.Saved):
@@ -327,7 +325,7 @@ class Stage:
                  timer: Timer | None = None) -> tuple[torch.Tensor, ...]:
         """Backpropagate through one segment; returns the gradients of its floating inputs."""
         key = (mb, segment[0])
-        if isinstance(self._ctx.get(key), recompute.Saved):
+        if self.rebuilds(mb, segment):  # the executor rebuilds it first to time it; a direct call still works
             self.rematerialise(mb, segment, timer)
         start = timer() if timer is not None else 0.0
         leaves, out = self._ctx.pop(key)
