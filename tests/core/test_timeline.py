@@ -80,3 +80,7 @@ def test_step_overhead_is_the_uncovered_time_per_compute_step() -> None:
     ))
     assert spans.step_overhead_s() == pytest.approx(0.15)  # the median of 0.3 / 2, 0 / 2 and 0.6 / 2
     assert Timeline().step_overhead_s() == 0.0
+    # a backward in two pieces around a layer's rebuild is still one step: 0.2 uncovered over 2 steps
+    rebuilt = Timeline((Span(0, "forward", 0, None, 0.0, 1.0), Span(0, "backward", 0, None, 1.2, 1.5),
+                        Span(0, "recompute", 0, 4, 1.5, 1.8), Span(0, "backward", 0, None, 1.8, 2.0)))
+    assert rebuilt.step_overhead_s() == pytest.approx(0.1)

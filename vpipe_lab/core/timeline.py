@@ -105,15 +105,16 @@ class Timeline:
 
     def step_overhead_s(self) -> float:
         """The runtime's own time per compute step: in each stage's iteration, the time its compute lane is covered
-        by no span (between its first and last), over its forward, backward and weight steps; the median over
-        stages and iterations (0 without spans)."""
+        by no span (between its first and last), over its forward, backward and weight steps (a backward drawn in
+        pieces around its layers' rebuilds is one step); the median over stages and iterations (0 without spans)."""
         lanes: dict[tuple[int, int, int], list[Span]] = {}
         for s in self.spans:
             if s.kind not in ASYNC_KINDS and s.kind not in ("idle", "migrate"):
                 lanes.setdefault((s.iteration, s.replica, s.stage), []).append(s)
         per_step = []
         for spans in lanes.values():
-            steps = sum(s.kind in ("forward", "backward", "wgrad") and s.layer is None for s in spans)
+            steps = len({(s.kind, s.microbatch, s.chunk) for s in spans
+                         if s.kind in ("forward", "backward", "wgrad") and s.layer is None})
             if steps:
                 window = max(s.end_s for s in spans) - min(s.start_s for s in spans)
                 per_step.append(max(0.0, window - sum(s.duration_s for s in spans)) / steps)

@@ -40,6 +40,10 @@ def test_single_stage_matches_plain_training(schedule: str) -> None:
     kinds = {k for k, *_ in result.spans}
     assert {"forward", "backward", "recompute", "swap_out", "swap_in"} <= kinds
     assert ("wgrad" in kinds) == (schedule == "zb-h1")  # the weight steps of a split backward, on their own spans
+    for kind, mb, layer, start, end, _ in result.spans:
+        if kind == "recompute":  # rebuilt inside its micro-batch's backward, between two of its pieces
+            pieces = [(a, b) for k, m, _, a, b, _ in result.spans if k == "backward" and m == mb]
+            assert layer is not None and any(b == start for _, b in pieces) and any(a == end for a, _ in pieces)
 
 
 def test_budget_violation_names_kept_layers() -> None:
