@@ -49,6 +49,14 @@ def test_chrome_trace_is_valid_trace_event_json() -> None:
     assert names == {"stage 0", "stage 1"}
 
 
+def test_a_stages_chunks_travel_through_json_pandas_and_the_trace() -> None:
+    t = Timeline((Span(0, "forward", 0, None, 0.0, 1.0), Span(0, "forward", 0, None, 1.0, 2.0, chunk=1)))
+    assert t.chunks == 2 and Timeline.from_json(t.to_json()) == t and list(t.to_pandas()["chunk"]) == [0, 1]
+    events = [e for e in t.to_chrome_trace()["traceEvents"] if e["ph"] == "X"]
+    assert [e["args"]["chunk"] for e in events] == [0, 1] and events[1]["name"] == "forward mb0 chunk 1"
+    assert Timeline().chunks == 1
+
+
 def test_unknown_kind_is_rejected() -> None:
     with pytest.raises(ProfileError, match="span kind 'compute'"):
         Timeline((Span(0, "compute", 0, None, 0, 1),))
