@@ -9,6 +9,10 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
+# The workers of the HuggingFace tests fork with transformers imported (runtime/zygote.py's preload): 1.5 s less per
+# GPT-2 launch. Set before any test starts a zygote, so all of them share one environment.
+os.environ.setdefault("VPIPE_LAB_PRELOAD", "transformers")
+
 
 def worker_processes() -> list[psutil.Process]:
     found = []

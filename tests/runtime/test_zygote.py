@@ -42,3 +42,11 @@ def test_building_an_optimizer_in_a_child_imports_nothing_more() -> None:
             "print(sorted(m for m in set(sys.modules) - before if m.startswith('torch')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_preload_imports_what_it_is_asked_and_leaves_failures_to_the_workers() -> None:
+    code = ("import sys, logging; logging.basicConfig(); from vpipe_lab.runtime import zygote; "
+            "assert 'transformers' not in sys.modules; zygote.preload('transformers, no_such_module_xyz'); "
+            "print('transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "True" and "could not preload 'no_such_module_xyz'" in out.stderr

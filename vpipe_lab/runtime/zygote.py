@@ -18,7 +18,9 @@ its own session, takes the request's environment and directory, and runs ``runti
 from __future__ import annotations
 
 import array
+import importlib
 import json
+import logging
 import os
 import select
 import signal
@@ -32,6 +34,9 @@ from typing import Any
 import torch._dynamo  # noqa: F401
 
 from vpipe_lab.runtime import process  # the point of this process: torch and the runtime, imported before any fork
+from vpipe_lab.runtime.model import compat
+
+log = logging.getLogger(__name__)
 
 
 def _child(request: dict[str, Any], log_fd: int, parent_fd: int, sock: socket.socket) -> None:
@@ -108,8 +113,22 @@ def serve(sock: socket.socket) -> None:
             sock.send(json.dumps({"pid": pid}).encode())
 
 
+def preload(names: str) -> None:
+    """Import the modules ``VPIPE_LAB_PRELOAD`` names (comma-separated, e.g. ``transformers``) before the first fork,
+    so every worker of a HuggingFace model skips their import (~1.2 s each on a 2-core CPU). Done before serving, not
+    while idle: a busy zygote would report a killed worker late. A module that fails to import is left to the
+    workers, which then report it with their stage."""
+    compat.allow_torchvision_without_ops()  # what a worker does before importing a model's libraries
+    for name in filter(None, (n.strip() for n in names.split(","))):
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # the worker that needs it will say why, with its stage
+            log.warning("could not preload %r: %s", name, exc)
+
+
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
+    preload(os.environ.get("VPIPE_LAB_PRELOAD", ""))
     try:
         serve(sock)
     except (BrokenPipeError, ConnectionResetError):  # the controller is gone: so is the reason to be here
