@@ -2,7 +2,8 @@
 
 Under interleaved 1F1B a rank holds several chunks, and its peak counts the chunk-forwards it holds at once times its
 largest chunk's bytes per micro-batch (``CostModel._estimate_chunks``), so freeing memory in a chunk that is not the
-largest buys nothing, and what one layer's policy costs in time depends on the rank's other chunks. The per-stage
+largest buys nothing, and what one layer's policy costs in time depends on the rank's other chunks
+(``CostModel.chunks_iteration_s``). The per-stage
 solvers (``core/memory_plans.py``) assume one contiguous range whose memory is a sum over its layers; here the search is
 vPipe's greedy rule made to score each step against the cost model itself: while a rank is over its budget, take the
 change (keep -> swap, keep -> recompute, swap -> recompute) in that rank's largest chunk that frees the most bytes per
@@ -30,7 +31,6 @@ class _Rank:
 
     def cost(self, chunk: int, policies: Sequence[Policy]) -> StageCost:
         return self.cm.stage_cost(chunk, self.bounds[chunk], self.bounds[chunk + 1], policies)
-
 
 
 def fit_chunks(cm: CostModel, bounds: Sequence[int], policies: Sequence[Policy] | None = None) -> tuple[Policy, ...]:
@@ -62,10 +62,8 @@ def _best_change(cm: CostModel, rank: _Rank, policies: list[Policy], chunk_costs
     """The change on ``rank``'s largest chunk with the most bytes freed per second added (see the module docstring).
     Bytes freed: the chunk's held activations less any growth of the rank's largest rebuild; only the largest chunk
     counts toward the peak, and when two tie the next step takes the other."""
-    k, m = cm.stages, cm.microbatches
     totals = [c.total_s for c in chunk_costs]
-    rank_s = [sum(totals[c] for c in range(r, cm.chunks, k)) for r in range(k)]
-    now_s = m * max(rank_s) + (k - 1) * max(totals)
+    now_s = cm.chunks_iteration_s(totals)
     chunk = max(rank.chunks, key=lambda c: _held(chunk_costs[c]))
     rebuild = max(chunk_costs[c].rebuild_bytes for c in rank.chunks)
     others = max((chunk_costs[c].rebuild_bytes for c in rank.chunks if c != chunk), default=0)
@@ -86,9 +84,8 @@ def _best_change(cm: CostModel, rank: _Rank, policies: list[Policy], chunk_costs
             freed = _held(chunk_costs[chunk]) - _held(cost) - (max(others, cost.rebuild_bytes) - rebuild)
             if freed <= 0:
                 continue
-            chunk_totals = [cost.total_s if c == chunk else t for c, t in enumerate(totals)]
-            mine_s = sum(chunk_totals[c] for c in rank.chunks)
-            added = max(0.0, m * max(mine_s, *rank_s) + (k - 1) * max(chunk_totals) - now_s)
+            added = max(0.0, cm.chunks_iteration_s([cost.total_s if c == chunk else t for c, t in enumerate(totals)])
+                        - now_s)
             # free changes first, the largest of them first; then the most bytes per second added
             score = float(freed) * 1e30 if added <= 1e-15 else freed / added
             if best is None or (score, freed) > (best[0], best[1]):

@@ -99,8 +99,8 @@ def iteration_time(forward: Sequence[float], backward: Sequence[float], microbat
     fill = 2 * (len(total) - 1) * latency_s  # the first forward and the last backward cross every link
     if schedule == "gpipe":
         return sum(total) + fill + (microbatches - 1) * (max(forward) + max(backward))
-    weights = list(wgrad) or [0.0] * len(total)
     if schedule == "zb-h1":  # a stage's own weight steps wait for its gradients; later stages' may delay them
+        weights = list(wgrad) or [0.0] * len(total)
         step = period(total, latency_s, inflight, [t - w for t, w in zip(total, weights)])
         slowest = max(range(len(total)), key=lambda s: total[s])
         return microbatches * step + fill + sum(max(0.0, t - 2 * w) for s, (t, w) in enumerate(zip(total, weights))
@@ -320,6 +320,14 @@ class CostModel:
             inflight=tuple(c.inflight for c in costs),
         )
 
+    def chunks_iteration_s(self, chunk_s: Sequence[float]) -> float:
+        """Interleaved 1F1B's iteration from each chunk's time per micro-batch (chunk ``c`` on stage ``c % K``):
+        ``M * max(T_stage) + (K - 1) * max(T_chunk)``, plus the latency of the ``K V - 1`` links, each crossed once by
+        the first forward and once by the last backward."""
+        k = self.stages
+        stage_s = [sum(chunk_s[r::k]) for r in range(k)]
+        return self.microbatches * max(stage_s) + (k - 1) * max(chunk_s) + 2 * (self.chunks - 1) * self.hop_s
+
     def _estimate_chunks(self, plan: Plan) -> Estimate:
         """Interleaved 1F1B: each chunk costed on its own, a stage the sum of its chunks; the iteration takes
         ``M * max(T_stage) + (K - 1) * max(T_chunk)`` (``(M + (K - 1) / V) * T`` for equal chunks); a stage's
@@ -330,8 +338,7 @@ class CostModel:
         fwd = tuple(sum(c.forward_s for c in cs) for cs in mine)
         bwd = tuple(sum(c.backward_s for c in cs) for cs in mine)
         total = tuple(f + b for f, b in zip(fwd, bwd))
-        # every one of the K V - 1 links is crossed once by the first forward and once by the last backward
-        it = m * max(total) + (k - 1) * max(c.total_s for c in costs) + 2 * (self.chunks - 1) * self.hop_s
+        it = self.chunks_iteration_s([c.total_s for c in costs])
         static = tuple(sum(c.static_bytes for c in cs) for cs in mine)
         held = tuple(max(c.activation_bytes + c.swap_buffer_bytes for c in cs) for cs in mine)
         peaks = tuple(chunks_peak(cs) for cs in mine)
