@@ -11,7 +11,7 @@ from typing import Any
 
 from vpipe_lab.cli import lab
 from vpipe_lab.core.costmodel import estimate
-from vpipe_lab.core.plan import SCHEDULES, Plan
+from vpipe_lab.core.plan import SCHEDULES, VIRTUAL_HELP, Plan, default_virtual_stages
 from vpipe_lab.core.report import human_bytes, human_time, plan_table
 from vpipe_lab.wire.jobspec import DEVICES, add_training_options
 from vpipe_lab.wire.private import DEFAULT_KEY_FILE
@@ -24,9 +24,9 @@ def _progress(total: int) -> Any:
 
 
 def virtual(args: argparse.Namespace) -> int:
-    """``--virtual-stages``, by default 2 under interleaved 1F1B (one chunk per stage would be plain 1F1B)."""
+    """``--virtual-stages``, or the schedule's default (``plan.default_virtual_stages``)."""
     given = getattr(args, "virtual_stages", None)
-    return given if given is not None else 2 if args.schedule == "interleaved-1f1b" else 1
+    return given if given is not None else default_virtual_stages(args.schedule)
 
 
 def profile_and_plan(args: argparse.Namespace, budget: int | None) -> Plan:
@@ -170,8 +170,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--microbatches", "-m", type=int, default=4)
     p.add_argument("--iterations", "-n", type=int, default=20)
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
-    p.add_argument("--virtual-stages", "-v", type=int, default=None,
-                   help="model chunks per stage under interleaved-1f1b (default: 2 with it, else 1)")
+    p.add_argument("--virtual-stages", "-v", type=int, default=None, help=VIRTUAL_HELP)
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("--plan", default=None, help="'auto' (profile, then plan with vpipe) or a plan JSON file")
     p.add_argument("--memory-budget", type=int, default=None, help="bytes per stage")

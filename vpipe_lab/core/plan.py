@@ -23,6 +23,12 @@ from vpipe_lab.core.profile import SCHEMA_VERSION, check_kind, load_doc
 # "interleaved-1f1b" runs ``virtual_stages`` chunks per rank in looped placement (core/interleaved.py).
 SCHEDULES = ("gpipe", "1f1b", "eager-1f1b", "zb-h1", "interleaved-1f1b")
 AUTO = "auto"  # for the planner (``planner.search``, ``Session.replan``): choose the schedule too
+VIRTUAL_HELP = "model chunks per stage under interleaved-1f1b (default: 2 with it, else 1)"
+
+
+def default_virtual_stages(schedule: str) -> int:
+    """Chunks per stage when none is given: 2 under interleaved 1F1B (one would be plain 1F1B), else 1."""
+    return 2 if schedule == "interleaved-1f1b" else 1
 
 
 class Policy(StrEnum):

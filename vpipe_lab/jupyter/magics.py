@@ -22,7 +22,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from vpipe_lab.core import checks
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.errors import VpipeError
-from vpipe_lab.core.plan import AUTO, SCHEDULES, Policy
+from vpipe_lab.core.plan import AUTO, SCHEDULES, VIRTUAL_HELP, Policy, default_virtual_stages
 from vpipe_lab.core.planner import METHODS
 from vpipe_lab.core.report import human_time, plan_table
 from vpipe_lab.wire.jobspec import DEVICES, add_training_options, byte_size
@@ -59,8 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--microbatches", "-m", type=int, default=4)
     s.add_argument("--replicas", type=int, default=1, help="data-parallel copies of the pipeline")
     s.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
-    s.add_argument("--virtual-stages", "-v", type=int, default=None,
-                   help="model chunks per stage under interleaved-1f1b (default: 2 with it, else 1)")
+    s.add_argument("--virtual-stages", "-v", type=int, default=None, help=VIRTUAL_HELP)
     s.add_argument("--device", choices=DEVICES, default="auto")
     s.add_argument("--budget", type=byte_size, help="memory budget per stage, e.g. 2GiB")
     s.add_argument("--plan", help="notebook variable holding a Plan")
@@ -192,7 +191,7 @@ class VpipeMagics(Magics):
         if self.session is not None and not self.session.closed:
             raise UsageError("a session is already running: %vpipe stop it first")
         if args.virtual_stages is None:
-            args.virtual_stages = 2 if args.schedule == "interleaved-1f1b" else 1
+            args.virtual_stages = default_virtual_stages(args.schedule)
         for name in ("stages", "microbatches", "replicas", "virtual_stages"):
             checks.count(getattr(args, name), f"--{name.replace('_', '-')}", error=UsageError)
         model = args.model if args.model in EXAMPLES else self._value(args.model, "model")
