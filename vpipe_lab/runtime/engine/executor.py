@@ -30,7 +30,7 @@ import torch
 
 from vpipe_lab.core.generators import for_plan
 from vpipe_lab.core.plan import Plan
-from vpipe_lab.core.schedule import KIND, Op, Schedule
+from vpipe_lab.core.schedule import KIND, Op, Schedule, chunk_indices
 from vpipe_lab.runtime.engine import faults
 from vpipe_lab.runtime.engine.comm import TAG_BACKWARD, TAG_EVAL, TAG_FORWARD, Incoming, Peer
 from vpipe_lab.runtime.engine.device import Clock, Placement, Stopwatch
@@ -203,7 +203,7 @@ class Executor:
                     posted[(op, *first)] = peer.post_recv(*source, agreed=True)
         mark = self.watch.mark
         marks: list[tuple[str, int, int | None, float, float, int]] = []
-        local = {c: i for i, c in enumerate(plan.chunks_of(rank))}  # a span names the stage's chunk by its index
+        local = chunk_indices(schedule)  # a span names the stage's chunk by its index, as the simulator's do
         # Labels only while a torch profiler records: entering a record_function per action costs ~3% of a small
         # model's iteration even when nothing listens (gpt-tiny, 2 CPU stages, benchmarks/interleaved.py).
         labelled = torch._C._autograd._profiler_enabled()
