@@ -118,8 +118,10 @@ def preload(names: str) -> None:
     so every worker of a HuggingFace model skips their import (~1.2 s each on a 2-core CPU). Done before serving, not
     while idle: a busy zygote would report a killed worker late. A module that fails to import is left to the
     workers, which then report it with their stage."""
-    compat.allow_torchvision_without_ops()  # what a worker does before importing a model's libraries
-    for name in filter(None, (n.strip() for n in names.split(","))):
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    if wanted:  # nothing asked, nothing added to the start
+        compat.allow_torchvision_without_ops()  # what a worker does before importing a model's libraries
+    for name in wanted:
         try:
             importlib.import_module(name)
         except Exception as exc:  # the worker that needs it will say why, with its stage
