@@ -53,6 +53,7 @@ def test_plan_validate_checks_stages_and_schedule() -> None:
 
 def test_every_schedule_name_validates_and_estimates_round_trip() -> None:
     for name in SCHEDULES:
-        assert Plan((0, 1, 2), "kk", 2, name).validate(2).schedule == name
+        virtual = 2 if name == "zbv" else 1  # ZBV is two chunks per stage
+        assert Plan((0, 1, 2), "kk", 2, name, virtual).validate(2).schedule == name
     est = Estimate(1.0, (0.4, 0.5), (10, 30), (20, 20), 0.2, False)
     assert est.bottleneck == 1 and est.over_budget == (0, 10) and est.to_dict()["peak_bytes"] == [10, 30]

@@ -8,7 +8,7 @@ import torch
 import vpipe_lab
 from tests.runtime import reference
 from vpipe_lab import Plan
-from vpipe_lab.core.plan import SCHEDULES
+from vpipe_lab.core.plan import CHUNKED, SCHEDULES, SPLIT
 from vpipe_lab.examples import gpt, mlp
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ def test_two_stages_match_plain_pytorch_under_every_policy(schedule: str) -> Non
     """Every policy set in turn (keep, recompute, swap, mixed; two iterations each), each next one applied live at an
     iteration boundary: every loss and tensor as plain PyTorch's. The order is rotated by schedule, so each policy set
     also starts a fresh session under some schedule."""
-    virtual = 2 if schedule == "interleaved-1f1b" else 1  # two chunks per stage: [0:2] [2:5] [5:7] [7:10]
+    virtual = 2 if schedule in CHUNKED else 1  # two chunks per stage: [0:2] [2:5] [5:7] [7:10]
     turn = SCHEDULES.index(schedule) % len(POLICIES)
     order = [*list(POLICIES)[turn:], *list(POLICIES)[:turn]]
     plans = [Plan((0, 2, 5, 7, 10) if virtual > 1 else (0, 4, 10), tuple(POLICIES[p]), 4, schedule, virtual)
@@ -47,10 +47,10 @@ def test_two_stages_match_plain_pytorch_under_every_policy(schedule: str) -> Non
         state = session.state_dict()
         kinds = {(span.stage, span.kind) for span in session.metrics.timeline(2)}
         chunks = {(span.stage, span.chunk) for span in session.metrics.timeline(2)}
-        measured = session.profile() if schedule == "zb-h1" else None
+        measured = session.profile() if schedule in SPLIT else None
     assert chunks == {(s, c) for s in (0, 1) for c in range(virtual)}  # each span names its stage's chunk
-    # zb-h1 runs each micro-batch's weight gradients as a step of their own, on both stages
-    assert {(0, "wgrad"), (1, "wgrad")} <= kinds if schedule == "zb-h1" else not {k for _, k in kinds} & {"wgrad"}
+    # zb-h1 and zbv run each micro-batch's weight gradients as a step of their own, on both stages
+    assert {(0, "wgrad"), (1, "wgrad")} <= kinds if schedule in SPLIT else not {k for _, k in kinds} & {"wgrad"}
     if measured is not None:  # the profiler timed each layer's weight step on its own, inside its backward
         split = {c.name: c.weight_grad_s for c in measured.layers}
         assert all(0 < split[c.name] < c.backward_s for c in measured.layers[:8])  # type: ignore[operator]
@@ -60,12 +60,13 @@ def test_two_stages_match_plain_pytorch_under_every_policy(schedule: str) -> Non
     assert_matches(state, model)
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "eager-1f1b", "zb-h1", "interleaved-1f1b"])
+@pytest.mark.parametrize("schedule", ["1f1b", "eager-1f1b", "zb-h1", "interleaved-1f1b", "zbv"])
 def test_four_stages_with_dropout_match_plain_pytorch(schedule: str) -> None:
     """gpt-tiny has dropout: recompute must replay the same masks, and layer seeding must not depend on the stage
-    (interleaved: one layer per chunk, two chunks per stage, each micro-batch crossing every stage twice)."""
+    (interleaved: one layer per chunk, two chunks per stage, each micro-batch crossing every stage twice; zbv: down
+    the stages and back, stage 3 running layers 3 and 4 back to back and stage 0 the loss)."""
     policies = ("keep", "recompute", "swap", "keep", "recompute", "swap", "keep", "keep")
-    virtual = 2 if schedule == "interleaved-1f1b" else 1
+    virtual = 2 if schedule in CHUNKED else 1
     plan = Plan(tuple(range(9)) if virtual > 1 else (0, 2, 4, 6, 8), policies, 4, schedule, virtual)
     with vpipe_lab.launch("gpt-tiny", stages=4, microbatches=4, schedule=schedule, plan=plan, device="cpu",
                           virtual_stages=virtual, timeout=90) as session:

@@ -15,7 +15,7 @@ from vpipe_lab.control.session import Session
 from vpipe_lab.core import checks
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.partition import uniform
-from vpipe_lab.core.plan import SCHEDULES, Plan
+from vpipe_lab.core.plan import CHUNKED, SCHEDULES, Plan, default_virtual_stages
 from vpipe_lab.wire import protocol as P
 from vpipe_lab.wire.channel import Client, Hub
 from vpipe_lab.wire.checkpoint import Manifest
@@ -71,7 +71,7 @@ def launch(
     log: Any = None,
     replicas: int = 1,
     fused_wgrad: bool | int = True,
-    virtual_stages: int = 1,
+    virtual_stages: int | None = None,
 ) -> Session:
     """Start one worker process per stage and return the Session once every stage is ready (training not started).
 
@@ -98,8 +98,10 @@ def launch(
     ``nn.Linear`` (and HuggingFace ``Conv1D``) whose weight has at least 2**18 elements add its weight gradient
     into ``.grad`` inside the backward's GEMM, not as a new tensor added afterwards: one pass over each weight less
     per micro-batch (see ``runtime/engine/wgrad.py``); a number sets that size (0: every linear layer), False turns it off.
-    ``virtual_stages`` V > 1 (with ``schedule="interleaved-1f1b"``) gives each stage V chunks of the model in looped
-    placement; the plan then has ``stages * V + 1`` boundaries (see ``core/interleaved.py``).
+    ``virtual_stages`` V > 1 (with ``schedule="interleaved-1f1b"``, 2 unless given) gives each stage V chunks of the
+    model in looped placement; the plan then has ``stages * V + 1`` boundaries (see ``core/interleaved.py``).
+    ``schedule="zbv"`` gives each stage two chunks in V placement (``core/zbv.py``): stage s holds chunks s and
+    2 stages - 1 - s, and stage 0 computes the loss.
     """
     from vpipe_lab import examples
     from vpipe_lab.telemetry import sinks
@@ -115,10 +117,13 @@ def launch(
         raise ValueError(f"fused_wgrad must be True, False or the smallest weight to fuse (elements, >= 0), got "
                          f"{fused_wgrad!r}")
     checks.count(replicas, "replicas")
+    virtual_stages = default_virtual_stages(schedule) if virtual_stages is None else virtual_stages
     checks.count(virtual_stages, "virtual_stages")
-    if virtual_stages > 1 and (schedule != "interleaved-1f1b" or stages < 2):
-        raise ValueError(f"virtual_stages={virtual_stages} needs schedule='interleaved-1f1b' and at least 2 stages "
-                         f"(got {schedule!r} on {stages})")
+    if schedule == "zbv" and virtual_stages != 2:
+        raise ValueError(f"zbv runs two chunks per stage (a V), not virtual_stages={virtual_stages}: leave it out")
+    if virtual_stages > 1 and (schedule not in CHUNKED or stages < 2):
+        raise ValueError(f"virtual_stages={virtual_stages} needs schedule='interleaved-1f1b' (or 'zbv') and at least 2 "
+                         f"stages (got {schedule!r} on {stages})")
     if schedule == "interleaved-1f1b" and microbatches % stages:
         raise ValueError(f"interleaved-1f1b runs micro-batches in groups of the {stages} stages: microbatches="
                          f"{microbatches} must be a multiple of {stages}")

@@ -104,7 +104,8 @@ class Live:
                     suggestions=("swap or recompute more of that stage's layers", "move layers off that stage"))
         with self._lock:
             version = self.state.plan_version + 1
-            moves = layer_moves(current.boundaries, plan.boundaries, plan.stages)
+            moves = layer_moves(current.boundaries, plan.boundaries, plan.stages,
+                                (current.placement, plan.placement))
             path = None
             if checkpoint and moves and self.job_dir is not None:
                 path = self.job_dir / "checkpoints" / f"plan-v{version}"

@@ -1,4 +1,4 @@
-"""Memory plans over virtual stages: which layers of a rank's interleaved chunks to keep, swap or recompute.
+"""Memory plans over virtual stages: which layers of a rank's chunks (interleaved 1F1B, ZBV) to keep, swap or recompute.
 
 Under interleaved 1F1B a rank holds several chunks, and its peak counts the chunk-forwards it holds at once times its
 largest chunk's bytes per micro-batch (``CostModel._estimate_chunks``), so freeing memory in a chunk that is not the
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vpipe_lab.core.costmodel import CostModel, StageCost, chunks_peak
+from vpipe_lab.core.costmodel import CostModel, StageCost
 from vpipe_lab.core.plan import Policy
 
 _K, _S, _R = Policy.KEEP, Policy.SWAP, Policy.RECOMPUTE
@@ -26,8 +26,9 @@ _NEXT = {_K: (_S, _R), _S: (_R,), _R: ()}  # each change frees more of the layer
 class _Rank:
     """One rank's chunks and their costs under the current policies, re-costed one chunk at a time."""
 
-    def __init__(self, cm: CostModel, bounds: Sequence[int], chunks: Sequence[int]) -> None:
-        self.cm, self.bounds, self.chunks = cm, bounds, tuple(chunks)
+    def __init__(self, cm: CostModel, bounds: Sequence[int], index: int) -> None:
+        self.cm, self.bounds, self.index = cm, bounds, index
+        self.chunks = tuple(c for c in range(cm.chunks) if cm.placement[c] == index)
 
     def cost(self, chunk: int, policies: Sequence[Policy]) -> StageCost:
         return self.cm.stage_cost(chunk, self.bounds[chunk], self.bounds[chunk + 1], policies)
@@ -41,9 +42,9 @@ def fit_chunks(cm: CostModel, bounds: Sequence[int], policies: Sequence[Policy] 
     current = list(policies) if policies is not None else [_K] * cm.num_layers
     chunk_costs = [cm.stage_cost(c, bounds[c], bounds[c + 1], current) for c in range(cm.chunks)]
     for rank in range(cm.stages):
-        mine = _Rank(cm, bounds, range(rank, cm.chunks, cm.stages))
+        mine = _Rank(cm, bounds, rank)
         budget = cm.budget(rank)
-        while chunks_peak([chunk_costs[c] for c in mine.chunks]) > budget:
+        while cm.rank_peak(rank, [chunk_costs[c] for c in mine.chunks]) > budget:
             best = _best_change(cm, mine, current, chunk_costs)
             if best is None:
                 break
@@ -59,35 +60,43 @@ def _held(cost: StageCost) -> int:
 
 def _best_change(cm: CostModel, rank: _Rank, policies: list[Policy], chunk_costs: list[StageCost]
                  ) -> tuple[int, Policy, int, StageCost] | None:
-    """The change on ``rank``'s largest chunk with the most bytes freed per second added (see the module docstring).
-    Bytes freed: the chunk's held activations less any growth of the rank's largest rebuild; only the largest chunk
-    counts toward the peak, and when two tie the next step takes the other."""
-    totals = [c.total_s for c in chunk_costs]
-    now_s = cm.chunks_iteration_s(totals)
-    chunk = max(rank.chunks, key=lambda c: _held(chunk_costs[c]))
+    """The change on ``rank``'s chunks with the most bytes freed per second added (see the module docstring).
+    Interleaved 1F1B: only the largest chunk counts toward the peak, so only its layers are tried, bytes freed being
+    its held activations less any growth of the rank's largest rebuild (when two tie the next step takes the
+    other). ZBV weighs both chunks into one peak (``CostModel.rank_peak``): the layers of both are tried, by how
+    much each lowers that peak (or, when none does, the chunk's own held bytes)."""
+    now_s = cm.chunks_time_s(chunk_costs)
+    both = cm.schedule == "zbv"
+    largest = max(rank.chunks, key=lambda c: _held(chunk_costs[c]))
     rebuild = max(chunk_costs[c].rebuild_bytes for c in rank.chunks)
-    others = max((chunk_costs[c].rebuild_bytes for c in rank.chunks if c != chunk), default=0)
-    best: tuple[float, int, tuple[int, Policy, int, StageCost]] | None = None
-    # The pipeline's last chunk runs each micro-batch's backward right after its forward: a swap there is a
-    # transfer out and straight back in on the critical path, freeing nothing while it waits (the simulator's replay
-    # of Transformer-12-12 on 8 stages, V = 4, ran such a plan 1.9x slower than the cost model's per-chunk formula
-    # said: 3.77 s against 1.95 s).
-    last = chunk == cm.chunks - 1
-    for layer in range(rank.bounds[chunk], rank.bounds[chunk + 1]):
-        was = policies[layer]
-        for policy in _NEXT[was]:
-            if last and policy is _S:
-                continue
-            policies[layer] = policy
-            cost = rank.cost(chunk, policies)
-            policies[layer] = was
-            freed = _held(chunk_costs[chunk]) - _held(cost) - (max(others, cost.rebuild_bytes) - rebuild)
-            if freed <= 0:
-                continue
-            added = max(0.0, cm.chunks_iteration_s([cost.total_s if c == chunk else t for c, t in enumerate(totals)])
-                        - now_s)
-            # free changes first, the largest of them first; then the most bytes per second added
-            score = float(freed) * 1e30 if added <= 1e-15 else freed / added
-            if best is None or (score, freed) > (best[0], best[1]):
-                best = (score, freed, (layer, policy, chunk, cost))
-    return None if best is None else best[2]
+    peak = cm.rank_peak(rank.index, [chunk_costs[c] for c in rank.chunks])
+    best: tuple[bool, float, int, tuple[int, Policy, int, StageCost]] | None = None
+    for chunk in rank.chunks if both else (largest,):
+        others = max((chunk_costs[c].rebuild_bytes for c in rank.chunks if c != chunk), default=0)
+        # The pipeline's last chunk runs each micro-batch's backward right after its forward: a swap there is a
+        # transfer out and straight back in on the critical path, freeing nothing while it waits (the simulator's
+        # replay of Transformer-12-12 on 8 stages, V = 4, ran such a plan 1.9x slower than the cost model's
+        # per-chunk formula said: 3.77 s against 1.95 s).
+        last = chunk == cm.chunks - 1
+        for layer in range(rank.bounds[chunk], rank.bounds[chunk + 1]):
+            was = policies[layer]
+            for policy in _NEXT[was]:
+                if last and policy is _S:
+                    continue
+                policies[layer] = policy
+                cost = rank.cost(chunk, policies)
+                policies[layer] = was
+                own = _held(chunk_costs[chunk]) - _held(cost) - (max(others, cost.rebuild_bytes) - rebuild)
+                lowered = peak - cm.rank_peak(rank.index, [cost if c == chunk else chunk_costs[c]
+                                                           for c in rank.chunks]) if both else 0
+                lowers = lowered > 0
+                freed = lowered if lowers else own
+                if freed <= 0:
+                    continue
+                added = max(0.0, cm.chunks_time_s([cost if c == chunk else x for c, x in enumerate(chunk_costs)])
+                            - now_s)
+                # changes that lower the peak first; free ones first, the largest first; then bytes per second
+                score = float(freed) * 1e30 if added <= 1e-15 else freed / added
+                if best is None or (lowers, score, freed) > best[:3]:
+                    best = (lowers, score, freed, (layer, policy, chunk, cost))
+    return None if best is None else best[3]

@@ -1,17 +1,23 @@
 """The schedules vpipe_lab runs, built in the IR of ``core/schedule.py``: GPipe, 1F1B (and its eager variant),
-zero-bubble ZB-H1 (``core/zero_bubble.py``) and interleaved 1F1B over virtual stages (``core/interleaved.py``), each
-expanded with its plan's receives, sends, swaps and recomputes; ``for_plan`` picks a plan's."""
+zero-bubble ZB-H1 (``core/zero_bubble.py``), interleaved 1F1B over virtual stages (``core/interleaved.py``) and ZBV
+(``core/zbv.py``), each expanded with its plan's receives, sends, swaps and recomputes; ``for_plan`` picks a plan's."""
 
 from __future__ import annotations
 
-from vpipe_lab.core import interleaved, zero_bubble
-from vpipe_lab.core.plan import Plan, Policy
+from vpipe_lab.core import interleaved, zbv, zero_bubble
+from vpipe_lab.core.plan import Plan, Policy, placement
 from vpipe_lab.core.schedule import Action, Op, Schedule, one_f_one_b_order
 
 
-def _expand(order: list[tuple[Op, int, int]], chunks: int, plan: Plan | None) -> tuple[Action, ...]:
+def _expand(order: list[tuple[Op, int, int]], chunks: int, plan: Plan | None,
+            where: tuple[int, ...] = ()) -> tuple[Action, ...]:
     """Turn a row's (op, chunk, micro-batch) order of F, B and W into full actions: receives, sends, swaps (prefetched
-    one step early), recompute. ``chunks``: the pipeline's chunks (virtual stages; one per row without them)."""
+    one step early), recompute. ``chunks``: the pipeline's chunks (virtual stages; one per row without them);
+    ``where``: each chunk's row, where two neighbouring chunks can share one (ZBV's turn), whose hand-off is then
+    local, with no transfer (``schedule.local``)."""
+    def local(c: int, d: int) -> bool:
+        return bool(where) and where[c] == where[d]
+
     swapped: dict[int, list[int]] = {}
     recomputed: dict[int, list[int]] = {}
     for c in {c for _, c, _ in order}:
@@ -23,18 +29,18 @@ def _expand(order: list[tuple[Op, int, int]], chunks: int, plan: Plan | None) ->
     for pos, (op, c, mb) in enumerate(order):
         if op is Op.F:
             forwarded.add((c, mb))
-            if c > 0:
+            if c > 0 and not local(c - 1, c):
                 out.append(Action(c, Op.RECV_F, mb))
             out.append(Action(c, Op.F, mb))
             out.extend(Action(c, Op.SWAP_OUT, mb, i) for i in swapped[c])
-            if c < chunks - 1:
+            if c < chunks - 1 and not local(c, c + 1):
                 out.append(Action(c, Op.SEND_F, mb))
         elif op is Op.B:
-            if c < chunks - 1:
+            if c < chunks - 1 and not local(c, c + 1):
                 out.append(Action(c, Op.RECV_B, mb))
             out.extend(Action(c, Op.RECOMPUTE, mb, i) for i in reversed(recomputed[c]))
             out.append(Action(c, Op.B, mb))
-            if c > 0:
+            if c > 0 and not local(c - 1, c):
                 out.append(Action(c, Op.SEND_B, mb))
         elif op is Op.W:
             out.append(Action(c, Op.W, mb))
@@ -99,6 +105,15 @@ def interleaved_1f1b(stages: int, virtual: int, microbatches: int, plan: Plan | 
     return Schedule(tuple(rows), microbatches, "interleaved-1f1b", tuple(c % stages for c in range(chunks)))
 
 
+def zbv_schedule(stages: int, microbatches: int, plan: Plan | None = None) -> Schedule:
+    """ZBV: two chunks per stage in V placement, backward split into B and W (``core/zbv.py``); the last stage hands
+    its first chunk's output to its second without a transfer."""
+    where = placement("zbv", stages, 2 * stages)
+    rows = [_expand([(Op(op), c, mb) for op, c, mb in order], 2 * stages, plan, where)
+            for order in zbv.orders(stages, microbatches)]
+    return Schedule(tuple(rows), microbatches, "zbv", where)
+
+
 def for_plan(plan: Plan) -> Schedule:
     """The schedule a plan runs: its kind, stages and micro-batches, with its swaps and recomputes."""
     if plan.schedule == "gpipe":
@@ -107,4 +122,6 @@ def for_plan(plan: Plan) -> Schedule:
         return zb_h1(plan.stages, plan.microbatches, plan)
     if plan.schedule == "interleaved-1f1b":
         return interleaved_1f1b(plan.stages, plan.virtual_stages, plan.microbatches, plan)
+    if plan.schedule == "zbv":
+        return zbv_schedule(plan.stages, plan.microbatches, plan)
     return one_f_one_b(plan.stages, plan.microbatches, plan, eager=plan.schedule == "eager-1f1b")

@@ -20,25 +20,29 @@ class LayerMove:
         return f"layer {self.layer}: stage {self.src} -> {self.dst}"
 
 
-def owners(boundaries: Sequence[int], stages: int | None = None) -> list[int]:
+def owners(boundaries: Sequence[int], stages: int | None = None, placement: Sequence[int] = ()) -> list[int]:
     """The stage of every layer; with ``stages`` the boundaries may cut chunks (virtual stages), chunk ``c`` on stage
-    ``c % stages``."""
+    ``placement[c]`` when given (``Plan.placement``: ZBV's V), else ``c % stages`` (looped)."""
     out: list[int] = []
     for c in range(len(boundaries) - 1):
-        out.extend([c % stages if stages else c] * (boundaries[c + 1] - boundaries[c]))
+        where = placement[c] if placement else c % stages if stages else c
+        out.extend([where] * (boundaries[c + 1] - boundaries[c]))
     return out
 
 
-def layer_moves(old: Sequence[int], new: Sequence[int], stages: int | None = None) -> tuple[LayerMove, ...]:
+def layer_moves(old: Sequence[int], new: Sequence[int], stages: int | None = None,
+                placements: tuple[Sequence[int], Sequence[int]] = ((), ())) -> tuple[LayerMove, ...]:
     """Every layer whose stage differs between two partitions of the same layers and stages (``stages``: the
-    partitions cut chunks, as many per stage as each says, possibly different)."""
+    partitions cut chunks, as many per stage as each says, possibly different; ``placements``: the old and the new
+    plan's stage of each chunk, where not looped)."""
     same = len(old) == len(new) if stages is None else (len(old) - 1) % stages == (len(new) - 1) % stages == 0
     if old[-1] != new[-1] or not same:
         raise ValueError(
             f"partitions {list(old)} and {list(new)} differ in layers or stages; migration moves layers between the "
             "same stages, so both need the same first and last boundary and the same number of stages"
         )
-    return tuple(LayerMove(i, a, b) for i, (a, b) in enumerate(zip(owners(old, stages), owners(new, stages))) if a != b)
+    was, now = owners(old, stages, placements[0]), owners(new, stages, placements[1])
+    return tuple(LayerMove(i, a, b) for i, (a, b) in enumerate(zip(was, now)) if a != b)
 
 
 def moved_bytes(moves: Sequence[LayerMove], profile: ModelProfile) -> int:

@@ -20,15 +20,26 @@ from vpipe_lab.core.profile import SCHEMA_VERSION, check_kind, load_doc
 # on those stages (core/schedule.py, core/costmodel.py). "zb-h1" is zero-bubble H1: 1F1B's memory with each backward
 # split into the input's gradient and the weights' gradients, the latter run in what would be bubbles
 # (core/zero_bubble.py).
-# "interleaved-1f1b" runs ``virtual_stages`` chunks per rank in looped placement (core/interleaved.py).
-SCHEDULES = ("gpipe", "1f1b", "eager-1f1b", "zb-h1", "interleaved-1f1b")
+# "interleaved-1f1b" runs ``virtual_stages`` chunks per rank in looped placement (core/interleaved.py); "zbv" runs two
+# per rank in V placement with ZB-H1's split backward (core/zbv.py).
+SCHEDULES = ("gpipe", "1f1b", "eager-1f1b", "zb-h1", "interleaved-1f1b", "zbv")
+CHUNKED = ("interleaved-1f1b", "zbv")  # the schedules that give a stage several chunks (virtual stages)
+SPLIT = ("zb-h1", "zbv")  # the schedules that split each backward into B (input gradient) and W (weight gradients)
 AUTO = "auto"  # for the planner (``planner.search``, ``Session.replan``): choose the schedule too
-VIRTUAL_HELP = "model chunks per stage under interleaved-1f1b (default: 2 with it, else 1)"
+VIRTUAL_HELP = "model chunks per stage under interleaved-1f1b (default: 2 with it or zbv, which needs 2; else 1)"
 
 
 def default_virtual_stages(schedule: str) -> int:
-    """Chunks per stage when none is given: 2 under interleaved 1F1B (one would be plain 1F1B), else 1."""
-    return 2 if schedule == "interleaved-1f1b" else 1
+    """Chunks per stage when none is given: 2 under interleaved 1F1B (one would be plain 1F1B) and ZBV, else 1."""
+    return 2 if schedule in CHUNKED else 1
+
+
+def placement(schedule: str, stages: int, chunks: int) -> tuple[int, ...]:
+    """The stage of each chunk: a V under ZBV (down the stages and back up, ``core/zbv.py``), else looped (chunk
+    ``c`` on stage ``c % stages``), which is one chunk per stage without virtual stages."""
+    if schedule == "zbv" and chunks == 2 * stages:
+        return tuple(range(stages)) + tuple(reversed(range(stages)))
+    return tuple(c % stages for c in range(chunks))
 
 
 class Policy(StrEnum):
@@ -60,7 +71,8 @@ class Plan:
     ``boundaries`` has ``stages + 1`` increasing entries from 0 to the number of layers; stage ``s`` owns layers
     ``boundaries[s]:boundaries[s+1]``. With ``virtual_stages`` V > 1 (the interleaved schedule) there are
     ``stages * V + 1`` boundaries, one chunk (virtual stage) between each two, and chunk ``c`` lives on stage
-    ``c % stages`` (looped placement): a stage (one worker, one device) holds V chunks, ``layers_of`` their union.
+    ``placement[c]``: ``c % stages`` (looped) under interleaved 1F1B, a V under ZBV (V = 2: stage ``s`` holds chunks
+    ``s`` and ``2 K - 1 - s``). A stage (one worker, one device) holds V chunks, ``layers_of`` their union.
     """
 
     boundaries: tuple[int, ...]
@@ -86,9 +98,22 @@ class Plan:
     def chunk_layers(self, chunk: int) -> range:
         return range(self.boundaries[chunk], self.boundaries[chunk + 1])
 
+    @property
+    def placement(self) -> tuple[int, ...]:
+        """The stage each chunk runs on (see the class docstring)."""
+        return placement(self.schedule, self.stages, self.chunks)
+
+    def chunk_stage(self, chunk: int) -> int:
+        return self.placement[chunk]
+
+    @property
+    def loss_stage(self) -> int:
+        """The stage that runs the last chunk and computes the loss (needs the targets): the last, or 0 under ZBV."""
+        return self.placement[-1]
+
     def chunks_of(self, stage: int) -> tuple[int, ...]:
         """The chunks ``stage`` holds, in model order."""
-        return tuple(range(stage, self.chunks, self.stages))
+        return tuple(c for c, s in enumerate(self.placement) if s == stage)
 
     def chunk_of(self, layer: int) -> int:
         for c in range(self.chunks):
@@ -112,7 +137,7 @@ class Plan:
         return [i for c in self.chunks_of(stage) for i in self.chunk_layers(c)]
 
     def stage_of(self, layer: int) -> int:
-        return self.chunk_of(layer) % self.stages
+        return self.placement[self.chunk_of(layer)]
 
     def validate(self, num_layers: int | None = None, stages: int | None = None) -> Plan:
         """Check the plan's shape; raise PlanError naming what is wrong and how to fix it. Returns self."""
@@ -135,8 +160,11 @@ class Plan:
         if (len(b) - 1) % v:
             raise PlanError(f"boundaries {list(b)} give {len(b) - 1} chunks, which {v} virtual stages per stage do not "
                             f"divide: give stages x {v} + 1 boundaries")
-        if v > 1 and self.schedule != "interleaved-1f1b":
-            raise PlanError(f"virtual_stages={v} needs the interleaved-1f1b schedule, not {self.schedule!r}")
+        if v > 1 and self.schedule not in CHUNKED:
+            raise PlanError(f"virtual_stages={v} needs the interleaved-1f1b or zbv schedule, not {self.schedule!r}")
+        if self.schedule == "zbv" and v != 2:
+            raise PlanError(f"zbv runs two chunks per stage (a V), not virtual_stages={v}: give virtual_stages=2 and "
+                            "stages x 2 + 1 boundaries")
         if stages is not None and self.stages != stages:
             raise PlanError(f"the plan has {self.stages} stages but the pipeline has {stages}: give "
                             f"{stages * v + 1} boundaries")
@@ -225,7 +253,7 @@ class Plan:
         for c in range(self.chunks):
             rng = self.chunk_layers(c)
             tags = "".join(p.value[0].upper() for p in self.policies[rng.start:rng.stop])
-            parts.append(f"[{rng.start}:{rng.stop}]{tags}" + (f"@{c % self.stages}" if self.virtual_stages > 1 else ""))
+            parts.append(f"[{rng.start}:{rng.stop}]{tags}" + (f"@{self.placement[c]}" if self.virtual_stages > 1 else ""))
         virtual = f" V={self.virtual_stages}" if self.virtual_stages > 1 else ""
         return f"{self.schedule}{virtual} M={self.microbatches} " + " ".join(parts)
 

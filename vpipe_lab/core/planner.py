@@ -15,7 +15,7 @@ from vpipe_lab.core.errors import InfeasiblePlan, PlanError
 from vpipe_lab.core.memory_plans import StageProblem, exact
 from vpipe_lab.core.migration import LayerMove, layer_moves
 from vpipe_lab.core.partition import Objective, balanced, check_fits, pareto_dp, uniform
-from vpipe_lab.core.plan import AUTO, SCHEDULES, Estimate, Plan, Policy
+from vpipe_lab.core.plan import AUTO, CHUNKED, SCHEDULES, Estimate, Plan, Policy
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.vpipe_search import vpipe_search
 
@@ -186,25 +186,29 @@ def search(
     recomputes everything, PipeDream keeps everything), and the fastest feasible plan wins.
 
     ``schedule="auto"`` plans every schedule in ``SCHEDULES`` (each with its own in-flight memory, so a tight budget
-    may leave some out; interleaved 1F1B with 2 to 4 virtual stages where the layers and micro-batches allow) and
-    keeps the fastest feasible plan; ``schedules`` on the result lists what each got.
+    may leave some out; interleaved 1F1B with 2 to 4 virtual stages where the layers and micro-batches allow, ZBV
+    where the layers allow) and keeps the fastest feasible plan; ``schedules`` on the result lists what each got.
 
-    ``interleaved-1f1b`` with ``virtual_stages`` V cuts the layers into ``stages x V`` chunks balanced by compute
-    (``uniform``: by count); ``vpipe`` and ``optimal`` then keep, swap or recompute each layer so every rank's chunks
-    fit its budget (``core/chunk_plans.py``, greedy: not proven optimal); vPipe's partition refinement works on one
-    chunk per stage and is not applied to chunks.
+    ``interleaved-1f1b`` with ``virtual_stages`` V (and ``zbv``, V = 2) cuts the layers into ``stages x V`` chunks
+    balanced by compute (``uniform``: by count); ``vpipe`` and ``optimal`` then keep, swap or recompute each layer
+    so every rank's chunks fit its budget (``core/chunk_plans.py``, greedy: not proven optimal); vPipe's partition
+    refinement works on one chunk per stage and is not applied to chunks.
     """
     if schedule == AUTO:
         return _search_schedules(profile, cluster, microbatches=microbatches, batch_size=batch_size, method=method,
                                  current=current, node_limit=node_limit, counts=counts)
-    if schedule == "interleaved-1f1b" or virtual_stages != 1:
-        if schedule != "interleaved-1f1b":
-            raise PlanError(f"virtual_stages={virtual_stages} needs schedule='interleaved-1f1b', not {schedule!r}")
+    if schedule in CHUNKED or virtual_stages != 1:
+        if schedule not in CHUNKED:
+            raise PlanError(f"virtual_stages={virtual_stages} needs schedule='interleaved-1f1b' (or 'zbv', which "
+                            f"runs 2), not {schedule!r}")
+        if schedule == "zbv" and virtual_stages not in (1, 2):
+            raise PlanError(f"zbv runs 2 chunks per stage (a V), not virtual_stages={virtual_stages}")
         if batch_size is not None:
-            raise PlanError("interleaved-1f1b plans a fixed micro-batch count: give microbatches, not batch_size")
+            raise PlanError(f"{schedule} plans a fixed micro-batch count: give microbatches, not batch_size")
         if microbatches is None:
             raise PlanError("give microbatches (how many per iteration, a multiple of the stages)")
-        return _interleaved(profile, cluster, microbatches, virtual_stages, method, current)
+        virtual = 2 if schedule == "zbv" else virtual_stages
+        return _chunked(profile, cluster, microbatches, schedule, virtual, method, current)
     if batch_size is not None:
         if microbatches is not None:
             raise PlanError("give either microbatches (a fixed count) or batch_size (the planner chooses the count), "
@@ -222,10 +226,11 @@ def _check_method(method: str) -> None:
         raise PlanError(f"unknown planning method {method!r}: use one of {', '.join(METHODS)}")
 
 
-def _interleaved(profile: ModelProfile, cluster: Cluster, m: int, virtual: int, method: str,
-                 current: Plan | None) -> PlanResult:
+def _chunked(profile: ModelProfile, cluster: Cluster, m: int, schedule: str, virtual: int, method: str,
+             current: Plan | None) -> PlanResult:
+    """Interleaved 1F1B or ZBV: the layers cut into chunks balanced by compute, then each layer's policy."""
     _check_method(method)
-    cm = CostModel(profile, cluster, m, "interleaved-1f1b", virtual)
+    cm = CostModel(profile, cluster, m, schedule, virtual)
     check_fits(cm.num_layers, cm.chunks)
     compute = [f + b for f, b in zip(cm.fwd, cm.bwd)]
     bounds = uniform(cm.num_layers, cm.chunks) if method == "uniform" else balanced(compute, cm.chunks)
@@ -233,22 +238,25 @@ def _interleaved(profile: ModelProfile, cluster: Cluster, m: int, virtual: int, 
     # recompute per layer across a rank's chunks (core/chunk_plans.py).
     fixed = {"gpipe": Policy.RECOMPUTE, "uniform": Policy.KEEP, "balanced": Policy.KEEP, "pipedream": Policy.KEEP}
     policies = (fixed[method],) * cm.num_layers if method in fixed else fit_chunks(cm, bounds)
-    found = Plan(bounds, policies, m, "interleaved-1f1b", virtual)
+    found = Plan(bounds, policies, m, schedule, virtual)
     est = cm.estimate(found)
     if est.feasible:
-        moves = layer_moves(current.boundaries, bounds, cm.stages) if current is not None else ()
+        moves = layer_moves(current.boundaries, bounds, cm.stages, (current.placement, found.placement)
+                            ) if current is not None else ()
         return PlanResult(found, est, method, cm.lower_bound_s(), False, moves, 1)
     stage = max(range(cm.stages), key=lambda s: est.over_budget[s])
-    raise InfeasiblePlan(f"interleaved-1f1b with {virtual} virtual stages per stage does not fit: stage {stage} needs "
+    raise InfeasiblePlan(f"{schedule} with {virtual} virtual stages per stage does not fit: stage {stage} needs "
                          f"{est.peak_bytes[stage]} bytes of {est.budget_bytes[stage]}", stage=stage,
                          missing_bytes=est.over_budget[stage], suggestions=_suggestions(cm, stage))
 
 
 def _candidates(profile: ModelProfile, cluster: Cluster, microbatches: int | None) -> list[tuple[str, int]]:
     """Every (schedule, virtual stages) that ``auto`` tries."""
-    out = [(s, 1) for s in SCHEDULES if s != "interleaved-1f1b"]
+    out = [(s, 1) for s in SCHEDULES if s not in CHUNKED]
     if microbatches is not None and microbatches % cluster.stages == 0:
         out += [("interleaved-1f1b", v) for v in (2, 3, 4) if cluster.stages * v <= len(profile.layers)]
+    if microbatches is not None and cluster.stages * 2 <= len(profile.layers):
+        out.append(("zbv", 2))
     return out
 
 
@@ -277,7 +285,8 @@ def _search_schedules(profile: ModelProfile, cluster: Cluster, **options: Any) -
         extra = {"virtual_stages": virtual, "batch_size": None} if virtual > 1 else {}
         return functools.partial(search, profile, cluster, schedule=schedule, **{**options, **extra})
 
-    best, tried, closest = _fastest((schedule if virtual == 1 else f"{schedule} V={virtual}", attempt(schedule, virtual))
+    best, tried, closest = _fastest((schedule if virtual == 1 or schedule == "zbv" else f"{schedule} V={virtual}",
+                                     attempt(schedule, virtual))
                                     for schedule, virtual in _candidates(profile, cluster, options.get("microbatches")))
     if best is None:
         assert closest is not None

@@ -4,7 +4,8 @@ the schedules vpipe_lab runs.
 
 An action prints as ``{stage}{op}{microbatch}`` with ``.{layer}`` for per-layer actions: ``1F0`` is stage 1's forward
 of micro-batch 0, ``0SO2.3`` stage 0 swapping out layer 3's activations of micro-batch 2. ``parse`` reads that back.
-With virtual stages (``interleaved-1f1b``) an action's stage is its chunk, and a row runs the chunks placed on it.
+With virtual stages (``interleaved-1f1b``, ``zbv``) an action's stage is its chunk, and a row runs the chunks placed on
+it; two neighbouring chunks on one row (ZBV's turn) hand off locally, with no send or receive between them.
 Swaps are asynchronous (copy engine); every other action occupies the stage's compute stream in list order.
 In a zero-bubble schedule (``zb-h1``) ``B`` computes only the input's gradient and ``W`` the weights' gradients later
 (``core/zero_bubble.py``); elsewhere ``B`` is the whole backward and there is no ``W``.
@@ -93,6 +94,11 @@ class Schedule:
             microbatches = 1 + max((a.microbatch for row in parsed for a in row), default=-1)
         return cls(parsed, microbatches, name)
 
+    def local(self, chunk: int, later: int) -> bool:
+        """Whether two chunks run on one row, so the hand-off between them is local, with no transfer (ZBV's turn:
+        the last rank runs the model's middle two chunks)."""
+        return self.placement[chunk] == self.placement[later]
+
     def compute_only(self) -> Schedule:
         """The forward/backward skeleton, which is what the staircase pictures show."""
         return Schedule(tuple(tuple(a for a in row if a.op in (Op.F, Op.B, Op.W)) for row in self.stages),
@@ -151,27 +157,31 @@ def _check_rows(schedule: Schedule) -> None:
                 raise _fail(schedule, s, i, f"stage {s} step {i}: action {a} belongs to stage {owner}")
             if not 0 <= a.microbatch < m:
                 raise _fail(schedule, s, i, f"stage {s} step {i}: micro-batch {a.microbatch} is outside 0..{m - 1}")
-            if (a.op in (Op.SEND_F, Op.RECV_B) and c == last) or (a.op in (Op.RECV_F, Op.SEND_B) and c == 0):
-                raise _fail(schedule, s, i, f"stage {s} step {i}: {a} has no neighbour to talk to")
+            if (a.op in (Op.SEND_F, Op.RECV_B) and (c == last or schedule.local(c, c + 1))) or (
+                    a.op in (Op.RECV_F, Op.SEND_B) and (c == 0 or schedule.local(c - 1, c))):
+                raise _fail(schedule, s, i, f"stage {s} step {i}: {a} has no neighbour on another stage to talk to")
             key = (a.op, c, a.microbatch, a.layer)
             if key in seen:
                 raise _fail(schedule, s, i, f"stage {s} step {i}: {a} repeats step {seen[key]}")
             seen[key] = i
-            needs: list[tuple[Op, int | None, str]] = []
+            needs: list[tuple[Op, int, int | None, str]] = []  # (op, chunk, layer, why) that must have run
             if a.op is Op.F and c > 0:
-                needs.append((Op.RECV_F, None, "its input must be received first"))
+                needs.append((Op.F, c - 1, None, "the chunk before it runs here and must run first") if schedule.local(
+                    c - 1, c) else (Op.RECV_F, c, None, "its input must be received first"))
             if a.op is Op.B:
-                needs.append((Op.F, None, "a micro-batch's backward needs its forward first"))
+                needs.append((Op.F, c, None, "a micro-batch's backward needs its forward first"))
                 if c < last:
-                    needs.append((Op.RECV_B, None, "its output gradient must be received first"))
+                    needs.append((Op.B, c + 1, None, "the chunk after it runs here and its backward must run first")
+                                 if schedule.local(c, c + 1) else
+                                 (Op.RECV_B, c, None, "its output gradient must be received first"))
             if a.op in (Op.SEND_F, Op.SWAP_OUT, Op.RECOMPUTE):
-                needs.append((Op.F, None, "it needs the forward to have run"))
+                needs.append((Op.F, c, None, "it needs the forward to have run"))
             if a.op in (Op.SEND_B, Op.W):
-                needs.append((Op.B, None, "it needs the backward to have run"))
+                needs.append((Op.B, c, None, "it needs the backward to have run"))
             if a.op is Op.SWAP_IN:
-                needs.append((Op.SWAP_OUT, a.layer, "a swap-in needs the matching swap-out first"))
-            for op, layer, why in needs:
-                if (op, c, a.microbatch, layer) not in seen:
+                needs.append((Op.SWAP_OUT, c, a.layer, "a swap-in needs the matching swap-out first"))
+            for op, chunk, layer, why in needs:
+                if (op, chunk, a.microbatch, layer) not in seen:
                     raise _fail(schedule, s, i, f"stage {s} step {i}: {a} comes too early: {why}")
         split = any(a.op is Op.W for a in row)  # a zero-bubble row: every backward's weight step must follow
         end = len(row) - 1 if row else 0
@@ -181,8 +191,9 @@ def _check_rows(schedule: Schedule) -> None:
                     if (op, c, mb, None) not in seen:
                         raise _fail(schedule, s, end, f"stage {s} never runs {Action(c, op, mb)}: every stage runs F and "
                                     "B (and W, once it splits its backward) of every micro-batch")
-                for op, present in ((Op.RECV_F, c > 0), (Op.SEND_F, c < last), (Op.RECV_B, c < last),
-                                    (Op.SEND_B, c > 0)):
+                before = c > 0 and not schedule.local(c - 1, c)
+                after = c < last and not schedule.local(c, c + 1)
+                for op, present in ((Op.RECV_F, before), (Op.SEND_F, after), (Op.RECV_B, after), (Op.SEND_B, before)):
                     if present and (op, c, mb, None) not in seen:
                         raise _fail(schedule, s, end,
                                     f"stage {s} never runs {Action(c, op, mb)}, which its neighbour waits for")

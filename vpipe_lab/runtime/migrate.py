@@ -156,7 +156,8 @@ class Migration:
         ``new_chain``). Nothing changes unless the result says ok."""
         start = time.perf_counter()
         rank, stage = self.rank, self.stage
-        old_owner, new_owner = owners(current.boundaries, current.stages), owners(plan.boundaries, plan.stages)
+        old_owner, new_owner = (owners(current.boundaries, current.stages, current.placement),
+                                owners(plan.boundaries, plan.stages, plan.placement))
         sends = [(j, i, new_owner[j]) for j, i in sorted(sources.items())
                  if i is not None and old_owner[i] == rank and new_owner[j] != rank]
         recvs = [(j, i, old_owner[i]) for j, i in sorted(sources.items())

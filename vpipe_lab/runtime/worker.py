@@ -61,7 +61,6 @@ class Worker(WorkerCommands):
         self.replica, self.replicas = divmod(rank, stages)[0], spec.replicas
         index, world = rank % stages, stages
         self.spec, self.index, self.world, self.link = spec, index, world, link
-        self.last = index == world - 1
         self.placement = select(spec.device, local_rank, local_world)
         self.clock = Clock(0.0)
         # Unattended (``vpipe-lab worker --iterations N``): train until iteration N without waiting for a client.
@@ -262,7 +261,8 @@ class Worker(WorkerCommands):
         log.info("trained to iteration %d; the unattended job ends", self.ctl.iteration)
 
     def iteration(self) -> IterationResult:
-        """Rank 0 reads the batch and sends the targets to the last stage, which alone needs them."""
+        """Rank 0 reads the batch and sends the targets to the stage that computes the loss (the last; under ZBV
+        rank 0 itself), which alone needs them."""
         it = self.ctl.iteration
         batch: tuple[Any, Any] | None = None
         self.samples = None
@@ -274,10 +274,10 @@ class Worker(WorkerCommands):
             self.samples = batch_size(inputs)
             if self.shapes.agreed is None:
                 self.shapes.agreed = signature(inputs, targets)
-            if not self.last:
-                self.peer.post_send(targets, self.world - 1, TAG_TARGET, agreed=True, exact=True)
+            if self.plan.loss_stage != 0:
+                self.peer.post_send(targets, self.plan.loss_stage, TAG_TARGET, agreed=True, exact=True)
             batch = (inputs, targets)
-        elif self.last:
+        elif self.index == self.plan.loss_stage:
             batch = (None, self.peer.wait(self.peer.post_recv(0, TAG_TARGET, agreed=True)))
         self.stage.mb_offset = self.replica * self.plan.microbatches
         profile, drop = self.profiling.next(it)

@@ -122,17 +122,17 @@ def spans_from_wire(stage: int, iteration: int, rows: list[tuple[int, int, int, 
 
 def combine(iteration: int, parts: list[IterationReport]) -> dict[str, Any]:
     """One iteration's record from every rank's report (any order; several pipeline replicas with ``replicas=R``):
-    the batch's mean loss over every replica's last stage (each micro-batch's mean counted by its samples, so a short
+    the batch's mean loss over every replica's loss stage (the reports with losses: the last stage, or stage 0 under
+    ZBV; each micro-batch's mean counted by its samples, so a short
     last batch's uneven micro-batches give the full-batch mean), the time from the first start to the last end,
     throughput over all replicas, and what the step did (global gradient norm, learning rate, fp16 loss scale,
     whether an overflow skipped it)."""
     start, end = min(b.start for b in parts), max(b.end for b in parts)
-    last = max(b.stage for b in parts)
     firsts = [b for b in parts if b.stage == 0]
     first = min(firsts, key=lambda b: b.replica)
     samples = [b.samples for b in firsts]
     record: dict[str, Any] = {
-        "iteration": iteration, "loss": batch_loss([b for b in parts if b.stage == last]),
+        "iteration": iteration, "loss": batch_loss([b for b in parts if b.losses]),
         "time_s": end - start, "start_s": start, "end_s": end,
         "samples": sum(s for s in samples if s) if all(samples) else None, "microbatches": first.microbatches,
         "plan_version": first.plan_version, "grad_norm": first.grad_norm, "lr": first.lr,
@@ -146,7 +146,7 @@ def combine(iteration: int, parts: list[IterationReport]) -> dict[str, Any]:
 
 
 def batch_loss(lasts: list[IterationReport]) -> float:
-    """The mean loss of the last stages' micro-batches, each counted by its samples (``sizes``; equal without them)."""
+    """The mean loss of the loss stages' micro-batches, each counted by its samples (``sizes``; equal without them)."""
     total = weight = 0.0
     for body in lasts:
         sizes = body.sizes or []
@@ -161,9 +161,9 @@ def per_replica(iteration: int, parts: list[IterationReport]) -> list[dict[str, 
     rows = []
     for replica in sorted({b.replica for b in parts}):
         mine = [b for b in parts if b.replica == replica]
-        last = max(mine, key=lambda b: b.stage)
         first = min(mine, key=lambda b: b.stage)
-        rows.append({"iteration": iteration, "replica": replica, "loss": batch_loss([last]), "samples": first.samples,
+        losses = [b for b in mine if b.losses]  # the loss stage's report
+        rows.append({"iteration": iteration, "replica": replica, "loss": batch_loss(losses), "samples": first.samples,
                      "time_s": max(b.end for b in mine) - min(b.start for b in mine)})
     return rows
 

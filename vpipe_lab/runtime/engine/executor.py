@@ -11,9 +11,11 @@ synchronised between actions; losses stay tensors until the iteration ends. Whil
 action runs inside a ``torch.profiler.record_function`` labelled like the timeline (``vpipe/forward mb2``), so a
 torch.profiler trace of a worker reads like vpipe_lab's own timeline.
 
-With virtual stages (interleaved 1F1B) a rank holds several chunks: each action runs on its chunk's segments, a
-chunk's input comes from the rank of the chunk before it (the last rank's last chunk of a lap sends to rank 0), and
-every chunk-to-chunk stream has a tag of its own (``tag_into``).
+With virtual stages (interleaved 1F1B, ZBV) a rank holds several chunks: each action runs on its chunk's segments, a
+chunk's input comes from the rank of the chunk before it (``plan.placement``: under interleaved 1F1B the last rank's
+last chunk of a lap sends to rank 0), every chunk-to-chunk stream has a tag of its own (``tag_into``), and two
+neighbouring chunks on one rank (ZBV's turn on the last rank) hand over their tensors in place. The loss is computed
+on the rank of the last chunk (``plan.loss_stage``: rank 0 under ZBV), which therefore gets the targets.
 
 ``evaluate`` is the forward-only pass: every micro-batch forward through the stages with the layers in eval mode and
 no autograd, the last stage returning the losses; no gradient, optimizer state or statistic of training changes.
@@ -29,7 +31,7 @@ from typing import Any
 import torch
 
 from vpipe_lab.core.generators import for_plan
-from vpipe_lab.core.plan import Plan
+from vpipe_lab.core.plan import SPLIT, Plan
 from vpipe_lab.core.schedule import KIND, Op, Schedule, chunk_indices
 from vpipe_lab.runtime.engine import faults
 from vpipe_lab.runtime.engine.comm import TAG_BACKWARD, TAG_EVAL, TAG_FORWARD, Incoming, Peer
@@ -146,7 +148,7 @@ class Executor:
         """One iteration; ``profile`` runs every layer on its own and times it (with the device synchronised).
         ``sizes``: the samples in each micro-batch (agreed by every rank: runtime/shape_epochs.py). When they differ
         (a short last batch) each micro-batch's loss counts by its samples, and each transfer says its shapes."""
-        rank, last = self.rank, self.rank == self.world - 1
+        rank, last = self.rank, self.rank == plan.loss_stage
         m = plan.microbatches
         stage, peer = self.stage, self.peer
         stage.loss_scale = self.loss_multiplier / m
@@ -154,7 +156,7 @@ class Executor:
         stage.scales = [self.loss_multiplier * (n / sum(sizes)) for n in sizes] if uneven and sizes else None
         agreed = not uneven  # shapes agreed once per epoch only when every micro-batch has them
         stage.iteration = iteration
-        stage.split_backward(plan.schedule == "zb-h1")  # B then W (core/zero_bubble.py), or one backward
+        stage.split_backward(plan.schedule in SPLIT)  # B then W (core/zero_bubble.py), or one backward
         stage.ledger.reset_peaks()
         if self.budget is not None:
             static = stage.static_bytes()  # not ``sizes``: that name is the micro-batches' samples, reported below
@@ -167,9 +169,8 @@ class Executor:
             if last:
                 targets = [None] * m if batch[1] is None else split(batch[1], m, "targets")
         chain = self.chain
-        k, top = plan.stages, plan.chunks - 1  # chunk c (a virtual stage) runs on rank c % k; one each without them
-        segments = stage.segments(profile)
-        # Each chunk's segments: a rank's chunks are never adjacent (k >= 2), so no segment spans two.
+        top, at = plan.chunks - 1, plan.placement  # chunk c (a virtual stage) runs on rank at[c]
+        segments = stage.segments(profile, plan.boundaries[1:-1])  # no segment runs across two chunks
         segs = {c: [g for g in segments if plan.boundaries[c] <= g[0] < plan.boundaries[c + 1]] for c in
                 plan.chunks_of(rank)}
         timer = self.watch.exact if profile else None
@@ -184,7 +185,7 @@ class Executor:
 
         def where(op: Op, c: int) -> tuple[int, int]:
             """Who sends into chunk ``c`` and with which tag: its input from chunk c-1, its gradient from c+1."""
-            return ((c - 1) % k if op is Op.RECV_F else (c + 1) % k), tag_into(op, c, plan)
+            return (at[c - 1] if op is Op.RECV_F else at[c + 1]), tag_into(op, c, plan)
 
         def receive(step: int, op: Op, c: int, mb: int) -> Any:
             src, tag = where(op, c)
@@ -225,8 +226,8 @@ class Executor:
             elif op is Op.F:
                 if self.fault is not None:
                     faults.hit(self.fault, "forward", rank, iteration)
-                if c > 0:
-                    x = received.pop((c, mb))
+                if c > 0:  # handed over in place from the chunk before, when it runs here too
+                    x = outputs.pop((c - 1, mb)) if schedule.local(c - 1, c) else received.pop((c, mb))
                 else:
                     x = to_device(inputs[mb], self.placement.device)  # type: ignore[index]
                     x = chain.start(x) if chain is not None else x
@@ -240,7 +241,7 @@ class Executor:
                     outputs[(c, mb)] = x
             elif op is Op.SEND_F:
                 out = outputs.pop((c, mb))
-                peer.post_send(chain.pack(out) if chain is not None else out, (c + 1) % k,
+                peer.post_send(chain.pack(out) if chain is not None else out, at[c + 1],
                                tag_into(Op.RECV_F, c + 1, plan), agreed=agreed)
             elif op is Op.SWAP_OUT:
                 if action.layer in stage.layers:
@@ -254,7 +255,8 @@ class Executor:
                 label.__exit__(None, None, None)
                 continue  # vPipe's order: each layer is rebuilt in B, right before its own backward (below)
             elif op is Op.B:
-                grads: tuple[torch.Tensor, ...] | None = None if c == top else grads_out.pop((c, mb))
+                grads: tuple[torch.Tensor, ...] | None = None if c == top else grads_out.pop((c, mb)) if (
+                    not schedule.local(c, c + 1)) else grads_in.pop((c + 1, mb))
                 for segment in reversed(segs[c]):
                     if stage.rebuilds(mb, segment):  # held only until its backward: one recomputed layer at a time
                         if self.record_spans:
@@ -263,13 +265,13 @@ class Executor:
                         self._check_budget(result)
                         if self.record_spans:
                             marks.append(("recompute", mb, segment[0], start, (start := mark()), local[c]))
-                    grads = stage.backward(mb, segment, grads, timer)
+                    grads = stage.backward(mb, segment, grads, timer, local[c])
                 if c > 0:
                     grads_in[(c, mb)] = grads  # type: ignore[assignment]
             elif op is Op.W:
-                stage.weight_step(mb, timer)
+                stage.weight_step(mb, timer, local[c])
             elif op is Op.SEND_B:
-                peer.post_send(grads_in.pop((c, mb)), (c - 1) % k, tag_into(Op.RECV_B, c - 1, plan), agreed=agreed)
+                peer.post_send(grads_in.pop((c, mb)), at[c - 1], tag_into(Op.RECV_B, c - 1, plan), agreed=agreed)
             if self.record_spans:
                 marks.append((KIND[op], mb, action.layer, start, mark(), local[c]))
             label.__exit__(None, None, None)
@@ -285,9 +287,9 @@ class Executor:
         """Forward only, micro-batch after micro-batch (no schedule is needed without a backward); returns the last
         stage's per-micro-batch losses (empty elsewhere). Modules are in eval mode for the pass (dropout off, batch
         norm on its running statistics, which it then does not update) and back in train mode after."""
-        rank, last, m = self.rank, self.rank == self.world - 1, plan.microbatches
+        rank, last, m = self.rank, self.rank == plan.loss_stage, plan.microbatches
         stage, peer, chain = self.stage, self.peer, self.chain
-        k, top = plan.stages, plan.chunks - 1
+        top, at = plan.chunks - 1, plan.placement
         inputs = split(batch[0], m, "inputs") if batch is not None and rank == 0 else None
         targets = None
         if batch is not None and last:
@@ -302,8 +304,8 @@ class Executor:
                             if c == 0:
                                 x = to_device(inputs[mb], self.placement.device)  # type: ignore[index]
                                 x = chain.start(x) if chain is not None else x
-                            else:
-                                got = peer.recv((c - 1) % k, chunk_tag(TAG_EVAL, c, plan))
+                            elif at[c - 1] != rank:  # else x is the chunk before's output, on this rank too
+                                got = peer.recv(at[c - 1], chunk_tag(TAG_EVAL, c, plan))
                                 x = chain.unpack(plan.boundaries[c] - 1, got) if chain is not None else (
                                     got[0] if isinstance(got, tuple) and len(got) == 1 else got)
                             for i in plan.chunk_layers(c):
@@ -313,8 +315,8 @@ class Executor:
                                 target = to_device(targets[mb], self.placement.device)  # type: ignore[index]
                                 with stage.autocast():
                                     losses.append(self.loss_fn(x, target).detach())
-                            else:
-                                peer.send(chain.pack(x) if chain is not None else x, (c + 1) % k,
+                            elif at[c + 1] != rank:
+                                peer.send(chain.pack(x) if chain is not None else x, at[c + 1],
                                           chunk_tag(TAG_EVAL, c + 1, plan))
             peer.flush()
         finally:

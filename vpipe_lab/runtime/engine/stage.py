@@ -192,16 +192,17 @@ class Stage:
                 self.layers[index].policy = policy
         self._segments.clear()
 
-    def segments(self, profile: bool = False) -> list[Segment]:
+    def segments(self, profile: bool = False, cuts: tuple[int, ...] = ()) -> list[Segment]:
         """The owned layers as segments: maximal runs of one policy, one layer per recomputed layer (each keeps its
-        own input, so its rebuild holds only its activations), or one layer each in a profiling iteration."""
-        key = (profile, tuple((i, self.layers[i].policy) for i in self.owned))
+        own input, so its rebuild holds only its activations), or one layer each in a profiling iteration; a segment
+        never runs across a layer in ``cuts`` (the chunks' first layers: two chunks may sit side by side)."""
+        key = (profile, cuts, tuple((i, self.layers[i].policy) for i in self.owned))
         found = self._segments.get(key)
         if found is None:
             found = []
             for index in self.owned:
                 policy = self.layers[index].policy
-                if (found and not profile and policy is not Policy.RECOMPUTE
+                if (found and not profile and policy is not Policy.RECOMPUTE and index not in cuts
                         and self.layers[found[-1][-1]].policy is policy and found[-1][-1] == index - 1):
                     found[-1] = (*found[-1], index)
                 else:
@@ -322,8 +323,9 @@ class Stage:
         return self.scales[mb] if self.scales is not None else self.loss_scale
 
     def backward(self, mb: int, segment: Segment, grads: tuple[torch.Tensor, ...] | None,
-                 timer: Timer | None = None) -> tuple[torch.Tensor, ...]:
-        """Backpropagate through one segment; returns the gradients of its floating inputs."""
+                 timer: Timer | None = None, chunk: int = 0) -> tuple[torch.Tensor, ...]:
+        """Backpropagate through one segment; returns the gradients of its floating inputs. A split backward defers
+        its weight GEMMs to the W step of (``chunk``, ``mb``): a stage with two chunks runs a W for each."""
         key = (mb, segment[0])
         if self.rebuilds(mb, segment):  # the executor rebuilds it first to time it; a direct call still works
             self.rematerialise(mb, segment, timer)
@@ -335,11 +337,11 @@ class Stage:
             pairs = [(t, g) for t, g in zip((t for t in tensors_of(out) if t.is_floating_point()), grads)
                      if t.requires_grad]
             outs, grad_list = [t for t, _ in pairs], [g for _, g in pairs]
-        split = self.deferred.collecting(mb, segment[0] if timer else None) if self.split else nullcontext([])
+        split = self.deferred.collecting((chunk, mb), segment[0] if timer else None) if self.split else nullcontext([])
         with split as added:  # a split backward leaves its weight GEMMs for the W step
             if outs:
                 torch.autograd.backward(outs, grad_tensors=grad_list)
-        self.ledger.add(mb, -1, wgrad.held_bytes(added))  # what W needs held until it runs, under no layer's name
+        self.ledger.add(mb, -1 - chunk, wgrad.held_bytes(added))  # what W needs held until it runs, under no layer
         for index in segment:
             self.swap.release(mb, index)
         grads_in = tuple(leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in leaves)
@@ -348,11 +350,11 @@ class Stage:
             st.add_backward(timer() - start)
         return grads_in
 
-    def weight_step(self, mb: int, timer: Timer | None = None) -> None:
-        """W: the weight gradients micro-batch ``mb``'s B deferred; timed per layer in a profiling iteration."""
-        self.deferred.step(mb, timer, lambda i, seconds: self.layers[i].stats.add_weight(seconds)
+    def weight_step(self, mb: int, timer: Timer | None = None, chunk: int = 0) -> None:
+        """W: the weight gradients micro-batch ``mb``'s B deferred in ``chunk``; timed per layer when profiling."""
+        self.deferred.step((chunk, mb), timer, lambda i, seconds: self.layers[i].stats.add_weight(seconds)
                            if i in self.layers else None)
-        self.ledger.release(mb, -1)
+        self.ledger.release(mb, -1 - chunk)
 
     # --- iteration boundary ----------------------------------------------------------------------------------------
     def step(self) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any, cast
 
 import torch
@@ -96,11 +96,11 @@ class Deferred:
     """The weight GEMMs each micro-batch's B steps deferred, until its W step (a stage's split backward)."""
 
     def __init__(self) -> None:
-        self.pending: dict[int, list[Pending]] = {}
+        self.pending: dict[Hashable, list[Pending]] = {}  # by (chunk, micro-batch) in a stage
 
     @contextlib.contextmanager
-    def collecting(self, mb: int, layer: int | None) -> Iterator[list[Pending]]:
-        """Backwards inside defer into micro-batch ``mb``'s list; yields what this one deferred, once it is done."""
+    def collecting(self, mb: Hashable, layer: int | None) -> Iterator[list[Pending]]:
+        """Backwards inside defer into (chunk, micro-batch) ``mb``'s list; yields what this one deferred, once done."""
         pending = self.pending.setdefault(mb, [])
         before = len(pending)
         added: list[Pending] = []
@@ -108,7 +108,7 @@ class Deferred:
             yield added
         added.extend(pending[before:])
 
-    def step(self, mb: int, timer: Callable[[], float] | None = None,
+    def step(self, mb: Hashable, timer: Callable[[], float] | None = None,
              took: Callable[[int | None, float], None] | None = None) -> None:
         """W for ``mb``; with a ``timer``, layer by layer, each one's seconds to ``took(layer, seconds)``."""
         pending = self.pending.pop(mb, [])

@@ -26,12 +26,12 @@ if TYPE_CHECKING:
 
 def evaluate(executor: Executor, peer: Peer, plan: Plan, data: Any, batches: int,
              agree: Callable[[Any], list[int] | None] | None = None) -> dict[str, Any] | None:
-    """Run the pass; the last stage returns {loss, losses (per batch), batches, seconds}, the others None.
+    """Run the pass; the stage that computes the loss returns {loss, losses (per batch), batches, seconds}, the others None.
     ``agree(inputs)`` (every rank, rank 0 with the batch's inputs) makes the ranks agree on its micro-batches'
     shapes and returns their sizes: evaluation data may come in other shapes than training's."""
     checks.count(batches, "batches")
-    rank, world = executor.rank, executor.world
-    last = rank == world - 1
+    rank = executor.rank
+    last = rank == plan.loss_stage  # the stage that computes the loss (0 under ZBV) needs the targets
     start = time.perf_counter()
     source = Source(data, 0) if rank == 0 else None
     means: list[float] = []
@@ -43,7 +43,7 @@ def evaluate(executor: Executor, peer: Peer, plan: Plan, data: Any, batches: int
         sizes = agree(inputs) if agree is not None else None
         if source is not None:
             if not last:
-                peer.post_send(targets, world - 1, TAG_EVAL_TARGET, exact=True)
+                peer.post_send(targets, plan.loss_stage, TAG_EVAL_TARGET, exact=True)
                 peer.issue()
             batch = (inputs, targets)
         elif last:
