@@ -43,13 +43,15 @@ def torch_stage(rank: int, port: int, name: str, schedule: str, m: int, bounds: 
                 ) -> tuple[Any, Any, Any]:
     """Join a 2-rank gloo group and build this rank's torch.distributed.pipelining stages: (example, schedule,
     optimizer). ``bounds`` with more than 2 chunks: the rank holds chunks ``rank, rank + 2, ...`` (looped, as
-    torch's interleaved schedules and vpipe_lab's virtual stages place them)."""
+    torch's interleaved schedules and vpipe_lab's virtual stages place them), or under ZBV chunks ``rank`` and
+    ``3 - rank`` (the V: rank 0 holds the first and the last, and computes the loss)."""
     from torch.distributed.pipelining import (
         PipelineStage,
         Schedule1F1B,
         ScheduleGPipe,
         ScheduleInterleaved1F1B,
         ScheduleInterleavedZeroBubble,
+        ScheduleZBVZeroBubble,
     )
 
     torch.set_num_threads(1)
@@ -61,7 +63,8 @@ def torch_stage(rank: int, port: int, name: str, schedule: str, m: int, bounds: 
     chunks = len(bounds) - 1
     x0, _ = ex.data(0)
     stages, params = [], []
-    for c in range(rank, chunks, 2):
+    mine = (rank, chunks - 1 - rank) if schedule == "zbv" else range(rank, chunks, 2)
+    for c in mine:
         sub = torch.nn.Sequential(*layers[bounds[c]:bounds[c + 1]])
         with torch.no_grad():  # the chunk's input: the layers before it, on one micro-batch
             example = torch.chunk(x0, m)[0]
@@ -74,15 +77,23 @@ def torch_stage(rank: int, port: int, name: str, schedule: str, m: int, bounds: 
         return ex, ScheduleInterleavedZeroBubble(stages, m, loss_fn=ex.loss), opt
     if schedule == "interleaved-1f1b":
         return ex, ScheduleInterleaved1F1B(stages, m, loss_fn=ex.loss), opt
+    if schedule == "zbv":
+        return ex, ScheduleZBVZeroBubble(stages, m, loss_fn=ex.loss), opt
     make = Schedule1F1B if schedule == "1f1b" else ScheduleGPipe
     return ex, make(stages[0], m, loss_fn=ex.loss), opt
 
 
-def torch_iteration(rank: int, ex: Any, sched: Any, opt: Any, it: int) -> None:
-    """One training iteration of a torch.distributed.pipelining stage: the pipeline, then the optimizer step."""
+def torch_iteration(rank: int, ex: Any, sched: Any, opt: Any, it: int, schedule: str = "") -> None:
+    """One training iteration of a torch.distributed.pipelining stage: the pipeline, then the optimizer step (under
+    ZBV rank 0 holds the last stage too, so it gives the targets)."""
     x, y = ex.data(it)
     if rank == 0:
-        sched.step(x)
+        if schedule == "zbv":
+            sched.step(x, target=y, losses=[])
+        else:
+            sched.step(x)
+    elif schedule == "zbv":
+        sched.step()
     else:
         sched.step(target=y, losses=[])
     opt.step()
@@ -99,7 +110,7 @@ def _torch_server(rank: int, address: int, name: str, schedule: str, m: int, bou
         dist.barrier()
         start = time.perf_counter()
         for _ in range(n):
-            torch_iteration(rank, ex, sched, opt, it)
+            torch_iteration(rank, ex, sched, opt, it, schedule)
             it += 1
         dist.barrier()
         conn.send(time.perf_counter() - start)

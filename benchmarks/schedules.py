@@ -4,7 +4,8 @@
 
 ``torch``: per row (model, split, M, schedule), one torch.distributed.pipelining job running that schedule -- ZB-H1 is
 torch's ``ScheduleInterleavedZeroBubble`` with one stage per rank (its ZB1P), interleaved 1F1B its
-``ScheduleInterleaved1F1B`` with the row's chunks in looped placement -- and vpipe_lab sessions running the same
+``ScheduleInterleaved1F1B`` with the row's chunks in looped placement, ZBV its ``ScheduleZBVZeroBubble`` with the
+chunks in V placement (rank 0: chunks 0 and 3) -- and vpipe_lab sessions running the same
 schedule on the same chunks, plus vpipe_lab's 1F1B on the matching two-stage split for reference; all alive at once,
 taking turns in blocks of ``--block`` iterations, the order rotated every round (``interleaved.row``). Each cell: the
 job's ms/it (median of blocks) and the ratio of torch's same-schedule job over it in the same round (above 1: faster
@@ -26,15 +27,18 @@ import statistics
 from interleaved import Variant, ratio, row
 from pipelining_job import split_label
 
-# (model, chunk bounds, M, schedule): ZB-H1 on one chunk per rank, interleaved on two.
+# (model, chunk bounds, M, schedule): ZB-H1 on one chunk per rank, interleaved and ZBV on two. (ZBV's MLP split
+# gives rank 0 the wide first layers and the narrow last ones: 2 + 4 layers against 1 + 3.)
 ROWS = [("mlp", (0, 3, 10), 8, "zb-h1"), ("mlp", (0, 3, 10), 4, "zb-h1"), ("gpt-tiny", (0, 4, 8), 8, "zb-h1"),
         ("mlp", (0, 2, 3, 6, 10), 8, "interleaved-1f1b"), ("gpt-tiny", (0, 2, 4, 6, 8), 8, "interleaved-1f1b"),
-        ("gpt-tiny", (0, 2, 4, 6, 8), 4, "interleaved-1f1b")]
+        ("gpt-tiny", (0, 2, 4, 6, 8), 4, "interleaved-1f1b"), ("mlp", (0, 2, 3, 6, 10), 8, "zbv"),
+        ("gpt-tiny", (0, 2, 4, 6, 8), 8, "zbv"), ("gpt-tiny", (0, 2, 4, 6, 8), 4, "zbv")]
 
 
-def two_stage(bounds: tuple[int, ...]) -> tuple[int, ...]:
-    """The one-chunk-per-rank split closest to a looped one: rank 0's layers first."""
-    first = sum(b - a for c, (a, b) in enumerate(itertools.pairwise(bounds)) if c % 2 == 0)
+def two_stage(bounds: tuple[int, ...], schedule: str = "") -> tuple[int, ...]:
+    """The one-chunk-per-rank split closest to a looped (or ZBV's V) one: rank 0's layers first."""
+    ranks = (0, 1, 1, 0) if schedule == "zbv" else (0, 1) * ((len(bounds) - 1) // 2)
+    first = sum(b - a for c, (a, b) in enumerate(itertools.pairwise(bounds)) if ranks[c] == 0)
     return (0, first, bounds[-1])
 
 
@@ -43,7 +47,7 @@ def against_torch(args: argparse.Namespace) -> None:
           "| vpipe_lab 1f1b on the 2-stage split (ms/it) | torch / vpipe_lab 1f1b |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, bounds, m, schedule in ROWS:
-        variants = [Variant("same", schedule), Variant("1f1b", "1f1b", bounds=two_stage(bounds))]
+        variants = [Variant("same", schedule), Variant("1f1b", "1f1b", bounds=two_stage(bounds, schedule))]
         times, _ = row(name, bounds, schedule, m, args.blocks, args.block, variants)
         print(f"| {name} | {split_label(bounds)} | {m} | {schedule} | {1e3 * statistics.median(times['torch']):.1f} | "
               f"{1e3 * statistics.median(times['same']):.1f} | {ratio(times['torch'], times['same'])} | "

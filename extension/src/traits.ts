@@ -41,8 +41,13 @@ export const EDITOR_TRAITS = {
     },
     boundaries: ints,
     stages: {
-      description: "the stages (devices); with more chunks than stages (virtual stages) chunk c runs on stage c % stages",
+      description: "the stages (devices); with more chunks than stages (virtual stages) chunk c runs on stage " +
+        "placement[c] (looped, c % stages, when placement is empty)",
       type: "integer", minimum: 1,
+    },
+    placement: {
+      description: "the stage of each chunk (ZBV: down the stages and back up); empty: chunk c on stage c % stages",
+      type: "array", items: { type: "integer", minimum: 0 },
     },
     policies,
     draft_boundaries: ints,

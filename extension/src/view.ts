@@ -172,14 +172,17 @@ export class PartitionView {
       block.addEventListener("click", () => this.onClick(i));
       return block;
     });
-    // With virtual stages the boundaries cut chunks, chunk c running on stage c % stages (looped placement): a
-    // block takes its stage's colour, and dragging moves chunk boundaries.
+    // With virtual stages the boundaries cut chunks, chunk c running on stage placement[c] (c % stages when it is
+    // not given: looped; ZBV's V goes down the stages and back): a block takes its stage's colour, a stage's later
+    // chunk a lighter shade, and dragging moves chunk boundaries.
     const stages = Math.max(1, this.model.get("stages") ?? bounds.length - 1);
     const virtual = bounds.length - 1 > stages;
+    const placement: number[] = this.model.get("placement") ?? [];
+    const stageOfChunk = (c: number): number => placement[c] ?? c % stages;
     layers.forEach((layer, i) => {
       const block = blocks[i] as HTMLDivElement;
       const chunk = stageOf(i, bounds);
-      const stage = chunk % stages;
+      const stage = stageOfChunk(chunk);
       const policy = policies[i] ?? "keep";
       block.classList.toggle("changed", chunk !== stageOf(i, committed) || policy !== (applied[i] ?? "keep"));
       block.dataset.policy = policy;
@@ -188,7 +191,7 @@ export class PartitionView {
       block.style.left = `${edges[i] ?? 0}px`;
       block.style.width = `${(edges[i + 1] ?? 0) - (edges[i] ?? 0)}px`;
       block.style.background = stageColor(stage);
-      block.style.opacity = virtual && Math.floor(chunk / stages) % 2 === 1 ? "0.7" : "";
+      block.style.opacity = virtual && Math.floor(chunk / stages) % 2 === 1 ? "0.7" : ""; // a stage's later chunk
       block.textContent = policy === "keep" ? "" : policy === "swap" ? "S" : "R";
       block.title = `${layer.name}: stage ${stage}${virtual ? ` (chunk ${chunk})` : ""}, ${policy}` +
         (layer.forward_ms !== undefined ? `, fwd ${layer.forward_ms.toFixed(2)} ms` : "") +
@@ -203,7 +206,7 @@ export class PartitionView {
     handles.forEach((handle, h) => {
       const b = h + 1;
       handle.title = (virtual
-        ? `boundary between chunk ${h} (stage ${h % stages}) and chunk ${b} (stage ${b % stages})`
+        ? `boundary between chunk ${h} (stage ${stageOfChunk(h)}) and chunk ${b} (stage ${stageOfChunk(b)})`
         : `boundary between stage ${h} and stage ${b}`) + ": drag to move layers";
       handle.className = "vpipe-handle" + (this.dragging?.index === b ? " dragging" : "");
       handle.style.left = `${edges[bounds[b] ?? 0] ?? 0}px`;

@@ -104,6 +104,17 @@ describe("PartitionView", () => {
     expect(q("boundary-2").title).toContain("chunk 1 (stage 1) and chunk 2 (stage 0)");
   });
 
+  it("follows the plan's placement: ZBV's V turns on the last stage", () => {
+    m.set("stages", 2);
+    m.set("placement", [0, 1, 1, 0]);
+    m.set("boundaries", [0, 2, 5, 7, 10]);
+    m.set("draft_boundaries", [0, 2, 5, 7, 10]);
+    expect([0, 2, 5, 7].map((i) => q(`layer-${i}`).dataset.stage)).toEqual(["0", "1", "1", "0"]);
+    expect(q("layer-5").title).toContain("stage 1 (chunk 2)");
+    expect(q("layer-7").style.background).toBe(q("layer-0").style.background);
+    expect(q("boundary-2").title).toContain("chunk 1 (stage 1) and chunk 2 (stage 1)");
+  });
+
   it("drags a boundary, redraws while moving and commits once on release", () => {
     pointer("pointerdown", q("boundary-1"), 500);
     pointer("pointermove", el.querySelector(".vpipe-bar") as HTMLElement, 310);

@@ -59,13 +59,14 @@ def test_gpt2_matches_plain_pytorch(stages: int, schedule: str, policies: str, b
     assert state["lm_head.weight"] is state["transformer.wte.weight"]  # the tie under both names, one tensor
 
 
-@pytest.mark.parametrize(("stages", "schedule"), [(1, "1f1b"), (2, "zb-h1"), (2, "interleaved-1f1b")])
+@pytest.mark.parametrize(("stages", "schedule"), [(1, "1f1b"), (2, "zb-h1"), (2, "interleaved-1f1b"), (2, "zbv")])
 def test_tied_sequential_matches_plain_pytorch(stages: int, schedule: str) -> None:
     """The tie used to be stepped twice (once per layer holding it); now one gradient, one update. The head's
     fused gradient and the embedding's autograd one add into the same .grad on one stage. Split into B and W
     (zb-h1), the head's weight gradient arrives in its W step and is still reduced with the embedding's; interleaved
-    (two chunks per stage), the tie is reduced between the first stage's first chunk and the last one's last."""
-    virtual = 2 if schedule == "interleaved-1f1b" else 1
+    (two chunks per stage), the tie is reduced between the first stage's first chunk and the last one's last; under
+    ZBV both ends of the tie are stage 0's two chunks."""
+    virtual = 2 if schedule in ("interleaved-1f1b", "zbv") else 1
     names, losses, state = pipelined(zoo.tied_sequential, zoo.token_data, None, zoo.adamw, stages=stages,
                                      schedule=schedule, fused_wgrad=0, virtual_stages=virtual)
     assert names[0] == "0:Embedding" and names[-1] == "5:Linear"

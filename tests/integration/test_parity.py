@@ -110,5 +110,39 @@ def test_interleaved_stages_migrate_switch_schedules_and_resume(tmp_path) -> Non
     assert_matches(state, model)
 
 
+def test_zbv_stages_migrate_switch_schedules_and_resume(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Live from interleaved 1F1B to ZBV (layers move, the loss moves to stage 0, the turn's two chunks join on
+    stage 1), to other ZBV boundaries and policies, to 1F1B, a checkpoint, and a resume under ZBV: every loss and
+    tensor as plain PyTorch's."""
+    plan = Plan((0, 2, 5, 7, 10), tuple("ksrrskksrk"), 4, "interleaved-1f1b", 2)
+    with vpipe_lab.launch("mlp", stages=2, microbatches=4, schedule="interleaved-1f1b", plan=plan, device="cpu",
+                          timeout=60) as session:
+        session.run(1)
+        session.wait(timeout=120)
+        assert session.apply(Plan((0, 2, 5, 7, 10), tuple("ksrrskksrk"), 4, "zbv", 2)) == 1
+        assert session.layers_by_stage() == [[0, 1, 7, 8, 9], [2, 3, 4, 5, 6]]
+        session.run(2)
+        session.wait(timeout=120)
+        assert session.apply(Plan((0, 3, 4, 8, 10), tuple("kkrskkrkkk"), 4, "zbv", 2)) == 3
+        session.run(1)
+        session.wait(timeout=120)
+        assert session.apply(Plan((0, 5, 10), tuple("k" * 10), 4, "1f1b")) == 4
+        session.run(1)
+        session.wait(timeout=120)
+        session.save(tmp_path / "ckpt")
+        losses = list(session.metrics.iterations["loss"])
+    model, ref_losses = reference.train(mlp.model, mlp.data, mlp.loss, mlp.optimizer, iterations=7, microbatches=4)
+    assert losses == pytest.approx(ref_losses[:5], rel=1e-5)
+    with vpipe_lab.launch("mlp", stages=2, microbatches=4, schedule="zbv", device="cpu", timeout=60,
+                          resume=tmp_path / "ckpt") as session:
+        assert session.plan.schedule == "zbv" and session.plan.placement == (0, 1, 1, 0)
+        session.run(2)
+        session.wait(timeout=120)
+        resumed = list(session.metrics.iterations["loss"])[-2:]
+        state = session.state_dict()
+    assert resumed == pytest.approx(ref_losses[5:], rel=1e-5)
+    assert_matches(state, model)
+
+
 def mlp_model_after(iterations: int) -> torch.nn.Module:
     return reference.train(mlp.model, mlp.data, mlp.loss, mlp.optimizer, iterations=iterations, microbatches=4)[0]

@@ -38,14 +38,15 @@ def test_two_replicas_of_two_stages_match_one_process_across_a_migration() -> No
     reference.assert_state_matches(state, model)
 
 
-def test_replicated_gpt_with_ties_dropout_and_global_clipping() -> None:
-    """gpt-tiny (dropout, embedding tied to the LM head across stages) in 2 replicas with clip_grad_norm, each
-    replica interleaved over two chunks per stage: each replica's micro-batches draw the global batch's dropout
-    masks, tied gradients are reduced inside each replica, and the clipping norm is the whole model's over the
-    global batch."""
-    plan = Plan((0, 2, 4, 6, 8), ("keep",) * 8, 2, "interleaved-1f1b", 2)
+@pytest.mark.parametrize("schedule", ["interleaved-1f1b", "zbv"])
+def test_replicated_gpt_with_ties_dropout_and_global_clipping(schedule: str) -> None:
+    """gpt-tiny (dropout, embedding tied to the LM head) in 2 replicas with clip_grad_norm, each replica over two
+    chunks per stage (interleaved: the tie across stages; ZBV: both ends on stage 0, which also computes the loss):
+    each replica's micro-batches draw the global batch's dropout masks, tied gradients are reduced inside each
+    replica, and the clipping norm is the whole model's over the global batch."""
+    plan = Plan((0, 2, 4, 6, 8), ("keep",) * 8, 2, schedule, 2)
     with vpipe_lab.launch("gpt-tiny", stages=2, replicas=2, microbatches=2, plan=plan, clip_grad_norm=0.5,
-                          schedule="interleaved-1f1b", virtual_stages=2, device="cpu", timeout=90) as session:
+                          schedule=schedule, virtual_stages=2, device="cpu", timeout=90) as session:
         session.run(2)
         session.wait(timeout=180)
         frame = session.metrics.iterations

@@ -23,7 +23,7 @@ from vpipe_lab.core import checks, scaling
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
 from vpipe_lab.core.migration import LayerMove, layer_moves, migration_time_s, moved_bytes
-from vpipe_lab.core.plan import AUTO, SCHEDULES, Plan
+from vpipe_lab.core.plan import AUTO, CHUNKED, SCHEDULES, Plan, default_virtual_stages
 from vpipe_lab.core.planner import search
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.report import human_bytes
@@ -212,8 +212,10 @@ class Live:
             result = search(profile, cluster, batch_size=profile.microbatch_size * current.microbatches,
                             schedule=schedule, method=method, current=current)
         else:
+            # a chunked schedule keeps the session's chunks per stage (or takes its default when it is new)
+            virtual = current.virtual_stages if schedule == current.schedule else default_virtual_stages(schedule)
             result = search(profile, cluster, microbatches=current.microbatches, schedule=schedule,
-                            method=method, current=current)
+                            method=method, current=current, virtual_stages=virtual if schedule in CHUNKED else 1)
         now = estimate(current, profile, cluster).iteration_s
         if result.microbatch_size is not None:
             profile = scaling.at(profile, result.microbatch_size)  # the costs the chosen plan runs with

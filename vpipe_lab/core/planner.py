@@ -198,15 +198,12 @@ def search(
         return _search_schedules(profile, cluster, microbatches=microbatches, batch_size=batch_size, method=method,
                                  current=current, node_limit=node_limit, counts=counts)
     if schedule in CHUNKED or virtual_stages != 1:
-        if schedule not in CHUNKED:
-            raise PlanError(f"virtual_stages={virtual_stages} needs schedule='interleaved-1f1b' (or 'zbv', which "
-                            f"runs 2), not {schedule!r}")
-        if schedule == "zbv" and virtual_stages not in (1, 2):
-            raise PlanError(f"zbv runs 2 chunks per stage (a V), not virtual_stages={virtual_stages}")
-        if batch_size is not None:
-            raise PlanError(f"{schedule} plans a fixed micro-batch count: give microbatches, not batch_size")
-        if microbatches is None:
-            raise PlanError("give microbatches (how many per iteration, a multiple of the stages)")
+        if schedule not in CHUNKED or (schedule == "zbv" and virtual_stages not in (1, 2)):
+            raise PlanError(f"virtual_stages={virtual_stages} does not go with schedule={schedule!r}: "
+                            "interleaved-1f1b takes any count, zbv runs 2 (a V)")
+        if batch_size is not None or microbatches is None:
+            raise PlanError(f"{schedule} plans a fixed micro-batch count: give microbatches (how many per iteration, "
+                            "a multiple of the stages), not batch_size")
         virtual = 2 if schedule == "zbv" else virtual_stages
         return _chunked(profile, cluster, microbatches, schedule, virtual, method, current)
     if batch_size is not None:
@@ -255,9 +252,7 @@ def _candidates(profile: ModelProfile, cluster: Cluster, microbatches: int | Non
     out = [(s, 1) for s in SCHEDULES if s not in CHUNKED]
     if microbatches is not None and microbatches % cluster.stages == 0:
         out += [("interleaved-1f1b", v) for v in (2, 3, 4) if cluster.stages * v <= len(profile.layers)]
-    if microbatches is not None and cluster.stages * 2 <= len(profile.layers):
-        out.append(("zbv", 2))
-    return out
+    return out + ([("zbv", 2)] if microbatches is not None and cluster.stages * 2 <= len(profile.layers) else [])
 
 
 def _fastest(attempts: Iterable[tuple[K, Callable[[], PlanResult]]]

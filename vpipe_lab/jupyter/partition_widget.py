@@ -63,7 +63,8 @@ class PartitionEditor(anywidget.AnyWidget):
     _esm = STATIC / "partition.js"
     layers = traitlets.List(traitlets.Dict()).tag(sync=True)
     boundaries = traitlets.List(traitlets.Int()).tag(sync=True)
-    stages = traitlets.Int(1).tag(sync=True)  # with virtual stages, boundaries cut chunks; chunk c on stage c % stages
+    stages = traitlets.Int(1).tag(sync=True)  # with virtual stages, boundaries cut chunks; chunk c on placement[c]
+    placement = traitlets.List(traitlets.Int()).tag(sync=True)  # each chunk's stage (Plan.placement)
     policies = traitlets.List(traitlets.Unicode()).tag(sync=True)
     draft_boundaries = traitlets.List(traitlets.Int()).tag(sync=True)
     draft_policies = traitlets.List(traitlets.Unicode()).tag(sync=True)
@@ -100,6 +101,7 @@ class PartitionEditor(anywidget.AnyWidget):
         with self.hold_sync():
             self.boundaries = list(plan.boundaries)
             self.stages = plan.stages
+            self.placement = list(plan.placement)
             self.policies = [p.value for p in plan.policies]
             self.draft_boundaries = list(plan.boundaries)
             self.draft_policies = [p.value for p in plan.policies]
@@ -215,6 +217,7 @@ class PartitionEditor(anywidget.AnyWidget):
         with self.hold_sync():
             self.boundaries = list(plan.boundaries)
             self.stages = plan.stages
+            self.placement = list(plan.placement)
             self.policies = [p.value for p in plan.policies]
             self.status = {"state": "applied", "message": message, "iteration": int(iteration or 0)}
         self._work.put(("refresh", None))

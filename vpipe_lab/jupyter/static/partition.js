@@ -209,10 +209,12 @@ var PartitionView = class {
     });
     const stages = Math.max(1, this.model.get("stages") ?? bounds.length - 1);
     const virtual = bounds.length - 1 > stages;
+    const placement = this.model.get("placement") ?? [];
+    const stageOfChunk = (c) => placement[c] ?? c % stages;
     layers.forEach((layer, i) => {
       const block = blocks[i];
       const chunk = stageOf(i, bounds);
-      const stage = chunk % stages;
+      const stage = stageOfChunk(chunk);
       const policy = policies[i] ?? "keep";
       block.classList.toggle("changed", chunk !== stageOf(i, committed) || policy !== (applied[i] ?? "keep"));
       block.dataset.policy = policy;
@@ -233,7 +235,7 @@ var PartitionView = class {
     });
     handles.forEach((handle, h) => {
       const b = h + 1;
-      handle.title = (virtual ? `boundary between chunk ${h} (stage ${h % stages}) and chunk ${b} (stage ${b % stages})` : `boundary between stage ${h} and stage ${b}`) + ": drag to move layers";
+      handle.title = (virtual ? `boundary between chunk ${h} (stage ${stageOfChunk(h)}) and chunk ${b} (stage ${stageOfChunk(b)})` : `boundary between stage ${h} and stage ${b}`) + ": drag to move layers";
       handle.className = "vpipe-handle" + (this.dragging?.index === b ? " dragging" : "");
       handle.style.left = `${edges[bounds[b] ?? 0] ?? 0}px`;
       this.bar.append(handle);

@@ -1,0 +1,42 @@
+"""Iteration time of the synchronous 1F1B-shaped schedules and GPipe from per-stage times per micro-batch (the cost
+model's closed forms, ``core/costmodel.py``; the chunked schedules' are ``CostModel.chunks_iteration_s``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def iteration_time(forward: Sequence[float], backward: Sequence[float], microbatches: int, schedule: str,
+                   wgrad: Sequence[float] = (), latency_s: float = 0.0, inflight: Sequence[int] = ()) -> float:
+    """Iteration time of a synchronous pipeline from per-stage forward and backward time per micro-batch (and, for
+    ZB-H1, the weight-gradient part of each backward), each transfer arriving ``latency_s`` after its send, with
+    ``inflight[s]`` micro-batches between stage s's forward and backward (1F1B-shaped schedules; see ``period``)."""
+    total = [f + b for f, b in zip(forward, backward)]
+    fill = 2 * (len(total) - 1) * latency_s  # the first forward and the last backward cross every link
+    if schedule == "gpipe":
+        return sum(total) + fill + (microbatches - 1) * (max(forward) + max(backward))
+    if schedule == "zb-h1":  # a stage's own weight steps wait for its gradients; later stages' may delay them
+        weights = list(wgrad) or [0.0] * len(total)
+        step = period(total, latency_s, inflight, [t - w for t, w in zip(total, weights)])
+        slowest = max(range(len(total)), key=lambda s: total[s])
+        return microbatches * step + fill + sum(max(0.0, t - 2 * w) for s, (t, w) in enumerate(zip(total, weights))
+                                                if s != slowest)
+    return sum(total) + fill + (microbatches - 1) * period(total, latency_s, inflight)
+
+
+def period(total: Sequence[float], latency_s: float, inflight: Sequence[int] = (),
+           own: Sequence[float] | None = None) -> float:
+    """The steady state's time per micro-batch of a 1F1B-shaped schedule: the slowest stage, or, when transfers take
+    long, a round trip over the micro-batches in flight. Stage ``s`` holds ``inflight[s]`` micro-batches between a
+    forward and its backward, and each makes a round trip of ``sum(T[s:]) + 2 (K - 1 - s) latency`` (its own and the
+    later stages' work, and a transfer each way per link), so by Little's law a micro-batch leaves it no faster than
+    every round trip over ``inflight[s]``. That is what eager 1F1B's extra micro-batch in flight buys: the latency
+    that 1F1B's ``K - s`` leave on the critical path. ``own`` is a stage's part of its own round trips where it is
+    not all of its ``total`` (ZB-H1: without its weight steps, which fill its wait for the gradient)."""
+    k = len(total)
+    step = max(total)
+    if latency_s > 0 and inflight:
+        for s in range(k):
+            mine = total[s] if own is None else own[s]
+            step = max(step, (mine + sum(total[s + 1:]) + 2 * (k - 1 - s) * latency_s) / max(1, inflight[s]))
+    return step
