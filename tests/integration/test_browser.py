@@ -132,25 +132,33 @@ def test_every_dashboard_display_draws_fits_and_survives_stop_on_a_loaded_machin
             kc.stop_channels()
 
 
-def test_interleaved_stages_draw_a_lane_per_chunk(lab: Lab) -> None:
+@pytest.mark.parametrize("schedule", ["interleaved-1f1b", "zbv"])
+def test_interleaved_stages_draw_a_lane_per_chunk(lab: Lab, schedule: str) -> None:
+    """Two chunks per stage draw two lanes per stage; under ZBV the editor colours the V: stage 0 holds the first
+    and the last two layers, stage 1 the middle four."""
     cells = ["%load_ext vpipe_lab",
-             "%vpipe start gpt-tiny --stages 2 --microbatches 4 --schedule interleaved-1f1b --device cpu --run 40",
-             "%vpipe dashboard", "%vpipe stop"]  # all but the last run from the page; the kernel stops it
-    write_notebook(lab.root / "chunks.ipynb", cells)
+             f"%vpipe start gpt-tiny --stages 2 --microbatches 4 --schedule {schedule} --device cpu --run 40",
+             "%vpipe dashboard", "%vpipe editor", "%vpipe stop"]  # all but the last run from the page
+    name = f"chunks-{schedule}.ipynb"
+    write_notebook(lab.root / name, cells)
     lanes = ["stage 0 · c0", "stage 0 · c1", "stage 1 · c0", "stage 1 · c1"]  # two chunks per stage by default
     with chromium(1400, 1000) as page:
-        open_notebook(page, lab, "chunks.ipynb")
+        open_notebook(page, lab, name)
         run_cells(page, "notebook:run-all-above", below=len(cells) - 1)
         page.wait_for_function(f"""() => {{ const views = ({LIVE_REPORT_JS})();
             return views.length === 1 && views[0].panels.timeline.count >= 16
                    && views[0].panels.timeline.ticks.length === 4; }}""", timeout=180_000)
+        page.locator('[data-testid="layer-7"]').wait_for(state="attached", timeout=60_000)
         page.wait_for_timeout(1000)
         view = live_views(page)[0]
         timeline = view["panels"]["timeline"]
         assert timeline["ticks"] == lanes and drawn(view) and clipped(view) == []
         assert timeline["tickLeft"] >= timeline["svg"]["x"]  # the lanes' names fit in the plot's margin
-        page.screenshot(path=str(ARTIFACTS / "interleaved.png"), full_page=True)
-    kc = kernel_client(lab, "chunks.ipynb")
+        stages = page.evaluate("[...Array(8).keys()].map(i => document.querySelector(`[data-testid=\"layer-${i}\"]`)"
+                               ".dataset.stage)")
+        assert stages == (list("00110011") if schedule == "interleaved-1f1b" else list("00111100"))
+        page.screenshot(path=str(ARTIFACTS / f"{schedule}.png"), full_page=True)
+    kc = kernel_client(lab, name)
     try:
         assert "no worker process is left" in ask(kc, "%vpipe stop")
     finally:

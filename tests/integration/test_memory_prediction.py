@@ -27,7 +27,7 @@ def measure(policies: str, schedule: str) -> tuple[dict[int, int], vpipe_lab.Mod
     return resident, profile
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("schedule", [s for s in SCHEDULES if s != "zbv"])  # one chunk per stage (ZBV: below)
 def test_measured_savings_match_the_cost_model(schedule: str) -> None:
     keep = "k" * 10
     mixed = "srkr" + "rsskrk"  # swap and recompute on both stages
@@ -42,6 +42,28 @@ def test_measured_savings_match_the_cost_model(schedule: str) -> None:
         measured_saving = measured_keep[stage] - measured_mixed[stage]
         assert predicted_saving > 0
         assert measured_saving == pytest.approx(predicted_saving, rel=0.10), (stage, measured_keep, measured_mixed)
+
+
+def test_zbv_holds_what_the_cost_model_says_on_both_stages() -> None:
+    """ZBV's stages hold their two chunks' activations along its order (forwards awaiting B, backwards awaiting W):
+    each stage's measured peak against the cost model's, within 5% with everything kept; with swap and recompute
+    mixed in the cost model stays an upper bound within 15% (it charges two micro-batches of a swapped layer and a
+    rebuilt layer's activations on top of its saved input, which the rebuild in fact replaces)."""
+    for policies in ("k" * 10, "krkr" + "kkskrk"):
+        plan = Plan((0, 2, 4, 7, 10), tuple(policies), 4, "zbv", 2)
+        with vpipe_lab.launch("mlp", stages=2, microbatches=4, schedule="zbv", plan=plan, device="cpu",
+                              timeout=60) as s:
+            s.run(3)
+            s.wait(timeout=120)
+            mem = s.metrics.memory
+            last = mem[mem["iteration"] == mem["iteration"].max()]
+            measured = {int(r.stage): int(r.activations) for r in last.itertuples()}
+            profile = s.profile()
+        est = CostModel(profile, Cluster(2, 10**12, 1e9, 1e9), 4, "zbv", 2).estimate(plan)
+        for stage in (0, 1):  # activations held, and a recomputed layer's rebuild on top (the cost model's peak)
+            predicted = est.peak_bytes[stage] - est.static_bytes[stage]
+            low = 0.95 if set(policies) == {"k"} else 0.85
+            assert low * predicted <= measured[stage] <= 1.05 * predicted, (policies, stage, measured, predicted)
 
 
 def test_eager_1f1b_holds_one_more_micro_batch_where_the_cost_model_says() -> None:

@@ -98,7 +98,7 @@ def launch(
     ``nn.Linear`` (and HuggingFace ``Conv1D``) whose weight has at least 2**18 elements add its weight gradient
     into ``.grad`` inside the backward's GEMM, not as a new tensor added afterwards: one pass over each weight less
     per micro-batch (see ``runtime/engine/wgrad.py``); a number sets that size (0: every linear layer), False turns it off.
-    ``virtual_stages`` V > 1 (with ``schedule="interleaved-1f1b"``, 2 unless given) gives each stage V chunks of the
+    ``virtual_stages`` V > 1 (with ``schedule="interleaved-1f1b"``; unless given, the plan's, else 2) gives each stage V chunks of the
     model in looped placement; the plan then has ``stages * V + 1`` boundaries (see ``core/interleaved.py``).
     ``schedule="zbv"`` gives each stage two chunks in V placement (``core/zbv.py``): stage s holds chunks s and
     2 stages - 1 - s, and stage 0 computes the loss.
@@ -117,7 +117,8 @@ def launch(
         raise ValueError(f"fused_wgrad must be True, False or the smallest weight to fuse (elements, >= 0), got "
                          f"{fused_wgrad!r}")
     checks.count(replicas, "replicas")
-    virtual_stages = default_virtual_stages(schedule) if virtual_stages is None else virtual_stages
+    if virtual_stages is None:  # the given plan's chunks per stage, else the schedule's default
+        virtual_stages = plan.virtual_stages if plan is not None else default_virtual_stages(schedule)
     checks.count(virtual_stages, "virtual_stages")
     if schedule == "zbv" and virtual_stages != 2:
         raise ValueError(f"zbv runs two chunks per stage (a V), not virtual_stages={virtual_stages}: leave it out")

@@ -78,16 +78,18 @@ class StageCost:
 def chunks_peak(costs: Sequence[StageCost], held: Sequence[tuple[int, ...]] = ()) -> int:
     """A stage's peak bytes from its chunks' costs: their statics, the activations held at the stage's peak, and the
     largest rebuild (one chunk at a time runs its backward). Interleaved 1F1B: the largest chunk's activations at
-    the stage's peak count of chunk-forwards in flight. With ``held`` (ZBV: each state of (forwards awaiting B per
-    chunk, backwards awaiting W per chunk) along the stage's order, ``zbv.held``) the largest of those states
-    weighted by the chunks' bytes per micro-batch, plus both chunks' swap buffers."""
+    the stage's peak count of chunk-forwards in flight. With ``held`` (ZBV, two chunks: each state of (forwards
+    awaiting B per chunk, backwards awaiting W per chunk, the chunk whose B comes next or -1) along the stage's
+    order, ``zbv.held``) the largest of those states weighted by the chunks' bytes per micro-batch, a state before a
+    B with that chunk's rebuild on top, plus both chunks' swap buffers."""
+    static = sum(c.static_bytes for c in costs)
     if held:
         n = len(costs)
         acts = max(sum(h[i] * costs[i].resident_bytes + h[n + i] * costs[i].wait_bytes for i in range(n))
-                   for h in held) + sum(c.swap_buffer_bytes for c in costs)
-    else:
-        acts = max(c.activation_bytes + c.swap_buffer_bytes for c in costs)
-    return sum(c.static_bytes for c in costs) + acts + max(c.rebuild_bytes for c in costs)
+                   + (costs[h[-1]].rebuild_bytes if h[-1] >= 0 else 0) for h in held)
+        return static + acts + sum(c.swap_buffer_bytes for c in costs)
+    acts = max(c.activation_bytes + c.swap_buffer_bytes for c in costs)
+    return static + acts + max(c.rebuild_bytes for c in costs)
 
 
 def policy_overhead(recompute_s: float, swap_bytes: int, hide_s: float, bandwidth: float) -> float:
@@ -152,7 +154,7 @@ class CostModel:
         ahead = 1 if self.schedule == "eager-1f1b" and stage < self.stages - 1 else 0
         return min(self.microbatches, self.stages - stage + ahead)
 
-    def zbv_held(self, rank: int) -> tuple[tuple[int, int, int, int], ...]:
+    def zbv_held(self, rank: int) -> tuple[tuple[int, int, int, int, int], ...]:
         """ZBV: what ``rank`` holds along its order (``zbv.held``)."""
         return zbv.held(self.stages, self.microbatches, rank)
 
@@ -355,7 +357,9 @@ class CostModel:
         it = self.chunks_time_s(costs)
         static = tuple(sum(c.static_bytes for c in cs) for cs in mine)
         peaks = tuple(self.rank_peak(r, cs) for r, cs in enumerate(mine))
-        held = tuple(p - st - max(c.rebuild_bytes for c in cs) for p, st, cs in zip(peaks, static, mine))
+        # held activations: without the largest rebuild, or (ZBV) with the rebuild its peak state runs into
+        rebuilds = [0 if self.schedule == "zbv" else max(c.rebuild_bytes for c in cs) for cs in mine]
+        held = tuple(p - st - r for p, st, r in zip(peaks, static, rebuilds))
         busy = sum(total) * m
         return Estimate(
             iteration_s=it, stage_s=total, peak_bytes=peaks, budget_bytes=self.cluster.budgets,

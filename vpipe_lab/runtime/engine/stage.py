@@ -341,9 +341,9 @@ class Stage:
         with split as added:  # a split backward leaves its weight GEMMs for the W step
             if outs:
                 torch.autograd.backward(outs, grad_tensors=grad_list)
-        self.ledger.add(mb, -1 - chunk, wgrad.held_bytes(added))  # what W needs held until it runs, under no layer
-        for index in segment:
+        for index in segment:  # the saved activations are gone by now; W's inputs may be some of them, kept
             self.swap.release(mb, index)
+        self.ledger.add(mb, -1 - chunk, wgrad.held_bytes(added))  # what W needs held until it runs, under no layer
         grads_in = tuple(leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in leaves)
         if timer is not None:
             st = self.layers[segment[0]].stats
