@@ -98,8 +98,9 @@ def launch(
     ``nn.Linear`` (and HuggingFace ``Conv1D``) whose weight has at least 2**18 elements add its weight gradient
     into ``.grad`` inside the backward's GEMM, not as a new tensor added afterwards: one pass over each weight less
     per micro-batch (see ``runtime/engine/wgrad.py``); a number sets that size (0: every linear layer), False turns it off.
-    ``virtual_stages`` V > 1 (with ``schedule="interleaved-1f1b"``; unless given, the plan's, else 2) gives each stage V chunks of the
-    model in looped placement; the plan then has ``stages * V + 1`` boundaries (see ``core/interleaved.py``).
+    ``virtual_stages`` V > 1 (with ``schedule="interleaved-1f1b"``; unless given, the plan's, else 2) gives each
+    stage V chunks of the model in looped placement; the plan then has ``stages * V + 1`` boundaries (see
+    ``core/interleaved.py``).
     ``schedule="zbv"`` gives each stage two chunks in V placement (``core/zbv.py``): stage s holds chunks s and
     2 stages - 1 - s, and stage 0 computes the loss.
     """
