@@ -3,7 +3,8 @@
     python benchmarks/schedule_table.py [--device rtx2080ti] [--workloads bert-48 gpt-cpm-large]
 
 For every bundled workload, stage count K and micro-batch count M, each schedule is planned on its own (vPipe's
-search for GPipe, 1F1B and ZB-H1; the chunk planner of ``core/planner.py`` for interleaved 1F1B with V = 2 and 4),
+search for GPipe, 1F1B and ZB-H1; the chunk planner of ``core/planner.py`` for interleaved 1F1B with V = 2 and 4 and
+for ZBV),
 its plan is replayed by the simulator (``core/simulator.py``), and the table gives 1F1B's simulated time over each
 one's (above 1: faster than 1F1B); "-" where the schedule fits no plan in the device's memory. Every number comes from
 the cost model and the analytic profiles of ``core/workloads.py``: no device runs here, the memory budgets are the
@@ -19,7 +20,7 @@ from vpipe_lab.core.errors import InfeasiblePlan, PlanError
 from vpipe_lab.core.planner import search
 from vpipe_lab.core.simulator import simulate
 
-CANDIDATES = (("gpipe", 1), ("zb-h1", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4))
+CANDIDATES = (("gpipe", 1), ("zb-h1", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4), ("zbv", 2))
 
 
 def simulated(name: str, device: str, k: int, m: int, schedule: str, virtual: int) -> float | None:
@@ -38,7 +39,7 @@ def main() -> None:
     ap.add_argument("--stages", nargs="+", type=int, default=[4, 8])
     ap.add_argument("--microbatches", nargs="+", type=int, default=[8, 16, 32])
     args = ap.parse_args()
-    labels = [s if v == 1 else f"{s} V={v}" for s, v in CANDIDATES]
+    labels = [s if v == 1 or s == "zbv" else f"{s} V={v}" for s, v in CANDIDATES]
     print("| workload | K | M | 1f1b simulated (s) | " + " | ".join(f"{label} vs 1f1b" for label in labels) + " |")
     print("|---|---|---|---|" + "---|" * len(labels))
     for name in args.workloads:

@@ -107,13 +107,13 @@ def test_fp16_overflow_skips_the_same_step_on_every_stage() -> None:
         assert torch.equal(value, after[key]), key
 
 
-@pytest.mark.parametrize("virtual", [1, 2])
-def test_evaluate_is_forward_only_and_changes_nothing(virtual: int) -> None:
+@pytest.mark.parametrize(("virtual", "schedule"), [(1, "1f1b"), (2, "interleaved-1f1b"), (2, "zbv")])
+def test_evaluate_is_forward_only_and_changes_nothing(virtual: int, schedule: str) -> None:
     """Session.evaluate: the mean loss of the model in eval mode (dropout off) over N batches, equal to plain
     PyTorch's; training afterwards is unchanged (same losses as a run without the evaluation). With two virtual
-    stages per rank (interleaved 1F1B) each micro-batch crosses both ranks twice, a tag per chunk."""
-    plan = (Plan((0, 4, 8), ("keep",) * 8, 2, "1f1b") if virtual == 1 else
-            Plan((0, 2, 4, 6, 8), ("keep",) * 8, 2, "interleaved-1f1b", virtual))
+    stages per rank (interleaved 1F1B) each micro-batch crosses both ranks twice, a tag per chunk; under ZBV it
+    turns on stage 1 without a transfer and stage 0, which holds the targets, computes the loss."""
+    plan = Plan((0, 4, 8) if virtual == 1 else (0, 2, 4, 6, 8), ("keep",) * 8, 2, schedule, virtual)
     with vpipe_lab.launch("gpt-tiny", stages=2, microbatches=2, plan=plan, schedule=plan.schedule,
                           virtual_stages=virtual, device="cpu", timeout=90) as session:
         session.run(1)
