@@ -27,3 +27,7 @@ def test_the_cluster_is_what_the_ranks_measured_with_the_job_s_budgets() -> None
     assert cluster.memory_bytes == (2**30, 2**31) and cluster.swap_bandwidth == 5e9 and cluster.link_bandwidth == 2e9
     assert cluster.link_latency_s == 1e-4 and "2 x cpu" in cluster.name  # the slowest, a round trip halved
     assert isinstance(state.cluster(2, None).memory_bytes, int)  # no budget: the machine's memory split evenly
+    # CPU ranks copy swapped activations on their compute thread: nothing hides them; GPUs' copy engines do
+    assert not cluster.swap_overlaps
+    state.ready = {r: messages.ready(r, device="cuda:0") for r in (0, 1)}
+    assert state.cluster(2, None).swap_overlaps

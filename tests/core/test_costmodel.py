@@ -109,6 +109,7 @@ def test_policy_overhead() -> None:
     assert policy_overhead(2.0, 0, 5.0, 1.0) == 2.0
     assert policy_overhead(0.0, 10, 5.0, 1.0) == 5.0
     assert policy_overhead(6.0, 10, 5.0, 1.0) == 6.0
+    assert policy_overhead(6.0, 10, 5.0, 1.0, overlaps=False) == 6.0 + 2 * 10  # out and back in, nothing hides
 
 
 def test_over_budget_and_feasible() -> None:

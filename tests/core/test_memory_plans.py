@@ -24,7 +24,9 @@ def stage_problems(draw: st.DrawFn) -> tuple[CostModel, StageProblem]:
     m = draw(st.integers(1, 6))
     probe = CostModel(profile, Cluster(1, 10**12, 1e3, 1e9), m, "gpipe")
     keep = probe.keep_all_bytes(0, 0, n)
-    cluster = Cluster(1, max(1, int(keep * draw(st.floats(0.05, 1.1)))), draw(st.sampled_from([1e3, 1e4, 1e5])), 1e9)
+    # swaps beside the compute (GPU) or on the compute thread (CPU: additive, nothing hides)
+    cluster = Cluster(1, max(1, int(keep * draw(st.floats(0.05, 1.1)))), draw(st.sampled_from([1e3, 1e4, 1e5])), 1e9,
+                      swap_overlaps=draw(st.booleans()))
     cm = CostModel(profile, cluster, m, "gpipe")
     return cm, StageProblem.of(cm, 0, 0, n)
 

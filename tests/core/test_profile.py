@@ -45,9 +45,10 @@ def test_profile_errors_name_the_field() -> None:
 def test_cluster_budgets_and_json() -> None:
     c = Cluster(3, 1000, 1e9, 1e9)
     assert c.budgets == (1000, 1000, 1000)
-    per = Cluster(2, (10, 20), 1e9, 1e9, shared_link=True)
+    per = Cluster(2, (10, 20), 1e9, 1e9, shared_link=True, swap_overlaps=False)
     assert per.budgets == (10, 20)
-    assert Cluster.from_json(per.to_json()) == per
+    assert Cluster.from_json(per.to_json()) == per and not Cluster.from_json(per.to_json()).swap_overlaps
+    assert Cluster.from_dict({k: v for k, v in c.to_dict().items() if k != "swap_overlaps"}).swap_overlaps
     with pytest.raises(ProfileError, match="2 entries for 3 stages"):
         Cluster(3, (1, 2), 1e9, 1e9)
     with pytest.raises(ProfileError, match="swap_bandwidth"):

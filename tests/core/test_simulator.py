@@ -71,6 +71,21 @@ def test_swap_in_that_cannot_hide_delays_the_backward() -> None:
     assert len(slow.select(kind={"swap_out", "swap_in"})) == 4
 
 
+def test_swaps_on_the_compute_thread_add_their_copies_to_the_stage() -> None:
+    """CPU ranks copy on their compute thread (``Cluster.swap_overlaps=False``): a swap the copy engine would hide
+    costs its copy out and back in, in the replay and in the cost model alike (one stage: no bubble to hide in)."""
+    profile = ModelProfile((LayerCost("a", 1.0, 1.0, activation_bytes=1000, input_bytes=1, output_bytes=1,
+                                      param_bytes=1),))
+    plan = Plan((0, 1), "s", 2, "gpipe")
+    hidden = Cluster(1, 10**9, 1e3, 1e12)  # 1 s per copy: hidden by the cost model under 2 s of compute
+    on_compute = Cluster(1, 10**9, 1e3, 1e12, swap_overlaps=False)
+    keep = simulate(Plan((0, 1), "k", 2, "gpipe"), profile, hidden).iteration_s
+    exposed = simulate(plan, profile, on_compute)
+    assert math.isclose(exposed.iteration_s, keep + 2 * 2 * 1.0, rel_tol=1e-6)  # 2 micro-batches, out and in
+    assert math.isclose(estimate(plan, profile, on_compute).iteration_s, exposed.iteration_s, rel_tol=1e-6)
+    assert math.isclose(estimate(plan, profile, hidden).iteration_s, keep, rel_tol=1e-6)
+
+
 def test_recompute_spans_come_before_backward() -> None:
     profile = equal(1, 2)
     t = simulate(Plan((0, 2), "rk", 1, "1f1b"), profile, Cluster(1, 10**9, **FREE))

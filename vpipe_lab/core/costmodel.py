@@ -92,8 +92,13 @@ def chunks_peak(costs: Sequence[StageCost], held: Sequence[tuple[int, ...]] = ()
     return static + acts + max(c.rebuild_bytes for c in costs)
 
 
-def policy_overhead(recompute_s: float, swap_bytes: int, hide_s: float, bandwidth: float) -> float:
-    """Extra backward time of a stage's memory plan: recompute plus the swap transfer time not hidden by compute."""
+def policy_overhead(recompute_s: float, swap_bytes: int, hide_s: float, bandwidth: float,
+                    overlaps: bool = True) -> float:
+    """Extra backward time of a stage's memory plan: recompute plus the swap transfer time not hidden by compute;
+    without ``overlaps`` (copies on the compute thread, ``Cluster.swap_overlaps``) every byte is copied out and back
+    in on the stage's own time."""
+    if not overlaps:
+        return recompute_s + 2 * swap_bytes / bandwidth
     if swap_bytes <= 0:
         return recompute_s
     return max(recompute_s, swap_bytes / bandwidth - hide_s)
@@ -225,7 +230,10 @@ class CostModel:
         return total
 
     def hide_s(self, stage: int, lo: int, hi: int) -> float:
-        """Compute time per micro-batch under which swap transfers can hide."""
+        """Compute time per micro-batch under which swap transfers can hide (none where copies run on the compute
+        thread: ``Cluster.swap_overlaps``)."""
+        if not self.cluster.swap_overlaps:
+            return 0.0
         hide = self.compute_s(lo, hi)
         if self.cluster.shared_link:
             hide -= self.boundary_bytes(stage, lo, hi) / self.cluster.swap_bandwidth
@@ -263,7 +271,8 @@ class CostModel:
                 rebuilt = max(rebuilt, self.act[i])
             else:
                 swapped += self.act[i]
-        extra = policy_overhead(recompute, swapped, self.hide_s(stage, lo, hi), self.cluster.swap_bandwidth)
+        extra = policy_overhead(recompute, swapped, self.hide_s(stage, lo, hi), self.cluster.swap_bandwidth,
+                                self.cluster.swap_overlaps)
         fwd, bwd = self.base_times(stage, lo, hi)
         return StageCost(
             forward_s=fwd,

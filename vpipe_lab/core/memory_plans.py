@@ -1,9 +1,10 @@
 """Per-stage memory plans: which layers to keep, swap or recompute so a stage fits its budget at least cost.
 
-Both solvers minimise the stage's extra backward time ``max(recompute_s, swap_bytes / bandwidth - hide_s)`` (see
-``costmodel.policy_overhead``) subject to the stage's peak memory fitting its budget. ``greedy`` is vPipe's rule (swap
-the largest activations while the transfers hide, then recompute by bytes freed per second); ``exact`` is a
-branch-and-bound that proves its answer optimal unless it runs out of nodes.
+Both solvers minimise the stage's extra backward time ``max(recompute_s, swap_bytes / bandwidth - hide_s)``, or
+``recompute_s + 2 swap_bytes / bandwidth`` where copies run on the compute thread (see ``costmodel.policy_overhead``),
+subject to the stage's peak memory fitting its budget. ``greedy`` is vPipe's rule (swap the largest activations while
+the transfers hide, then recompute by bytes freed per second); ``exact`` is a branch-and-bound that proves its answer
+optimal unless it runs out of nodes.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class StageProblem:
     need_bytes: int
     hide_s: float
     bandwidth: float
+    overlaps: bool = True  # swaps beside the compute (GPU); False: on the compute thread (CPU), nothing hides
 
     swap_save: tuple[int, ...] = ()
     rec_save: tuple[int, ...] = ()
@@ -57,6 +59,7 @@ class StageProblem:
             need_bytes=cm.keep_all_bytes(stage, lo, hi) - cm.budget(stage),
             hide_s=cm.hide_s(stage, lo, hi),
             bandwidth=cm.cluster.swap_bandwidth,
+            overlaps=cm.cluster.swap_overlaps,
         )
 
     def swap_saving(self, i: int) -> int:
@@ -82,7 +85,8 @@ class StageSolution:
 def _solution(p: StageProblem, policies: list[Policy], proven: bool = True) -> StageSolution:
     rho = sum(p.forward_s[i] for i, x in enumerate(policies) if x is _R)
     sigma = sum(p.activation[i] for i, x in enumerate(policies) if x is _S)
-    return StageSolution(tuple(policies), policy_overhead(rho, sigma, p.hide_s, p.bandwidth), rho, sigma, proven)
+    extra = policy_overhead(rho, sigma, p.hide_s, p.bandwidth, p.overlaps)
+    return StageSolution(tuple(policies), extra, rho, sigma, proven)
 
 
 def keep_all(p: StageProblem) -> StageSolution:
@@ -106,6 +110,8 @@ def greedy(p: StageProblem) -> StageSolution | None:
 
     def swap_hidden() -> None:
         nonlocal remaining, sigma
+        if not p.overlaps:  # nothing hides a copy on the compute thread
+            return
         for i in by_size:
             if remaining <= 0:
                 return
@@ -206,8 +212,14 @@ class _Search:
         """A lower bound on the extra time of any completion: the remaining bytes freed at the best rate recompute
         or swap can offer (a layer may count for both, which only loosens the bound)."""
         p = self.p
-        cur = policy_overhead(rho, sigma, p.hide_s, p.bandwidth)
+        cur = policy_overhead(rho, sigma, p.hide_s, p.bandwidth, p.overlaps)
         swap_rate = p.inflight - swap_buffers(p.inflight)
+        if not p.overlaps:  # additive: every byte swapped costs 2 / bandwidth, no recompute hides anything
+            left = remaining - self.free_rec[j]
+            if left <= 0:
+                return cur
+            fastest = self.best_rate[j] + (swap_rate * p.bandwidth / 2 if self.rest_act[j] > 0 else 0.0)
+            return cur + left / fastest if fastest > 0 else math.inf
         free_swap = max(0.0, p.bandwidth * (p.hide_s + cur) - sigma)
         remaining_f = remaining - swap_rate * min(self.rest_act[j], free_swap) - self.free_rec[j]
         remaining_f -= self.best_rate[j] * (cur - rho)
@@ -225,7 +237,7 @@ class _Search:
             return
         p = self.p
         if remaining <= 0:
-            cost = policy_overhead(rho, sigma, p.hide_s, p.bandwidth)
+            cost = policy_overhead(rho, sigma, p.hide_s, p.bandwidth, p.overlaps)
             if cost < self.best:
                 self.best = cost
                 self.best_choice = list(self.choice[:j]) + [_K] * (len(self.order) - j)

@@ -229,7 +229,9 @@ class Cluster:
     neighbouring stages. ``shared_link`` says inter-stage traffic crosses the same link as swaps (no NVLink), so it
     eats into the budget that hides swap transfers. ``step_overhead_s`` is the runtime's own time per compute step
     (forward, backward, weight step): dispatch and bookkeeping between the kernels, which a schedule with more steps
-    per micro-batch pays more often (``Timeline.step_overhead_s`` measures it).
+    per micro-batch pays more often (``Timeline.step_overhead_s`` measures it). ``swap_overlaps`` says swaps run
+    beside the compute (a GPU's copy engine); False where the copies run on the compute thread itself (CPU ranks), so
+    each swapped layer's copy out and back in adds to its stage's time instead of hiding under it.
     """
 
     stages: int
@@ -240,6 +242,7 @@ class Cluster:
     shared_link: bool = False
     name: str = ""
     step_overhead_s: float = 0.0
+    swap_overlaps: bool = True
     budgets: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -278,6 +281,7 @@ class Cluster:
             "link_latency_s": self.link_latency_s,
             "shared_link": self.shared_link,
             "step_overhead_s": self.step_overhead_s,
+            "swap_overlaps": self.swap_overlaps,
         }
 
     def to_json(self, indent: int | None = 1) -> str:
@@ -306,6 +310,7 @@ class Cluster:
             shared_link=bool(doc.get("shared_link", False)),
             name=str(doc.get("name", "")),
             step_overhead_s=_number(doc, "step_overhead_s", "cluster", default=0.0),
+            swap_overlaps=bool(doc.get("swap_overlaps", True)),
         )
 
     @classmethod

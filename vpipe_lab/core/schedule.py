@@ -228,9 +228,11 @@ def run_schedule(
     sends_use_copy_lane: bool = False,
     iteration: int = 0,
     latency_s: float = 0.0,
+    swaps_on_compute: bool = False,
 ) -> Timeline:
     """Replay ``schedule`` with ``duration(action)`` seconds per action, each transfer arriving ``latency_s`` after
-    its send ends; raise ScheduleError on deadlock."""
+    its send ends (``swaps_on_compute``: swaps run on the compute stream, as on CPU ranks, not on copy lanes);
+    raise ScheduleError on deadlock."""
     k = schedule.num_stages
     pc = [0] * k
     clock = [0.0] * k
@@ -264,6 +266,12 @@ def run_schedule(
                     break  # blocked until the neighbour sends
                 start = clock[s]
                 clock[s] = max(clock[s], arrival) + duration(a)
+                add(s, a, start, clock[s])
+            elif op in (Op.SWAP_OUT, Op.SWAP_IN) and swaps_on_compute:
+                start = clock[s]
+                clock[s] = start + duration(a)
+                if op is Op.SWAP_OUT:
+                    swapped_out[(c, a.microbatch, a.layer)] = clock[s]
                 add(s, a, start, clock[s])
             elif op is Op.SWAP_OUT:
                 start = max(lane_out[s], clock[s])

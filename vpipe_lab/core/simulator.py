@@ -4,7 +4,8 @@ The replay is discrete-event: each stage has a compute stream that runs its acti
 (device-to-host and host-to-device) for swaps. Sends occupy the sender's compute stream for their bytes over the
 link (blocking, buffered); a receive waits until the matching send has ended and the link's latency has passed.
 With ``Cluster.shared_link`` sends also occupy the device-to-host lane, so swaps compete with pipeline traffic as
-they do on a PCIe-only machine. A backward waits for its swap-ins.
+they do on a PCIe-only machine. A backward waits for its swap-ins. Without ``Cluster.swap_overlaps`` (CPU ranks,
+which copy on their compute thread) swaps run on the compute stream.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, *, schedule: S
     plan.validate(cm.num_layers, cm.stages)
     sched = schedule if schedule is not None else for_plan(plan)
     return run_schedule(sched, durations(cm, plan), sends_use_copy_lane=cluster.shared_link, iteration=iteration,
-                        latency_s=cm.hop_s)
+                        latency_s=cm.hop_s, swaps_on_compute=not cluster.swap_overlaps)
 
 
 def compute_bound_s(schedule: Schedule, measured: Timeline) -> float:
