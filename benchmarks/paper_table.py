@@ -1,17 +1,19 @@
 """vPipe vs GPipe vs PipeDream, measured: each method's best plan for a fixed global batch, actually trained.
 
     python benchmarks/paper_table.py [--models mlp gpt-tiny gpt2] [--ranks 2 4] [--budgets 1.0 0.6 0.4]
-                                     [--iterations 8]
+                                     [--blocks 8] [--block 5]
 
 For each model and rank count: a first run measures the profile (with its throughput-vs-micro-batch-size curve, for
 nn.Sequential models) and the cluster; the budget is a fraction of what an even, everything-kept split needs at the
 default micro-batch count (the peak of the fullest stage under the cost model). Each method then plans the same global
 batch, choosing its micro-batch count within its own rules (``search(..., batch_size=B)``: GPipe recomputes every
 layer on an even split, PipeDream keeps every layer on its best split, vPipe searches the partition and per-layer
-keep/swap/recompute; GPipe runs its own schedule, the others 1F1B), and its plan is launched under that budget and
-timed (median iteration over ``--iterations`` after 3 warm-up ones). A plan the planner cannot fit is "no fit"; a
-plan whose measured memory exceeds the budget at run time is "over budget". The simulator's prediction for the plan
-stands next to each measurement.
+keep/swap/recompute; GPipe runs its own schedule, the others 1F1B). The methods' plans are then launched under that
+budget all at once and measured in interleaved blocks (``interleaved.py``: every session alive, ``--block``
+iterations each in turn, ``--blocks`` rounds, the order rotated every round), so the machine's drift hits all of them
+alike: each cell is the median (interquartile range) over rounds of vPipe's samples/s over the other method's in the
+same round. A plan the planner cannot fit is "no fit"; a plan whose measured memory exceeds the budget at run time is
+"over budget". The simulator's prediction for vPipe's plan stands next to its measured median.
 All runs: CPU ranks (gloo), one thread each, on this machine.
 """
 
@@ -23,6 +25,7 @@ import statistics
 from typing import Any
 
 import torch
+from interleaved import rotated, vpipe_block
 
 import vpipe_lab
 from vpipe_lab import Plan
@@ -66,31 +69,19 @@ def job(model: str) -> tuple[dict[str, Any], int]:
     return {"model": model}, 32
 
 
-def measure(model: str, ranks: int, plan: Plan | None, microbatches: int, budget: int | None, iterations: int,
-            schedule: str = "1f1b") -> dict[str, Any]:
-    """Train ``plan`` and return the median iteration time, or why it could not run."""
+def measure(model: str, ranks: int, microbatches: int) -> dict[str, Any]:
+    """A first unbudgeted run, everything kept on the even split: its profile and cluster."""
     kwargs, _ = job(model)
-    try:
-        with vpipe_lab.launch(**kwargs, stages=ranks, microbatches=microbatches, schedule=schedule, plan=plan,
-                              memory_budget=budget, device="cpu", timeout=300, start_timeout=300) as s:
-            s.run(WARMUP + iterations)
-            s.wait(timeout=1800)
-            frame = s.metrics.iterations
-            timed = frame[frame["iteration"] >= WARMUP]
-            out: dict[str, Any] = {"median_s": float(timed["time_s"].median()),
-                                   "peak": max(r["peak"] for r in s.metrics.latest_memory())}
-            if plan is None:
-                out["profile"], out["cluster"] = s.profile(), s.cluster()
-            return out
-    except BudgetError as exc:
-        return {"error": f"over budget at run time (stage {exc.stage})"}
-    except WorkerError as exc:
-        return {"error": f"failed: {exc.cause.splitlines()[0][:80]}"}
+    with vpipe_lab.launch(**kwargs, stages=ranks, microbatches=microbatches, device="cpu", timeout=300,
+                          start_timeout=300) as s:
+        s.run(WARMUP + 4)
+        s.wait(timeout=1800)
+        return {"profile": s.profile(), "cluster": s.cluster()}
 
 
-def table(model: str, ranks: int, budgets: list[float], iterations: int, m0: int = 4) -> list[dict[str, Any]]:
+def table(model: str, ranks: int, budgets: list[float], blocks: int, block: int, m0: int = 4) -> list[dict[str, Any]]:
     _, batch = job(model)
-    first = measure(model, ranks, None, m0, None, 4)
+    first = measure(model, ranks, m0)
     profile, cluster = first["profile"], first["cluster"]
     n = len(profile)
     even = estimate(Plan(uniform(n, ranks), (Policy.KEEP,) * n, m0, "1f1b"), profile, cluster)
@@ -101,6 +92,7 @@ def table(model: str, ranks: int, budgets: list[float], iterations: int, m0: int
         # the measured cluster with the budget: its step overhead and swap model too (a Cluster built field by field
         # here once left the runtime's time per step out, and every prediction came out optimistic)
         limited = dataclasses.replace(cluster, memory_bytes=budget, name=f"{ranks} CPU ranks, {fraction:.0%} budget")
+        planned: dict[str, dict[str, Any]] = {}
         for method in METHODS:
             row: dict[str, Any] = {"model": model, "ranks": ranks, "budget": fraction, "method": method}
             try:
@@ -108,23 +100,64 @@ def table(model: str, ranks: int, budgets: list[float], iterations: int, m0: int
                                          schedule=SCHEDULE[method])
             except InfeasiblePlan:
                 row["result"] = "no fit"
-                rows.append(row)
-                print(row, flush=True)
-                continue
-            size = found.microbatch_size or batch // found.plan.microbatches
-            row["plan"] = found.plan.describe()
-            row["microbatches"] = found.plan.microbatches
-            row["predicted_s"] = simulate(found.plan, scaling.at(profile, size), limited).iteration_s
-            got = measure(model, ranks, found.plan, found.plan.microbatches, budget, iterations,
-                          found.plan.schedule)
-            if "error" in got:
-                row["result"] = got["error"]
             else:
-                row["measured_s"] = got["median_s"]
-                row["samples_per_s"] = batch / got["median_s"]
+                size = found.microbatch_size or batch // found.plan.microbatches
+                row["plan"], row["microbatches"] = found.plan, found.plan.microbatches
+                row["predicted_s"] = simulate(found.plan, scaling.at(profile, size), limited).iteration_s
+            planned[method] = row
+        blocks_of(model, ranks, budget, planned, batch, blocks, block)
+        for row in planned.values():
+            if "plan" in row:
+                row["plan"] = row["plan"].describe()
             rows.append(row)
             print(row, flush=True)
     return rows
+
+
+def blocks_of(model: str, ranks: int, budget: int, planned: dict[str, dict[str, Any]], batch: int, blocks: int,
+              block: int) -> None:
+    """Launch every planned method under ``budget`` and time them in interleaved blocks; each row gets its
+    per-round seconds per iteration (``blocks_s``), or why it could not run."""
+    kwargs, _ = job(model)
+    sessions: dict[str, Any] = {}
+    try:
+        for method, row in planned.items():
+            if "plan" not in row:
+                continue
+            plan = row["plan"]
+            try:
+                s = vpipe_lab.launch(**kwargs, stages=ranks, microbatches=plan.microbatches, schedule=plan.schedule,
+                                     plan=plan, memory_budget=budget, device="cpu", timeout=300, start_timeout=300)
+                sessions[method] = s
+                s.run(WARMUP)
+                s.wait(timeout=600)
+            except (BudgetError, WorkerError) as exc:
+                row["result"] = _why(exc)
+                sessions.pop(method, None)
+        runs: dict[str, list[float]] = {method: [] for method in sessions}
+        for r in range(blocks):
+            for method in rotated(list(sessions), r):
+                if method in runs and planned[method].get("result") is None:
+                    try:
+                        runs[method].append(vpipe_block(sessions[method], block))
+                    except (BudgetError, WorkerError) as exc:
+                        planned[method]["result"] = _why(exc)
+        for method, times in runs.items():
+            row = planned[method]
+            if row.get("result") is None and times:
+                row["blocks_s"] = times
+                row["measured_s"] = statistics.median(times)
+                row["samples_per_s"] = batch / row["measured_s"]
+    finally:
+        for s in sessions.values():
+            s.stop()
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, BudgetError):
+        return f"over budget at run time (stage {exc.stage})"
+    assert isinstance(exc, WorkerError)
+    return f"failed: {exc.cause.splitlines()[0][:80]}"
 
 
 def summary(rows: list[dict[str, Any]]) -> None:
@@ -137,11 +170,14 @@ def summary(rows: list[dict[str, Any]]) -> None:
 
         def versus(other: str, by: dict[str, dict[str, Any]] = by, v: dict[str, Any] = v) -> str:
             o = by.get(other, {})
-            if "samples_per_s" not in o:
+            if "blocks_s" not in o:
                 return o.get("result", "-")
-            if "samples_per_s" not in v:
+            if "blocks_s" not in v:
                 return "-"
-            return f"{v['samples_per_s'] / o['samples_per_s']:.2f}x"
+            # the other method's seconds over vPipe's in the same round: vPipe's speed-up, round by round
+            ratios = sorted(b / a for a, b in zip(v["blocks_s"], o["blocks_s"]))
+            q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+            return f"{q[1]:.2f}x ({q[0]:.2f}-{q[2]:.2f})"
 
         rate = f"{v['samples_per_s']:.0f}" if "samples_per_s" in v else v.get("result", "-")
         ratio = (f"{v['predicted_s'] / v['measured_s']:.2f}" if "measured_s" in v else "-")
@@ -158,13 +194,14 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["mlp", "gpt-tiny", "gpt2"])
     ap.add_argument("--ranks", nargs="+", type=int, default=[2, 4])
     ap.add_argument("--budgets", nargs="+", type=float, default=[1.0, 0.6, 0.4])
-    ap.add_argument("--iterations", type=int, default=8)
+    ap.add_argument("--blocks", type=int, default=8, help="rounds of blocks")
+    ap.add_argument("--block", type=int, default=5, help="iterations per block")
     args = ap.parse_args()
     torch.set_num_threads(1)
     rows = []
     for model in args.models:
         for ranks in args.ranks:
-            rows += table(model, ranks, args.budgets, args.iterations)
+            rows += table(model, ranks, args.budgets, args.blocks, args.block)
     summary(rows)
 
 
