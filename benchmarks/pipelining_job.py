@@ -39,6 +39,15 @@ def split_label(bounds: tuple[int, ...]) -> str:
     return "/".join(str(b - a) for a, b in itertools.pairwise(bounds))
 
 
+def example_of(name: str) -> Any:
+    """A bundled example, or ``hf-gpt2`` (``hf_gpt2.py``: a transformers GPT-2 split into units by hand)."""
+    if name == "hf-gpt2":
+        import hf_gpt2
+
+        return hf_gpt2
+    return get(name)
+
+
 def torch_stage(rank: int, port: int, name: str, schedule: str, m: int, bounds: tuple[int, ...]
                 ) -> tuple[Any, Any, Any]:
     """Join a 2-rank gloo group and build this rank's torch.distributed.pipelining stages: (example, schedule,
@@ -55,7 +64,7 @@ def torch_stage(rank: int, port: int, name: str, schedule: str, m: int, bounds: 
     )
 
     torch.set_num_threads(1)
-    ex = get(name)
+    ex = example_of(name)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=timedelta(seconds=300))
     torch.manual_seed(0)
