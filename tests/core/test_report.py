@@ -17,3 +17,13 @@ def test_plan_table_flags_budget_and_bottleneck() -> None:
     assert "OVER BUDGET" in text and "DOES NOT FIT" in text
     assert "0:25 (embedding..ffn11)" in text and "1 swap, 1 recompute" in text
     assert text.splitlines()[0].startswith("stage")
+
+
+def test_a_stage_s_neighbouring_chunks_read_as_one_range() -> None:
+    """ZBV's last stage runs the two middle chunks back to back: one range; stage 0's two stay apart."""
+    profile = workload("bert-48")
+    p = Plan((0, 20, 48, 70, 97), ("keep",) * 97, 4, "zbv", 2)
+    text = plan_table(p, estimate(p, profile, cluster("rtx2080ti", 2)))
+    rows = text.splitlines()
+    assert rows[2].split()[1:3] == ["0:20,", "70:97"] and rows[3].split()[1] == "20:70"
+

@@ -51,7 +51,13 @@ def plan_table(plan: Plan, est: Estimate, profile: ModelProfile | None = None) -
     """One row per stage: layers, policies, time per micro-batch, peak memory against the budget."""
     rows = [("stage", "layers", "policies", "time/mb", "peak memory", "budget", "")]
     for s in range(plan.stages):
-        ranges = [plan.chunk_layers(c) for c in plan.chunks_of(s)]  # one, or a stage's chunks
+        ranges: list[range] = []  # one, or a stage's chunks, neighbouring ones joined (ZBV's turn)
+        for c in plan.chunks_of(s):
+            r = plan.chunk_layers(c)
+            if ranges and ranges[-1].stop == r.start:
+                ranges[-1] = range(ranges[-1].start, r.stop)
+            else:
+                ranges.append(r)
         names = ""
         if profile is not None and len(ranges) == 1:
             first, last = profile.layers[ranges[0].start].name, profile.layers[ranges[0].stop - 1].name
