@@ -1,14 +1,14 @@
 """Memory plans over virtual stages: which layers of a rank's chunks (interleaved 1F1B, ZBV) to keep, swap or recompute.
 
-Under interleaved 1F1B a rank holds several chunks, and its peak counts the chunk-forwards it holds at once times its
-largest chunk's bytes per micro-batch (``CostModel._estimate_chunks``), so freeing memory in a chunk that is not the
-largest buys nothing, and what one layer's policy costs in time depends on the rank's other chunks
-(``CostModel.chunks_iteration_s``). The per-stage
+A rank holding several chunks peaks at the worst point of its order, where some chunks hold more micro-batches than
+others (``CostModel.rank_peak``, ``core/held.py``), so freeing memory in one chunk may lower the peak or not, and what
+one layer's policy costs in time depends on the rank's other chunks (``CostModel.chunks_iteration_s``). The per-stage
 solvers (``core/memory_plans.py``) assume one contiguous range whose memory is a sum over its layers; here the search is
 vPipe's greedy rule made to score each step against the cost model itself: while a rank is over its budget, take the
-change (keep -> swap, keep -> recompute, swap -> recompute) in that rank's largest chunk that frees the most bytes per
-second it adds to the iteration, a change that adds nothing (a swap whose transfers hide under compute) first and the
-largest of those first. The pipeline's last chunk is never swapped (its backward follows its forward at once). Each
+change (keep -> swap, keep -> recompute, swap -> recompute) in any of its chunks that lowers its peak by the most bytes
+per second it adds to the iteration, a change that adds nothing (a swap whose transfers hide under compute) first and
+the largest of those first; when no change lowers the peak at once (two states tie), the one that frees the most of
+its own chunk's bytes. The pipeline's last chunk is never swapped (its backward follows its forward at once). Each
 step re-costs one chunk, so a plan of ``n`` layers takes at most ``2 n`` steps of ``O(n)`` work each.
 """
 
@@ -60,18 +60,14 @@ def _held(cost: StageCost) -> int:
 
 def _best_change(cm: CostModel, rank: _Rank, policies: list[Policy], chunk_costs: list[StageCost]
                  ) -> tuple[int, Policy, int, StageCost] | None:
-    """The change on ``rank``'s chunks with the most bytes freed per second added (see the module docstring).
-    Interleaved 1F1B: only the largest chunk counts toward the peak, so only its layers are tried, bytes freed being
-    its held activations less any growth of the rank's largest rebuild (when two tie the next step takes the
-    other). ZBV weighs both chunks into one peak (``CostModel.rank_peak``): the layers of both are tried, by how
-    much each lowers that peak (or, when none does, the chunk's own held bytes)."""
+    """The change on ``rank``'s chunks with the most bytes freed per second added (see the module docstring): bytes
+    by which it lowers the rank's peak, or, when no change does, the chunk's own held activations less any growth of
+    the rank's largest rebuild."""
     now_s = cm.chunks_time_s(chunk_costs)
-    both = cm.schedule == "zbv"
-    largest = max(rank.chunks, key=lambda c: _held(chunk_costs[c]))
     rebuild = max(chunk_costs[c].rebuild_bytes for c in rank.chunks)
     peak = cm.rank_peak(rank.index, [chunk_costs[c] for c in rank.chunks])
     best: tuple[bool, float, int, tuple[int, Policy, int, StageCost]] | None = None
-    for chunk in rank.chunks if both else (largest,):
+    for chunk in rank.chunks:
         others = max((chunk_costs[c].rebuild_bytes for c in rank.chunks if c != chunk), default=0)
         # The pipeline's last chunk runs each micro-batch's backward right after its forward: a swap there is a
         # transfer out and straight back in on the critical path, freeing nothing while it waits (the simulator's
@@ -87,8 +83,7 @@ def _best_change(cm: CostModel, rank: _Rank, policies: list[Policy], chunk_costs
                 cost = rank.cost(chunk, policies)
                 policies[layer] = was
                 own = _held(chunk_costs[chunk]) - _held(cost) - (max(others, cost.rebuild_bytes) - rebuild)
-                lowered = peak - cm.rank_peak(rank.index, [cost if c == chunk else chunk_costs[c]
-                                                           for c in rank.chunks]) if both else 0
+                lowered = peak - cm.rank_peak(rank.index, [cost if c == chunk else chunk_costs[c] for c in rank.chunks])
                 lowers = lowered > 0
                 freed = lowered if lowers else own
                 if freed <= 0:

@@ -30,8 +30,9 @@ of max(0, T - 2 W)`` (``P`` for ``T_b`` when latency makes it longer) with ``b``
 stage's weight-gradient time: the fill and drain pass each stage without its weight step (the paper's
 ``(K - 1)(F + B - W)`` bubble for equal stages). Interleaved 1F1B costs each chunk (virtual stage) as above, with its
 stage's peak count of chunk-forwards in flight and ``2 (K V - 1) L`` of latency
-(``core/interleaved.py``), and sums a stage's chunks (``_estimate_chunks``); ZBV likewise, with what each stage holds
-along its order (``core/zbv.py``) and its own fill (``chunks_iteration_s``).
+(``core/interleaved.py``), and sums a stage's chunks (``_estimate_chunks``); ZBV likewise, with its own fill
+(``chunks_iteration_s``). Both hold, per stage, the largest state of their order's chunk-forwards awaiting B (and
+backwards awaiting W) weighed by each chunk's bytes (``core/held.py``).
 """
 
 from __future__ import annotations
@@ -77,11 +78,11 @@ class StageCost:
 
 def chunks_peak(costs: Sequence[StageCost], held: Sequence[tuple[int, ...]] = ()) -> int:
     """A stage's peak bytes from its chunks' costs: their statics, the activations held at the stage's peak, and the
-    largest rebuild (one chunk at a time runs its backward). Interleaved 1F1B: the largest chunk's activations at
-    the stage's peak count of chunk-forwards in flight. With ``held`` (ZBV, two chunks: each state of (forwards
-    awaiting B per chunk, backwards awaiting W per chunk, the chunk whose B comes next or -1) along the stage's
-    order, ``zbv.held``) the largest of those states weighted by the chunks' bytes per micro-batch, a state before a
-    B with that chunk's rebuild on top, plus both chunks' swap buffers."""
+    largest rebuild (one chunk at a time runs its backward): without ``held``, the largest chunk's activations at
+    the stage's peak count of chunk-forwards in flight. With ``held`` (each state of (forwards awaiting B per
+    chunk, backwards awaiting W per chunk, the chunk whose B comes next or -1) along the stage's order,
+    ``core/held.py``) the largest of those states weighted by the chunks' bytes per micro-batch, a state before a B
+    with that chunk's rebuild on top, plus every chunk's swap buffers."""
     static = sum(c.static_bytes for c in costs)
     if held:
         n = len(costs)
@@ -155,13 +156,17 @@ class CostModel:
             return interleaved.peak_inflight(self.stages, self.virtual, self.microbatches, stage % self.stages)
         if self.schedule == "zbv":  # this chunk's forwards held at once awaiting their B
             side = 0 if stage < self.stages else 1
-            return max(h[side] for h in self.zbv_held(self.placement[stage]))
+            return max(h[side] for h in self.held(self.placement[stage]))
         ahead = 1 if self.schedule == "eager-1f1b" and stage < self.stages - 1 else 0
         return min(self.microbatches, self.stages - stage + ahead)
 
-    def zbv_held(self, rank: int) -> tuple[tuple[int, int, int, int, int], ...]:
-        """ZBV: what ``rank`` holds along its order (``zbv.held``)."""
-        return zbv.held(self.stages, self.microbatches, rank)
+    def held(self, rank: int) -> tuple[tuple[int, ...], ...]:
+        """What ``rank`` holds along a chunked schedule's order (``core/held.py``); empty for the others."""
+        if self.schedule == "zbv":
+            return zbv.held(self.stages, self.microbatches, rank)
+        if self.schedule == "interleaved-1f1b":
+            return interleaved.held(self.stages, self.virtual, self.microbatches, rank)
+        return ()
 
     def budget(self, stage: int) -> int:
         return self.cluster.budgets[stage]
@@ -351,8 +356,8 @@ class CostModel:
         return self.chunks_iteration_s([c.total_s for c in costs], [c.wgrad_s + step for c in costs])
 
     def rank_peak(self, rank: int, costs: Sequence[StageCost]) -> int:
-        """Peak bytes of ``rank`` from its chunks' costs (``chunks_peak``; ZBV weighs its order's states)."""
-        return chunks_peak(costs, self.zbv_held(rank) if self.schedule == "zbv" else ())
+        """Peak bytes of ``rank`` from its chunks' costs: the states along its order weighed by them (``chunks_peak``)."""
+        return chunks_peak(costs, self.held(rank))
 
     def _estimate_chunks(self, plan: Plan) -> Estimate:
         """Virtual stages: each chunk costed on its own, a stage the sum of its chunks, the iteration from
@@ -366,9 +371,7 @@ class CostModel:
         it = self.chunks_time_s(costs)
         static = tuple(sum(c.static_bytes for c in cs) for cs in mine)
         peaks = tuple(self.rank_peak(r, cs) for r, cs in enumerate(mine))
-        # held activations: without the largest rebuild, or (ZBV) with the rebuild its peak state runs into
-        rebuilds = [0 if self.schedule == "zbv" else max(c.rebuild_bytes for c in cs) for cs in mine]
-        held = tuple(p - st - r for p, st, r in zip(peaks, static, rebuilds))
+        held = tuple(p - st for p, st in zip(peaks, static))  # with the rebuild its peak state runs into
         busy = sum(total) * m
         return Estimate(
             iteration_s=it, stage_s=total, peak_bytes=peaks, budget_bytes=self.cluster.budgets,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 
 from vpipe_lab.core.errors import ScheduleError
+from vpipe_lab.core.held import states
 from vpipe_lab.core.schedule import one_f_one_b_order
 
 Step = tuple[str, int, int]  # ("F" | "B", chunk, micro-batch)
@@ -46,3 +47,10 @@ def peak_inflight(ranks: int, virtual: int, microbatches: int, rank: int) -> int
         held += 1 if op == "F" else -1
         peak = max(peak, held)
     return peak
+
+
+@functools.cache
+def held(ranks: int, virtual: int, microbatches: int, rank: int) -> tuple[tuple[int, ...], ...]:
+    """What ``rank`` holds along its order (``core/held.py``): chunk-forwards awaiting their backward per chunk (in
+    model order), and the chunk whose backward comes next (-1: none)."""
+    return states(orders(ranks, virtual, microbatches)[rank], tuple(range(rank, ranks * virtual, ranks)))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 
 from vpipe_lab.core.errors import ScheduleError
+from vpipe_lab.core.held import states
 
 Step = tuple[str, int, int]  # ("F" | "B" | "W", chunk, micro-batch)
 
@@ -94,28 +95,7 @@ def orders(ranks: int, microbatches: int) -> list[list[Step]]:
 
 
 @functools.cache
-def held(ranks: int, microbatches: int, rank: int) -> tuple[tuple[int, int, int, int, int], ...]:
-    """The distinct states of what ``rank`` holds along its order, as (forwards awaiting B of its first chunk, of its
-    second, backwards awaiting W of its first, of its second, the chunk whose B comes next or -1): full activations
-    for the first two, the weight step's inputs for the next two; a state right before a B also holds, for a while,
-    the layer that B rebuilds (a recomputed one). A stage's peak is the largest of these weighted by its chunks'
-    bytes (``costmodel.chunks_peak``); states another one dominates are left out."""
-    first, _ = chunks_of(ranks, rank)
-    state = [0, 0, 0, 0]
-    seen: set[tuple[int, int, int, int, int]] = {(0, 0, 0, 0, -1)}
-    for op, c, _ in orders(ranks, microbatches)[rank]:
-        i = 0 if c == first else 1
-        if op == "F":
-            state[i] += 1
-        elif op == "B":
-            seen.add((state[0], state[1], state[2], state[3], i))
-            state[i] -= 1
-            state[2 + i] += 1
-        else:
-            state[2 + i] -= 1
-        seen.add((state[0], state[1], state[2], state[3], -1))
-
-    def dominated(s: tuple[int, ...]) -> bool:  # another state with the same next B holds at least as much
-        return any(t != s and t[4] == s[4] and all(x >= y for x, y in zip(t[:4], s[:4])) for t in seen)
-
-    return tuple(sorted(s for s in seen if not dominated(s)))
+def held(ranks: int, microbatches: int, rank: int) -> tuple[tuple[int, ...], ...]:
+    """What ``rank`` holds along its order (``core/held.py``): forwards awaiting B and backwards awaiting W of its
+    first and second chunk, and the chunk whose B comes next (-1: none)."""
+    return states(orders(ranks, microbatches)[rank], chunks_of(ranks, rank))
