@@ -60,6 +60,12 @@ def test_the_placement_is_a_v_and_stage_0_computes_the_loss() -> None:
     assert [(m.layer, m.src, m.dst) for m in moves] == [(3, 0, 1), (4, 0, 1), (8, 1, 0), (9, 1, 0)]
 
 
+@pytest.mark.parametrize("k", range(1, 9))
+def test_the_plan_and_the_order_agree_on_the_v(k: int) -> None:
+    plan = Plan(tuple(range(2 * k + 1)), ("keep",) * (2 * k), 2 * k, "zbv", 2)
+    assert all(plan.chunks_of(r) == zbv.chunks_of(k, r) for r in range(k)) and plan.loss_stage == 0
+
+
 def test_a_schedule_with_a_local_hand_off_still_checks_its_order() -> None:
     good = zbv_schedule(2, 2)
     rows = [list(row) for row in good.stages]
