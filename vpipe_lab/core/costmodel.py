@@ -76,21 +76,15 @@ class StageCost:
         return self.static_bytes + self.activation_bytes + self.swap_buffer_bytes + self.rebuild_bytes
 
 
-def chunks_peak(costs: Sequence[StageCost], held: Sequence[tuple[int, ...]] = ()) -> int:
-    """A stage's peak bytes from its chunks' costs: their statics, the activations held at the stage's peak, and the
-    largest rebuild (one chunk at a time runs its backward): without ``held``, the largest chunk's activations at
-    the stage's peak count of chunk-forwards in flight. With ``held`` (each state of (forwards awaiting B per
-    chunk, backwards awaiting W per chunk, the chunk whose B comes next or -1) along the stage's order,
-    ``core/held.py``) the largest of those states weighted by the chunks' bytes per micro-batch, a state before a B
-    with that chunk's rebuild on top, plus every chunk's swap buffers."""
-    static = sum(c.static_bytes for c in costs)
-    if held:
-        n = len(costs)
-        acts = max(sum(h[i] * costs[i].resident_bytes + h[n + i] * costs[i].wait_bytes for i in range(n))
-                   + (costs[h[-1]].rebuild_bytes if h[-1] >= 0 else 0) for h in held)
-        return static + acts + sum(c.swap_buffer_bytes for c in costs)
-    acts = max(c.activation_bytes + c.swap_buffer_bytes for c in costs)
-    return static + acts + max(c.rebuild_bytes for c in costs)
+def chunks_peak(costs: Sequence[StageCost], held: Sequence[tuple[int, ...]]) -> int:
+    """A stage's peak bytes from its chunks' costs and ``held``, each state of (forwards awaiting B per chunk,
+    backwards awaiting W per chunk, the chunk whose B comes next or -1) along the stage's order (``core/held.py``):
+    the chunks' statics, the largest of those states weighted by the chunks' bytes per micro-batch, a state before a
+    B with that chunk's rebuild on top, and every chunk's swap buffers."""
+    n = len(costs)
+    acts = max(sum(h[i] * costs[i].resident_bytes + h[n + i] * costs[i].wait_bytes for i in range(n))
+               + (costs[h[-1]].rebuild_bytes if h[-1] >= 0 else 0) for h in held)
+    return sum(c.static_bytes for c in costs) + acts + sum(c.swap_buffer_bytes for c in costs)
 
 
 def policy_overhead(recompute_s: float, swap_bytes: int, hide_s: float, bandwidth: float,

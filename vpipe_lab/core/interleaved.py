@@ -42,11 +42,7 @@ def orders(ranks: int, virtual: int, microbatches: int) -> list[list[Step]]:
 @functools.cache
 def peak_inflight(ranks: int, virtual: int, microbatches: int, rank: int) -> int:
     """The most chunk-forwards ``rank`` holds before their backward, at once (each keeps its chunk's activations)."""
-    held = peak = 0
-    for op, _, _ in orders(ranks, virtual, microbatches)[rank]:
-        held += 1 if op == "F" else -1
-        peak = max(peak, held)
-    return peak
+    return max(sum(h[:virtual]) for h in held(ranks, virtual, microbatches, rank))
 
 
 @functools.cache
