@@ -15,16 +15,19 @@ BOUNDS = (0, 4, 10)
 
 
 def measure(policies: str, schedule: str) -> tuple[dict[int, int], vpipe_lab.ModelProfile]:
-    plan = Plan(BOUNDS, tuple(policies), 4, schedule)
-    with vpipe_lab.launch("mlp", stages=2, microbatches=4, schedule=schedule, plan=plan, device="cpu",
-                          timeout=60) as s:
+    return measure_plan(Plan(BOUNDS, tuple(policies), 4, schedule), "resident")
+
+
+def measure_plan(plan: Plan, column: str) -> tuple[dict[int, int], vpipe_lab.ModelProfile]:
+    """Train ``plan`` on the MLP for 3 iterations; each stage's ``column`` of the last iteration's memory report
+    ("resident": before the first backward; "activations": the whole iteration's peak), and the profile."""
+    with vpipe_lab.launch("mlp", stages=2, microbatches=plan.microbatches, schedule=plan.schedule, plan=plan,
+                          device="cpu", timeout=60) as s:
         s.run(3)
         s.wait(timeout=120)
         mem = s.metrics.memory
         last = mem[mem["iteration"] == mem["iteration"].max()]
-        resident = {int(r.stage): int(r.resident) for r in last.itertuples()}
-        profile = s.profile()
-    return resident, profile
+        return {int(r.stage): int(getattr(r, column)) for r in last.itertuples()}, s.profile()
 
 
 @pytest.mark.parametrize("schedule", [s for s in SCHEDULES if s != "zbv"])  # one chunk per stage (ZBV: below)
@@ -51,14 +54,7 @@ def test_zbv_holds_what_the_cost_model_says_on_both_stages() -> None:
     rebuilt layer's activations on top of its saved input, which the rebuild in fact replaces)."""
     for policies in ("k" * 10, "krkr" + "kkskrk"):
         plan = Plan((0, 2, 4, 7, 10), tuple(policies), 4, "zbv", 2)
-        with vpipe_lab.launch("mlp", stages=2, microbatches=4, schedule="zbv", plan=plan, device="cpu",
-                              timeout=60) as s:
-            s.run(3)
-            s.wait(timeout=120)
-            mem = s.metrics.memory
-            last = mem[mem["iteration"] == mem["iteration"].max()]
-            measured = {int(r.stage): int(r.activations) for r in last.itertuples()}
-            profile = s.profile()
+        measured, profile = measure_plan(plan, "activations")
         est = CostModel(profile, Cluster(2, 10**12, 1e9, 1e9), 4, "zbv", 2).estimate(plan)
         for stage in (0, 1):  # activations held, and a recomputed layer's rebuild on top (the cost model's peak)
             predicted = est.peak_bytes[stage] - est.static_bytes[stage]

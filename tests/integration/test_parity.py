@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -99,13 +101,8 @@ def test_interleaved_stages_migrate_switch_schedules_and_resume(tmp_path) -> Non
     model, ref_losses = reference.train(mlp.model, mlp.data, mlp.loss, mlp.optimizer, iterations=8, microbatches=4)
     assert losses == pytest.approx(ref_losses[:6], rel=1e-5)
     assert_matches(state, mlp_model_after(6))
-    with vpipe_lab.launch("mlp", stages=2, microbatches=4, schedule="interleaved-1f1b", virtual_stages=2,
-                          device="cpu", timeout=60, resume=tmp_path / "ckpt") as session:
-        assert session.plan.boundaries == (0, 3, 5, 8, 10) and session.plan.virtual_stages == 2
-        session.run(2)
-        session.wait(timeout=120)
-        resumed = list(session.metrics.iterations["loss"])[-2:]
-        state = session.state_dict()
+    plan, resumed, state = resume_mlp(tmp_path / "ckpt", "interleaved-1f1b")
+    assert plan.boundaries == (0, 3, 5, 8, 10) and plan.virtual_stages == 2
     assert resumed == pytest.approx(ref_losses[6:], rel=1e-5)
     assert_matches(state, model)
 
@@ -133,15 +130,21 @@ def test_zbv_stages_migrate_switch_schedules_and_resume(tmp_path) -> None:  # ty
         losses = list(session.metrics.iterations["loss"])
     model, ref_losses = reference.train(mlp.model, mlp.data, mlp.loss, mlp.optimizer, iterations=7, microbatches=4)
     assert losses == pytest.approx(ref_losses[:5], rel=1e-5)
-    with vpipe_lab.launch("mlp", stages=2, microbatches=4, schedule="zbv", device="cpu", timeout=60,
-                          resume=tmp_path / "ckpt") as session:
-        assert session.plan.schedule == "zbv" and session.plan.placement == (0, 1, 1, 0)
-        session.run(2)
-        session.wait(timeout=120)
-        resumed = list(session.metrics.iterations["loss"])[-2:]
-        state = session.state_dict()
+    plan, resumed, state = resume_mlp(tmp_path / "ckpt", "zbv")
+    assert plan.schedule == "zbv" and plan.placement == (0, 1, 1, 0)
     assert resumed == pytest.approx(ref_losses[5:], rel=1e-5)
     assert_matches(state, model)
+
+
+def resume_mlp(checkpoint: Path, schedule: str) -> tuple[Plan, list[float], dict[str, torch.Tensor]]:
+    """Resume the MLP from ``checkpoint`` under ``schedule`` (two chunks per stage by default) and train 2
+    iterations: the plan it resumed with, their losses, and the state after them."""
+    with vpipe_lab.launch("mlp", stages=2, microbatches=4, schedule=schedule, device="cpu", timeout=60,
+                          resume=checkpoint) as session:
+        plan = session.plan
+        session.run(2)
+        session.wait(timeout=120)
+        return plan, list(session.metrics.iterations["loss"])[-2:], session.state_dict()
 
 
 def mlp_model_after(iterations: int) -> torch.nn.Module:
