@@ -21,7 +21,7 @@ import statistics
 from typing import Any
 
 import torch
-from paper_table import WARMUP, job
+from paper_table import WARMUP, job, measure
 
 import vpipe_lab
 from vpipe_lab import Plan
@@ -35,21 +35,19 @@ M = 4
 FORCED = ("ssss" + "kkkk", "srsk" + "kkkk", "kskr" + "skkk")  # 8 partition units: gpt-tiny's and this GPT-2's
 
 
-def run(model: str, plan: Plan | None, budget: list[int] | None, iterations: int) -> dict[str, Any]:
+def run(model: str, plan: Plan, budget: list[int] | None, iterations: int) -> float:
+    """Train ``plan`` under ``budget``: its median iteration after the warm-up."""
     kwargs, _ = job(model)
     with vpipe_lab.launch(**kwargs, stages=2, microbatches=M, plan=plan, memory_budget=budget, device="cpu",
                           timeout=300, start_timeout=300) as s:
         s.run(WARMUP + iterations)
         s.wait(timeout=1800)
         frame = s.metrics.iterations
-        out: dict[str, Any] = {"median_s": float(frame[frame["iteration"] >= WARMUP]["time_s"].median())}
-        if plan is None:
-            out["profile"], out["cluster"] = s.profile(), s.cluster()
-        return out
+        return float(frame[frame["iteration"] >= WARMUP]["time_s"].median())
 
 
 def rows(model: str, budgets: list[float], iterations: int) -> list[dict[str, Any]]:
-    first = run(model, None, None, 6)
+    first = measure(model, 2, M)  # the paper table's profile run: everything kept, no budget
     profile, measured = first["profile"], first["cluster"]
     n = len(profile)
     even = estimate(Plan(uniform(n, 2), (Policy.KEEP,) * n, M, "1f1b"), profile, measured)
@@ -67,7 +65,7 @@ def rows(model: str, budgets: list[float], iterations: int) -> list[dict[str, An
                 continue
             plans[found] = plans.get(found, "") + ("+" if found in plans else "") + name
         for plan, planned in plans.items():
-            got = run(model, plan, budget, iterations)["median_s"]
+            got = run(model, plan, budget, iterations)
             row = {"model": model, "budget": fraction, "planned as": planned, "plan": plan.describe(),
                    "measured_s": got}
             for name, cluster in models.items():
@@ -77,7 +75,7 @@ def rows(model: str, budgets: list[float], iterations: int) -> list[dict[str, An
             print(row, flush=True)
     for policies in FORCED:
         plan = Plan(uniform(n, 2), tuple(policies), M, "1f1b")
-        got = run(model, plan, None, iterations)["median_s"]
+        got = run(model, plan, None, iterations)
         row = {"model": model, "budget": None, "planned as": "fixed", "plan": plan.describe(), "measured_s": got}
         for name, overlaps in (("on compute", False), ("hidden", True)):
             cluster = dataclasses.replace(measured, swap_overlaps=overlaps)
