@@ -30,3 +30,14 @@ def test_virtual_stages_are_checked_before_anything_starts() -> None:
         launch("mlp", stages=2, microbatches=4, schedule="zbv", virtual_stages=3, device="cpu")
     with pytest.raises(ValueError, match="at least 2 stages"):  # two chunks on one stage would be no pipeline
         launch("mlp", stages=1, microbatches=4, schedule="zbv", device="cpu")
+
+
+def test_pipedream_refuses_what_needs_one_step_of_the_whole_model() -> None:
+    """Clipping by the global norm, one fp16 loss scale and replica averaging each need a step every stage takes at
+    once; PipeDream's stages update on their own after every micro-batch."""
+    with pytest.raises(ValueError, match=r"clip_grad_norm=1\.0 clips by the whole model's gradient norm"):
+        launch("mlp", stages=2, microbatches=4, schedule="pipedream", clip_grad_norm=1.0, device="cpu")
+    with pytest.raises(ValueError, match=r"precision='fp16'.*use precision='bf16'"):
+        launch("mlp", stages=2, microbatches=4, schedule="pipedream", precision="fp16", device="cpu")
+    with pytest.raises(ValueError, match="replicas=2 average gradients once per iteration"):
+        launch("mlp", stages=2, microbatches=4, schedule="pipedream", replicas=2, device="cpu")

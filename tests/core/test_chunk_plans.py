@@ -74,7 +74,7 @@ def test_the_planner_keeps_swaps_and_recomputes_across_chunks() -> None:
     assert vpipe.estimate.iteration_s < 0.8 * gpipe.estimate.iteration_s
     assert set(gpipe.plan.policies) == {Policy.RECOMPUTE}
     with pytest.raises(InfeasiblePlan, match="does not fit: stage 0 needs"):
-        search(profile, cluster, microbatches=8, schedule=INTERLEAVED, virtual_stages=2, method="pipedream")
+        search(profile, cluster, microbatches=8, schedule=INTERLEAVED, virtual_stages=2, method="pipedream-flush")
 
 
 def test_the_last_chunk_is_never_swapped() -> None:

@@ -78,7 +78,7 @@ def test_optimal_matches_exhaustive_search_and_beats_every_method(case: Case) ->
     assert math.isclose(result.lower_bound_s, best, rel_tol=1e-9)
     for method in METHODS:
         p = run(case, method)
-        if p is not None:
+        if p is not None and p.schedule == schedule:  # (PipeDream plans its own schedule: another problem)
             est = estimate(p, profile, cl)
             if est.feasible:
                 assert result.estimate.iteration_s <= est.iteration_s * (1 + 1e-9), method
@@ -188,7 +188,7 @@ def test_auto_plans_every_schedule_and_keeps_the_fastest() -> None:
     roomy = Cluster(4, 1 << 34, 1e10, 1e12)
     found = search(profile, roomy, microbatches=8, schedule="auto")
     # 8 layers on 4 stages: interleaving fits 2 chunks per stage, not 3 or 4
-    assert [s for s, _ in found.schedules] == [*SCHEDULES[:-2], "interleaved-1f1b V=2", "zbv"]
+    assert [s for s, _ in found.schedules] == [*SCHEDULES[:-3], "interleaved-1f1b V=2", "zbv"]  # not pipedream's
     assert found.plan.schedule == "zbv"  # its bubble is the smallest: (K - 1) chunk-steps without W
     times = dict(found.schedules)
     assert times["zbv"] < times["zb-h1"] < times["interleaved-1f1b V=2"] < times["1f1b"]  # type: ignore[operator]
@@ -206,7 +206,7 @@ def test_auto_plans_every_schedule_and_keeps_the_fastest() -> None:
     cm = CostModel(profile, roomy, 8, "1f1b")
     tight = Cluster(4, cm.keep_all_bytes(0, 0, 2), 1e10, 1e12)
     assert cm.keep_all_bytes(0, 0, 2) < CostModel(profile, roomy, 8, "zb-h1").keep_all_bytes(0, 0, 2)
-    pipedream = search(profile, tight, microbatches=8, schedule="auto", method="pipedream")
+    pipedream = search(profile, tight, microbatches=8, schedule="auto", method="pipedream-flush")
     tried = dict(pipedream.schedules)
     assert tried["gpipe"] is None and tried["zb-h1"] is not None and tried["1f1b"] is not None
     assert tried["interleaved-1f1b V=2"] is None  # stage 0 holds 6 chunk-forwards of a layer each
@@ -214,4 +214,4 @@ def test_auto_plans_every_schedule_and_keeps_the_fastest() -> None:
     assert pipedream.plan.schedule == "zbv" and max(pipedream.estimate.peak_bytes) == tight.budgets[0]
     assert pipedream.estimate.iteration_s < tried["1f1b"] < tried["zb-h1"]  # type: ignore[operator]
     with pytest.raises(InfeasiblePlan, match="no schedule fits"):
-        search(profile, Cluster(4, 1 << 20, 1e10, 1e12), microbatches=8, schedule="auto", method="pipedream")
+        search(profile, Cluster(4, 1 << 20, 1e10, 1e12), microbatches=8, schedule="auto", method="pipedream-flush")

@@ -97,6 +97,22 @@ def test_a_tie_survives_save_and_resume_onto_one_stage(tmp_path) -> None:
     reference.assert_state_matches(state, model)
 
 
+def test_pipedream_refuses_a_tie_across_stages_and_changes_nothing() -> None:
+    """Under PipeDream each stage updates its weights on its own, so a weight tied across stages cannot stay one:
+    a live switch to it is refused, naming the tie, and training goes on as before."""
+    with vpipe_lab.launch(zoo.tied_sequential, zoo.token_data, optimizer=zoo.adamw, stages=2, microbatches=4,
+                          device="cpu", timeout=60) as session:
+        session.run(1)
+        session.wait(timeout=120)
+        before = session.plan
+        with pytest.raises(Exception, match=r"tied across stages \[0, 1\].*keep the tied layers on one stage"):
+            session.apply(before.replace(schedule="pipedream"))
+        assert session.plan == before
+        session.run(1)
+        session.wait(timeout=120)
+        assert len(session.metrics.iterations) == 2
+
+
 def test_a_dict_with_none_crosses_a_stage_boundary_intact() -> None:
     """An nn.Sequential whose first child returns {"hidden": tensor, "mask": None, "scale": 0.5} on stage 0."""
     plan = Plan((0, 1, 4), ("keep", "recompute", "swap", "keep"), 4, "1f1b")

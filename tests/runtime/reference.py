@@ -70,6 +70,60 @@ def train(model_fn: Callable[[], torch.nn.Module] | None, data: Callable[[int], 
     return model, losses
 
 
+def train_pipedream(model_fn: Callable[[], torch.nn.Sequential], data: Callable[[int], tuple[Any, Any]],
+                    loss_fn: Callable[[Any, Any], torch.Tensor], optimizer_fn: Callable[[Any], torch.optim.Optimizer],
+                    *, iterations: int, microbatches: int,
+                    boundaries: tuple[int, ...] | Callable[[int], tuple[int, ...]], seed: int = 0,
+                    scheduler_fn: Callable[[Any], Any] | None = None) -> tuple[torch.nn.Module, list[float]]:
+    """The paper's PipeDream, written out in one process: stage ``s`` (layers ``boundaries[s]:boundaries[s+1]``)
+    runs micro-batch ``m`` forward and backward with its weights as they were after ``m - (K - s - 1)`` of this
+    iteration's updates (its backwards before that forward in 1F1B's order), and updates after every micro-batch with
+    that micro-batch's gradient of its own mean loss. Each parameter's update sequence is its stage's, so one
+    optimizer over all parameters stepping once per micro-batch is the same training; the learning-rate schedule
+    steps once per iteration of ``microbatches`` updates. Layers are seeded as the pipeline seeds them."""
+    torch.manual_seed(seed)
+    model = model_fn()
+    model.train()
+    optimizer = optimizer_fn(list(model.parameters()))
+    scheduler = scheduler_fn(optimizer) if scheduler_fn is not None else None
+    params = [dict(layer.named_parameters()) for layer in model]
+    losses = []
+    for it in range(iterations):
+        bounds = boundaries(it) if callable(boundaries) else boundaries  # a plan applied at an iteration boundary
+        k = len(bounds) - 1
+        stage_of = [s for s in range(k) for _ in range(bounds[s], bounds[s + 1])]
+        x, y = data(it)
+        xs, ys = split(x, microbatches, "inputs"), split(y, microbatches, "targets")
+
+        def snapshot(s: int, bounds: tuple[int, ...] = bounds) -> dict[int, dict[str, torch.Tensor]]:
+            return {i: {n: p.detach().clone() for n, p in params[i].items()} for i in range(bounds[s], bounds[s + 1])}
+
+        history = [[snapshot(s)] for s in range(k)]  # history[s][u]: stage s after u of this iteration's updates
+        total = 0.0
+        for mb in range(microbatches):
+            h, leaves = xs[mb], []
+            for i, layer in enumerate(model):
+                s = stage_of[i]
+                version = history[s][max(0, mb - min(k - s - 1, microbatches))][i]
+                values = {n: t.clone().requires_grad_() for n, t in version.items()}
+                leaves += [(params[i][n], v) for n, v in values.items()]
+                torch.manual_seed(layer_seed(seed, it, mb, i))
+                h = torch.func.functional_call(layer, values, (h,))
+            loss = loss_fn(h, ys[mb])
+            loss.backward()
+            total += float(loss.detach()) / microbatches
+            for p, leaf in leaves:  # a weight two layers share gets both gradients
+                p.grad = leaf.grad if p.grad is None else p.grad + leaf.grad
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            for s in range(k):
+                history[s].append(snapshot(s))
+        losses.append(total)
+        if scheduler is not None:
+            scheduler.step()
+    return model, losses
+
+
 def expected_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """What ``model.state_dict()`` holds (a tied weight under each name), as ``Session.state_dict()`` gives it."""
     return dict(model.state_dict(keep_vars=True))

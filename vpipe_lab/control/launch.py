@@ -12,7 +12,7 @@ from typing import Any
 from vpipe_lab.control import units
 from vpipe_lab.control.processes import Launcher, reap_stale
 from vpipe_lab.control.session import Session
-from vpipe_lab.core import checks
+from vpipe_lab.core import checks, pipedream
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.partition import uniform
 from vpipe_lab.core.plan import CHUNKED, SCHEDULES, Plan, default_virtual_stages
@@ -118,6 +118,8 @@ def launch(
         raise ValueError(f"fused_wgrad must be True, False or the smallest weight to fuse (elements, >= 0), got "
                          f"{fused_wgrad!r}")
     checks.count(replicas, "replicas")
+    if schedule == "pipedream" and (problem := pipedream.refusal(clip_grad_norm, precision, replicas)):
+        raise ValueError(problem)
     if virtual_stages is None:  # the given plan's chunks per stage, else the schedule's default
         virtual_stages = plan.virtual_stages if plan is not None else default_virtual_stages(schedule)
     checks.count(virtual_stages, "virtual_stages")

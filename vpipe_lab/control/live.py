@@ -19,7 +19,7 @@ from typing import Any
 from vpipe_lab.control.monitor import FailureMonitor
 from vpipe_lab.control.requests import Requests
 from vpipe_lab.control.state import JobState
-from vpipe_lab.core import checks, scaling
+from vpipe_lab.core import checks, pipedream, scaling
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
 from vpipe_lab.core.migration import LayerMove, layer_moves, migration_time_s, moved_bytes
@@ -83,6 +83,10 @@ class Live:
         current = self.state.plan
         assert current is not None
         plan = plan.validate(len(self.state.names), self.spec.stages)
+        spec = self.spec
+        if plan.schedule == "pipedream" and (problem := pipedream.refusal(spec.clip_grad_norm, spec.precision,
+                                                                          spec.replicas)):
+            raise PlanError(f"{problem}; nothing changed")
         if not force and self.spec.memory_budget:
             profile = self.profile()
             if plan.microbatches != current.microbatches and profile.microbatch_size:

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
-from vpipe_lab.core import checks, interleaved, zbv, zero_bubble
+from vpipe_lab.core import checks, interleaved, pipedream, zbv, zero_bubble
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.pipeline_time import iteration_time
 from vpipe_lab.core.plan import SCHEDULES, SPLIT, Estimate, Plan, Policy, placement
@@ -139,6 +139,7 @@ class CostModel:
         self.compute_prefix = [0.0, *accumulate(f + b for f, b in zip(self.fwd, self.bwd))]
         self._pa = [0, *accumulate(self.act)]
         self._ps = [0, *accumulate(x.static_bytes for x in layers)]
+        self._pp = [0, *accumulate(x.param_bytes for x in layers)]
         self.total_compute_s = self.compute_prefix[-1]
 
     # --- O(1) stage queries -------------------------------------------------------------------------------------
@@ -188,6 +189,12 @@ class CostModel:
 
     def static_bytes(self, lo: int, hi: int) -> int:
         return self._ps[hi] - self._ps[lo]
+
+    def stash_bytes(self, stage: int, lo: int, hi: int) -> int:
+        """PipeDream: the copies of layers lo:hi's weights ``stage`` keeps for forwards in flight (else 0)."""
+        if self.schedule != "pipedream":
+            return 0
+        return pipedream.stashed_versions(self.stages, stage, self.microbatches) * (self._pp[hi] - self._pp[lo])
 
     def activation_sum(self, lo: int, hi: int) -> int:
         return self._pa[hi] - self._pa[lo]
@@ -240,7 +247,8 @@ class CostModel:
 
     def keep_all_bytes(self, stage: int, lo: int, hi: int) -> int:
         """Peak memory of the stage with every layer kept."""
-        return (self.static_bytes(lo, hi) + self.inflight(stage) * self.activation_sum(lo, hi)
+        return (self.static_bytes(lo, hi) + self.stash_bytes(stage, lo, hi)
+                + self.inflight(stage) * self.activation_sum(lo, hi)
                 + self.waiting_bytes(stage, lo, hi))
 
     def base_times(self, stage: int, lo: int, hi: int) -> tuple[float, float]:
@@ -279,7 +287,7 @@ class CostModel:
             recompute_s=recompute,
             swap_exposed_s=extra - recompute,
             comm_s=self.send_forward_s(stage, hi) + self.send_backward_s(stage, lo),
-            static_bytes=self.static_bytes(lo, hi),
+            static_bytes=self.static_bytes(lo, hi) + self.stash_bytes(stage, lo, hi),
             activation_bytes=n * resident + self.waiting_bytes(stage, lo, hi),
             swap_buffer_bytes=swap_buffers(n) * swapped,
             host_bytes=(n - swap_buffers(n)) * swapped,

@@ -1,8 +1,11 @@
 """The schedules vpipe_lab runs, built in the IR of ``core/schedule.py``: GPipe, 1F1B (and its eager variant),
 zero-bubble ZB-H1 (``core/zero_bubble.py``), interleaved 1F1B over virtual stages (``core/interleaved.py``) and ZBV
-(``core/zbv.py``), each expanded with its plan's receives, sends, swaps and recomputes; ``for_plan`` picks a plan's."""
+(``core/zbv.py``) and PipeDream's 1F1B with weight stashing (``core/pipedream.py``), each expanded with its plan's
+receives, sends, swaps and recomputes; ``for_plan`` picks a plan's."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from vpipe_lab.core import interleaved, zbv, zero_bubble
 from vpipe_lab.core.plan import Plan, Policy, placement
@@ -124,4 +127,6 @@ def for_plan(plan: Plan) -> Schedule:
         return interleaved_1f1b(plan.stages, plan.virtual_stages, plan.microbatches, plan)
     if plan.schedule == "zbv":
         return zbv_schedule(plan.stages, plan.microbatches, plan)
+    if plan.schedule == "pipedream":  # 1F1B's order; the runtime updates after each backward (core/pipedream.py)
+        return replace(one_f_one_b(plan.stages, plan.microbatches, plan), name="pipedream")
     return one_f_one_b(plan.stages, plan.microbatches, plan, eager=plan.schedule == "eager-1f1b")

@@ -21,8 +21,12 @@ from vpipe_lab.core.profile import SCHEMA_VERSION, check_kind, load_doc
 # split into the input's gradient and the weights' gradients, the latter run in what would be bubbles
 # (core/zero_bubble.py).
 # "interleaved-1f1b" runs ``virtual_stages`` chunks per rank in looped placement (core/interleaved.py); "zbv" runs two
-# per rank in V placement with ZB-H1's split backward (core/zbv.py).
-SCHEDULES = ("gpipe", "1f1b", "eager-1f1b", "zb-h1", "interleaved-1f1b", "zbv")
+# per rank in V placement with ZB-H1's split backward (core/zbv.py). "pipedream" is the paper's PipeDream: 1F1B whose
+# stages update their weights after every micro-batch's backward, each backward with the weights its forward used
+# (weight stashing, core/pipedream.py): other training semantics than the rest, which are one synchronous step per
+# iteration (the planner's "auto" never switches a run to it).
+SCHEDULES = ("gpipe", "1f1b", "eager-1f1b", "zb-h1", "interleaved-1f1b", "zbv", "pipedream")
+ASYNC = ("pipedream",)  # the schedules that update per micro-batch instead of once per iteration
 CHUNKED = ("interleaved-1f1b", "zbv")  # the schedules that give a stage several chunks (virtual stages)
 SPLIT = ("zb-h1", "zbv")  # the schedules that split each backward into B (input gradient) and W (weight gradients)
 AUTO = "auto"  # for the planner (``planner.search``, ``Session.replan``): choose the schedule too

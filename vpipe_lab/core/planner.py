@@ -1,4 +1,4 @@
-"""Planners: uniform, balanced, gpipe, pipedream, vpipe (the paper's online search) and optimal (exact with a bound)."""
+"""Planners: uniform, balanced, gpipe, pipedream(-flush), vpipe (the paper's online search), optimal (exact, bounded)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,19 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from vpipe_lab.core import checks, scaling
+from vpipe_lab.core import checks, keep_all, scaling
 from vpipe_lab.core.chunk_plans import fit_chunks
 from vpipe_lab.core.costmodel import CostModel
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
 from vpipe_lab.core.memory_plans import StageProblem, exact
 from vpipe_lab.core.migration import LayerMove, layer_moves
 from vpipe_lab.core.partition import Objective, balanced, check_fits, pareto_dp, uniform
-from vpipe_lab.core.plan import AUTO, CHUNKED, SCHEDULES, Estimate, Plan, Policy
+from vpipe_lab.core.plan import ASYNC, AUTO, CHUNKED, SCHEDULES, Estimate, Plan, Policy
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.vpipe_search import vpipe_search
 
-METHODS = ("uniform", "balanced", "gpipe", "pipedream", "vpipe", "optimal")
+METHODS = ("uniform", "balanced", "gpipe", "pipedream", "pipedream-flush", "vpipe", "optimal")
+KEEP_ALL = ("pipedream", "pipedream-flush")  # PipeDream's planner: min-bottleneck partition, every activation kept
 K = TypeVar("K")  # what a search among several is keyed by: a schedule's label, a micro-batch count
 
 
@@ -71,7 +72,7 @@ def _raise_infeasible(cm: CostModel, bounds: tuple[int, ...], policies: tuple[Po
         f"budget {cm.budget(stage):,} bytes).",
         stage=stage,
         missing_bytes=missing[stage],
-        suggestions=_suggestions(cm, stage) if method != "pipedream" else (
+        suggestions=_suggestions(cm, stage) if method not in KEEP_ALL else (
             "method='vpipe' to swap or recompute activations, which PipeDream does not do",
             *_suggestions(cm, stage)[1:],
         ),
@@ -79,57 +80,13 @@ def _raise_infeasible(cm: CostModel, bounds: tuple[int, ...], policies: tuple[Po
 
 
 def _pipedream(cm: CostModel) -> tuple[tuple[int, ...], int]:
-    """Min-bottleneck partition with every activation kept (PipeDream's straight-pipeline planner)."""
-    def stage_fn(s: int, lo: int, hi: int) -> tuple[float, float] | None:
-        if cm.keep_all_bytes(s, lo, hi) > cm.budget(s):
-            return None
-        return cm.base_times(s, lo, hi)
-
-    keep = (Policy.KEEP,) * cm.num_layers
-    seed = _keep_cover(cm)
-    upper = math.inf
-    if seed is not None:
-        upper = max(sum(cm.base_times(s, seed[s], seed[s + 1])) for s in range(cm.stages)) * (1 + 1e-9)
-    result = pareto_dp(cm.num_layers, cm.stages, stage_fn, cm.compute_prefix, Objective("bottleneck"), upper)
-    if result.boundaries is None:
-        # Report against the best partition that ignores memory, which is what PipeDream would try to run.
-        bounds = balanced([f + b for f, b in zip(cm.fwd, cm.bwd)], cm.stages)
-        _raise_infeasible(cm, bounds, keep, "pipedream")
-    assert result.boundaries is not None
-    return result.boundaries, result.transitions
-
-
-def _keep_cover(cm: CostModel) -> tuple[int, ...] | None:
-    """A feasible everything-kept partition with a small bottleneck, to bound PipeDream's exact search: bisect on the
-    stage-time cap, filling each stage as far as both the cap and its memory allow."""
-    n, k = cm.num_layers, cm.stages
-
-    def cover(cap: float) -> tuple[int, ...] | None:
-        bounds = [0]
-        for s in range(k):
-            lo = bounds[-1]
-            last = n if s == k - 1 else n - (k - s - 1)
-            hi = lo + 1 if s < k - 1 else n
-            while hi < last and sum(cm.base_times(s, lo, hi + 1)) <= cap and \
-                    cm.keep_all_bytes(s, lo, hi + 1) <= cm.budget(s):
-                hi += 1
-            if hi > last or sum(cm.base_times(s, lo, hi)) > cap or cm.keep_all_bytes(s, lo, hi) > cm.budget(s):
-                return None
-            bounds.append(hi)
-        return tuple(bounds)
-
-    low, high = 0.0, cm.total_compute_s + sum(cm.send_forward_s(0, i + 1) for i in range(n)) * 2 + 1.0
-    best = cover(high)
-    if best is None:
-        return None
-    for _ in range(60):
-        mid = (low + high) / 2
-        found = cover(mid)
-        if found is None:
-            low = mid
-        else:
-            best, high = found, mid
-    return best
+    """PipeDream's partition (``core/keep_all.py``), or the refusal measured on the compute-balanced split."""
+    bounds, transitions = keep_all.partition(cm)
+    if bounds is None:  # report against the best partition that ignores memory, which PipeDream would try to run
+        _raise_infeasible(cm, balanced([f + b for f, b in zip(cm.fwd, cm.bwd)], cm.stages), (Policy.KEEP,) * cm.num_layers,
+                          cm.schedule if cm.schedule == "pipedream" else "pipedream-flush")
+    assert bounds is not None
+    return bounds, transitions
 
 
 class _ExactStages:
@@ -185,15 +142,19 @@ def search(
     the profile rescaled to its micro-batch size (``core/scaling.py``), each within the method's own rules (GPipe
     recomputes everything, PipeDream keeps everything), and the fastest feasible plan wins.
 
-    ``schedule="auto"`` plans every schedule in ``SCHEDULES`` (each with its own in-flight memory, so a tight budget
-    may leave some out; interleaved 1F1B with 2 to 4 virtual stages where the layers and micro-batches allow, ZBV
-    where the layers allow) and keeps the fastest feasible plan; ``schedules`` on the result lists what each got.
+    ``schedule="auto"`` plans every synchronous schedule (each with its own in-flight memory, so a tight budget may
+    leave some out; interleaved 1F1B with 2 to 4 virtual stages where the layers and micro-batches allow, ZBV where
+    the layers allow) and keeps the fastest feasible plan; ``schedules`` on the result lists what each got.
+    ``method="pipedream"`` is the paper's baseline and plans its own schedule, ``"pipedream"`` (weight stashing: its
+    copies of weights count against the budget); ``"pipedream-flush"`` is the same planner on the schedule given.
 
     ``interleaved-1f1b`` with ``virtual_stages`` V (and ``zbv``, V = 2) cuts the layers into ``stages x V`` chunks
     balanced by compute (``uniform``: by count); ``vpipe`` and ``optimal`` then keep, swap or recompute each layer
     so every rank's chunks fit its budget (``core/chunk_plans.py``, greedy: not proven optimal); vPipe's partition
     refinement works on one chunk per stage and is not applied to chunks.
     """
+    if method == "pipedream":  # the paper's PipeDream runs its own schedule, with weight stashing (core/pipedream.py)
+        schedule, virtual_stages = "pipedream", 1
     if schedule == AUTO:
         return _search_schedules(profile, cluster, microbatches=microbatches, batch_size=batch_size, method=method,
                                  current=current, node_limit=node_limit, counts=counts)
@@ -233,7 +194,7 @@ def _chunked(profile: ModelProfile, cluster: Cluster, m: int, schedule: str, vir
     bounds = uniform(cm.num_layers, cm.chunks) if method == "uniform" else balanced(compute, cm.chunks)
     # GPipe's rules recompute everything; the all-keep methods keep everything; vPipe and optimal keep, swap and
     # recompute per layer across a rank's chunks (core/chunk_plans.py).
-    fixed = {"gpipe": Policy.RECOMPUTE, "uniform": Policy.KEEP, "balanced": Policy.KEEP, "pipedream": Policy.KEEP}
+    fixed = {"gpipe": Policy.RECOMPUTE, "uniform": Policy.KEEP, "balanced": Policy.KEEP, "pipedream-flush": Policy.KEEP}
     policies = (fixed[method],) * cm.num_layers if method in fixed else fit_chunks(cm, bounds)
     found = Plan(bounds, policies, m, schedule, virtual)
     est = cm.estimate(found)
@@ -249,7 +210,7 @@ def _chunked(profile: ModelProfile, cluster: Cluster, m: int, schedule: str, vir
 
 def _candidates(profile: ModelProfile, cluster: Cluster, microbatches: int | None) -> list[tuple[str, int]]:
     """Every (schedule, virtual stages) that ``auto`` tries."""
-    out = [(s, 1) for s in SCHEDULES if s not in CHUNKED]
+    out = [(s, 1) for s in SCHEDULES if s not in CHUNKED + ASYNC]  # never other training semantics
     if microbatches is not None and microbatches % cluster.stages == 0:
         out += [("interleaved-1f1b", v) for v in (2, 3, 4) if cluster.stages * v <= len(profile.layers)]
     return out + ([("zbv", 2)] if microbatches is not None and cluster.stages * 2 <= len(profile.layers) else [])
@@ -339,7 +300,7 @@ def _search(
         est = cm.estimate(Plan(bounds, policies, microbatches, schedule))
         if not est.feasible:
             _raise_infeasible(cm, bounds, policies, method)
-    elif method == "pipedream":
+    elif method in KEEP_ALL:
         bounds, evaluations = _pipedream(cm)
         policies = keep
     else:

@@ -47,7 +47,7 @@ class StageOracle:
         solution = greedy(problem)
         if solution is None:
             n = problem.inflight
-            floor = cm.static_bytes(lo, hi) + sum(
+            floor = cm.static_bytes(lo, hi) + cm.stash_bytes(stage, lo, hi) + sum(
                 min(n * a, swap_buffers(n) * a, n * x) for a, x in zip(problem.activation, problem.inputs)
             )
             result = StageEval(fwd, math.inf, None, max(1, floor - cm.budget(stage)))

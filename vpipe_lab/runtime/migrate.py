@@ -30,6 +30,7 @@ from vpipe_lab.core.plan import Plan, Policy
 from vpipe_lab.runtime.engine import faults
 from vpipe_lab.runtime.engine.comm import TAG_MIGRATE, Peer
 from vpipe_lab.runtime.engine.device import Clock
+from vpipe_lab.runtime.engine.memory import unit_static_bytes
 from vpipe_lab.runtime.engine.stage import Stage
 from vpipe_lab.runtime.model.batches import rebuild
 from vpipe_lab.runtime.model.capture import Chain, UnitTensors, build_model, capture, to_meta
@@ -170,13 +171,15 @@ class Migration:
             return Outcome({"ok": False, "error": problem, "pause_s": time.perf_counter() - start}, chain_now)
 
         # 1. Memory: everyone learns what comes to whom, receivers check their budgets, all agree.
-        static = stage.unit_static_bytes
+        def static(i: int) -> int:
+            return unit_static_bytes(stage.unit_state(i))
+
         incoming = [0.0] * self.world
         for _, i, dst in sends:
             incoming[dst] += static(i)
         incoming = [v / self.replicas for v in self.peer.all_sum(incoming)]  # each replica added the same
         outgoing = sum(static(i) for _, i, _ in sends)
-        after = stage.static_total() - outgoing + int(incoming[rank])
+        after = sum(stage.static_bytes().values()) - outgoing + int(incoming[rank])
         refuse = budget is not None and after > budget
         # The verdict carries who refused and by how much, so rank 0's acknowledgement says it (a separate message
         # from the refusing stage could arrive after the acknowledgement).

@@ -288,22 +288,25 @@ class Worker(WorkerCommands):
     def finish(self, result: IterationResult, failed: bool, memory: dict[str, Any], stepped: StepReport | None
                ) -> bool:
         """Step (unless done already), or (when any rank went over its budget) drop the iteration on every rank and
-        pause; whether the iteration was taken."""
-        if failed:
+        pause (under PipeDream, whose updates are made, take it and pause); whether it was taken without failing."""
+        # PipeDream's stages updated their weights during the iteration: it cannot be undone, so it counts
+        applied = self.stage.stash.on
+        if failed and not applied:
             # No parameter or optimizer state changes; the same iteration runs again after resume.
             self.stage.discard()
+        if not failed or applied:
+            if stepped is None:
+                stepped = self.stepper.step(result.iteration)
+            self.ctl.iteration += 1
+            self.report(result, memory, stepped)
+        if failed:
             self.ctl.paused = True
             if result.violation is not None:
                 v = result.violation
                 self.send(E.Failure("budget", self.index, self.global_rank, self.replica, result.iteration,
                                     used=v.used_bytes, budget=v.budget_bytes, layers=[list(x) for x in v.layers],
                                     memory=memory))
-            return False
-        if stepped is None:
-            stepped = self.stepper.step(result.iteration)
-        self.ctl.iteration += 1
-        self.report(result, memory, stepped)
-        return True
+        return not failed
 
     def report(self, result: IterationResult, memory: dict[str, Any], step: StepReport) -> None:
         spans = [(KINDS.index(k), mb, -1 if layer is None else layer, s, e, c) for k, mb, layer, s, e, c in result.spans]

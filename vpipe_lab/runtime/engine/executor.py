@@ -2,6 +2,8 @@
 
 Micro-batches are ``torch.chunk`` of the mini-batch along dim 0; each micro-batch's loss is scaled by 1/M, so the
 gradients are those of the mean of the per-micro-batch losses and a pipelined step equals a plain full-batch step.
+Under PipeDream (``plan.schedule == "pipedream"``) each micro-batch is a step of its own instead: its loss unscaled,
+the stage's optimizer stepping after its backward on the weights its forward used (``stash.py``).
 
 A forward or backward runs the stage's fused segments (see ``stage.Stage``); in a *profiling* iteration every layer
 runs and is timed on its own, for the online profiler, and the caller decides which iterations profile. Transfers
@@ -31,7 +33,7 @@ from typing import Any
 import torch
 
 from vpipe_lab.core.generators import for_plan
-from vpipe_lab.core.plan import SPLIT, Plan
+from vpipe_lab.core.plan import ASYNC, SPLIT, Plan
 from vpipe_lab.core.schedule import KIND, Op, Schedule, chunk_indices
 from vpipe_lab.runtime.engine import faults
 from vpipe_lab.runtime.engine.comm import TAG_BACKWARD, TAG_EVAL, TAG_FORWARD, Incoming, Peer
@@ -135,7 +137,7 @@ class Executor:
             return
         # Parameters and optimizer state are fixed within an iteration; gradients appear with the first backward
         # and are parameter-sized. Walking every tensor after each layer would put O(parameters) on the hot path.
-        static = self._static + (self._param_bytes if self.stage.ledger.in_backward else 0)
+        static = self._static + (self._param_bytes if self.stage.ledger.in_backward else 0) + self.stage.stash.current
         used = static + self.stage.ledger.current
         if used > self.budget:
             per_layer = self.stage.ledger.by_layer_peak(self.stage.owned)
@@ -151,9 +153,13 @@ class Executor:
         rank, last = self.rank, self.rank == plan.loss_stage
         m = plan.microbatches
         stage, peer = self.stage, self.peer
-        stage.loss_scale = self.loss_multiplier / m
+        stage.stash.on = plan.schedule in ASYNC  # PipeDream: an update after every backward (stash.py)
+        stage.stash.reset()
+        # each micro-batch's mean loss is a step of its own under PipeDream; else 1/M of the iteration's step
+        stage.loss_scale = self.loss_multiplier / (1 if stage.stash.on else m)
         uneven = sizes is not None and len(sizes) == m and len(set(sizes)) > 1
-        stage.scales = [self.loss_multiplier * (n / sum(sizes)) for n in sizes] if uneven and sizes else None
+        stage.scales = [self.loss_multiplier * (n / sum(sizes)) for n in sizes] if (
+            uneven and sizes and not stage.stash.on) else None
         agreed = not uneven  # shapes agreed once per epoch only when every micro-batch has them
         stage.iteration = iteration
         stage.split_backward(plan.schedule in SPLIT)  # B then W (core/zero_bubble.py), or one backward
@@ -226,6 +232,8 @@ class Executor:
             elif op is Op.F:
                 if self.fault is not None:
                     faults.hit(self.fault, "forward", rank, iteration)
+                if stage.stash.on:
+                    stage.stash.begin(mb, stage.params())
                 if c > 0:  # handed over in place from the chunk before, when it runs here too
                     x = outputs.pop((c - 1, mb)) if schedule.local(c - 1, c) else received.pop((c, mb))
                 else:
@@ -268,6 +276,8 @@ class Executor:
                     grads = stage.backward(mb, segment, grads, timer, local[c])
                 if c > 0:
                     grads_in[(c, mb)] = grads  # type: ignore[assignment]
+                if stage.stash.on:
+                    stage.update(mb)
             elif op is Op.W:
                 stage.weight_step(mb, timer, local[c])
             elif op is Op.SEND_B:
@@ -329,9 +339,10 @@ class Executor:
         """This stage's memory in the iteration just run, as reported to the controller (peaks, then reset)."""
         static = self.stage.static_bytes()
         ledger = self.stage.ledger
+        stash = self.stage.stash.reset_peak()  # PipeDream's stashed weight copies, at their most
         snap: dict[str, Any] = {**static, "static": sum(static.values()), "activations": ledger.peak,
-                                "resident": ledger.resident_peak, "host": ledger.host_peak,
-                                "peak": sum(static.values()) + ledger.peak,
+                                "resident": ledger.resident_peak, "host": ledger.host_peak, "stash": stash,
+                                "peak": sum(static.values()) + stash + ledger.peak,
                                 "budget": self.budget}
         if self.placement.is_cuda:
             snap["cuda_allocated"] = torch.cuda.memory_allocated(self.placement.device)

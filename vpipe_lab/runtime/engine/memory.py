@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -19,6 +20,14 @@ def module_param_bytes(module: torch.nn.Module) -> int:
 
 def module_grad_bytes(module: torch.nn.Module) -> int:
     return sum(p.grad.numel() * p.grad.element_size() for p in module.parameters() if p.grad is not None)
+
+
+def unit_static_bytes(state: dict[str, Any]) -> int:
+    """What one layer adds to a stage's static memory where it goes, from its ``Stage.unit_state``: its tensors, their
+    gradients (as large) and its optimizer state (what migration checks against the receiver's budget)."""
+    return (2 * sum(tensor_bytes(t) for t in state["tensors"].values())
+            + sum(tensor_bytes(v) for st in state["optimizer"].values() for v in st.values()
+                  if isinstance(v, torch.Tensor)))
 
 
 def optimizer_bytes(optimizer: torch.optim.Optimizer | None) -> int:

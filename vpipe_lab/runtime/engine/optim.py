@@ -9,12 +9,13 @@ group only: the first unit here that uses it; when that unit leaves, the group s
 Adding or removing a unit costs time in its own size, not the stage's.
 
 A learning-rate scheduler (``optimizer -> scheduler``) is built on the stage's optimizer and stepped once per
-iteration. Its lists are per group, so it is rebuilt whenever the groups change (a unit arrives or leaves, a
-checkpoint is loaded); the rebuilt one continues at the iteration it was built at (``last_epoch``) from each group's
-current learning rate and ``initial_lr``, which travel with the group. That is exact for the schedulers whose next
-value depends only on the step count, ``initial_lr`` and the current ``lr`` (LambdaLR, StepLR, MultiStepLR,
-ExponentialLR, CosineAnnealingLR, LinearLR, PolynomialLR), not for ones that hold other schedulers (SequentialLR,
-ChainedScheduler) or extra history (ReduceLROnPlateau, OneCycleLR's phases are closed-form and work).
+iteration (under PipeDream too, whose ``update`` steps the optimizer after every micro-batch). Its lists are per
+group, so it is rebuilt whenever the groups change (a unit arrives or leaves, a checkpoint is loaded); the rebuilt one
+continues at the iteration it was built at (``last_epoch``) from each group's current learning rate and
+``initial_lr``, which travel with the group. That is exact for the schedulers whose next value depends only on the
+step count, ``initial_lr`` and the current ``lr`` (LambdaLR, StepLR, MultiStepLR, ExponentialLR, CosineAnnealingLR,
+LinearLR, PolynomialLR), not for ones that hold other schedulers (SequentialLR, ChainedScheduler) or extra history
+(ReduceLROnPlateau, OneCycleLR's phases are closed-form and work).
 """
 
 from __future__ import annotations
@@ -156,6 +157,17 @@ class StageOptimizer:
                     group.update(saved["options"])
         self._stale = True
 
+    def _ready(self, iteration: int) -> None:
+        if self.scheduler_factory is not None and (self.scheduler is None or self._stale):
+            self._schedule(iteration)
+
+    def update(self, iteration: int) -> None:
+        """One optimizer step inside ``iteration`` without the scheduler's (PipeDream's update after each
+        micro-batch; the learning-rate schedule still steps once per iteration, in ``step``)."""
+        if self.optimizer is not None and self.optimizer.param_groups:
+            self._ready(iteration)
+            self.optimizer.step()
+
     def lr(self) -> float | None:
         """The first group's learning rate (what a log shows), None without an optimizer."""
         if self.optimizer is None or not self.optimizer.param_groups:
@@ -178,12 +190,12 @@ class StageOptimizer:
         self._stale = False
 
     def step(self, iteration: int = 0, skip: bool = False) -> float | None:
-        """The optimizer step of ``iteration`` (not when ``skip``: an fp16 overflow), then the scheduler's; returns
-        the learning rate it stepped with (the first group's)."""
+        """The optimizer step of ``iteration`` (not when ``skip``: an fp16 overflow, or PipeDream, whose updates
+        ``update`` made during the iteration), then the scheduler's; returns the learning rate it stepped with (the
+        first group's)."""
         if self.optimizer is None or not self.optimizer.param_groups:
             return None
-        if self.scheduler_factory is not None and (self.scheduler is None or self._stale):
-            self._schedule(iteration)
+        self._ready(iteration)
         lr = self.lr()
         if not skip:
             self.optimizer.step()

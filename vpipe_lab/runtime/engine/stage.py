@@ -29,6 +29,7 @@ from vpipe_lab.core.plan import Policy
 from vpipe_lab.runtime.engine import probe, recompute, wgrad
 from vpipe_lab.runtime.engine.memory import Ledger, optimizer_bytes, tensor_bytes
 from vpipe_lab.runtime.engine.optim import OptimizerFactory, SchedulerFactory, StageOptimizer
+from vpipe_lab.runtime.engine.stash import WeightStash
 from vpipe_lab.runtime.engine.swap import SwapEngine
 from vpipe_lab.runtime.model.capture import UnitTensors
 from vpipe_lab.runtime.model.units import Layer, LayerStats, get_tensor, layer_seed, set_tensor, tensors_of
@@ -56,6 +57,7 @@ class Stage:
         self.autocast = autocast  # the compute's precision (see runtime/training/precision.py); recompute replays it too
         self.ledger = Ledger()
         self.swap = SwapEngine(device, self.ledger)
+        self.stash = WeightStash()  # PipeDream's weight versions, under the pipedream schedule (``stash.on``)
         self.iteration = 0
         self.mb_offset = 0  # replica r's micro-batch m is the global batch's micro-batch r * M + m (dropout seeds)
         self.probing = True  # profiling iterations also time each layer at other micro-batch sizes (see probe)
@@ -143,9 +145,12 @@ class Stage:
         return list(out.items())
 
     def _changed(self) -> None:
-        self.swap.param_storages = {t.untyped_storage().data_ptr() for t in self.tensors.values()}
+        self._storages()
         self._segments.clear()
         self._kept_bytes.clear()  # a layer index may now name another module
+
+    def _storages(self) -> None:  # what the saved-tensor accounting takes for weights (stashed ones too)
+        self.swap.param_storages = {t.untyped_storage().data_ptr() for t in self.tensors.values()} | self.stash.storages()
 
     def params(self) -> list[tuple[str, torch.nn.Parameter]]:
         """Trainable parameters held, each once, in layer order: what the optimizer steps."""
@@ -221,9 +226,14 @@ class Stage:
         """The segment's layers in order, each seeded for itself; ``record`` registers what each saves."""
         for index in segment:
             self._seed(layer_seed(self.seed, self.iteration, mb + self.mb_offset, index))
+            layer = self.layers[index]
             with self.swap.recording(mb, index) if record else nullcontext(), self.autocast():
-                x = self.layers[index].module(x)
+                x = self.stash.call(layer.module, layer.tensors.params, mb, x) if self.stash.on else layer.module(x)
         return x
+
+    def update(self, mb: int) -> None:  # after mb's backward, under PipeDream: the optimizer steps (stash.py)
+        if self.stash.update(mb, self.params(), lambda: self.optim.update(self.iteration)):
+            self._storages()
 
     def forward(self, mb: int, segment: Segment, x: Any, input_grad: bool = True, timer: Timer | None = None) -> Any:
         """One segment's forward. ``input_grad=False`` for the pipeline's data input, whose gradient nobody needs;
@@ -372,10 +382,12 @@ class Stage:
         self._losses.clear()
         self.deferred.clear()
         self.swap.clear()
+        self.stash.reset()
+        self._storages()
         self.zero_grad()
 
     def static_bytes(self) -> dict[str, int]:
-        """What this stage holds whatever runs, by part; their sum is ``static_total``."""
+        """What this stage holds whatever runs, by part (a layer's share: ``memory.unit_static_bytes``)."""
         params = [p for _, p in self.params()]
         return {
             "params": sum(tensor_bytes(p) for p in params),
@@ -383,18 +395,6 @@ class Stage:
             "optimizer": optimizer_bytes(self.optimizer),
         }
 
-    def static_total(self) -> int:  # parameters, gradients and optimizer state: the memory no policy can free
-        return sum(self.static_bytes().values())
-
-    def unit_static_bytes(self, index: int) -> int:
-        """What one layer adds to a stage's static memory where it goes: its tensors, their gradients (as large) and
-        its optimizer state (what migration checks against the receiver's budget)."""
-        state = self.unit_state(index)
-        return (2 * sum(tensor_bytes(t) for t in state["tensors"].values())
-                + sum(tensor_bytes(v) for st in state["optimizer"].values() for v in st.values()
-                      if isinstance(v, torch.Tensor)))
-
     def reset_stats(self) -> None:
         for layer in self.layers.values():
             layer.stats = LayerStats()
-

@@ -59,6 +59,10 @@ class Stepper:
 
     def step(self, iteration: int) -> StepReport:
         stage = self.stage
+        if stage.stash.on:  # PipeDream stepped after every micro-batch (launch refuses clipping, fp16 and replicas)
+            report = StepReport(lr=stage.optim.step(iteration, skip=True))
+            stage.zero_grad()
+            return report
         if self.data_parallel is not None:  # the replicas' gradients, averaged: one model over the global batch
             self.data_parallel.average([p.grad for _, p in stage.params() if p.grad is not None])
         self.ties.reduce_grads()

@@ -74,6 +74,12 @@ class Ties:
     def conflict(self, plan: Plan, chain: Chain | None = None) -> str | None:
         chain = chain or self.chain
         plan_layers = [list(plan.layers_of(s)) for s in range(self.world)]
+        tied = holders(plan_layers, [[c for _, c in t.params] for t in chain.tensors])
+        if plan.schedule == "pipedream" and tied:  # one weight, updated by two stages at their own times
+            name, ranks = tied[0]
+            return (f"parameter {name!r} is tied across stages {list(ranks)}; under PipeDream each stage updates its "
+                    "weights on its own after every micro-batch, so a tie cannot stay one weight: keep the tied layers "
+                    "on one stage or use a synchronous schedule ('1f1b')")
         return conflict(plan_layers, [[c for _, c in t.buffers] for t in chain.tensors], chain.mutated, chain.names)
 
     def reduce_grads(self) -> None:
