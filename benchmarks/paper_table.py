@@ -8,7 +8,9 @@ nn.Sequential models) and the cluster; the budget is a fraction of what an even,
 default micro-batch count (the peak of the fullest stage under the cost model). Each method then plans the same global
 batch, choosing its micro-batch count within its own rules (``search(..., batch_size=B)``: GPipe recomputes every
 layer on an even split, PipeDream keeps every layer on its best split, vPipe searches the partition and per-layer
-keep/swap/recompute; GPipe runs its own schedule, the others 1F1B). The methods' plans are then launched under that
+keep/swap/recompute; GPipe runs its own schedule, PipeDream the paper's (weight stashing, an update after every
+micro-batch: ``core/pipedream.py``, its weight copies charged against the budget), PipeDream-Flush the same planner
+on 1F1B, vPipe 1F1B). The methods' plans are then launched under that
 budget all at once and measured in interleaved blocks (``interleaved.py``: every session alive, ``--block``
 iterations each in turn, ``--blocks`` rounds, the order rotated every round), so the machine's drift hits all of them
 alike: each cell is the median (interquartile range) over rounds of vPipe's samples/s over the other method's in the
@@ -38,8 +40,10 @@ from vpipe_lab.core.plan import Policy
 from vpipe_lab.core.simulator import simulate
 
 WARMUP = 3
-METHODS = ("vpipe", "gpipe", "pipedream")
-SCHEDULE = {"vpipe": "1f1b", "gpipe": "gpipe", "pipedream": "1f1b"}  # each method with its own schedule
+METHODS = ("vpipe", "gpipe", "pipedream", "pipedream-flush")
+# each method with its own schedule: the paper's PipeDream stashes weights and updates per micro-batch (its planner
+# plans that schedule whatever is asked); PipeDream-Flush is its planner on synchronous 1F1B
+SCHEDULE = {"vpipe": "1f1b", "gpipe": "gpipe", "pipedream": "pipedream", "pipedream-flush": "1f1b"}
 
 
 def gpt2() -> torch.nn.Module:
@@ -52,7 +56,8 @@ def gpt2() -> torch.nn.Module:
     transformers.logging.set_verbosity_error()
     return transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=256, n_positions=64, n_embd=96, n_layer=6, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
-        attn_pdrop=0.0, use_cache=False, bos_token_id=0, eos_token_id=0))
+        attn_pdrop=0.0, use_cache=False, bos_token_id=0, eos_token_id=0,
+        tie_word_embeddings=False))  # untied for every method: PipeDream cannot keep a tie across stages one weight
 
 
 def gpt2_data(iteration: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -161,8 +166,9 @@ def _why(exc: Exception) -> str:
 
 
 def summary(rows: list[dict[str, Any]]) -> None:
-    print("\n| model | ranks | budget | vPipe plan | vPipe samples/s | vs GPipe | vs PipeDream | predicted/measured |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| model | ranks | budget | vPipe plan | vPipe samples/s | vs GPipe | vs PipeDream | vs PipeDream-Flush | "
+          "predicted/measured |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     keys = sorted({(r["model"], r["ranks"], r["budget"]) for r in rows}, key=lambda k: (k[0], k[1], -k[2]))
     for key in keys:
         by = {r["method"]: r for r in rows if (r["model"], r["ranks"], r["budget"]) == key}
@@ -182,7 +188,7 @@ def summary(rows: list[dict[str, Any]]) -> None:
         rate = f"{v['samples_per_s']:.0f}" if "samples_per_s" in v else v.get("result", "-")
         ratio = (f"{v['predicted_s'] / v['measured_s']:.2f}" if "measured_s" in v else "-")
         print(f"| {key[0]} | {key[1]} | {key[2]:.0%} | {v.get('plan', '-')} | {rate} | {versus('gpipe')} | "
-              f"{versus('pipedream')} | {ratio} |")
+              f"{versus('pipedream')} | {versus('pipedream-flush')} | {ratio} |")
     ratios = [r["predicted_s"] / r["measured_s"] for r in rows if "measured_s" in r]
     if ratios:
         print(f"\nsimulator/measured over all {len(ratios)} runs: median {statistics.median(ratios):.2f}, "

@@ -32,4 +32,4 @@ def test_the_partition_has_the_smallest_bottleneck_of_every_all_kept_split_that_
         assert found is None and cover is None
         return
     assert found is not None and math.isclose(bottleneck(found), best, rel_tol=1e-9)
-    assert cover is not None and not math.isinf(bottleneck(cover))
+    assert cover is None or best <= bottleneck(cover) < math.inf  # a greedy bound: when it finds one, it fits

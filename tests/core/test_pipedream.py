@@ -3,7 +3,7 @@ import pytest
 from vpipe_lab.core.costmodel import CostModel
 from vpipe_lab.core.errors import InfeasiblePlan
 from vpipe_lab.core.generators import for_plan
-from vpipe_lab.core.pipedream import stashed_versions, version_of
+from vpipe_lab.core.pipedream import copies, stashed_versions, version_of
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.planner import search
 from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
@@ -19,17 +19,18 @@ def test_each_forward_sees_the_updates_of_the_backwards_before_it(stages: int, m
     schedule = for_plan(plan)
     assert schedule.name == "pipedream"
     for s, row in enumerate(schedule.stages):
-        updates, flight, peak = 0, {}, 0
+        updates, flight, peak, moves = 0, {}, 0, 0
         for action in row:
             if action.op is Op.F:
                 assert version_of(stages, s, action.microbatch, microbatches) == updates
                 flight[action.microbatch] = updates
             elif action.op is Op.B:
                 del flight[action.microbatch]
+                moves += updates in flight.values()  # a forward in flight reads the live weights: they move first
                 updates += 1
                 peak = max(peak, len(set(flight.values())))
         assert updates == microbatches and not flight
-        assert stashed_versions(stages, s, microbatches) == peak
+        assert stashed_versions(stages, s, microbatches) == peak and copies(stages, s, microbatches) == moves
         assert peak <= max(0, stages - s - 1)
         if microbatches >= 2 * stages:  # a steady state: K - s - 1 old versions besides the live weights
             assert peak == stages - s - 1
@@ -62,3 +63,21 @@ def test_the_cost_model_charges_the_stashed_weights_and_pipedream_plans_for_them
     assert dreamt.plan.schedule == planned.plan.schedule == "pipedream"
     assert dreamt.plan.counts[0] == 1 and planned.plan.counts == (2, 2, 2, 2)
     assert planned.estimate.iteration_s < 0.8 * dreamt.estimate.iteration_s
+
+
+def test_each_backward_pays_its_update_and_its_share_of_the_copies() -> None:
+    """With the measured optimizer step and copy per parameter byte, a PipeDream stage's backward grows by its
+    weights' step and, where forwards in flight read the live weights, the copy (every update but the drain's on
+    stage 0 of 2 at M = 4: 3 of 4); 1F1B's does not."""
+    layer = LayerCost("l", 1e-3, 2e-3, 1 << 20, 1 << 16, 1 << 16, 4 << 20)
+    profile = ModelProfile((layer,) * 4)
+    cluster = Cluster(2, 1 << 34, 1e10, 1e12, update_s_per_byte=1e-10, copy_s_per_byte=2e-10)
+    assert Cluster.from_json(cluster.to_json()) == cluster
+    plan = Plan.from_counts([2, 2], 4, "pipedream")
+    dream = CostModel(profile, cluster, 4, "pipedream").estimate(plan)
+    flush = CostModel(profile, cluster, 4, "1f1b").estimate(plan.replace(schedule="1f1b"))
+    weights = 2 * (4 << 20)
+    assert copies(2, 0, 4) == 3 and copies(2, 1, 4) == 0
+    assert dream.backward_s[0] - flush.backward_s[0] == pytest.approx(weights * (1e-10 + 3 / 4 * 2e-10))
+    assert dream.backward_s[1] - flush.backward_s[1] == pytest.approx(weights * 1e-10)
+    assert dream.iteration_s > flush.iteration_s

@@ -16,7 +16,8 @@ def test_profiles_scale_with_microbatch_and_round_trip() -> None:
     small = workload("bert-24", microbatch_size=2)
     big = workload("bert-24", microbatch_size=8)
     assert big.layers[5].activation_bytes == 4 * small.layers[5].activation_bytes
-    assert big.layers[5].forward_s == pytest.approx(4 * small.layers[5].forward_s)
+    # the published curve: a sample at micro-batch 2 costs 41.32 / 38.47 of one at 8 (BERT-Large, V100, fp32)
+    assert small.layers[5].forward_s / 2 == pytest.approx(big.layers[5].forward_s / 8 * 41.32 / 38.47)
     assert big.layers[5].param_bytes == small.layers[5].param_bytes
     for name in WORKLOADS:
         profile = workload(name)
@@ -44,3 +45,26 @@ def test_random_chain_is_seeded() -> None:
     assert random_chain(10, seed=3) == random_chain(10, seed=3)
     assert random_chain(10, seed=3) != random_chain(10, seed=4)
     assert pressured_cluster(random_chain(10), 2, 4, pressure=0.5).budgets[0] > 0
+
+
+def test_every_workload_carries_its_published_curve_and_says_where_it_is_from() -> None:
+    """Each layer has times at micro-batch sizes 1, 2, 4 and 8 whose per-sample cost falls as the published
+    throughput rises, the profile names the source, and rescaling to any size reads the same curve."""
+    from vpipe_lab.core import scaling
+    from vpipe_lab.core.workloads import CURVES, slowdown
+
+    for name in WORKLOADS:
+        for device in DEVICES:
+            profile = workload(name, device=device)
+            assert "DeepLearningExamples" in profile.source and "V100" in profile.source
+            rates = CURVES["fp32" if DEVICES[device].precision == "fp32" else "mixed"]
+            layer = profile.layers[1]
+            per_sample = {b: f / b for b, f, _ in layer.times} | {profile.microbatch_size: layer.forward_s /
+                                                                  profile.microbatch_size}
+            assert sorted(per_sample) == [1, 2, 4, 8]
+            for (a, ra), (b, rb) in zip(zip((1, 2, 4, 8), rates), zip((2, 4, 8), rates[1:])):
+                assert per_sample[a] / per_sample[b] == pytest.approx(rb / ra)
+            at16 = scaling.at(profile, 16)
+            assert at16.source == profile.source
+            assert at16.layers[1].forward_s / 16 == pytest.approx(per_sample[8])  # no gain beyond what was measured
+    assert slowdown("fp32", 3) == pytest.approx(41.32 / ((38.47 + 41.11) / 2))

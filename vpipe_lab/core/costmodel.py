@@ -43,7 +43,7 @@ from itertools import accumulate
 
 from vpipe_lab.core import checks, interleaved, pipedream, zbv, zero_bubble
 from vpipe_lab.core.errors import PlanError
-from vpipe_lab.core.pipeline_time import iteration_time
+from vpipe_lab.core.pipeline_time import chunks_iteration_time, iteration_time
 from vpipe_lab.core.plan import SCHEDULES, SPLIT, Estimate, Plan, Policy, placement
 from vpipe_lab.core.profile import Cluster, ModelProfile
 
@@ -251,13 +251,23 @@ class CostModel:
                 + self.inflight(stage) * self.activation_sum(lo, hi)
                 + self.waiting_bytes(stage, lo, hi))
 
+    def update_s(self, stage: int, lo: int, hi: int) -> float:
+        """PipeDream: per micro-batch, the optimizer's step on layers lo:hi's weights and their share of the copies
+        that move the live weights off memory forwards in flight still read (else 0)."""
+        if self.schedule != "pipedream":
+            return 0.0
+        share = pipedream.copies(self.stages, stage, self.microbatches) / self.microbatches
+        return (self._pp[hi] - self._pp[lo]) * (self.cluster.update_s_per_byte + share * self.cluster.copy_s_per_byte)
+
     def base_times(self, stage: int, lo: int, hi: int) -> tuple[float, float]:
         """Forward and backward time per micro-batch with every layer kept (communication and the runtime's
-        overhead per step included: one for the forward, one for the backward and one for a split-off weight step)."""
+        overhead per step included: one for the forward, one for the backward and one for a split-off weight step;
+        under PipeDream the update after each backward)."""
         step = self.cluster.step_overhead_s
         return (
             self.forward_compute_s(lo, hi) + self.send_forward_s(stage, hi) + step,
-            self.backward_compute_s(lo, hi) + self.send_backward_s(stage, lo) + step * self.backward_steps,
+            self.backward_compute_s(lo, hi) + self.send_backward_s(stage, lo) + step * self.backward_steps
+            + self.update_s(stage, lo, hi),
         )
 
     # --- full evaluation ----------------------------------------------------------------------------------------
@@ -333,24 +343,10 @@ class CostModel:
         )
 
     def chunks_iteration_s(self, chunk_s: Sequence[float], wgrad_s: Sequence[float] = ()) -> float:
-        """The iteration from each chunk's time per micro-batch (``wgrad_s``: its W step's, for ZBV).
-
-        Interleaved 1F1B (chunk ``c`` on stage ``c % K``): ``M * max(T_stage) + (K - 1) * max(T_chunk)``, plus the
-        latency of the ``K V - 1`` links, each crossed once by the first forward and once by the last backward.
-        ZBV: ``M * max(T_stage) + (K - 1) * mean(T_chunk - 2 W_chunk)`` plus one latency per link of the ``2 K - 2``
-        (the turn is local): the up chunks' forwards fill the warm-up and the W steps the drain, so what is left of
-        the bubble is K - 1 chunk-steps without their weight step (the paper's unit costs: ``6 M + K - 1`` units for
-        ``6 M`` of work). Against the replay (``core/simulator.py``) over 300 random pipelines of 2-8 stages, chunk
-        times +-50% and latency up to a third of a step: median +1.6%, 95% within -3/+8%."""
-        k = self.stages
-        stage_s = [0.0] * k
-        for c, t in enumerate(chunk_s):
-            stage_s[self.placement[c]] += t
-        if self.schedule == "zbv":
-            w = list(wgrad_s) or [0.0] * len(chunk_s)
-            fill = sum(t - 2 * x for t, x in zip(chunk_s, w)) / len(chunk_s)
-            return self.microbatches * max(stage_s) + (k - 1) * fill + (self.chunks - 2) * self.hop_s
-        return self.microbatches * max(stage_s) + (k - 1) * max(chunk_s) + 2 * (self.chunks - 1) * self.hop_s
+        """The iteration from each chunk's time per micro-batch (``wgrad_s``: its W step's, for ZBV): see
+        ``pipeline_time.chunks_iteration_time``."""
+        return chunks_iteration_time(chunk_s, wgrad_s, self.placement, self.stages, self.microbatches, self.hop_s,
+                                     self.schedule == "zbv")
 
     def chunks_time_s(self, costs: Sequence[StageCost]) -> float:
         """``chunks_iteration_s`` from every chunk's cost (a W step pays the runtime's step overhead too)."""

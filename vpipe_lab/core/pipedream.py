@@ -26,19 +26,31 @@ def version_of(stages: int, stage: int, microbatch: int, microbatches: int) -> i
     return max(0, microbatch - warmup(stages, stage, microbatches))
 
 
-def stashed_versions(stages: int, stage: int, microbatches: int) -> int:
-    """The most copies of its weights ``stage`` holds besides the live ones: old versions that forwards in flight still
-    need when the stage updates, walked along its 1F1B order (``K - s - 1`` in the steady state, 0 on the last stage)."""
+def _walk(stages: int, stage: int, microbatches: int) -> tuple[int, int]:
+    """Along ``stage``'s 1F1B order: the most stashed versions held at once, and how many updates moved the live
+    weights (a forward in flight still read them)."""
     in_flight: dict[int, int] = {}  # micro-batch -> the version its forward used
-    version = peak = 0
+    version = peak = moves = 0
     for op, mb in one_f_one_b_order(warmup(stages, stage, microbatches), microbatches):
         if op is Op.F:
             in_flight[mb] = version
             continue
         in_flight.pop(mb)
+        moves += version in in_flight.values()
         version += 1  # the update after this backward: versions still in flight are now copies
         peak = max(peak, len(set(in_flight.values())))
-    return peak
+    return peak, moves
+
+
+def stashed_versions(stages: int, stage: int, microbatches: int) -> int:
+    """The most copies of its weights ``stage`` holds besides the live ones: old versions that forwards in flight still
+    need when the stage updates (``K - s - 1`` in the steady state, 0 on the last stage)."""
+    return _walk(stages, stage, microbatches)[0]
+
+
+def copies(stages: int, stage: int, microbatches: int) -> int:
+    """How many of an iteration's ``M`` updates on ``stage`` first copy its weights to fresh memory."""
+    return _walk(stages, stage, microbatches)[1]
 
 
 def refusal(clip_grad_norm: float | None, precision: str, replicas: int) -> str | None:

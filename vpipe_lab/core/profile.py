@@ -171,11 +171,13 @@ def check_kind(doc: Any, kind: str) -> Mapping[str, Any]:
 @dataclass(frozen=True)
 class ModelProfile:
     """The partition units of a model in order, with their measured or analytic costs per micro-batch of
-    ``microbatch_size`` samples (0: not known, so the costs cannot be rescaled to another size)."""
+    ``microbatch_size`` samples (0: not known, so the costs cannot be rescaled to another size); ``source`` says
+    where the costs come from when they are not this run's measurement (a bundled workload's published curve)."""
 
     layers: tuple[LayerCost, ...]
     name: str = ""
     microbatch_size: int = 0
+    source: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
@@ -195,6 +197,7 @@ class ModelProfile:
             "version": SCHEMA_VERSION,
             "name": self.name,
             **({"microbatch_size": self.microbatch_size} if self.microbatch_size else {}),
+            **({"source": self.source} if self.source else {}),
             "layers": [layer.to_dict() for layer in self.layers],
         }
 
@@ -211,6 +214,7 @@ class ModelProfile:
             layers=tuple(LayerCost.from_dict(item, f"layers[{i}]") for i, item in enumerate(layers)),
             name=str(doc.get("name", "")),
             microbatch_size=_number(doc, "microbatch_size", "profile", integer=True, default=0),
+            source=str(doc.get("source", "")),
         )
 
     @classmethod
@@ -232,6 +236,8 @@ class Cluster:
     per micro-batch pays more often (``Timeline.step_overhead_s`` measures it). ``swap_overlaps`` says swaps run
     beside the compute (a GPU's copy engine); False where the copies run on the compute thread itself (CPU ranks), so
     each swapped layer's copy out and back in adds to its stage's time instead of hiding under it.
+    ``update_s_per_byte`` and ``copy_s_per_byte`` are the user's optimizer step and a copy of the weights per
+    parameter byte, measured at start-up: what PipeDream's update after every micro-batch costs (``core/pipedream.py``).
     """
 
     stages: int
@@ -243,6 +249,8 @@ class Cluster:
     name: str = ""
     step_overhead_s: float = 0.0
     swap_overlaps: bool = True
+    update_s_per_byte: float = 0.0
+    copy_s_per_byte: float = 0.0
     budgets: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -267,7 +275,8 @@ class Cluster:
             raise ProfileError(f"cluster.swap_bandwidth must be a positive number of bytes/s, got {self.swap_bandwidth!r}")
         if not (self.link_bandwidth > 0 and math.isfinite(self.link_bandwidth)):
             raise ProfileError(f"cluster.link_bandwidth must be a positive number of bytes/s, got {self.link_bandwidth!r}")
-        _check_nonneg("cluster", link_latency_s=self.link_latency_s, step_overhead_s=self.step_overhead_s)
+        _check_nonneg("cluster", link_latency_s=self.link_latency_s, step_overhead_s=self.step_overhead_s,
+                      update_s_per_byte=self.update_s_per_byte, copy_s_per_byte=self.copy_s_per_byte)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -282,6 +291,8 @@ class Cluster:
             "shared_link": self.shared_link,
             "step_overhead_s": self.step_overhead_s,
             "swap_overlaps": self.swap_overlaps,
+            "update_s_per_byte": self.update_s_per_byte,
+            "copy_s_per_byte": self.copy_s_per_byte,
         }
 
     def to_json(self, indent: int | None = 1) -> str:
@@ -311,6 +322,8 @@ class Cluster:
             name=str(doc.get("name", "")),
             step_overhead_s=_number(doc, "step_overhead_s", "cluster", default=0.0),
             swap_overlaps=bool(doc.get("swap_overlaps", True)),
+            update_s_per_byte=_number(doc, "update_s_per_byte", "cluster", default=0.0),
+            copy_s_per_byte=_number(doc, "copy_s_per_byte", "cluster", default=0.0),
         )
 
     @classmethod

@@ -65,7 +65,8 @@ def at(profile: ModelProfile, size: int) -> ModelProfile:
                            "(Session.profile() records it) or set ModelProfile.microbatch_size")
     if size == reference:
         return profile
-    return ModelProfile(tuple(layer_at(layer, reference, size) for layer in profile.layers), profile.name, size)
+    return ModelProfile(tuple(layer_at(layer, reference, size) for layer in profile.layers), profile.name, size,
+                        profile.source)
 
 
 def throughput_curve(profile: ModelProfile, sizes: list[int]) -> list[tuple[int, float]]:

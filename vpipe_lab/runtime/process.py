@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from vpipe_lab.runtime.build import unit_names
-from vpipe_lab.runtime.engine.bandwidth import probe_bandwidth
+from vpipe_lab.runtime.engine.bandwidth import probe_bandwidth, probe_update
 from vpipe_lab.runtime.engine.device import pin_cores, select
 from vpipe_lab.runtime.model.batches import Source, split
 from vpipe_lab.runtime.model.callables import load_callables
@@ -112,6 +112,7 @@ def serve(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: in
         worker = (worker_cls or Worker)(spec, rank, world, link, local_rank, local_world)
         worker.peer.barrier()
         bandwidth = probe_bandwidth(worker.peer, worker.placement, worker.index, worker.world)
+        bandwidth |= probe_update(worker.stage.optim.factory, worker.placement)
         link.send(Ready(rank, worker.index, worker.replica, worker.num_layers, worker.names, worker.plan.to_dict(),
                         str(worker.placement.device), worker.placement.backend, worker.ctl.iteration,
                         **bandwidth).message())

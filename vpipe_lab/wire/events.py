@@ -50,6 +50,8 @@ class Ready(Body):
     swap_bandwidth: float
     link_bandwidth: float
     link_latency_s: float
+    update_s_per_byte: float = 0.0  # the optimizer's step per parameter byte (PipeDream's per-micro-batch cost)
+    copy_s_per_byte: float = 0.0  # a copy of the weights per byte (PipeDream moving its live weights)
 
 
 @register

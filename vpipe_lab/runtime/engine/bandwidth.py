@@ -1,10 +1,12 @@
 """What the planners' Cluster needs from the hardware: this rank's host-copy (swap) bandwidth, its link to the next
-rank and that link's latency, measured at start-up."""
+rank and that link's latency, and the user's optimizer step and a weight copy per byte, measured at start-up."""
 
 from __future__ import annotations
 
+import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -13,6 +15,38 @@ from vpipe_lab.runtime.engine.comm import TAG_MIGRATE
 if TYPE_CHECKING:
     from vpipe_lab.runtime.engine.comm import Peer
     from vpipe_lab.runtime.engine.device import Placement
+
+log = logging.getLogger(__name__)
+
+
+def probe_update(factory: Callable[[Any], torch.optim.Optimizer] | None, placement: Placement,
+                 nbytes: int = 8 << 20) -> dict[str, float]:
+    """Seconds per parameter byte of the user's optimizer step and of a fresh copy of weights (what PipeDream pays
+    after every micro-batch), timed on a throwaway parameter: the best of three after one step that builds state."""
+    device = placement.device
+    param = torch.nn.Parameter(torch.zeros(nbytes // 4, device=device))
+    param.grad = torch.full_like(param, 1e-3)
+
+    def best(run: Callable[[], object]) -> float:
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            run()
+            if placement.is_cuda:
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - start)
+        return min(times) / nbytes
+
+    copy = best(lambda: param.data.clone())
+    if factory is None:
+        return {"update_s_per_byte": 0.0, "copy_s_per_byte": copy}
+    try:
+        optimizer = factory([param])
+        optimizer.step()
+    except Exception as exc:  # a factory that wants its model's own parameters: PipeDream's update stays uncharged
+        log.info("the optimizer step could not be timed on a test parameter (%s: %s)", type(exc).__name__, exc)
+        return {"update_s_per_byte": 0.0, "copy_s_per_byte": copy}
+    return {"update_s_per_byte": best(optimizer.step), "copy_s_per_byte": copy}
 
 
 def probe_bandwidth(peer: Peer, placement: Placement, rank: int, world: int, nbytes: int = 8 << 20) -> dict[str, float]:
