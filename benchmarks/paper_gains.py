@@ -19,8 +19,8 @@ from vpipe_lab.core.planner import search
 from vpipe_lab.core.workloads import cluster, workload
 
 METHODS = ("vpipe", "gpipe", "pipedream", "pipedream-flush")
-CASES = (("bert-24", 64), ("bert-48", 64), ("transformer-6-6", 128), ("transformer-12-12", 128),
-         ("gpt-cpm-medium", 32), ("gpt-cpm-large", 32))
+CASES = tuple((name, batch) for name in ("bert-24", "bert-48", "transformer-6-6", "transformer-12-12",
+                                         "gpt-cpm-medium", "gpt-cpm-large") for batch in (64, 256))
 PAPER = "paper (measured on 2080 Ti): +24.8..291.3% over GPipe, +61.4..463.4% over PipeDream"
 
 

@@ -8,6 +8,7 @@ from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.planner import search
 from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
 from vpipe_lab.core.schedule import Op
+from vpipe_lab.core.simulator import simulate
 
 
 @pytest.mark.parametrize("stages", [1, 2, 3, 4, 8])
@@ -81,3 +82,6 @@ def test_each_backward_pays_its_update_and_its_share_of_the_copies() -> None:
     assert dream.backward_s[0] - flush.backward_s[0] == pytest.approx(weights * (1e-10 + 3 / 4 * 2e-10))
     assert dream.backward_s[1] - flush.backward_s[1] == pytest.approx(weights * 1e-10)
     assert dream.iteration_s > flush.iteration_s
+    replayed = simulate(plan, profile, cluster).iteration_s - simulate(plan.replace(schedule="1f1b"), profile,
+                                                                        cluster).iteration_s
+    assert replayed == pytest.approx(dream.iteration_s - flush.iteration_s, rel=0.2)  # the replay pays them too

@@ -31,8 +31,9 @@ def durations(cm: CostModel, plan: Plan) -> Callable[[Action], float]:
         lo, hi = bounds[a.stage], bounds[a.stage + 1]
         if a.op is Op.F:
             return cm.forward_compute_s(lo, hi) + step
-        if a.op is Op.B:
-            return cm.backward_compute_s(lo, hi) - (cm.wgrad_compute_s(lo, hi) if split else 0.0) + step
+        if a.op is Op.B:  # (under PipeDream the stage's update follows each backward)
+            return (cm.backward_compute_s(lo, hi) - (cm.wgrad_compute_s(lo, hi) if split else 0.0) + step
+                    + cm.update_s(cm.placement[a.stage], lo, hi))
         if a.op is Op.W:
             return cm.wgrad_compute_s(lo, hi) + step
         if a.op is Op.RECOMPUTE:

@@ -59,13 +59,14 @@ class Device:
     link_latency_s: float
     shared_link: bool  # stage-to-stage traffic crosses PCIe too (no NVLink)
     precision: str  # "fp32" or "mixed"
+    memory_bandwidth: float  # device memory bytes/s: what an optimizer step and a weight copy are bound by
 
 
 DEVICES: dict[str, Device] = {
     # The paper's testbed: RTX 2080 Ti (11 GB, 13.4 TFLOPS fp32), PCIe 3.0 x16, no NVLink, fp32 training.
-    "rtx2080ti": Device("RTX 2080 Ti, PCIe 3", 11 * GIB, 13.4e12, 0.45, 12e9, 10e9, 20e-6, True, "fp32"),
+    "rtx2080ti": Device("RTX 2080 Ti, PCIe 3", 11 * GIB, 13.4e12, 0.45, 12e9, 10e9, 20e-6, True, "fp32", 616e9),
     # H200 SXM: 141 GB HBM3e, ~989 TFLOPS dense bf16, PCIe 5 x16 to the host, NVLink 4 between GPUs.
-    "h200": Device("H200 SXM, NVLink", 141 * 10**9, 989e12, 0.40, 55e9, 450e9, 5e-6, False, "mixed"),
+    "h200": Device("H200 SXM, NVLink", 141 * 10**9, 989e12, 0.40, 55e9, 450e9, 5e-6, False, "mixed", 4.8e12),
 }
 
 
@@ -77,6 +78,9 @@ class _Precision:
 
 
 _PRECISIONS = {"fp32": _Precision(4, 4, 8), "mixed": _Precision(2, 2, 12)}
+# Bytes an Adam step moves per parameter byte: the weights read and written, the gradient read, the state (and fp32
+# master weights) read and written; over the memory bandwidth, PipeDream's per-micro-batch update on these devices.
+_ADAM_TRAFFIC = {"fp32": 7, "mixed": 15}
 
 
 class _Builder:
@@ -210,7 +214,9 @@ def cluster(device: str, stages: int, *, memory_bytes: int | None = None) -> Clu
     """A pipeline of ``stages`` identical devices of the preset ``device``."""
     d = _device(device)
     return Cluster(stages, d.memory_bytes if memory_bytes is None else memory_bytes, d.swap_bandwidth,
-                   d.link_bandwidth, d.link_latency_s, d.shared_link, f"{stages} x {d.name}")
+                   d.link_bandwidth, d.link_latency_s, d.shared_link, f"{stages} x {d.name}",
+                   update_s_per_byte=_ADAM_TRAFFIC[d.precision] / d.memory_bandwidth,
+                   copy_s_per_byte=2 / d.memory_bandwidth)
 
 
 def random_chain(layers: int, *, seed: int = 0, heterogeneity: float = 4.0, name: str = "") -> ModelProfile:

@@ -112,7 +112,7 @@ def serve(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: in
         worker = (worker_cls or Worker)(spec, rank, world, link, local_rank, local_world)
         worker.peer.barrier()
         bandwidth = probe_bandwidth(worker.peer, worker.placement, worker.index, worker.world)
-        bandwidth |= probe_update(worker.stage.optim.factory, worker.placement)
+        bandwidth |= probe_update(worker.stage.optim.factory, worker.placement, [p for _, p in worker.stage.params()])
         link.send(Ready(rank, worker.index, worker.replica, worker.num_layers, worker.names, worker.plan.to_dict(),
                         str(worker.placement.device), worker.placement.backend, worker.ctl.iteration,
                         **bandwidth).message())

@@ -20,6 +20,10 @@ def test_the_update_probe_times_the_users_optimizer_and_a_weight_copy() -> None:
     assert timed["update_s_per_byte"] > 0 and timed["copy_s_per_byte"] > 0
     (param,) = made[0].param_groups[0]["params"]
     assert made[0].state[param]["step"] == 4 and float(param.detach()[0]) < 0  # one step to build state, three timed
+    stage = [torch.zeros(96, 96), torch.zeros(96), torch.zeros(3000, 1000, dtype=torch.float64), torch.zeros(5)]
+    probe_update(adam, CPU, like=stage, nbytes=1 << 20)  # the stage's own shapes, until 1 MiB is reached
+    assert [(tuple(p.shape), p.dtype) for p in made[1].param_groups[0]["params"]] == [
+        ((96, 96), torch.float32), ((96,), torch.float32), ((3000, 1000), torch.float64)]
 
     def picky(params: object) -> torch.optim.Optimizer:
         raise TypeError("this factory wants the model's named parameters")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -20,12 +20,24 @@ log = logging.getLogger(__name__)
 
 
 def probe_update(factory: Callable[[Any], torch.optim.Optimizer] | None, placement: Placement,
-                 nbytes: int = 8 << 20) -> dict[str, float]:
-    """Seconds per parameter byte of the user's optimizer step and of a fresh copy of weights (what PipeDream pays
-    after every micro-batch), timed on a throwaway parameter: the best of three after one step that builds state."""
+                 like: Sequence[torch.Tensor] = (), nbytes: int = 8 << 20) -> dict[str, float]:
+    """Seconds per parameter byte of the user's optimizer step and of a fresh copy of the weights (what PipeDream
+    pays after every micro-batch), timed on throwaway parameters shaped like ``like`` (the stage's own, up to
+    ``nbytes``, so the per-tensor costs of many small weights count as they will), else one of ``nbytes``: the best
+    of three after one step that builds the optimizer's state."""
     device = placement.device
-    param = torch.nn.Parameter(torch.zeros(nbytes // 4, device=device))
-    param.grad = torch.full_like(param, 1e-3)
+    shapes: list[tuple[torch.Size, torch.dtype]] = []
+    total = 0
+    for t in like:
+        if total >= nbytes:
+            break
+        shapes.append((t.shape, t.dtype))
+        total += t.numel() * t.element_size()
+    if not total:
+        shapes, total = [(torch.Size([nbytes // 4]), torch.float32)], nbytes
+    params = [torch.nn.Parameter(torch.zeros(shape, dtype=dtype, device=device)) for shape, dtype in shapes]
+    for p in params:
+        p.grad = torch.full_like(p, 1e-3)
 
     def best(run: Callable[[], object]) -> float:
         times = []
@@ -35,16 +47,16 @@ def probe_update(factory: Callable[[Any], torch.optim.Optimizer] | None, placeme
             if placement.is_cuda:
                 torch.cuda.synchronize(device)
             times.append(time.perf_counter() - start)
-        return min(times) / nbytes
+        return min(times) / total
 
-    copy = best(lambda: param.data.clone())
+    copy = best(lambda: [p.data.clone() for p in params])
     if factory is None:
         return {"update_s_per_byte": 0.0, "copy_s_per_byte": copy}
     try:
-        optimizer = factory([param])
+        optimizer = factory(params)
         optimizer.step()
     except Exception as exc:  # a factory that wants its model's own parameters: PipeDream's update stays uncharged
-        log.info("the optimizer step could not be timed on a test parameter (%s: %s)", type(exc).__name__, exc)
+        log.info("the optimizer step could not be timed on test parameters (%s: %s)", type(exc).__name__, exc)
         return {"update_s_per_byte": 0.0, "copy_s_per_byte": copy}
     return {"update_s_per_byte": best(optimizer.step), "copy_s_per_byte": copy}
 
