@@ -10,7 +10,7 @@ from vpipe_lab.core.generators import for_plan, gpipe, one_f_one_b, zb_h1
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
 from vpipe_lab.core.schedule import Schedule
-from vpipe_lab.core.simulator import compute_bound_s, run_schedule, simulate
+from vpipe_lab.core.simulator import compute_bound_s, period_s, run_schedule, simulate
 from vpipe_lab.core.timeline import Span, Timeline
 
 FREE = dict(swap_bandwidth=1e12, link_bandwidth=1e30)
@@ -147,3 +147,11 @@ def test_compute_bound_of_a_free_link_replay_is_the_replay(schedule: str, virtua
     replay = simulate(plan, profile, cluster)
     assert {s.chunk for s in replay} == set(range(virtual))
     assert compute_bound_s(for_plan(plan), replay) == pytest.approx(replay.iteration_s)
+
+
+def test_the_period_adds_the_measured_time_between_iterations() -> None:
+    profile = ModelProfile(tuple(LayerCost(f"l{i}", 1e-3, 2e-3, 1 << 20, 1 << 16, 1 << 16, 1 << 20) for i in range(4)))
+    plan = Plan.from_counts([2, 2], 4)
+    cluster = Cluster(2, 1 << 34, 1e10, 1e12, iteration_overhead_s=0.004)
+    assert Cluster.from_json(cluster.to_json()) == cluster
+    assert period_s(plan, profile, cluster) == pytest.approx(simulate(plan, profile, cluster).iteration_s + 0.004)

@@ -1,3 +1,5 @@
+import pytest
+
 from tests.messages import report
 from vpipe_lab.telemetry.metrics import Metrics, spans_from_wire
 
@@ -36,3 +38,15 @@ def test_sink_scalars_keep_one_row_per_stage() -> None:
 
     memory = [{"stage": 0, "replica": 0, "peak": 10}, {"stage": 0, "replica": 1, "peak": 99}]
     assert scalars({"loss": 1.0}, memory) == {"loss": 1.0, "stage0/peak_bytes": 10.0}
+
+
+def test_the_gap_between_iterations_is_the_median_over_consecutive_ones() -> None:
+    """Gaps of 2, 3 and 4 ms between iterations 0..3, a 10 s pause before 5 (4 missing: not consecutive with 3),
+    then 3 ms: the median, 3 ms, ignores the pause; fewer than two iterations give 0."""
+    m = Metrics()
+    assert m.iteration_gap_s() == 0.0
+    starts = {0: 0.0, 1: 0.102, 2: 0.205, 3: 0.309, 5: 10.409, 6: 10.512}
+    for it, start in starts.items():
+        m.add({"iteration": it, "start_s": start, "end_s": start + 0.1}, [], [])
+    assert m.iteration_gap_s() == pytest.approx(0.003)
+    assert m.iteration_gap_s(last=1) == pytest.approx(0.003)  # only 5 -> 6

@@ -183,9 +183,9 @@ class Session:
             raise err
 
     def cluster(self) -> Cluster:
-        """The running hardware as the planners see it: the stage budgets (or this machine's memory split evenly),
-        the slowest measured host-copy and stage-to-stage bandwidths, the runtime's time per compute step."""
-        return self.state.cluster(self.stages, self.spec.memory_budget, self.metrics.timeline(20).step_overhead_s())
+        """The running hardware as the planners see it: budgets, bandwidths, time per step (``JobState.cluster``)."""
+        m = self.metrics
+        return self.state.cluster(self.stages, self.spec.memory_budget, m.timeline(20).step_overhead_s(), m.iteration_gap_s())
 
     def on_event(self, callback: EventCallback) -> Callable[[], None]:
         """Call ``callback(event)`` (from a background thread) for every event; returns an unsubscribe function.

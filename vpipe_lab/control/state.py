@@ -40,11 +40,12 @@ class JobState:
         self.plan_version, self.iteration = current.plan_version, current.iteration
         self.target = None if current.running else self.iteration
 
-    def cluster(self, stages: int, memory_budget: list[int] | None, step_overhead_s: float = 0.0) -> Cluster:
+    def cluster(self, stages: int, memory_budget: list[int] | None, step_overhead_s: float = 0.0,
+                iteration_overhead_s: float = 0.0) -> Cluster:
         """The hardware the ranks reported at start as the planners see it: ``memory_budget`` per stage (or this
         machine's memory split evenly), the slowest measured host-copy and stage-to-stage bandwidths, and the
         runtime's measured time per compute step; swaps overlap compute only on GPUs; the slowest optimizer step and
-        weight copy per byte (what PipeDream's updates cost)."""
+        weight copy per byte (what PipeDream's updates cost); the measured time between iterations."""
         ready = [self.ready[r] for r in sorted(self.ready)]
         swap = min(b.swap_bandwidth for b in ready)
         link = min(b.link_bandwidth for b in ready)
@@ -59,4 +60,5 @@ class JobState:
         overlaps = all(b.device.startswith("cuda") for b in ready)
         return Cluster(stages, budgets, swap, link if link != float("inf") else 1e12, latency, False,
                        f"{stages} x {ready[0].device} (measured)", step_overhead_s, overlaps,
-                       max(b.update_s_per_byte for b in ready), max(b.copy_s_per_byte for b in ready))
+                       max(b.update_s_per_byte for b in ready), max(b.copy_s_per_byte for b in ready),
+                       iteration_overhead_s)

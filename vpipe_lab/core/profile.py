@@ -238,6 +238,8 @@ class Cluster:
     each swapped layer's copy out and back in adds to its stage's time instead of hiding under it.
     ``update_s_per_byte`` and ``copy_s_per_byte`` are the user's optimizer step and a copy of the weights per
     parameter byte, measured at start-up: what PipeDream's update after every micro-batch costs (``core/pipedream.py``).
+    ``iteration_overhead_s`` is the measured time between one iteration's end and the next one's start (the optimizer
+    step and the boundary), which an iteration's own span leaves out (``simulator.period_s`` adds it).
     """
 
     stages: int
@@ -251,6 +253,7 @@ class Cluster:
     swap_overlaps: bool = True
     update_s_per_byte: float = 0.0
     copy_s_per_byte: float = 0.0
+    iteration_overhead_s: float = 0.0
     budgets: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -276,7 +279,8 @@ class Cluster:
         if not (self.link_bandwidth > 0 and math.isfinite(self.link_bandwidth)):
             raise ProfileError(f"cluster.link_bandwidth must be a positive number of bytes/s, got {self.link_bandwidth!r}")
         _check_nonneg("cluster", link_latency_s=self.link_latency_s, step_overhead_s=self.step_overhead_s,
-                      update_s_per_byte=self.update_s_per_byte, copy_s_per_byte=self.copy_s_per_byte)
+                      update_s_per_byte=self.update_s_per_byte, copy_s_per_byte=self.copy_s_per_byte,
+                      iteration_overhead_s=self.iteration_overhead_s)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -293,6 +297,7 @@ class Cluster:
             "swap_overlaps": self.swap_overlaps,
             "update_s_per_byte": self.update_s_per_byte,
             "copy_s_per_byte": self.copy_s_per_byte,
+            "iteration_overhead_s": self.iteration_overhead_s,
         }
 
     def to_json(self, indent: int | None = 1) -> str:
@@ -324,6 +329,7 @@ class Cluster:
             swap_overlaps=bool(doc.get("swap_overlaps", True)),
             update_s_per_byte=_number(doc, "update_s_per_byte", "cluster", default=0.0),
             copy_s_per_byte=_number(doc, "copy_s_per_byte", "cluster", default=0.0),
+            iteration_overhead_s=_number(doc, "iteration_overhead_s", "cluster", default=0.0),
         )
 
     @classmethod

@@ -59,6 +59,12 @@ def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, *, schedule: S
                         latency_s=cm.hop_s, swaps_on_compute=not cluster.swap_overlaps)
 
 
+def period_s(plan: Plan, profile: ModelProfile, cluster: Cluster) -> float:
+    """The predicted time from one iteration's start to the next one's: the replayed iteration, then the optimizer
+    step and the boundary between iterations as the cluster measured them (``Cluster.iteration_overhead_s``)."""
+    return simulate(plan, profile, cluster).iteration_s + cluster.iteration_overhead_s
+
+
 def compute_bound_s(schedule: Schedule, measured: Timeline) -> float:
     """The shortest iteration ``schedule`` allows with ``measured``'s compute times and free transfers and swaps:
     the bubble limit of these stages, as they really ran (unequal stages and micro-batches included; the textbook

@@ -97,6 +97,15 @@ class Metrics:
             chunks = [c for c in chunks if c[0] in wanted]
         return Timeline(tuple(s for _, spans in chunks for s in spans))
 
+    def iteration_gap_s(self, last: int = 20) -> float:
+        """The median time from one iteration's end to the next one's start over the last ``last`` consecutive pairs:
+        the optimizer step and the boundary between iterations, which an iteration's own span leaves out (0 before two
+        iterations ran). A pause between two iterations is one long gap, which the median ignores."""
+        with self._lock:
+            spans = {r["iteration"]: (r["start_s"], r["end_s"]) for r in self._iterations}
+        gaps = sorted(spans[i + 1][0] - spans[i][1] for i in sorted(spans)[-last - 1:] if i + 1 in spans)
+        return max(0.0, gaps[len(gaps) // 2]) if gaps else 0.0
+
     @property
     def iterations(self) -> Any:
         import pandas as pd
