@@ -11,3 +11,10 @@ def test_budget_error_suggests_layers_or_repartition() -> None:
     assert "layer(s) 3, 1" in str(fixable) and "set_policy({3: 'recompute'})" in str(fixable)
     static = BudgetError(0, used=5000, budget=1000, layers=[(3, 80)], iteration=4)
     assert "set_partition" in str(static)
+
+
+def test_a_budget_error_says_whether_the_iteration_was_dropped_or_taken() -> None:
+    dropped = BudgetError(0, used=1100, budget=1000, layers=[(3, 80), (1, 50)], iteration=4)
+    taken = BudgetError(0, used=1100, budget=1000, layers=[(3, 80), (1, 50)], iteration=4, taken=True)
+    assert "dropped on every stage" in str(dropped) and not dropped.taken
+    assert "PipeDream had already updated its weights" in str(taken) and "dropped" not in str(taken) and taken.taken

@@ -209,3 +209,23 @@ def test_pipedream_on_four_stages_with_dropout_and_a_schedule_matches_its_refere
     for key, value in expected.items():
         torch.testing.assert_close(state[key], value.detach(), atol=1e-4 if key in noisy else None,
                                    rtol=1.3e-6 if key in noisy else None, msg=lambda m, key=key: f"{key}: {m}")
+
+
+def test_pipedream_over_its_budget_keeps_the_updates_it_made_and_pauses() -> None:
+    """64 MiB on stage 0: its 26 MB of weights and their gradients fit, the stashed copy its first update makes does
+    not. The iteration cannot be undone, so it counts, the session pauses with a BudgetError that says so, and the
+    weights are those of one PipeDream iteration."""
+    from vpipe_lab.control.errors import BudgetError
+
+    plan = Plan((0, 4, 10), ("keep",) * 10, 4, "pipedream")
+    with vpipe_lab.launch("mlp", stages=2, microbatches=4, schedule="pipedream", plan=plan, device="cpu",
+                          memory_budget=[64 << 20, 1 << 30], timeout=60) as session:
+        session.run(3)
+        with pytest.raises(BudgetError, match="PipeDream had already updated its weights") as err:
+            session.wait(timeout=120)
+        assert err.value.taken and err.value.stage == 0 and err.value.iteration == 0
+        assert session.iteration == 1
+        state = session.state_dict()
+    model, _ = reference.train_pipedream(mlp.model, mlp.data, mlp.loss, mlp.optimizer, iterations=1,
+                                         microbatches=4, boundaries=(0, 4, 10))
+    assert_matches(state, model)

@@ -25,10 +25,13 @@ class WorkerError(VpipeError):
 
 
 class BudgetError(VpipeError):
-    """A stage went over its memory budget; that iteration was dropped on every stage and training is paused."""
+    """A stage went over its memory budget; that iteration was dropped on every stage (or, ``taken``, kept: PipeDream
+    had made its updates) and training is paused."""
 
-    def __init__(self, stage: int, used: int, budget: int, layers: list[tuple[int, int]], iteration: int) -> None:
+    def __init__(self, stage: int, used: int, budget: int, layers: list[tuple[int, int]], iteration: int,
+                 taken: bool = False) -> None:
         self.stage, self.used, self.budget, self.layers, self.iteration = stage, used, budget, layers, iteration
+        self.taken = taken
         over = used - budget
         picks, freed = [], 0
         for layer, nbytes in layers:
@@ -45,8 +48,10 @@ class BudgetError(VpipeError):
                     f"move layers to another stage (session.set_partition(...)) or raise the budget")
         super().__init__(
             f"stage {stage} needs {human_bytes(used)} but its budget is {human_bytes(budget)} "
-            f"({human_bytes(over)} over) at iteration {iteration}; the iteration was dropped on every stage and "
-            f"training is paused with no state changed. To fix: {hint}; then session.resume()."
+            f"({human_bytes(over)} over) at iteration {iteration}; "
+            + ("the iteration was dropped on every stage and training is paused with no state changed" if not taken
+               else "PipeDream had already updated its weights in that iteration, so it counts, and training is paused")
+            + f". To fix: {hint}; then session.resume()."
         )
 
 

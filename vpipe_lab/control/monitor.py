@@ -64,7 +64,7 @@ class FailureMonitor:
             self.refusals[body.version] = body
         elif body.kind == "budget":
             self.budget = BudgetError(body.stage, body.used, body.budget, [tuple(x) for x in body.layers],
-                                      body.iteration)
+                                      body.iteration, taken=body.taken)
         elif not self.stopping:
             self._reports[body.stage] = body
             self._trouble_since = self._trouble_since or time.monotonic()

@@ -305,7 +305,7 @@ class Worker(WorkerCommands):
                 v = result.violation
                 self.send(E.Failure("budget", self.index, self.global_rank, self.replica, result.iteration,
                                     used=v.used_bytes, budget=v.budget_bytes, layers=[list(x) for x in v.layers],
-                                    memory=memory))
+                                    memory=memory, taken=applied))
         return not failed
 
     def report(self, result: IterationResult, memory: dict[str, Any], step: StepReport) -> None:

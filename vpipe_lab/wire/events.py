@@ -190,8 +190,9 @@ class Migrated(Body):
 @register
 class Failure(Body):
     """Something went wrong on a stage. ``kind`` says what: "exception" (``cause``, ``traceback``: the process
-    exits), "budget" (an iteration used ``used`` bytes over its ``budget``: dropped, training paused) or
-    "migration" (the stage refused layers needing ``needed`` bytes over its ``budget``: nothing moved)."""
+    exits), "budget" (an iteration used ``used`` bytes over its ``budget``: dropped, training paused; ``taken`` when
+    its updates were made already, under PipeDream, so it counts) or "migration" (the stage refused layers needing
+    ``needed`` bytes over its ``budget``: nothing moved)."""
 
     TYPE = P.ERROR
     kind: str
@@ -208,6 +209,7 @@ class Failure(Body):
     version: int = 0
     layers: list[list[Any]] = field(default_factory=list)
     memory: dict[str, Any] = field(default_factory=dict)
+    taken: bool = False
 
 
 @register
