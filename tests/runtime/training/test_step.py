@@ -59,3 +59,17 @@ def test_bad_clip_values_are_refused() -> None:
     stage, _ = stage_and_copy()
     with pytest.raises(ValueError, match="clip_grad_norm"):
         Stepper(stage, no_ties(), None, 0, 1, 0.0, LossScale(False))  # type: ignore[arg-type]
+
+
+def test_under_pipedream_the_iteration_step_only_moves_the_schedule_and_refuses_a_global_norm() -> None:
+    """PipeDream's stages stepped after every micro-batch: the iteration's step leaves the weights alone (reporting
+    the learning rate used); clipping, which needs every stage's gradients at once, is refused where a torchrun job
+    would otherwise have skipped it silently."""
+    stage, _ = stage_and_copy()
+    stage.stash.on = True
+    before = [p.detach().clone() for _, p in stage.params()]
+    report = Stepper(stage, no_ties(), None, 0, 1, None, LossScale(False)).step(0)  # type: ignore[arg-type]
+    assert report.lr == 0.1 and report.grad_norm is None
+    assert all(torch.equal(a, p) for a, (_, p) in zip(before, stage.params()))
+    with pytest.raises(ValueError, match=r"clip_grad_norm=0\.5 clips by the whole model's gradient norm"):
+        Stepper(stage, no_ties(), None, 0, 1, 0.5, LossScale(False)).step(0)  # type: ignore[arg-type]

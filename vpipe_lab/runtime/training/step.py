@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vpipe_lab.core import checks
+from vpipe_lab.core import checks, pipedream
 from vpipe_lab.runtime.training.precision import LossScale
 from vpipe_lab.runtime.training.replicas import DataParallel
 
@@ -59,7 +59,11 @@ class Stepper:
 
     def step(self, iteration: int) -> StepReport:
         stage = self.stage
-        if stage.stash.on:  # PipeDream stepped after every micro-batch (launch refuses clipping, fp16 and replicas)
+        if stage.stash.on:  # PipeDream stepped after every micro-batch
+            # launch() and apply() refuse what needs one step of the whole model; a torchrun job is checked here
+            problem = pipedream.refusal(self.clip, "fp16" if self.scale.enabled else "fp32", self.replicas)
+            if problem is not None:
+                raise ValueError(problem)
             report = StepReport(lr=stage.optim.step(iteration, skip=True))
             stage.zero_grad()
             return report
