@@ -12,6 +12,8 @@ its parameters on top of them. Stdlib only: the cost model charges these copies,
 
 from __future__ import annotations
 
+import functools
+
 from vpipe_lab.core.schedule import Op, one_f_one_b_order
 
 
@@ -26,6 +28,7 @@ def version_of(stages: int, stage: int, microbatch: int, microbatches: int) -> i
     return max(0, microbatch - warmup(stages, stage, microbatches))
 
 
+@functools.cache  # the cost model asks per stage range, inside the planners' searches
 def _walk(stages: int, stage: int, microbatches: int) -> tuple[int, int]:
     """Along ``stage``'s 1F1B order: the most stashed versions held at once, and how many updates moved the live
     weights (a forward in flight still read them)."""
