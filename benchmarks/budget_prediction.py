@@ -3,13 +3,13 @@ swaps hidden under compute (as on a GPU's copy engine) and with swaps on the com
 
     python benchmarks/budget_prediction.py [--models gpt-tiny gpt2] [--budgets 1.0 0.6 0.4] [--iterations 10]
 
-For each model a first run (everything kept, no budget) measures the profile and the cluster (``Session.profile()``,
-``Session.cluster()``, whose ``swap_overlaps`` is False on CPU ranks). Each budget gives every stage of the even split
-its parameters and optimizer state plus a fraction of the activations it holds with everything kept (the last stage,
-which holds one micro-batch under 1F1B, that nothing can free, keeps all of it); vPipe plans M = 4 twice, once
-believing swaps hide under compute (the model before ``Cluster.swap_overlaps``) and once knowing they do not; each
-distinct plan is trained under the budget and its median iteration time set against both models' predictions (cost
-model and simulator). The planner prefers recompute on these models, so fixed plans that swap (stage 0's layers
+For each model a first run (everything kept, a budget it never reaches) measures the profile and the cluster
+(``Session.profile()``, ``Session.cluster()``, whose ``swap_overlaps`` is False on CPU ranks). Each budget gives every
+stage of the even split its parameters and optimizer state plus a fraction of the activations it holds with everything
+kept (the last stage, which holds one micro-batch under 1F1B, that nothing can free, keeps all of it); vPipe plans M =
+4 twice, once believing swaps hide under compute (the model before ``Cluster.swap_overlaps``) and once knowing they do
+not; each distinct plan is trained under the budget and its median iteration time set against both models' predictions
+(cost model and simulator). The planner prefers recompute on these models, so fixed plans that swap (stage 0's layers
 swapped, or swap and recompute mixed; run without a budget) show what each model makes of swaps.
 """
 
@@ -47,7 +47,7 @@ def run(model: str, plan: Plan, budget: list[int] | None, iterations: int) -> fl
 
 
 def rows(model: str, budgets: list[float], iterations: int) -> list[dict[str, Any]]:
-    first = measure(model, 2, M)  # the paper table's profile run: everything kept, no budget
+    first = measure(model, 2, M)  # the paper table's profile run: everything kept, under a budget it never reaches
     profile, measured = first["profile"], first["cluster"]
     n = len(profile)
     even = estimate(Plan(uniform(n, 2), (Policy.KEEP,) * n, M, "1f1b"), profile, measured)
