@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from datetime import timedelta
@@ -12,7 +13,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from vpipe_lab.runtime.engine.comm import TAG_BACKWARD, TAG_FORWARD, CommError, Peer, as_tensors
+from vpipe_lab.runtime.engine.comm import (
+    TAG_BACKWARD,
+    TAG_FORWARD,
+    CommError,
+    Peer,
+    as_tensors,
+    shares_core_with_transport,
+)
 
 
 def _port() -> int:
@@ -29,8 +37,11 @@ def _join(rank: int, port: int) -> Peer:
     return Peer(rank, 2, torch.device("cpu"), 30)
 
 
-def _ranks(rank: int, port: int, out: dict) -> None:  # type: ignore[type-arg]
+def _ranks(rank: int, port: int, out: dict, pinned: bool = False) -> None:  # type: ignore[type-arg]
+    if pinned:  # as a pinned worker runs (device.pin_cores): its posts yield to gloo's loop thread first
+        os.sched_setaffinity(0, [sorted(os.sched_getaffinity(0))[rank % len(os.sched_getaffinity(0))]])
     peer = _join(rank, port)
+    assert peer._yield or not pinned
     if rank == 0:
         # Both neighbours send before either receives: the 1F1B pattern that deadlocks with blocking sends.
         peer.send((torch.arange(6.0).reshape(2, 3).requires_grad_(), torch.tensor([1, 2], dtype=torch.int64)), 1,
@@ -68,12 +79,21 @@ def two_ranks(target: Any) -> Any:
     return out
 
 
-def test_two_ranks_exchange_tuples_dtypes_json_and_maxima() -> None:
-    out = two_ranks(_ranks)
+@pytest.mark.parametrize("pinned", [False, True], ids=["unpinned", "pinned"])
+def test_two_ranks_exchange_tuples_dtypes_json_and_maxima(pinned: bool) -> None:
+    out = two_ranks(functools.partial(_ranks, pinned=pinned))
     assert out[0][0] == [7.0, 7.0] and out[0][1] == {"cmds": ["go"]} and out[0][2] == [3.0, 5.0]
     assert out[1][0] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] and out[1][1] == [1, 2]
     assert out[1][2] and out[1][3] and out[1][4] == {"cmds": ["go"]} and out[1][5] == [3.0, 5.0]
     assert out[1][6] == [[1.0, 1.0], None, 3, [0.0], "x"]  # a structure arrives as it was sent
+
+
+def test_only_a_cpu_worker_on_one_core_yields_before_posting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
+    assert shares_core_with_transport(torch.device("cpu"))
+    assert not shares_core_with_transport(torch.device("cuda", 0))  # NCCL: no gloo loop thread on its core
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert not shares_core_with_transport(torch.device("cpu"))  # the loop thread can run beside it
 
 
 def test_as_tensors_rejects_other_values() -> None:

@@ -17,6 +17,7 @@ group's timeout. Control blobs cross as JSON in uint8 tensors: nothing is unpick
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -139,6 +140,12 @@ def _slots(header: torch.Tensor) -> list[Slot]:
     return out
 
 
+def shares_core_with_transport(device: torch.device) -> bool:
+    """Whether this process posts gloo transfers from the one CPU core its gloo event-loop thread also runs on (a
+    CPU worker pinned to one core: ``device.pin_cores``)."""
+    return device.type != "cuda" and hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) == 1
+
+
 class Peer:
     """Transfers for one rank, on ``device`` (CPU for gloo, the stage's GPU for NCCL)."""
 
@@ -162,6 +169,7 @@ class Peer:
         # (with a guard object built per call) took 0.11 ms to post one send, 0.06 ms straight to the process group;
         # that is on 1F1B's critical path twice per micro-batch. NCCL needs the batch (see above).
         self._direct = device.type != "cuda"
+        self._yield = shares_core_with_transport(device)
         self._guard = _Posted("transfer", rank)
         self._sent: dict[tuple[int, int], Meta] = {}  # (dst, tag) -> what the receiver was told, this shape epoch
         self._known: dict[tuple[int, int], Meta] = {}  # (src, tag) -> what the sender announced, this shape epoch
@@ -194,6 +202,15 @@ class Peer:
         queue, self._queue = self._queue, []
         with self._guard:
             if self._direct:
+                if self._yield:
+                    # gloo's TCP pair has one lock for the posting thread and its event-loop thread. On a pinned
+                    # worker the loop thread, woken by an arriving message, preempts this thread on their one core,
+                    # often inside a send or receive that holds the lock, and then spins (level-triggered epoll,
+                    # try_lock failing) for its time slice while the holder waits: 1-5 ms stalls about once per
+                    # iteration per rank on gpt-tiny's interleaved 1F1B (perf: the loop thread in epoll_wait and
+                    # try_lock, 2.6% of it copying data). Yielding first lets a woken loop thread finish before the
+                    # lock is taken (benchmarks/RESULTS.md: interleaved 1F1B 1.056x, 1F1B and ZB-H1 level).
+                    os.sched_yield()
                 group = dist.group.WORLD
                 assert group is not None, "the process group is not initialised"
                 for send, tensor, rank, tag, sink in queue:
