@@ -133,6 +133,11 @@ def test_replan_and_automatic_replanning_rebalance_the_uneven_mlp() -> None:
         assert chosen.plan.schedule in SCHEDULES and chosen.predicted_s <= found.predicted_s * (1 + 1e-9)
         with pytest.raises(PlanError, match="unknown schedule 'zb'"):
             s.replan(schedule="zb")
+        # the paper's PipeDream changes what training computes: never switched to as a side effect of its method
+        with pytest.raises(PlanError, match=r"method='pipedream' plans the 'pipedream' schedule .* pass schedule="):
+            s.replan(method="pipedream", apply=True)
+        assert s.plan.schedule == "1f1b" and s.plan.counts == (5, 5)
+        assert s.replan(method="pipedream").plan.schedule == "pipedream"  # reporting it is harmless
         planner = s.auto_replan(every=3, horizon=50)
         s.run(12)
         s.wait(timeout=120)

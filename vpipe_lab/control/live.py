@@ -23,7 +23,7 @@ from vpipe_lab.core import checks, pipedream, scaling
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
 from vpipe_lab.core.migration import LayerMove, layer_moves, migration_time_s, moved_bytes
-from vpipe_lab.core.plan import AUTO, CHUNKED, SCHEDULES, Plan, default_virtual_stages
+from vpipe_lab.core.plan import ASYNC, AUTO, CHUNKED, SCHEDULES, Plan, default_virtual_stages
 from vpipe_lab.core.planner import search
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.report import human_bytes
@@ -208,6 +208,7 @@ class Live:
         cluster = cluster or self.cluster()
         current = self.state.plan
         assert current is not None
+        asked = schedule
         schedule = schedule or current.schedule
         if choose_microbatches:
             if not profile.microbatch_size:
@@ -220,6 +221,12 @@ class Live:
             virtual = current.virtual_stages if schedule == current.schedule else default_virtual_stages(schedule)
             result = search(profile, cluster, microbatches=current.microbatches, schedule=schedule,
                             method=method, current=current, virtual_stages=virtual if schedule in CHUNKED else 1)
+        if apply and result.plan.schedule in ASYNC and current.schedule not in ASYNC and asked != result.plan.schedule:
+            # the method plans its own schedule: applying it would change what training computes, not only its speed
+            raise PlanError(f"method={method!r} plans the {result.plan.schedule!r} schedule (weight stashing, an "
+                            "optimizer step after every micro-batch), which changes the training's semantics: pass "
+                            f"schedule={result.plan.schedule!r} to switch to it on purpose, or use "
+                            "method='pipedream-flush' for its synchronous planner")
         now = estimate(current, profile, cluster).iteration_s
         if result.microbatch_size is not None:
             profile = scaling.at(profile, result.microbatch_size)  # the costs the chosen plan runs with

@@ -1,21 +1,21 @@
 """The online profiler: every layer's measured costs per micro-batch, as the ``LayerCost`` the planners take.
 
 The measurements come from profiling iterations, which the worker schedules itself with a ``ProfileSchedule``: three
-after start-up, a plan change, new input shapes or a profile reset (the first runs cold and is dropped), and one in
-25 otherwise. A profiling iteration costs ~2% more than a fused one on CPU (more on a GPU, which it synchronises per
+after start-up, a plan change, new input shapes or a profile reset (the first runs cold and is dropped), and one in 25
+otherwise. A profiling iteration costs ~2% more than a fused one on CPU (more on a GPU, which it synchronises per
 layer), so the periodic ones cost well under 1% of throughput. In them every layer runs as its own segment and is
 timed with the device synchronised (see ``stage.Stage``); the iterations between run fused and untimed per layer.
-Times are the median per micro-batch over the profiling iterations since the last reset. A profiling iteration
-also times each layer on its first micro-batch's input cut to half and repeated to twice its size (``Stage.probe``):
-the points of its throughput-vs-micro-batch-size curve, so the planners can choose the micro-batch count
+Times are the median per micro-batch over the profiling iterations since the last reset. A profiling iteration also
+times each layer on its first micro-batch's input cut to half and repeated to twice its size (``Stage.probe``): the
+points of its throughput-vs-micro-batch-size curve, so the planners can choose the micro-batch count
 (``core/scaling.py``). That adds about 2.5 micro-batches' compute to a profiling iteration. A layer that only takes
 its own batch size (a graph captured with a fixed batch dimension, a hard-coded reshape) fails its probe once and is
-then taken as linear in the micro-batch size; a captured model with a free batch dimension (the default) is probed. A recomputed layer's saved
-bytes are measured when it is rematerialised; its forward time is the no-grad forward, a slight underestimate of a
-kept forward. Under a zero-bubble schedule a layer's W step is timed on its own and reported apart
-(``weight_grad_s``) and inside its backward; ``deferrable`` is the share of the layer's parameter elements a split
-would defer (linear weights of at least ``wgrad.SPLIT_MIN_PARAMS`` elements: smaller ones' gradients stay in B), from
-which the controller estimates W before it has been timed (``control/profiles.py``).
+then taken as linear in the micro-batch size; a captured model with a free batch dimension (the default) is probed. A
+recomputed layer's saved bytes are measured when it is rematerialised; its forward time is the no-grad forward, a
+slight underestimate of a kept forward. Under a zero-bubble schedule a layer's W step is timed on its own and reported
+apart (``weight_grad_s``) and inside its backward; ``deferrable`` is the share of the layer's parameter elements a
+split would defer (linear weights of at least ``wgrad.SPLIT_MIN_PARAMS`` elements: smaller ones' gradients stay in B),
+from which the controller estimates W before it has been timed (``control/profiles.py``).
 """
 
 from __future__ import annotations
