@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from vpipe_lab.runtime.engine.loop_thread import QuietLoop
 from vpipe_lab.runtime.model.batches import describe, rebuild
 
 TAG_FORWARD, TAG_BACKWARD, TAG_MIGRATE, TAG_TARGET, TAG_EVAL, TAG_EVAL_TARGET = 1, 2, 3, 4, 5, 6
@@ -142,7 +144,8 @@ def _slots(header: torch.Tensor) -> list[Slot]:
 
 def shares_core_with_transport(device: torch.device) -> bool:
     """Whether this process posts gloo transfers from the one CPU core its gloo event-loop thread also runs on (a
-    CPU worker pinned to one core: ``device.pin_cores``)."""
+    CPU worker pinned to one core: ``device.pin_cores``); then posting yields first and keeps the loop thread quiet
+    (``loop_thread.py``)."""
     return device.type != "cuda" and hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) == 1
 
 
@@ -170,6 +173,7 @@ class Peer:
         # that is on 1F1B's critical path twice per micro-batch. NCCL needs the batch (see above).
         self._direct = device.type != "cuda"
         self._yield = shares_core_with_transport(device)
+        self._quiet: AbstractContextManager[None] = QuietLoop() if self._yield else nullcontext()
         self._guard = _Posted("transfer", rank)
         self._sent: dict[tuple[int, int], Meta] = {}  # (dst, tag) -> what the receiver was told, this shape epoch
         self._known: dict[tuple[int, int], Meta] = {}  # (src, tag) -> what the sender announced, this shape epoch
@@ -202,19 +206,13 @@ class Peer:
         queue, self._queue = self._queue, []
         with self._guard:
             if self._direct:
-                if self._yield:
-                    # gloo's TCP pair has one lock for the posting thread and its event-loop thread. On a pinned
-                    # worker the loop thread, woken by an arriving message, preempts this thread on their one core,
-                    # often inside a send or receive that holds the lock, and then spins (level-triggered epoll,
-                    # try_lock failing) for its time slice while the holder waits: 1-5 ms stalls about once per
-                    # iteration per rank on gpt-tiny's interleaved 1F1B (perf: the loop thread in epoll_wait and
-                    # try_lock, 2.6% of it copying data). Yielding first lets a woken loop thread finish before the
-                    # lock is taken (benchmarks/RESULTS.md: interleaved 1F1B 1.056x, 1F1B and ZB-H1 level).
+                if self._yield:  # a woken gloo loop thread finishes before the pair's lock is taken (loop_thread.py)
                     os.sched_yield()
                 group = dist.group.WORLD
                 assert group is not None, "the process group is not initialised"
-                for send, tensor, rank, tag, sink in queue:
-                    sink.append(group.send([tensor], rank, tag) if send else group.recv([tensor], rank, tag))
+                with self._quiet:  # and none preempts the posts while they hold it
+                    for send, tensor, rank, tag, sink in queue:
+                        sink.append(group.send([tensor], rank, tag) if send else group.recv([tensor], rank, tag))
                 return
             works = dist.batch_isend_irecv([dist.P2POp(dist.isend if send else dist.irecv, tensor, rank, tag=tag)
                                             for send, tensor, rank, tag, _ in queue])
