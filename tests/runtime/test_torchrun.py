@@ -3,8 +3,9 @@ from pathlib import Path
 
 import pytest
 
+from vpipe_lab.cli.jobs import add_worker_arguments
 from vpipe_lab.runtime.model.callables import load_callables
-from vpipe_lab.runtime.torchrun import _env, _key, _role
+from vpipe_lab.runtime.torchrun import _check, _env, _key, _role
 from vpipe_lab.wire.jobspec import JobSpec
 
 
@@ -43,3 +44,14 @@ def test_outside_torchrun_the_error_says_so(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(RuntimeError, match="run `vpipe-lab worker` under torchrun"):
         _env("RANK")
+
+
+def test_pipedream_with_what_needs_one_step_of_the_whole_model_is_refused_before_joining() -> None:
+    parser = argparse.ArgumentParser()
+    add_worker_arguments(parser)
+    _check(parser.parse_args(["--model", "mlp", "--schedule", "pipedream"]))  # on its own it runs
+    for extra, match in ((["--clip-grad-norm", "1.0"], "clip_grad_norm=1.0"), (["--precision", "fp16"], "fp16"),
+                         (["--replicas", "2"], "replicas=2")):
+        with pytest.raises(ValueError, match=f"--schedule pipedream: .*{match}"):
+            _check(parser.parse_args(["--model", "mlp", "--schedule", "pipedream", *extra]))
+    _check(parser.parse_args(["--model", "mlp", "--clip-grad-norm", "1.0"]))  # a synchronous schedule clips

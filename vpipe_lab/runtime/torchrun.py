@@ -73,6 +73,11 @@ def _check(args: argparse.Namespace) -> None:
 
     check_training(args.clip_grad_norm, args.precision, args.eval_every, args.eval_batches)
     check(args.log)
+    if args.schedule == "pipedream":  # as launch() refuses it (a --plan file's schedule meets the stage's own check)
+        from vpipe_lab.core import pipedream
+
+        if problem := pipedream.refusal(args.clip_grad_norm, args.precision, args.replicas):
+            raise ValueError(f"--schedule pipedream: {problem}")
     for name in ("iterations", "save_every"):
         value = getattr(args, name)
         if value is not None and value < 1:

@@ -60,7 +60,8 @@ class Stepper:
     def step(self, iteration: int) -> StepReport:
         stage = self.stage
         if stage.stash.on:  # PipeDream stepped after every micro-batch
-            # launch() and apply() refuse what needs one step of the whole model; a torchrun job is checked here
+            # launch(), apply() and a torchrun job's --schedule refuse what needs one step of the whole model; a
+            # torchrun job whose --plan file names PipeDream is checked here
             problem = pipedream.refusal(self.clip, "fp16" if self.scale.enabled else "fp32", self.replicas)
             if problem is not None:
                 raise ValueError(problem)
