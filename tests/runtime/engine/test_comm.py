@@ -21,6 +21,7 @@ from vpipe_lab.runtime.engine.comm import (
     as_tensors,
     shares_core_with_transport,
 )
+from vpipe_lab.runtime.engine.loop_thread import QuietLoop
 
 
 def _port() -> int:
@@ -38,10 +39,11 @@ def _join(rank: int, port: int) -> Peer:
 
 
 def _ranks(rank: int, port: int, out: dict, pinned: bool = False) -> None:  # type: ignore[type-arg]
-    if pinned:  # as a pinned worker runs (device.pin_cores): its posts yield to gloo's loop thread first
-        os.sched_setaffinity(0, [sorted(os.sched_getaffinity(0))[rank % len(os.sched_getaffinity(0))]])
+    if pinned:  # as a pinned worker runs (device.pin_cores): its posts keep gloo's loop thread quiet
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, [cores[rank % len(cores)]])
     peer = _join(rank, port)
-    assert peer._yield or not pinned
+    assert isinstance(peer._quiet, QuietLoop) or not pinned
     if rank == 0:
         # Both neighbours send before either receives: the 1F1B pattern that deadlocks with blocking sends.
         peer.send((torch.arange(6.0).reshape(2, 3).requires_grad_(), torch.tensor([1, 2], dtype=torch.int64)), 1,

@@ -144,8 +144,7 @@ def _slots(header: torch.Tensor) -> list[Slot]:
 
 def shares_core_with_transport(device: torch.device) -> bool:
     """Whether this process posts gloo transfers from the one CPU core its gloo event-loop thread also runs on (a
-    CPU worker pinned to one core: ``device.pin_cores``); then posting yields first and keeps the loop thread quiet
-    (``loop_thread.py``)."""
+    CPU worker pinned to one core: ``device.pin_cores``); then its posts run in a ``loop_thread.QuietLoop``."""
     return device.type != "cuda" and hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) == 1
 
 
@@ -172,8 +171,8 @@ class Peer:
         # (with a guard object built per call) took 0.11 ms to post one send, 0.06 ms straight to the process group;
         # that is on 1F1B's critical path twice per micro-batch. NCCL needs the batch (see above).
         self._direct = device.type != "cuda"
-        self._yield = shares_core_with_transport(device)
-        self._quiet: AbstractContextManager[None] = QuietLoop() if self._yield else nullcontext()
+        # the posting window of a worker on one core: gloo's loop thread kept from preempting it (loop_thread.py)
+        self._quiet: AbstractContextManager[None] = QuietLoop() if shares_core_with_transport(device) else nullcontext()
         self._guard = _Posted("transfer", rank)
         self._sent: dict[tuple[int, int], Meta] = {}  # (dst, tag) -> what the receiver was told, this shape epoch
         self._known: dict[tuple[int, int], Meta] = {}  # (src, tag) -> what the sender announced, this shape epoch
@@ -206,11 +205,9 @@ class Peer:
         queue, self._queue = self._queue, []
         with self._guard:
             if self._direct:
-                if self._yield:  # a woken gloo loop thread finishes before the pair's lock is taken (loop_thread.py)
-                    os.sched_yield()
                 group = dist.group.WORLD
                 assert group is not None, "the process group is not initialised"
-                with self._quiet:  # and none preempts the posts while they hold it
+                with self._quiet:
                     for send, tensor, rank, tag, sink in queue:
                         sink.append(group.send([tensor], rank, tag) if send else group.recv([tensor], rank, tag))
                 return

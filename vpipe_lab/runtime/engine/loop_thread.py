@@ -3,14 +3,15 @@
 gloo's TCP pair has one lock for the thread that posts a send or receive and for gloo's own event-loop thread
 (``gloo_tcp_loop``). A worker pinned to one core (``device.pin_cores``) shares that core with the loop thread: a
 message arriving while the main thread is inside ``send``/``recv`` wakes the loop thread, which preempts the lock's
-holder, fails its ``try_lock`` and spins on a level-triggered ``epoll_wait`` for its time slice while the holder
-waits (1-5 ms stalls, measured on gpt-tiny's interleaved 1F1B: benchmarks/RESULTS.md). ``comm.Peer`` therefore
-yields its core before posting (a loop thread already woken finishes first) and, where the OS lets it, puts the loop
-threads in ``SCHED_IDLE`` for the few microseconds of the posting: an idle-policy thread never preempts a normal
-one, so a message arriving then waits until the posts are out (the loop thread runs as soon as the main thread
-waits or the window closes). Going back from ``SCHED_IDLE`` needs ``CAP_SYS_NICE`` or a high enough
-``RLIMIT_NICE``; a throwaway thread tries the round trip first, and without it nothing is changed (a loop thread
-kept at low priority throughout delays every message: at nice 10 the same runs were 4% slower than leaving it alone).
+holder, fails its ``try_lock`` and spins on a level-triggered ``epoll_wait`` for its time slice while the holder waits
+(1-5 ms stalls, measured on gpt-tiny's interleaved 1F1B: benchmarks/RESULTS.md). ``comm.Peer`` therefore posts inside
+a ``QuietLoop``, which yields the core first (a loop thread already woken finishes before the lock is taken) and,
+where the OS lets it, puts the loop threads in ``SCHED_IDLE`` for the few microseconds of the posting: an idle-policy
+thread never preempts a normal one, so a message arriving then waits until the posts are out (the loop thread runs as
+soon as the main thread waits or the window closes). Going back from ``SCHED_IDLE`` needs ``CAP_SYS_NICE`` or a high
+enough ``RLIMIT_NICE``; a throwaway thread tries the round trip first, and without it only the yield is made (a
+loop thread kept at low priority throughout delays every message: at nice 10 the same runs were 4% slower than leaving it
+alone).
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ def idle_round_trip_allowed() -> bool:
 
 
 class QuietLoop:
-    """A context manager: gloo's loop threads at idle priority inside, as they were outside. Inactive (entering and
-    leaving change nothing) where the round trip is not allowed or no loop thread is found."""
+    """A context manager: the core yielded on entering, then gloo's loop threads at idle priority inside, as they
+    were outside. Only the yield where the round trip is not allowed or no loop thread is found."""
 
     def __init__(self) -> None:
         self._threads: list[tuple[int, int]] | None = None  # (tid, its own policy), found at the first use
@@ -84,6 +85,7 @@ class QuietLoop:
         return self._threads
 
     def __enter__(self) -> None:
+        os.sched_yield()
         for tid, _ in self.threads:
             try:
                 os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
