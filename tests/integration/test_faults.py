@@ -15,7 +15,7 @@ import vpipe_lab
 from tests.conftest import worker_processes
 from vpipe_lab.control.errors import WorkerError
 from vpipe_lab.core.errors import ProfileError
-from vpipe_lab.wire.checkpoint import layer_file, resolve
+from vpipe_lab.wire.checkpoint import resolve
 
 pytestmark = pytest.mark.slow
 
@@ -127,15 +127,15 @@ def test_an_unwritable_checkpoint_path_is_an_error_and_training_goes_on(tmp_path
     assert resolve(tmp_path / "ckpt") == first
 
 
-def test_a_corrupted_layer_file_or_a_forged_manifest_is_named_at_resume(tmp_path: Path) -> None:
+def test_a_corrupted_checkpoint_file_or_a_forged_manifest_is_named_at_resume(tmp_path: Path) -> None:
     with launch() as s:
         s.run(1)
         s.wait(timeout=60)
         s.save(tmp_path / "ckpt")
     version = resolve(tmp_path / "ckpt")
-    data = layer_file(version, 7).read_bytes()
-    layer_file(version, 7).write_bytes(data[: len(data) // 2])  # truncated
-    with pytest.raises(WorkerError, match=r"layer-00007\.pt does not match its checksum"):
+    data = (version / "__1_0.distcp").read_bytes()  # stage 1's tensors, as torch.distributed.checkpoint wrote them
+    (version / "__1_0.distcp").write_bytes(data[: len(data) // 2])  # truncated
+    with pytest.raises(WorkerError, match=r"__1_0\.distcp does not match its checksum"):
         launch(resume=tmp_path / "ckpt")
     (tmp_path / "ckpt" / "latest").write_text("../../etc")
     with pytest.raises(ProfileError, match="not a checkpoint version"):

@@ -18,7 +18,7 @@ from vpipe_lab.core.partition import uniform
 from vpipe_lab.core.plan import CHUNKED, SCHEDULES, Plan, default_virtual_stages
 from vpipe_lab.wire import protocol as P
 from vpipe_lab.wire.channel import Client, Hub
-from vpipe_lab.wire.checkpoint import Manifest
+from vpipe_lab.wire.checkpoint import Manifest, is_foreign
 from vpipe_lab.wire.jobspec import DEVICES, JobSpec, check_training
 from vpipe_lab.wire.private import DEFAULT_KEY_FILE, read_key, write_private
 
@@ -85,7 +85,9 @@ def launch(
     arguments. ``loss(output, targets)`` gets the model's own output object (default: the output's ``loss`` when
     targets are None, else cross-entropy / MSE on the logits).
     ``resume`` restores a ``Session.save()`` checkpoint (parameters, optimizer state, plan unless ``plan`` is given,
-    iteration); ``auto_replan`` turns on vPipe's online replanning (True, or the options of ``Session.auto_replan``).
+    iteration) onto any partition, stage count or schedule, or a torch.distributed.checkpoint directory another job
+    wrote of the same model (its ``state_dict()`` keys; optimizer state where it holds torch's flattened layout);
+    ``auto_replan`` turns on vPipe's online replanning (True, or the options of ``Session.auto_replan``).
 
     A training job's other parts: ``lr_scheduler`` is ``optimizer -> scheduler`` (stepped once per iteration, carried
     through migration and checkpoints); ``clip_grad_norm`` clips by the global 2-norm over every stage, as
@@ -133,11 +135,11 @@ def launch(
                          f"{microbatches} must be a multiple of {stages}")
     sinks.check(log)
     manifest = None
-    if resume is not None:
+    if resume is not None and not is_foreign(resume):  # torch's own DCP checkpoint: weights by name, no plan in it
         manifest = Manifest.read(resume)
         if plan is None:
             saved = Plan.from_dict(manifest.plan)
-            # Layers are saved one file each, so a checkpoint resumes onto another stage count too.
+            # Tensors are saved by name, so a checkpoint resumes onto another partition and stage count too.
             same = (saved.stages, saved.virtual_stages) == (stages, virtual_stages)
             plan = saved if same else Plan(uniform(manifest.num_layers, stages * virtual_stages), saved.policies,
                                            saved.microbatches, schedule, virtual_stages)

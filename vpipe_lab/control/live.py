@@ -18,7 +18,7 @@ from typing import Any
 
 from vpipe_lab.control.monitor import FailureMonitor
 from vpipe_lab.control.requests import Requests
-from vpipe_lab.control.state import JobState
+from vpipe_lab.control.state import JobState, infos
 from vpipe_lab.core import checks, pipedream, scaling
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
@@ -147,17 +147,20 @@ class Live:
     # --- state ----------------------------------------------------------------------------------------------------
     def save(self, path: str | Path, *, keep: int | None = None, timeout: float | None = None) -> Path:
         """Write parameters, optimizer state, plan and iteration at the next iteration boundary, as a new version
-        of the checkpoint at ``path`` (one file per layer, checksummed, plus a manifest), switched to atomically: a
-        crash during the save leaves the previous version intact. ``keep`` keeps only the newest versions.
-        ``launch(..., resume=path)`` restores the newest onto any partition."""
+        of the checkpoint at ``path`` (a torch.distributed.checkpoint directory keyed by the model's own
+        ``state_dict()`` names, checksummed, plus a manifest), switched to atomically: a crash during the save leaves
+        the previous version intact. ``keep`` keeps only the newest versions. Returns the version's directory, which
+        ``dcp.load(model.state_dict(), checkpoint_id=...)`` reads; ``launch(..., resume=path)`` restores the newest
+        onto any partition."""
         checks.count(keep, "keep", optional=True, what="versions to keep")
         target = Path(path).absolute()
         ack = self.requests.command(Save(str(target), name=f"ckpt-{uuid.uuid4().hex[:12]}", keep=keep), timeout=timeout)
         if ack.ok is False:
             raise OSError(f"the checkpoint was not saved: {ack.error}; training goes on, and the previous "
                           f"version at {target} (if any) is intact")
-        Manifest.read(target)  # complete, or this raises
-        return target
+        written = Manifest.read(target)  # complete, or this raises
+        assert written.directory is not None
+        return written.directory
 
     # --- the model itself (neural architecture search) ---------------------------------------------------------------
     def set_model(self, factory: Callable[[], Any], *, plan: Plan | None = None,
@@ -184,6 +187,7 @@ class Live:
                                      stage=-1, missing_bytes=0)
             self.state.plan = Plan.from_dict(ack.plan)
             self.state.names = list(ack.names)
+            self.state.unit_info = infos(ack.units, self.state.names)
             self.forget_profile()  # layer indices now mean other layers
             self.state.plan_version = version
             self.state.last_mapping = {int(j): i for j, i in ack.mapping.items()}

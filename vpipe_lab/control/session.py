@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from vpipe_lab.control import weights
+from vpipe_lab.control import interop, weights
 from vpipe_lab.control.autoplan import AutoReplanner
 from vpipe_lab.control.errors import SessionClosed, WorkerError
 from vpipe_lab.control.evaluation import data_ref
@@ -294,6 +294,30 @@ class Session:
                              "export(path, model=factory)")
         return weights.export(self.state_dict(timeout), source, path, self.spec.seed)
 
+    # --- taking the plan out, bringing production configs in (control/interop.py) ------------------------------------
+    def export_plan(self, path: str | Path, *, plan: Plan | None = None, microbatch_size: int | None = None) -> Path:
+        """Write the export bundle of the plan in force (or ``plan``) to the directory ``path``: ``pipeline.json``
+        (torch stages over the model's own module names), ``schedule.csv`` (the exact order, for torch's
+        ``_PipelineScheduleRuntime``), torchtitan and Megatron-LM settings and a README with what the lab measured
+        and predicts for it (``wire/bundle.py``). ``vpipe_lab.export.torch_pipeline`` trains it on torch."""
+        plan = plan if plan is not None else self.plan
+        measured = interop.measured_s(self.metrics.records(200), self.plan_version) if plan == self.plan else None
+        profile = cluster = None
+        if self.iteration > 0 and not self.closed:
+            profile, cluster = self.profile(), self.cluster()
+        bundle = interop.bundle_of(plan, self.state.unit_info, microbatch_size=microbatch_size or self.microbatch_size(),
+                                   profile=profile, cluster=cluster, measured=measured)
+        return interop.write(path, bundle)
+
+    def import_plan(self, source: Any, *, apply: bool = False, **kw: Any) -> Plan:
+        """A production config as a plan over this model's units (``control/interop.import_plan``: a torchtitan TOML
+        or ``[parallelism]`` dict, a Megatron-LM layout string, module lists per stage, an export bundle); ``apply``
+        runs it from the next iteration (``apply(plan)``)."""
+        plan = interop.import_plan(source, self.state.unit_info, self.plan, **kw)
+        if apply:
+            self.apply(plan)
+        return plan
+
     # --- changing the running job (control/live.py) -----------------------------------------------------------------
     def apply(self, plan: Plan, *, force: bool = False, checkpoint: bool = True, timeout: float | None = None) -> int:
         """Run ``plan`` from the next iteration boundary, migrating layers live; returns that iteration.
@@ -314,9 +338,12 @@ class Session:
 
     def save(self, path: str | Path, *, keep: int | None = None, timeout: float | None = None) -> Path:
         """Write parameters, optimizer state, plan and iteration at the next iteration boundary, as a new version
-        of the checkpoint at ``path`` (one file per layer, checksummed, plus a manifest), switched to atomically: a
-        crash during the save leaves the previous version intact. ``keep`` keeps only the newest versions.
-        ``launch(..., resume=path)`` restores the newest onto any partition."""
+        of the checkpoint at ``path``: a torch.distributed.checkpoint (DCP) directory keyed by the model's own
+        ``state_dict()`` names (optimizer state flattened by parameter name, as torchtitan saves it), checksummed,
+        with a manifest, switched to atomically: a crash during the save leaves the previous version intact. ``keep``
+        keeps only the newest versions. Returns the version's directory: ``dcp.load(model.state_dict(),
+        checkpoint_id=...)`` reads it into a plain model; ``launch(..., resume=path)`` restores the newest onto any
+        partition, stage count or schedule."""
         return self._live.save(path, keep=keep, timeout=timeout)
 
     def set_model(self, factory: Callable[[], Any], *, plan: Plan | None = None,

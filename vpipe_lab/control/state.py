@@ -6,9 +6,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vpipe_lab.core.interop.bundle import UnitInfo
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import Cluster
 from vpipe_lab.wire.events import Current, Ready
+
+
+def infos(docs: list[dict[str, Any]] | None, names: list[str]) -> list[UnitInfo]:
+    """The units' descriptions as the workers sent them (names alone from workers that send none)."""
+    if docs and len(docs) == len(names):
+        return [UnitInfo.from_dict(d, f"unit {i}") for i, d in enumerate(docs)]
+    return [UnitInfo(n) for n in names]
 
 
 @dataclass
@@ -20,6 +28,7 @@ class JobState:
     plan: Plan | None = None
     plan_version: int = 0
     names: list[str] = field(default_factory=list)
+    unit_info: list[UnitInfo] = field(default_factory=list)  # each unit's modules and kind (the export's names)
     units: list[str] | None = None  # what rank 0 reported when it started alone (JobSpec.scout)
     ready: dict[int, Ready] = field(default_factory=dict)  # rank -> its READY report
     migrating: int | None = None  # the plan version being moved to (its checkpoint is the fallback)
@@ -34,9 +43,11 @@ class JobState:
         first = self.ready[0]
         if current is None:
             self.plan, self.names, self.iteration = Plan.from_dict(first.plan), list(first.names), first.iteration
+            self.unit_info = infos(first.units, self.names)
             self.target = self.iteration
             return
         self.plan, self.names = Plan.from_dict(current.plan), list(current.names)
+        self.unit_info = infos(current.units, self.names)
         self.plan_version, self.iteration = current.plan_version, current.iteration
         self.target = None if current.running else self.iteration
 

@@ -97,7 +97,7 @@ class Broker:
         if isinstance(body, Ready):
             self.ready[body.rank] = body
             if self.current is None:
-                self.current = Current(body.plan, 0, body.names, body.iteration, False, body.iteration)
+                self.current = Current(body.plan, 0, body.names, body.iteration, False, body.iteration, body.units)
         elif isinstance(body, Current):
             self.current = body
         elif isinstance(body, IterationReport) and body.stage == 0 and body.replica == 0 and self.current:

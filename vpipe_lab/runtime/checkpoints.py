@@ -1,8 +1,11 @@
-"""A running pipeline's checkpoints: every stage writes its own layers, the leader completes the version.
+"""A running pipeline's checkpoints: every stage writes its own units into one torch.distributed.checkpoint (DCP)
+version, the leader completes it; a restore reads each stage's units by name from any such checkpoint.
 
-The on-disk format (one file per layer, checksums per stage, a manifest, an atomic ``latest`` switch) is
-``wire/checkpoint.py``'s; this module is the workers' side of it. Replicas hold the same state, so only the first
-replica writes; every rank takes part in the agreement on whether the save succeeded.
+The on-disk format (DCP files, checksums per stage, a manifest, an atomic ``latest`` switch) is
+``wire/checkpoint.py``'s and the keys are ``runtime/dcp_state.py``'s; this module is the workers' side of it. Replicas
+hold the same state, so only the first replica contributes tensors (every rank takes part in DCP's agreement and in
+ours on whether the save succeeded). A restore reads DCP checkpoints the lab wrote under any partition, stage count
+or schedule, DCP checkpoints torch or torchtitan wrote of the same model, and the per-layer files of earlier releases.
 """
 
 from __future__ import annotations
@@ -10,65 +13,136 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 
+from vpipe_lab.runtime import dcp_state
 from vpipe_lab.runtime.engine import faults
 from vpipe_lab.runtime.engine.comm import Peer
 from vpipe_lab.runtime.engine.stage import Stage
-from vpipe_lab.wire.checkpoint import Manifest, complete, layer_file, sha256, sums_file, write_synced
+from vpipe_lab.wire.checkpoint import (
+    DCP_METADATA,
+    Manifest,
+    complete,
+    is_foreign,
+    resolve,
+    sha256,
+    sums_file,
+    write_synced,
+)
 
 log = logging.getLogger(__name__)
 
 
 class Checkpoints:
-    """Save this stage's layers into a checkpoint version, or restore them from one."""
+    """Save this stage's units into a checkpoint version, or restore them from one."""
 
     def __init__(self, peer: Peer, stage: Stage, rank: int, world: int, replica: int, leader: bool,
-                 device: torch.device) -> None:
+                 device: torch.device, keys: Callable[[], tuple[Mapping[str, list[str]], set[str]]] | None = None
+                 ) -> None:
         self.peer, self.stage, self.device = peer, stage, device
         self.rank, self.world, self.replica, self.leader = rank, world, replica, leader
+        # The model's names, asked for at each save or restore (a model change brings new ones): canonical tensor name
+        # -> its keys in the user's model.state_dict(), and the non-persistent buffers. None: a stage built by hand,
+        # whose tensors are saved under their own names.
+        self.keys = keys or (lambda: ({}, set()))
+
+    def _distributed(self) -> bool:
+        return dist.is_available() and dist.is_initialized()
 
     def save(self, version: Path, manifest: Callable[[], Manifest], keep: int | None, iteration: int) -> str | None:
-        """Every rank writes its layers (fsynced, with checksums) into ``version``; then the leader writes the manifest
-        and switches ``latest`` to it: the previous version stays valid until then. A rank that cannot write (no
-        space, no permission) does not stop training: all ranks agree the save failed and the reason (rank 0's view)
-        is returned; None when it succeeded."""
+        """Every rank writes its units into the DCP checkpoint ``version`` (fsynced, checksummed); then the leader
+        writes the manifest and switches ``latest`` to it: the previous version stays valid until then. A rank that
+        cannot write (no space, no permission) does not stop training: all ranks agree the save failed and the reason
+        (rank 0's view) is returned; None when it succeeded."""
         problem: str | None = None
-        if self.replica == 0:  # the replicas hold the same state: the first one writes it, the others agree
+        aliases, non_persistent = self.keys()
+        state = dcp_state.save_state(self.stage, aliases, non_persistent, iteration) if self.replica == 0 \
+            else {}  # the replicas hold the same state: the first one writes it, the others agree
+        try:
+            version.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            problem = f"stage {self.rank} cannot write {exc.filename or version}: {exc.strerror or exc}"
+        # DCP's save is collective: every rank joins it, or none does (a rank that cannot even make the directory)
+        if self.peer.all_max([1.0 if problem else 0.0])[0] == 0:
             try:
-                version.mkdir(parents=True, exist_ok=True)
-                sums: dict[str, str] = {}
-                for index in self.stage.owned:
-                    buffer = io.BytesIO()
-                    torch.save(self.stage.unit_state(index), buffer)
-                    target = layer_file(version, index)
-                    write_synced(target, buffer.getvalue())
-                    sums[target.name] = sha256(buffer.getvalue())
-                write_synced(sums_file(version, self.rank), json.dumps(sums).encode())
-            except OSError as exc:
-                problem = f"stage {self.rank} cannot write {exc.filename or version}: {exc.strerror or exc}"
-                log.error("save failed: %s", problem)
+                writer = dcp.FileSystemWriter(str(version), sync_files=True, thread_count=1, overwrite=True)
+                dcp.save(state, storage_writer=writer, no_dist=not self._distributed())
+                if self.replica == 0:
+                    sums = {p.name: sha256(p.read_bytes())
+                            for p in sorted(version.glob(f"__{self._dcp_rank()}_*.distcp"))}
+                    write_synced(sums_file(version, self.rank), json.dumps(sums).encode())
+            except Exception as exc:  # DCP raises every rank's failure on every rank (CheckpointException)
+                problem = f"stage {self.rank} cannot write the checkpoint in {version}: {_reason(exc)}"
+        if problem:
+            log.error("save failed: %s", problem)
         faults.hit(faults.parse(), "save", self.rank, iteration)
         if self.peer.all_max([1.0 if problem else 0.0])[0] > 0:  # everyone learns; nothing is switched
-            return problem or "another stage could not write its layers"
+            return problem or "another stage could not write its units"
         if self.leader:
             try:
-                complete(version, manifest(), self.world, keep)
+                written = manifest()
+                written.format = "dcp"
+                complete(version, written, self.world, keep)
             except OSError as exc:
                 problem = f"stage 0 cannot complete the checkpoint in {version}: {exc.strerror or exc}"
         if self.peer.all_max([1.0 if problem else 0.0])[0] > 0:
             return problem or "stage 0 could not complete the checkpoint"
         return None
 
+    def _dcp_rank(self) -> int:
+        return dist.get_rank() if self._distributed() else 0
+
     def restore(self, path: Path, num_layers: int) -> Manifest:
-        """Load this stage's layers (checked against their checksums) and their optimizer state from ``path``."""
-        manifest = Manifest.read(path)
-        if manifest.num_layers != num_layers:
-            raise ValueError(f"checkpoint {path} holds {manifest.num_layers} layers but the model has "
-                             f"{num_layers}: resume with the model that was saved")
+        """Load this stage's units (checked against their checksums) and their optimizer state from ``path``: a
+        checkpoint the lab wrote (DCP or per-layer files) or a DCP checkpoint torch wrote of the same model (its
+        weights, and its optimizer state where it holds one in torch's flattened layout; the run's iteration count
+        starts at 0, whatever step the other job was at)."""
+        if is_foreign(path):
+            manifest = Manifest(0, {}, num_layers, [], 0, format="dcp", directory=resolve(path))
+        else:
+            manifest = Manifest.read(path)
+            if manifest.num_layers != num_layers:
+                raise ValueError(f"checkpoint {path} holds {manifest.num_layers} layers but the model has "
+                                 f"{num_layers}: resume with the model that was saved")
+        if manifest.format != "dcp":
+            return self._restore_layers(path, manifest)
+        self._check_files(manifest)
+        assert manifest.directory is not None
+        reader = dcp.FileSystemReader(str(manifest.directory))
+        aliases, non_persistent = self.keys()
+        template, missing = dcp_state.load_template(self.stage, aliases, non_persistent, reader.read_metadata())
+        if missing:
+            raise ValueError(f"checkpoint {manifest.directory} has no {', '.join(missing[:3])}"
+                             f"{f' (and {len(missing) - 3} more)' if len(missing) > 3 else ''}: it was saved from another "
+                             "model (the keys are the model's own state_dict() names)")
+        with torch.no_grad():
+            dcp.load(template, storage_reader=reader, planner=dcp_state.SafeLoadPlanner(), no_dist=True)
+        dcp_state.restore_optimizer(self.stage, template)
+        log.info("restored units %s from %s at iteration %d", self.stage.owned, manifest.directory, manifest.iteration)
+        return manifest
+
+    def _check_files(self, manifest: Manifest) -> None:
+        """The first replica's ranks each check a share of the version's files against the manifest's checksums;
+        every rank then raises the first finder's words, so whichever stage is reported names the file."""
+        names = [*sorted(n for n in manifest.files if n != DCP_METADATA), DCP_METADATA]
+        problem = ""
+        for name in names[self.rank::max(1, self.world)] if self.replica == 0 else []:
+            try:
+                manifest.check_file(name)
+            except Exception as exc:
+                problem = str(exc)
+                break
+        finder = int(self.peer.all_max([float(self.rank) if problem else -1.0])[0])
+        if finder >= 0:  # a first-replica rank: its global rank is its stage
+            raise ValueError(self.peer.broadcast_json(problem, src=finder) if self._distributed() else problem)
+
+    def _restore_layers(self, path: Path, manifest: Manifest) -> Manifest:
+        """A checkpoint of earlier releases: one file per layer, each checked against its checksum."""
         states: dict[str, dict[str, object]] = {}
         groups: list[dict[str, object]] = []
         for index in self.stage.owned:
@@ -80,3 +154,20 @@ class Checkpoints:
         self.stage.load_optimizer(states, groups)
         log.info("restored layers %s from %s at iteration %d", self.stage.owned, path, manifest.iteration)
         return manifest
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of what went wrong, OSError's words where there is one (DCP wraps each rank's failure)."""
+    seen = [exc]
+    while seen[-1].__cause__ is not None and len(seen) < 5:
+        seen.append(seen[-1].__cause__)
+    for e in seen:
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict) and failures:
+            inner = next(iter(failures.values()))
+            if isinstance(inner, BaseException):
+                seen.append(inner)
+    os_error = next((e for e in seen if isinstance(e, OSError)), None)
+    if os_error is not None:
+        return f"{os_error.filename or ''} {os_error.strerror or os_error}".strip()
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

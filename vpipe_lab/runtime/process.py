@@ -115,7 +115,7 @@ def serve(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: in
         bandwidth |= probe_update(worker.stage.optim.factory, worker.placement, [p for _, p in worker.stage.params()])
         link.send(Ready(rank, worker.index, worker.replica, worker.num_layers, worker.names, worker.plan.to_dict(),
                         str(worker.placement.device), worker.placement.backend, worker.ctl.iteration,
-                        **bandwidth).message())
+                        **bandwidth, units=worker.chain.infos()).message())
         if on_ready is not None:
             on_ready(worker)
         worker.loop()

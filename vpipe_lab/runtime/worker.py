@@ -99,7 +99,7 @@ class Worker(WorkerCommands):
                                  record_spans=spec.telemetry, chain=self.chain)
         self.model_version = 0
         self.checkpoints = Checkpoints(self.peer, self.stage, index, world, self.replica, self.leader,
-                                       self.placement.device)
+                                       self.placement.device, lambda: (self.chain.aliases, self.chain.non_persistent))
         self.migration = Migration(self.peer, self.stage, self.ties, self.clock, self.placement.device, index, world,
                                    self.replica, self.replicas, self.send, lambda path: self.save(path))
         # The one command table: what each controller command does on every rank (see wire/commands.py).
@@ -188,7 +188,8 @@ class Worker(WorkerCommands):
         version = root / (name or f"ckpt-{self.ctl.iteration:08d}-{self.ctl.plan_version}-{self.model_version}")
         return self.checkpoints.save(version, lambda: Manifest(
             self.ctl.iteration, self.plan.to_dict(), self.num_layers, self.names, self.spec.seed, self.ctl.plan_version,
-            self.model_version, extra={"loss_scale": self.scale.state()}), keep, self.ctl.iteration)
+            self.model_version, extra={"loss_scale": self.scale.state()}, format="dcp", units=self.chain.infos()),
+            keep, self.ctl.iteration)
 
     def restore(self, path: Path) -> None:
         manifest = self.checkpoints.restore(path, self.num_layers)

@@ -72,7 +72,7 @@ class WorkerCommands:
         """Rank 0: the job as it is now, for a broker's attaching clients (see runtime/broker.py)."""
         if self.leader:
             self.send(E.Current(self.plan.to_dict(), self.ctl.plan_version, self.names, self.ctl.iteration,
-                                self.ctl.target is None, self.ctl.target))
+                                self.ctl.target is None, self.ctl.target, self.chain.infos()))
 
     # --- the commands ---------------------------------------------------------------------------------------------
     def _run(self, cmd: C.Run) -> None:
@@ -139,7 +139,7 @@ class WorkerCommands:
             self.model_fn, self.model_version = factory, self.model_version + 1
             self.shapes.recaptures.reset(factory)
         self.ack(cmd, names=self.names, plan=self.plan.to_dict(), mapping={str(j): i for j, i in sources.items()},
-                 **result)
+                 units=self.chain.infos(), **result)
 
     def reconfigure(self, plan: Plan, sources: dict[int, int | None], chain: Any, cmd: C.Apply | C.SetModel
                     ) -> dict[str, Any]:

@@ -1,12 +1,16 @@
 """Checkpoints that are never half-written: versions in fresh directories, switched by an atomic ``latest`` pointer.
 
-A checkpoint path is a directory of versions. Each save writes a new version directory next to the others (one
-file per layer, each fsynced, plus per-rank checksum lists), then rank 0 writes the version's ``manifest.json``
-(with every file's SHA-256) and finally replaces ``latest`` (a one-line file naming the version) atomically: until
-that rename the previous version is what ``latest`` names, complete and untouched. Older versions beyond the newest
-``keep`` are removed after the switch. Layers are saved by global index, so a checkpoint restores onto any partition
-(and any stage count). A directory holding ``manifest.json`` itself (one version, as earlier releases wrote) reads
-too. Resume checks every file against its checksum and names the file that does not match.
+A checkpoint path is a directory of versions. Each save writes a new version directory next to the others: a
+torch.distributed.checkpoint (DCP) checkpoint, every rank writing its own ``__<rank>_<n>.distcp`` files (fsynced) and
+rank 0 the ``.metadata``, keyed by the user's model's own ``state_dict()`` names (``runtime/dcp_state.py``), so
+``dcp.load(model.state_dict(), checkpoint_id=version)`` reads it without vpipe_lab; plus per-rank checksum lists.
+Then rank 0 writes the version's ``manifest.json`` (the plan, iteration, units and every file's SHA-256) and finally
+replaces ``latest`` (a one-line file naming the version) atomically: until that rename the previous version is what
+``latest`` names, complete and untouched. Older versions beyond the newest ``keep`` are removed after the switch.
+Tensors are saved by name, so a checkpoint restores onto any partition (and any stage count). Earlier releases
+wrote one file per layer (``format: "layers"``); those still resume. A directory holding ``manifest.json`` itself
+(one version) reads too, and so does a DCP checkpoint torch wrote (``.metadata``, no manifest: ``is_foreign``).
+Resume checks every file against its checksum and names the file that does not match.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ MANIFEST = "manifest.json"
 LATEST = "latest"
 _VERSION = re.compile(r"^ckpt-[0-9a-z-]+$")
 _LAYER = re.compile(r"^layer-\d{5}\.pt$")
+_DCP = re.compile(r"^(\.metadata|__\d+_\d+\.distcp)$")  # what torch.distributed.checkpoint's FileSystemWriter writes
+DCP_METADATA = ".metadata"
 
 
 def layer_file(path: str | Path, index: int) -> Path:
@@ -80,6 +86,8 @@ class Manifest:
     model_version: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)  # file name -> SHA-256
+    format: str = "layers"  # "dcp" (torch.distributed.checkpoint) or "layers" (one file per layer, before DCP)
+    units: list[dict[str, Any]] = field(default_factory=list)  # the units' descriptions (core.interop.bundle.UnitInfo)
     directory: Path | None = field(default=None, compare=False)  # where it was read from (not written)
 
     def write(self, version: Path) -> None:
@@ -107,14 +115,29 @@ class Manifest:
         doc.pop("kind")
         doc.pop("version", None)
         manifest = cls(**doc, directory=version)
-        outside = [name for name in manifest.files if not _LAYER.match(name)]
+        allowed = _DCP if manifest.format == "dcp" else _LAYER
+        outside = [name for name in manifest.files if not allowed.match(name)]
         if outside:
-            raise ProfileError(f"{target} lists files {outside[:3]} that are not layer files of its own directory; "
+            raise ProfileError(f"{target} lists files {outside[:3]} that are not checkpoint files of its own directory; "
                                "the manifest is corrupt or forged, and nothing outside the checkpoint is read")
+        if manifest.format == "dcp":
+            absent = [n for n in [DCP_METADATA, *manifest.files] if not (version / n).exists()]
+            if absent:
+                raise ProfileError(f"checkpoint {str(path)!r} lacks its files {absent[:5]}")
+            return manifest
         missing = [i for i in range(manifest.num_layers) if not layer_file(version, i).exists()]
         if missing:
             raise ProfileError(f"checkpoint {str(path)!r} lacks the files of layers {missing[:10]}")
         return manifest
+
+    def check_file(self, name: str) -> None:
+        """Raise ProfileError naming file ``name`` if it does not match the manifest's checksum."""
+        assert self.directory is not None
+        expected = self.files.get(name)
+        path = self.directory / name
+        if expected is not None and sha256(path.read_bytes()) != expected:
+            raise ProfileError(f"checkpoint file {path} does not match its checksum (corrupted or truncated); resume "
+                               "from another checkpoint version")
 
     def load_bytes(self, index: int) -> bytes:
         """Layer ``index``'s file, checked against the manifest's checksum."""
@@ -128,11 +151,21 @@ class Manifest:
         return data
 
 
+def is_foreign(path: str | Path) -> bool:
+    """Whether ``path`` is a DCP checkpoint vpipe_lab did not write (torch's ``.metadata``, no manifest)."""
+    version = resolve(path)
+    return (version / DCP_METADATA).exists() and not (version / MANIFEST).exists()
+
+
 def complete(version: Path, manifest: Manifest, ranks: int, keep: int | None) -> None:
     """Rank 0's last step of a save: gather every rank's checksums into the manifest, write it, switch ``latest``
     to this version, then prune old versions beyond ``keep``."""
     for rank in range(ranks):
-        manifest.files.update(json.loads(sums_file(version, rank).read_text()))
+        sums = sums_file(version, rank)
+        if sums.exists():  # a rank with nothing to write (a replica) writes no list
+            manifest.files.update(json.loads(sums.read_text()))
+    if (version / DCP_METADATA).exists():
+        manifest.files[DCP_METADATA] = sha256((version / DCP_METADATA).read_bytes())
     manifest.write(version)
     root = version.parent
     pointer = root / LATEST

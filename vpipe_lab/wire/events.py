@@ -52,6 +52,7 @@ class Ready(Body):
     link_latency_s: float
     update_s_per_byte: float = 0.0  # the optimizer's step per parameter byte (PipeDream's per-micro-batch cost)
     copy_s_per_byte: float = 0.0  # a copy of the weights per byte (PipeDream moving its live weights)
+    units: list[dict[str, Any]] = field(default_factory=list)  # core.interop.bundle.UnitInfo documents, per unit
 
 
 @register
@@ -110,6 +111,7 @@ class Ack(Body):
     names: list[str] | None = None
     plan: dict[str, Any] | None = None
     mapping: dict[str, int | None] | None = None
+    units: list[dict[str, Any]] | None = None  # set_model: the new model's units (UnitInfo documents)
 
 
 @dataclass
@@ -223,6 +225,7 @@ class Current(Body):
     iteration: int
     running: bool
     target: int | None
+    units: list[dict[str, Any]] = field(default_factory=list)  # core.interop.bundle.UnitInfo documents, per unit
 
 
 @register

@@ -147,9 +147,26 @@ class Chain:
     aliases: dict[str, list[str]] = field(default_factory=dict)  # canonical name -> its names in model.state_dict()
     non_persistent: set[str] = field(default_factory=set)  # canonical names model.state_dict() leaves out
     state_keys: list[str] = field(default_factory=list)  # model.state_dict()'s keys, in its order
+    modules: list[list[str]] = field(default_factory=list)  # per unit: its outermost modules' FQNs (cuts.Cut)
+    kinds: list[str] = field(default_factory=list)  # per unit: "pre", "block:<class>" or "post" (cuts.Cut)
 
     def __len__(self) -> int:
         return len(self.units)
+
+    def infos(self) -> list[dict[str, Any]]:
+        """Each unit as ``core.interop.bundle.UnitInfo`` has it: name, modules, kind and the tensors it uses that none
+        of its modules own (under any of their names in ``model.state_dict()``)."""
+        out = []
+        for i, name in enumerate(self.names):
+            modules = self.modules[i] if i < len(self.modules) else []
+            outside = []
+            for _, canonical in self.tensors[i].params + self.tensors[i].buffers:
+                names = self.aliases.get(canonical, [canonical])
+                if not any(n == m or n.startswith(m + ".") for n in names for m in modules):
+                    outside.append(canonical)
+            out.append({"name": name, "modules": list(modules), "kind": self.kinds[i] if i < len(self.kinds) else "block",
+                        "tensors": list(dict.fromkeys(outside))})
+        return out
 
     def signature(self) -> list[Any]:
         """What every rank must agree on: unit names, tensor names and what crosses each boundary."""
@@ -226,10 +243,13 @@ def capture(model: nn.Module, example: Any, split: SplitSpec = None) -> Chain:
     canonical = canonical_names(model)
     aliases, non_persistent = state_names(model, canonical)
     if isinstance(model, nn.Sequential) and split is None:
-        names = [f"{name}:{type(child).__name__}" for name, child in model.named_children()]
-        units = list(model.children())
+        children = list(model.named_children())
+        names = [f"{name}:{type(child).__name__}" for name, child in children]
+        units = [child for _, child in children]
         return Chain(units, names, [unit_tensors(u, canonical, f"{i}.") for i, u in enumerate(units)], graph=False,
-                     aliases=aliases, non_persistent=non_persistent, state_keys=list(model.state_dict(keep_vars=True)))
+                     aliases=aliases, non_persistent=non_persistent, state_keys=list(model.state_dict(keep_vars=True)),
+                     modules=[[name] for name, _ in children],
+                     kinds=[f"block:{type(child).__name__}" for _, child in children])
     points = split_points(model, split)
     generation_cache_off(model)
     args, kwargs = args_kwargs(example)
@@ -250,7 +270,8 @@ def capture(model: nn.Module, example: Any, split: SplitSpec = None) -> Chain:
                                f"{why(exc)}") from exc
         dynamic = False
     gm = exported.module()
-    part, names = assign(gm, points)
+    cut = assign(gm, points)
+    part, names = cut.part, cut.names
     reached = {p for node in part for p in module_paths(node)}
     missing = [p for p in points if p not in reached]
     if missing:
@@ -260,6 +281,10 @@ def capture(model: nn.Module, example: Any, split: SplitSpec = None) -> Chain:
     chain.rule = InputRule.of_graph(gm, leaves, exported.range_constraints) if dynamic else InputRule.exactly(leaves)
     chain.aliases, chain.non_persistent = aliases, non_persistent
     chain.state_keys = list(model.state_dict(keep_vars=True))
+    classes = {name: type(module).__name__ for name, module in model.named_modules()}
+    chain.modules = cut.modules
+    chain.kinds = [f"block:{classes.get(m[0], '?') if m else '?'}" if kind == "block" else kind
+                   for kind, m in zip(cut.kinds, cut.modules)]
     return chain
 
 

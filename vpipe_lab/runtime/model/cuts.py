@@ -7,6 +7,7 @@ from __future__ import annotations
 import difflib
 import operator
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -61,10 +62,23 @@ def module_paths(node: torch.fx.Node) -> list[str]:
     return [v[0] for v in (node.meta.get("nn_module_stack") or {}).values() if not v[0].startswith("_empty_nn_module")]
 
 
-def assign(gm: torch.fx.GraphModule, points: list[str]) -> tuple[dict[torch.fx.Node, int], list[str]]:
-    """Node -> unit, and each unit's name. A unit begins where a split module's first node runs; everything else stays
-    with the unit that is running (glue code between blocks goes with the block before it), and what follows the
-    last split module forms a unit of its own."""
+@dataclass(frozen=True)
+class Cut:
+    """Where each graph node goes and what each unit is: its name, the outermost modules that run wholly inside it
+    (their FQNs in the model, in the order they ran: what a torch.distributed.pipelining split point or a torchtitan
+    ``module_fqns_per_model_part`` names) and its kind ("pre" before the first split module, "block" from a split
+    module on, "post" after the last one)."""
+
+    part: dict[torch.fx.Node, int]
+    names: list[str]
+    modules: list[list[str]]
+    kinds: list[str]
+
+
+def assign(gm: torch.fx.GraphModule, points: list[str]) -> Cut:
+    """Node -> unit, and each unit's name and modules. A unit begins where a split module's first node runs;
+    everything else stays with the unit that is running (glue code between blocks goes with the block before it),
+    and what follows the last split module forms a unit of its own."""
     index = {p: i for i, p in enumerate(points)}
 
     def point_of(node: torch.fx.Node) -> int | None:
@@ -95,13 +109,17 @@ def assign(gm: torch.fx.GraphModule, points: list[str]) -> tuple[dict[torch.fx.N
             seen.setdefault(current, {})[path] = None
     used = sorted(set(part.values()))
     renumber = {u: i for i, u in enumerate(used)}
-    names = [_unit_name([p for p in seen.get(u, {}) if units_of[p] == {u}]) for u in used]
-    return {n: renumber[u] for n, u in part.items()}, names
+    modules = [outermost([p for p in seen.get(u, {}) if units_of[p] == {u}]) for u in used]
+    kinds = ["pre" if u == 0 else "post" if u > len(points) else "block" for u in used]
+    return Cut({n: renumber[u] for n, u in part.items()}, [unit_name(m) for m in modules], modules, kinds)
 
 
-def _unit_name(owned: list[str]) -> str:
-    """The outermost modules that run wholly inside a unit, in the order they ran: 'transformer.h.3',
-    'transformer.ln_f+lm_head'."""
+def outermost(owned: list[str]) -> list[str]:
+    """The outermost of the modules that run wholly inside a unit, in the order they ran."""
     real = [p for p in owned if p]
-    top = [p for p in real if not any(p.startswith(q + ".") for q in real)]
+    return [p for p in real if not any(p.startswith(q + ".") for q in real)]
+
+
+def unit_name(top: list[str]) -> str:
+    """A unit's name from its outermost modules: 'transformer.h.3', 'transformer.ln_f+lm_head'."""
     return "+".join(top[:3]) + ("+…" if len(top) > 3 else "") if top else "(glue)"

@@ -1,0 +1,84 @@
+"""Plans taken out of the lab: an exported bundle trained by torch.distributed.pipelining on 2 CPU ranks, from the
+bundle alone, equals the lab's run of the same plan (losses, every parameter and buffer), and torch runs exactly the
+lab's compute order, whether its own schedule class or the bundle's CSV drives it (torchtitan's schedule builder
+reading the bundle's ``torchtitan.toml`` included)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import vpipe_lab
+from tests.integration import torch_jobs
+from tests.runtime import reference
+from vpipe_lab import Plan
+from vpipe_lab.core.interop import torch_schedules
+from vpipe_lab.wire import bundle as bundle_files
+
+pytestmark = pytest.mark.slow
+
+# The issue's four plans on the MLP (no dropout: torch and the lab seed dropout differently), 2 ranks, 4 micro-batches.
+PLANS = {
+    "1f1b-recompute": Plan((0, 4, 10), tuple("kkrkkkkkkk"), 4, "1f1b"),  # torch's 1F1B class runs it
+    "interleaved": Plan((0, 2, 5, 7, 10), tuple("kkkskkkkkk"), 4, "interleaved-1f1b", 2),  # its Interleaved1F1B
+    "zb-h1": Plan((0, 4, 10), tuple("kkkkkrkkkk"), 4, "zb-h1"),  # no class runs the lab's ZB-H1 at M=4: the CSV
+    "zbv": Plan((0, 2, 5, 7, 10), tuple("k" * 10), 4, "zbv", 2),  # its ZBVZeroBubble
+}
+
+
+def lab_run(plan: Plan, bundle: Path, iterations: int = 3) -> tuple[list[float], dict[str, torch.Tensor]]:
+    with vpipe_lab.launch("mlp", stages=2, microbatches=4, schedule=plan.schedule, plan=plan, device="cpu",
+                          virtual_stages=plan.virtual_stages, timeout=60) as session:
+        session.run(iterations)
+        session.wait(timeout=120)
+        session.export_plan(bundle)
+        return list(session.metrics.iterations["loss"]), session.state_dict()
+
+
+def test_exported_plans_train_on_torch_as_in_the_lab(tmp_path: Path) -> None:
+    lab = {name: lab_run(plan, tmp_path / name) for name, plan in PLANS.items()}
+    assert [bundle_files.read(tmp_path / n).schedule for n in PLANS] == ["1F1B", "Interleaved1F1B", None,
+                                                                        "ZBVZeroBubble"]
+    jobs = [torch_jobs.Job(str(tmp_path / name)) for name in PLANS]
+    jobs += [torch_jobs.Job(str(tmp_path / "1f1b-recompute"), use_csv=True),  # the CSV where a class exists
+             torch_jobs.Job(str(tmp_path / "zb-h1"), torchtitan=True),  # torchtitan's builder, from torchtitan.toml
+             torch_jobs.Job(str(tmp_path / "zbv"), torchtitan=True)]
+    results = torch_jobs.run(jobs, tmp_path)
+    for job, got in zip(jobs, results):
+        name = Path(job.bundle).name
+        losses, state = lab[name]
+        assert got.losses == pytest.approx(losses, rel=1e-5), job
+        assert set(got.state) == set(state), job
+        for key, value in state.items():
+            torch.testing.assert_close(got.state[key], value, msg=lambda m, key=key, job=job: f"{job} {key}: {m}")
+        # what torch ran, action by action, is the lab's order (three iterations of it)
+        rows = torch_schedules.rows(PLANS[name])
+        assert got.orders == {r: rows[r] * job.iterations for r in range(2)}, job
+
+
+def test_a_traced_model_with_tied_weights_trains_on_torch_as_in_the_lab(tmp_path: Path) -> None:
+    """GPT-2 (embedding and LM head tied, on different ranks) split by torch's ``pipeline()`` at the units' module
+    names, a block recomputed: the lab's run, torch's run of the export and plain PyTorch agree."""
+    plan = Plan((0, 3, 6), tuple("kkrkkk"), 4, "1f1b")
+    with vpipe_lab.launch(torch_jobs.gpt2, torch_jobs.gpt2_data, stages=2, microbatches=4, plan=plan,
+                          loss=torch_jobs.gpt2_loss, optimizer=torch_jobs.gpt2_optimizer, device="cpu",
+                          timeout=90) as session:
+        session.run(3)
+        session.wait(timeout=120)
+        path = session.export_plan(tmp_path / "gpt2")
+        lab_losses, lab_state = list(session.metrics.iterations["loss"]), session.state_dict()
+    stages = bundle_files.read(path).stages
+    assert [s.split_at for s in stages] == [None, "transformer.h.2"]
+    assert stages[0].recompute == ("transformer.h.1",)
+    got = torch_jobs.run([torch_jobs.Job(str(path), model="gpt2")], tmp_path)[0]
+    plain, plain_losses = reference.train(torch_jobs.gpt2, torch_jobs.gpt2_data, torch_jobs.gpt2_loss,
+                                          torch_jobs.gpt2_optimizer, iterations=3, microbatches=4)
+    assert got.losses == pytest.approx(lab_losses, rel=1e-5) and lab_losses == pytest.approx(plain_losses, rel=1e-5)
+    expected = plain.state_dict()
+    # the tied weight under both names: one value, as one process has it (Adam turns reordered sums of tiny
+    # gradients into differences of a few 1e-6)
+    for key, value in expected.items():
+        torch.testing.assert_close(got.state[key], value, atol=1e-5, rtol=1e-5, msg=lambda m, key=key: f"{key}: {m}")
+        torch.testing.assert_close(lab_state[key], value, atol=1e-5, rtol=1e-5, msg=lambda m, key=key: f"{key}: {m}")

@@ -1,0 +1,252 @@
+"""The export bundle's contract, ``pipeline.json``: a plan as torch.distributed.pipelining's stages over the user's
+own module names, the schedule torch runs it with, and the lab's own plan for the way back.
+
+A stage here is torch's (a chunk of the lab's plan): ``stage`` its index, ``rank`` the rank that runs it (looped or
+V placement), ``modules`` the FQNs of the modules it holds in forward order (the outermost modules that run wholly
+inside each of its partition units), ``split_at`` the module it begins with as a ``SplitPoint.BEGINNING`` (None for
+the first), ``recompute`` and ``offload`` the modules whose activations are recomputed or kept in host memory, and
+``tensors`` any parameter or buffer the stage's units use that no listed module owns (one held by a module that
+spans several units, a ViT's class token say). ``schedule`` is the ``get_schedule_class`` name that runs exactly the
+lab's order, or None; ``schedule_csv`` is that order, which always runs (``core/interop/torch_schedules.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vpipe_lab.core.errors import PlanError, ProfileError
+from vpipe_lab.core.interop import torch_schedules
+from vpipe_lab.core.plan import Plan, Policy
+
+FORMAT = 1
+KIND = "vpipe_lab-pipeline"
+
+
+@dataclass(frozen=True)
+class UnitInfo:
+    """One partition unit as the workers cut it: its name, the FQNs of its outermost modules in the user's model,
+    its kind ("pre" before the repeated blocks, "block:<class>", "post" after them) and the tensors it uses that
+    none of its modules own."""
+
+    name: str
+    modules: tuple[str, ...] = ()
+    kind: str = "block"
+    tensors: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "modules", tuple(self.modules))
+        object.__setattr__(self, "tensors", tuple(self.tensors))
+
+    @property
+    def block_class(self) -> str | None:
+        """The class of a repeated block ("GPT2Block"), None for what runs before or after the blocks."""
+        return self.kind.partition(":")[2] or None if self.kind.startswith("block") else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "modules": list(self.modules), "kind": self.kind, "tensors": list(self.tensors)}
+
+    @classmethod
+    def from_dict(cls, doc: Any, where: str = "unit") -> UnitInfo:
+        if not isinstance(doc, Mapping) or not isinstance(doc.get("name"), str):
+            raise ProfileError(f"{where} must be an object with a 'name', got {doc!r}")
+        return cls(doc["name"], tuple(_strings(doc.get("modules", []), f"{where}.modules")),
+                   str(doc.get("kind", "block")), tuple(_strings(doc.get("tensors", []), f"{where}.tensors")))
+
+
+def _strings(value: Any, where: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ProfileError(f"{where} must be a list of strings, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One torch pipeline stage of the bundle (see the module docstring)."""
+
+    stage: int
+    rank: int
+    split_at: str | None
+    modules: tuple[str, ...]
+    recompute: tuple[str, ...] = ()
+    offload: tuple[str, ...] = ()
+    units: tuple[int, ...] = ()
+    tensors: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "rank": self.rank, "split_at": self.split_at, "modules": list(self.modules),
+                "recompute": list(self.recompute), "offload": list(self.offload), "units": list(self.units),
+                "tensors": list(self.tensors)}
+
+    @classmethod
+    def from_dict(cls, doc: Any, where: str) -> StageSpec:
+        if not isinstance(doc, Mapping):
+            raise ProfileError(f"{where} must be an object, got {doc!r}")
+        for key in ("stage", "rank"):
+            if not isinstance(doc.get(key), int) or isinstance(doc.get(key), bool):
+                raise ProfileError(f"{where}.{key} must be a whole number, got {doc.get(key)!r}")
+        split_at = doc.get("split_at")
+        if split_at is not None and not isinstance(split_at, str):
+            raise ProfileError(f"{where}.split_at must be a module name or null, got {split_at!r}")
+        units = doc.get("units", [])
+        if not isinstance(units, list) or not all(isinstance(u, int) for u in units):
+            raise ProfileError(f"{where}.units must be a list of unit indices, got {units!r}")
+        return cls(doc["stage"], doc["rank"], split_at, tuple(_strings(doc.get("modules"), f"{where}.modules")),
+                   tuple(_strings(doc.get("recompute", []), f"{where}.recompute")),
+                   tuple(_strings(doc.get("offload", []), f"{where}.offload")), tuple(units),
+                   tuple(_strings(doc.get("tensors", []), f"{where}.tensors")))
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """What ``pipeline.json`` says (see the module docstring); ``plan`` and ``units`` are the lab's own."""
+
+    plan: Plan
+    units: tuple[UnitInfo, ...]
+    stages: tuple[StageSpec, ...]
+    schedule: str | None
+    microbatch_size: int | None = None
+    schedule_csv: str = "schedule.csv"
+    predicted_s: float | None = None
+    measured_s: float | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def microbatches(self) -> int:
+        return self.plan.microbatches
+
+    @property
+    def ranks(self) -> int:
+        return self.plan.stages
+
+    @property
+    def style(self) -> str:
+        return torch_schedules.style(self.plan)
+
+    def stages_of(self, rank: int) -> list[StageSpec]:
+        """The stages ``rank`` runs, in stage order."""
+        return [s for s in self.stages if s.rank == rank]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": KIND, "format": FORMAT, "microbatches": self.microbatches, "microbatch_size": self.microbatch_size,
+            "schedule": self.schedule, "schedule_csv": self.schedule_csv, "ranks": self.ranks,
+            "placement": self.style, "stages": [s.to_dict() for s in self.stages],
+            "vpipe_lab": {"schedule": self.plan.schedule, "plan": self.plan.to_dict(),
+                          "units": [u.to_dict() for u in self.units], "predicted_s": self.predicted_s,
+                          "measured_s": self.measured_s, "notes": list(self.notes)},
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> Bundle:
+        """Read a ``pipeline.json`` document back, checked: the stages must be the lab plan's chunks."""
+        if not isinstance(doc, Mapping) or doc.get("kind", KIND) != KIND:
+            found = doc.get("kind") if isinstance(doc, Mapping) else type(doc).__name__
+            raise ProfileError(f"not a vpipe_lab pipeline.json document (kind {found!r})")
+        if doc.get("format") != FORMAT:
+            raise ProfileError(f"pipeline.json format {doc.get('format')!r} is not supported: this vpipe_lab reads "
+                               f"format {FORMAT}")
+        lab = doc.get("vpipe_lab")
+        if not isinstance(lab, Mapping):
+            raise ProfileError("pipeline.json has no 'vpipe_lab' section: it was not written by vpipe_lab export")
+        plan = Plan.from_dict(lab.get("plan"))
+        units = tuple(UnitInfo.from_dict(u, f"vpipe_lab.units[{i}]") for i, u in enumerate(lab.get("units", [])))
+        stages = tuple(StageSpec.from_dict(s, f"stages[{i}]") for i, s in enumerate(doc.get("stages") or []))
+        size = doc.get("microbatch_size")
+        bundle = cls(plan, units, stages, doc.get("schedule"), size if isinstance(size, int) else None,
+                     str(doc.get("schedule_csv", "schedule.csv")), _float(lab.get("predicted_s")),
+                     _float(lab.get("measured_s")), tuple(str(n) for n in lab.get("notes", [])))
+        expected = make(plan, units, microbatch_size=bundle.microbatch_size).stages
+        if [(s.stage, s.rank, s.units) for s in stages] != [(s.stage, s.rank, s.units) for s in expected]:
+            raise ProfileError("pipeline.json's stages do not match its plan: edit the plan, not the stages, or "
+                               "export the bundle again")
+        return bundle
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def check_units(units: Sequence[UnitInfo], plan: Plan) -> None:
+    """Every unit must be named by modules of its own, and there must be one per layer of the plan."""
+    if len(units) != plan.num_layers:
+        raise PlanError(f"the plan has {plan.num_layers} layers but the model {len(units)} partition units")
+    bare = [u.name for u in units if not u.modules]
+    if bare:
+        raise PlanError(f"units {bare[:3]} run no module of their own (glue code only), so no module name can say where "
+                        "they go: capture the model with other split points (launch(split=[...]))")
+
+
+def make(plan: Plan, units: Sequence[UnitInfo], *, microbatch_size: int | None = None,
+         predicted_s: float | None = None, measured_s: float | None = None) -> Bundle:
+    """The bundle of ``plan`` over ``units``: one torch stage per chunk (PlanError if torch cannot run the schedule
+    or a unit has no module to name it by)."""
+    units = tuple(units)
+    check_units(units, plan)
+    name = torch_schedules.torch_name(plan)  # refuses PipeDream with the reason
+    ranks = torch_schedules.rank_of_stage(plan)
+    stages = []
+    for c in range(plan.chunks):
+        layers = list(plan.chunk_layers(c))
+        modules = [m for i in layers for m in units[i].modules]
+        stages.append(StageSpec(
+            c, ranks[c], None if c == 0 else units[layers[0]].modules[0], tuple(modules),
+            tuple(m for i in layers if plan.policies[i] is Policy.RECOMPUTE for m in units[i].modules),
+            tuple(m for i in layers if plan.policies[i] is Policy.SWAP for m in units[i].modules),
+            tuple(layers), tuple(t for i in layers for t in units[i].tensors)))
+    return Bundle(plan, units, tuple(stages), name, microbatch_size, predicted_s=predicted_s, measured_s=measured_s,
+                  notes=tuple(notes(plan, name)))
+
+
+def notes(plan: Plan, name: str | None) -> list[str]:
+    """What a reader of the bundle should know about running it elsewhere."""
+    found = torch_schedules.torch_schedule(plan)
+    out = []
+    if name is None:
+        out.append(f"No torch schedule class runs exactly this {plan.schedule} order ({found.note}): run the CSV "
+                   f"with _PipelineScheduleRuntime; torch's closest class is {found.name}.")
+    if any(p is Policy.SWAP for p in plan.policies):
+        out.append("Offloaded modules keep their saved activations in host memory "
+                   "(torch.autograd.graph.save_on_cpu) between their forward and backward.")
+    return out
+
+
+def plan_from_parts(parts: Sequence[Sequence[str]], units: Sequence[UnitInfo], *, microbatches: int,
+                    schedule: str, virtual_stages: int = 1, policies: Sequence[Policy] | None = None,
+                    where: str = "module_fqns_per_model_part") -> Plan:
+    """A plan whose chunk ``i`` holds the units named by ``parts[i]`` (module FQNs, as torchtitan's
+    ``module_fqns_per_model_part`` lists them): a unit goes to the part that names each of its modules or a module
+    above them; PlanError names a unit split between parts, a part out of order and a name no unit runs."""
+    if not parts or any(not part for part in parts):
+        raise PlanError(f"{where} must be a non-empty list of non-empty lists of module names, got {parts!r}")
+
+    def covers(name: str, module: str) -> bool:
+        return module == name or module.startswith(name + ".")
+
+    owner: list[int] = []
+    for i, unit in enumerate(units):
+        if not unit.modules:
+            raise PlanError(f"unit {i} ({unit.name}) runs no module of its own, so {where} cannot place it")
+        found = {p for p, part in enumerate(parts) for m in unit.modules if any(covers(n, m) for n in part)}
+        homes = {p for p in found if all(any(covers(n, m) for n in parts[p]) for m in unit.modules)}
+        if not found:
+            raise PlanError(f"no part of {where} names unit {i} ({', '.join(unit.modules)}): every module of the "
+                            "model must be in one part")
+        if len(homes) != 1:
+            raise PlanError(f"{where} splits unit {i} ({unit.name}: {', '.join(unit.modules)}) between parts "
+                            f"{sorted(found)}: the lab cuts the model only between its units; capture it with "
+                            "split points at those modules (launch(split=[...]))")
+        owner.append(homes.pop())
+    named = {n for part in parts for n in part}
+    used = {n for part in parts for n in part for u in units for m in u.modules if covers(n, m) or covers(m, n)}
+    if named - used:
+        raise PlanError(f"{where} names {sorted(named - used)[:5]}, which no partition unit runs; the units are "
+                        f"{', '.join(u.name for u in units)}")
+    if owner != sorted(owner) or sorted(set(owner)) != list(range(len(parts))):
+        raise PlanError(f"{where}'s parts must hold consecutive units in model order, each at least one; they hold "
+                        f"units {[[i for i, p in enumerate(owner) if p == q] for q in range(len(parts))]}")
+    bounds = [0] + [owner.index(p + 1) for p in range(len(parts) - 1)] + [len(units)]
+    plan = Plan(tuple(bounds), tuple(policies) if policies is not None else (Policy.KEEP,) * len(units),
+                microbatches, schedule, virtual_stages)
+    return plan.validate(len(units))

@@ -1,0 +1,134 @@
+"""The export bundle on disk: a directory that is the contract between the lab and the engines users train with.
+
+``pipeline.json`` (``core/interop/bundle.py``), ``schedule.csv`` (the compute order the lab runs, in
+torch.distributed.pipelining's action format), ``torchtitan.toml`` and ``torchtitan_config.py``
+(``core/interop/torchtitan.py``), ``megatron.args`` for transformer stacks (``core/interop/megatron.py``) and a
+``README.md`` that says what the plan is, what the lab measured and predicted for it and how to run it. The directory
+is written beside its destination and moved into place, so a reader never sees half a bundle; an existing bundle
+there is replaced, anything else is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from vpipe_lab.core.errors import PlanError, ProfileError
+from vpipe_lab.core.interop import megatron, torch_schedules, torchtitan
+from vpipe_lab.core.interop.bundle import Bundle
+from vpipe_lab.core.report import human_time
+
+PIPELINE = "pipeline.json"
+FILES = (PIPELINE, "schedule.csv", "torchtitan.toml", "torchtitan_config.py", "megatron.args", "README.md")
+
+
+def write(path: str | Path, bundle: Bundle) -> Path:
+    """Write ``bundle`` as a directory at ``path`` (see the module docstring); returns the directory."""
+    root = Path(path).absolute()
+    if root.exists() and (not root.is_dir() or (any(root.iterdir()) and not (root / PIPELINE).exists())):
+        raise FileExistsError(f"{root} exists and is not an export bundle: give a new directory (an existing bundle "
+                              "is replaced)")
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
+    try:
+        csv_path = str(root / bundle.schedule_csv)  # torchtitan opens it relative to its own working directory
+        files = {PIPELINE: json.dumps(bundle.to_dict(), indent=1) + "\n",
+                 bundle.schedule_csv: torch_schedules.csv_text(bundle.plan),
+                 "torchtitan.toml": torchtitan.toml_text(bundle, csv_path),
+                 "torchtitan_config.py": torchtitan.python_text(bundle, csv_path)}
+        try:
+            files["megatron.args"] = megatron.args_text(bundle)
+            no_megatron = None
+        except PlanError as exc:
+            no_megatron = str(exc)
+        files["README.md"] = readme(bundle, no_megatron)
+        for name, text in files.items():
+            (staging / name).write_text(text)
+        if root.exists():
+            shutil.rmtree(root)
+        os.replace(staging, root)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return root
+
+
+def read(path: str | Path) -> Bundle:
+    """The bundle at ``path`` (a bundle directory or its ``pipeline.json``), checked."""
+    target = Path(path)
+    if target.is_dir():
+        target = target / PIPELINE
+    try:
+        doc = json.loads(target.read_text())
+    except OSError as exc:
+        raise ProfileError(f"cannot read the export bundle {str(path)!r}: {exc.strerror}; write one with "
+                           "session.export_plan(path) or vpipe-lab export") from None
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"{target} is not valid JSON: {exc}") from None
+    return Bundle.from_dict(doc)
+
+
+def csv_path(path: str | Path, bundle: Bundle) -> Path:
+    root = Path(path)
+    return (root if root.is_dir() else root.parent) / bundle.schedule_csv
+
+
+def _table(bundle: Bundle) -> list[str]:
+    rows = ["| stage | rank | split_at | modules | recompute | offload |", "|---|---|---|---|---|---|"]
+    for s in bundle.stages:
+        def cell(items: Any) -> str:
+            names = list(items)
+            return ", ".join(f"`{n}`" for n in names[:6]) + (f" (+{len(names) - 6})" if len(names) > 6 else "") or "-"
+        rows.append(f"| {s.stage} | {s.rank} | {f'`{s.split_at}`' if s.split_at else '-'} | {cell(s.modules)} | "
+                    f"{cell(s.recompute)} | {cell(s.offload)} |")
+    return rows
+
+
+def readme(bundle: Bundle, no_megatron: str | None) -> str:
+    """The bundle's README: the plan, the lab's numbers for it and how to run it where users train."""
+    plan = bundle.plan
+    timing = []
+    if bundle.measured_s is not None:
+        timing.append(f"measured in the lab: {human_time(bundle.measured_s)} per iteration")
+    if bundle.predicted_s is not None:
+        timing.append(f"predicted by the lab's cost model: {human_time(bundle.predicted_s)} per iteration")
+    runs = (f"torch's `{bundle.schedule}` runs exactly this order" if bundle.schedule else
+            "no torch schedule class runs exactly this order: run `schedule.csv` with `_PipelineScheduleRuntime`")
+    lines = [
+        "# A vpipe_lab pipeline plan", "",
+        f"`{plan.describe()}`: {plan.stages} ranks, {plan.chunks} torch stages ({bundle.style} placement), "
+        f"{plan.microbatches} micro-batches" + (f" of {bundle.microbatch_size} samples" if bundle.microbatch_size
+                                                 else "") + f", schedule {plan.schedule} ({runs}).", "",
+        *([f"- {t}" for t in timing] + [""] if timing else []),
+        *_table(bundle), "",
+        "## Run it with torch.distributed.pipelining", "",
+        "```python",
+        "from vpipe_lab.export import torch_pipeline",
+        "",
+        "pp = torch_pipeline(model, \"<this directory>\", rank, example=one_microbatch_of_inputs, loss_fn=loss)",
+        "optimizer = torch.optim.AdamW(pp.parameters())",
+        "pp.step(inputs, target=targets, losses=losses)   # each rank; then optimizer.step(); optimizer.zero_grad()",
+        "```", "",
+        "`torch_pipeline` builds this rank's stages with `pipeline(model, split_spec={split_at: SplitPoint.BEGINNING})` "
+        "(an `nn.Sequential` by its children's names), wraps `recompute` modules with `checkpoint_wrapper` and "
+        "`offload` modules under `torch.autograd.graph.save_on_cpu`, and loads the schedule "
+        + (f"class `{bundle.schedule}`" if bundle.schedule else "from `schedule.csv`") + ". Without vpipe_lab: "
+        "`_PipelineScheduleRuntime(stages, n_microbatches, loss_fn=...)._load_csv(\"schedule.csv\")` runs the exact "
+        "order on stages built from `pipeline.json`.", "",
+        "## torchtitan", "",
+        "`torchtitan.toml` holds the `[parallelism]` and `[activation_checkpoint]` settings (torchtitan 0.2: "
+        "`--job.config_file`); `torchtitan_config.py`'s `apply(config)` sets the same on a torchtitan 0.3 "
+        "`Trainer.Config`. The CSV path in them is absolute: change it if you move this directory. torchtitan splits "
+        "models whose top-level children are the embedding, a `layers` list and the output; for other models use "
+        "`torch_pipeline`.", "",
+        "## Megatron-LM", "",
+        ("`megatron.args` has the `--pipeline-model-parallel-layout` and recompute flags." if no_megatron is None
+         else f"No `megatron.args`: {no_megatron}."), "",
+    ]
+    if bundle.notes:
+        lines += ["## Notes", "", *[f"- {n}" for n in bundle.notes], ""]
+    return "\n".join(lines)
