@@ -43,8 +43,8 @@ def layout(plan: Plan, units: Sequence[UnitInfo]) -> str:
 
 
 def _compress(stage: str) -> str:
-    """'Etttt' -> 'Et*4': Megatron-LM's own shorthand for a run of one layer type."""
-    return re.sub(r"(t{2,})", lambda m: f"t*{len(m.group(1))}", stage)
+    """'Etttt' -> 'Et*4': Megatron-LM's own shorthand for a run of three or more layers."""
+    return re.sub(r"(t{3,})", lambda m: f"t*{len(m.group(1))}", stage)
 
 
 def recompute_args(plan: Plan, units: Sequence[UnitInfo]) -> tuple[list[str], list[str]]:
