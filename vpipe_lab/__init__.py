@@ -49,6 +49,7 @@ _LAZY = {
     "attach": "vpipe_lab.control.launch",
     "Session": "vpipe_lab.control.session",
     "WorkerError": "vpipe_lab.control.errors",
+    "import_plan": "vpipe_lab.control.interop",
 }
 
 

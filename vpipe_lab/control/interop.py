@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,11 @@ from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.interop import megatron, torchtitan
 from vpipe_lab.core.interop.bundle import Bundle, UnitInfo, make, plan_from_parts
+from vpipe_lab.core.migration import LayerMove
 from vpipe_lab.core.plan import Plan
+from vpipe_lab.core.planner import search
 from vpipe_lab.core.profile import Cluster, ModelProfile
+from vpipe_lab.core.report import human_time
 from vpipe_lab.wire import bundle as files
 from vpipe_lab.wire.checkpoint import Manifest
 
@@ -54,13 +58,67 @@ def write(path: str | Path, bundle: Bundle) -> Path:
     return files.write(path, bundle)
 
 
-def import_plan(source: Any, units: list[UnitInfo], current: Plan, *, ranks: int | None = None,
-                batch_size: int | None = None, microbatches: int | None = None, schedule: str | None = None) -> Plan:
-    """A production config as a plan over ``units``: a torchtitan TOML file or text, a torchtitan ``[parallelism]``
-    dict, a Megatron-LM layout string (``"Et*3|t*4|t*3L"``), a list of module-name lists (one per torch stage), or an
-    export bundle (its directory or ``pipeline.json``). Missing counts come from ``current`` (the running plan)."""
+@dataclass(frozen=True)
+class Comparison:
+    """An imported plan against what the lab would run instead: both predicted iteration times and the moves."""
+
+    imported: Plan
+    imported_s: float
+    lab: Plan
+    lab_s: float
+    moves: tuple[LayerMove, ...]
+
+    @property
+    def gain(self) -> float:
+        """The share of the imported plan's iteration time the lab's plan saves."""
+        return 1.0 - self.lab_s / self.imported_s if self.imported_s > 0 else 0.0
+
+    def describe(self) -> str:
+        if self.lab == self.imported:
+            return f"the lab would keep this plan ({human_time(self.imported_s)} per iteration predicted)"
+        return (f"predicted {human_time(self.imported_s)} per iteration; the lab's plan {self.lab.describe()} "
+                f"{human_time(self.lab_s)} ({self.gain:+.1%} faster), {len(self.moves)} layer move(s)")
+
+
+def compare(imported: Plan, profile: ModelProfile, cluster: Cluster, method: str = "vpipe") -> Comparison:
+    """What the lab's planner would change about ``imported`` (same schedule and micro-batches) and by how much."""
+    found = search(profile, cluster, microbatches=imported.microbatches, schedule=imported.schedule, method=method,
+                   current=imported, virtual_stages=imported.virtual_stages)
+    now = estimate(imported, profile, cluster).iteration_s
+    better = found.estimate.iteration_s < now
+    return Comparison(imported, now, found.plan if better else imported, found.estimate.iteration_s if better else now,
+                      found.moves if better else ())
+
+
+def import_plan(source: Any, of: Any, **kw: Any) -> Plan:
+    """A production config as a plan over a model's partition units: ``source`` is a torchtitan TOML file or text, a
+    torchtitan ``[parallelism]`` dict, a Megatron-LM layout string (``"Et*3|t*4|t*3L"``), lists of module names (one
+    per torch stage) or an export bundle; ``of`` says whose units: a ``Session``, a checkpoint the lab wrote, an
+    export bundle or a list of ``UnitInfo``. Keywords: ``ranks``, ``batch_size``, ``microbatches``, ``schedule``
+    (what the source leaves open)."""
+    units, current = _units_of(of)
+    return read(source, units, current, **kw)
+
+
+def _units_of(of: Any) -> tuple[list[UnitInfo], Plan | None]:
+    if isinstance(of, list):
+        return of, None
+    if hasattr(of, "state") and hasattr(of, "plan"):  # a Session (control may not import it: it imports us)
+        return list(of.state.unit_info), of.plan
+    target = Path(of)
+    if (target / files.PIPELINE).exists() or target.name == files.PIPELINE:
+        found = files.read(target)
+        return list(found.units), found.plan
+    plan, units = from_checkpoint(target)
+    return units, plan
+
+
+def read(source: Any, units: list[UnitInfo], current: Plan | None, *, ranks: int | None = None,
+         batch_size: int | None = None, microbatches: int | None = None, schedule: str | None = None) -> Plan:
+    """``import_plan`` over known ``units``; counts the source leaves open come from ``current`` (a running plan)."""
     m = microbatches
     text = None
+    fallback = current if current is not None else Plan((0, len(units)), ("keep",) * len(units), 1)
     if isinstance(source, Path) or (isinstance(source, str) and Path(source).exists()):
         target = Path(source)
         if target.is_dir() or target.name == files.PIPELINE:
@@ -72,17 +130,17 @@ def import_plan(source: Any, units: list[UnitInfo], current: Plan, *, ranks: int
         source = text.strip()
     if isinstance(source, dict):
         if batch_size is None and m is None:
-            m = current.microbatches
+            m = fallback.microbatches
         return torchtitan.read(source, units, batch_size=batch_size, microbatches=m)
     if isinstance(source, list):
-        return plan_from_parts(source, units, microbatches=m or current.microbatches,
-                               schedule=schedule or current.schedule, virtual_stages=len(source) // (ranks or current.stages),
-                               where="the module lists")
+        return plan_from_parts(source, units, microbatches=m or fallback.microbatches,
+                               schedule=schedule or fallback.schedule,
+                               virtual_stages=len(source) // (ranks or fallback.stages), where="the module lists")
     if isinstance(source, str):
         if "[parallelism]" in source:
             return torchtitan.read_toml(source, units, batch_size=batch_size, microbatches=m)
-        return megatron.plan_from_layout(source, ranks or current.stages, units, microbatches=m or current.microbatches,
-                                         schedule=schedule)
+        return megatron.plan_from_layout(source, ranks or fallback.stages, units,
+                                         microbatches=m or fallback.microbatches, schedule=schedule)
     raise PlanError(f"cannot import {type(source).__name__}: give a torchtitan TOML path or text, a [parallelism] "
                     "dict, a Megatron-LM layout string, lists of module names per stage or an export bundle")
 

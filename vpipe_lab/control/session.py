@@ -313,7 +313,7 @@ class Session:
         """A production config as a plan over this model's units (``control/interop.import_plan``: a torchtitan TOML
         or ``[parallelism]`` dict, a Megatron-LM layout string, module lists per stage, an export bundle); ``apply``
         runs it from the next iteration (``apply(plan)``)."""
-        plan = interop.import_plan(source, self.state.unit_info, self.plan, **kw)
+        plan = interop.read(source, self.state.unit_info, self.plan, **kw)
         if apply:
             self.apply(plan)
         return plan

@@ -176,6 +176,11 @@ def bind(unit: nn.Module, chain: Chain, index: int, tensors: dict[str, torch.Ten
 def unit_names(factory: Any, split_at: Any, seed: int, first_inputs: Callable[[], Any]) -> list[str]:
     """The model's partition units as rank 0 cuts it on its own, before any other rank starts (the controller's
     check that a pipeline of this many stages can be filled). Laid out on the meta device where it builds there."""
+    return list(unit_chain(factory, split_at, seed, first_inputs).names)
+
+
+def unit_chain(factory: Any, split_at: Any, seed: int, first_inputs: Callable[[], Any]) -> Chain:
+    """The model cut into its units in this process alone (``unit_names``; ``vpipe-lab export --model``)."""
     model = None
     if callable(factory) and not isinstance(factory, nn.Module):
         try:
@@ -194,7 +199,7 @@ def unit_names(factory: Any, split_at: Any, seed: int, first_inputs: Callable[[]
             raise
         model = build_model(factory, seed)  # an op without a meta kernel, say: the real capture decides
         chain = capture(model.train(), rebuild(example) if example else None, split_at)
-    return list(chain.names)
+    return chain
 
 
 def _example(model: nn.Module, split_at: Any, rank: int, world: int, peer: Peer,

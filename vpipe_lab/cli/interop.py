@@ -1,0 +1,121 @@
+"""`vpipe-lab export` (a bundle from a checkpoint, a running torchrun job, a saved plan) and `vpipe-lab import` (a
+torchtitan config, a Megatron-LM layout or a bundle as a plan JSON over a model's units)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from vpipe_lab.control import interop
+from vpipe_lab.core.interop.bundle import UnitInfo
+from vpipe_lab.core.plan import SCHEDULES, Plan
+from vpipe_lab.wire.private import DEFAULT_KEY_FILE
+
+
+class UsageProblem(ValueError):
+    """A command line that names no model to export or import for."""
+
+
+def units_of_model(model: str, data: str | None, split: str | None, microbatches: int) -> list[UnitInfo]:
+    """Cut ``model`` (a bundled example or package.module:factory) into its units here, as the workers would."""
+    from vpipe_lab import examples
+    from vpipe_lab.runtime.build import unit_chain
+    from vpipe_lab.runtime.model.batches import Source, split as split_batch
+    from vpipe_lab.runtime.model.callables import load_data
+    from vpipe_lab.runtime.model.compat import allow_torchvision_without_ops
+
+    allow_torchvision_without_ops()
+    if model in examples.EXAMPLES:
+        factory, source = examples.get(model).model, data or model
+    else:
+        factory, source = load_data(model), data  # package.module:factory
+    if source is None:
+        raise UsageProblem("--data is needed to capture a model that is not bundled (one batch of its inputs)")
+    data_fn = load_data(source)
+
+    def first() -> Any:
+        inputs, _ = Source(data_fn, 0).get(0)
+        return split_batch(inputs, microbatches, "inputs")[0]
+
+    points = [p.strip() for p in split.split(",")] if split else None
+    chain = unit_chain(factory, points, 0, first)
+    return [UnitInfo.from_dict(d) for d in chain.infos()]
+
+
+def _units(args: argparse.Namespace) -> tuple[list[UnitInfo], Plan | None]:
+    if args.checkpoint:
+        plan, units = interop.from_checkpoint(args.checkpoint)
+        return units, plan
+    if args.bundle:
+        found = interop.files.read(args.bundle)
+        return list(found.units), found.plan
+    if args.model:
+        return units_of_model(args.model, args.data, args.split, getattr(args, "microbatches", None) or 1), None
+    raise UsageProblem("say whose units: --checkpoint DIR, --bundle DIR, --model NAME (or --attach for export)")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    if args.attach:
+        import vpipe_lab
+
+        session = vpipe_lab.attach(args.attach, key_file=args.key_file)
+        try:
+            plan = Plan.from_json(Path(args.plan)) if args.plan else None
+            path = session.export_plan(args.output, plan=plan, microbatch_size=args.microbatch_size)
+        finally:
+            session.detach()
+    else:
+        units, saved = _units(args)
+        plan = Plan.from_json(Path(args.plan)) if args.plan else saved
+        if plan is None:
+            raise UsageProblem("no plan: give --plan PLAN.json (vpipe-lab plan -o writes one) or a checkpoint")
+        path = interop.write(args.output, interop.bundle_of(plan, units, microbatch_size=args.microbatch_size))
+    found = interop.files.read(path)
+    print(f"{found.plan.describe()} exported to {path} ({found.schedule or 'schedule.csv'}); see {path / 'README.md'}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    units, current = _units(args)
+    source: Any = args.source
+    plan = interop.read(source, units, current, ranks=args.ranks, batch_size=args.batch_size,
+                        microbatches=args.microbatches, schedule=args.schedule)
+    print(f"{plan.describe()}  ({len(units)} units: {', '.join(u.name for u in units[:4])}"
+          f"{', ...' if len(units) > 4 else ''})")
+    if args.output:
+        Path(args.output).write_text(plan.to_json(indent=1))
+        print(f"plan written to {args.output} (vpipe-lab run --plan, launch(plan=Plan.from_json(...)))",
+              file=sys.stderr)
+    return 0
+
+
+def _whose(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("whose units (module names)")
+    g.add_argument("--checkpoint", help="a checkpoint the lab wrote (its manifest names the units)")
+    g.add_argument("--bundle", help="an export bundle")
+    g.add_argument("--model", help="bundled example or package.module:factory, cut here as the workers cut it")
+    g.add_argument("--data", help="bundled example or package.module:data (one batch to capture the model on)")
+    g.add_argument("--split", help="module names where units begin, comma-separated (as launch(split=...))")
+
+
+def add_commands(sub: Any) -> None:
+    e = sub.add_parser("export", help="write an export bundle (torch.distributed.pipelining, torchtitan, "
+                                      "Megatron-LM) from a checkpoint, a running torchrun job or a plan JSON")
+    e.add_argument("output", help="the bundle directory to write")
+    e.add_argument("--plan", help="plan JSON to export (default: the checkpoint's or the job's plan)")
+    e.add_argument("--microbatch-size", type=int, help="samples per micro-batch, for torchtitan and Megatron-LM")
+    e.add_argument("--attach", help="export the plan in force of the torchrun job serving this address")
+    e.add_argument("--key-file", default=str(DEFAULT_KEY_FILE))
+    _whose(e)
+    e.set_defaults(func=cmd_export)
+    i = sub.add_parser("import", help="a torchtitan TOML, Megatron-LM layout string or bundle as a plan JSON")
+    i.add_argument("source", help="torchtitan TOML file, export bundle, or a Megatron-LM layout string")
+    i.add_argument("--ranks", type=int, help="pipeline ranks of a layout string")
+    i.add_argument("--batch-size", type=int)
+    i.add_argument("--microbatches", "-m", type=int)
+    i.add_argument("--schedule", choices=SCHEDULES)
+    i.add_argument("-o", "--output", help="write the plan JSON here")
+    _whose(i)
+    i.set_defaults(func=cmd_import)
