@@ -22,7 +22,8 @@ def units_of_model(model: str, data: str | None, split: str | None, microbatches
     """Cut ``model`` (a bundled example or package.module:factory) into its units here, as the workers would."""
     from vpipe_lab import examples
     from vpipe_lab.runtime.build import unit_chain
-    from vpipe_lab.runtime.model.batches import Source, split as split_batch
+    from vpipe_lab.runtime.model.batches import Source
+    from vpipe_lab.runtime.model.batches import split as split_batch
     from vpipe_lab.runtime.model.callables import load_data
     from vpipe_lab.runtime.model.compat import allow_torchvision_without_ops
 
