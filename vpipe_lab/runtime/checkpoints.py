@@ -15,6 +15,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -51,51 +52,12 @@ class Checkpoints:
         # whose tensors are saved under their own names.
         self.keys = keys or (lambda: ({}, set()))
 
-    def _distributed(self) -> bool:
-        return dist.is_available() and dist.is_initialized()
-
     def save(self, version: Path, manifest: Callable[[], Manifest], keep: int | None, iteration: int) -> str | None:
-        """Every rank writes its units into the DCP checkpoint ``version`` (fsynced, checksummed); then the leader
-        writes the manifest and switches ``latest`` to it: the previous version stays valid until then. A rank that
-        cannot write (no space, no permission) does not stop training: all ranks agree the save failed and the reason
-        (rank 0's view) is returned; None when it succeeded."""
-        problem: str | None = None
+        """Every rank writes its units into the DCP checkpoint ``version``; see ``write_version``."""
         aliases, non_persistent = self.keys()
-        state = dcp_state.save_state(self.stage, aliases, non_persistent, iteration) if self.replica == 0 \
-            else {}  # the replicas hold the same state: the first one writes it, the others agree
-        try:
-            version.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            problem = f"stage {self.rank} cannot write {exc.filename or version}: {exc.strerror or exc}"
-        # DCP's save is collective: every rank joins it, or none does (a rank that cannot even make the directory)
-        if self.peer.all_max([1.0 if problem else 0.0])[0] == 0:
-            try:
-                writer = dcp.FileSystemWriter(str(version), sync_files=True, thread_count=1, overwrite=True)
-                dcp.save(state, storage_writer=writer, no_dist=not self._distributed())
-                if self.replica == 0:
-                    sums = {p.name: sha256(p.read_bytes())
-                            for p in sorted(version.glob(f"__{self._dcp_rank()}_*.distcp"))}
-                    write_synced(sums_file(version, self.rank), json.dumps(sums).encode())
-            except Exception as exc:  # DCP raises every rank's failure on every rank (CheckpointException)
-                problem = f"stage {self.rank} cannot write the checkpoint in {version}: {_reason(exc)}"
-        if problem:
-            log.error("save failed: %s", problem)
-        faults.hit(faults.parse(), "save", self.rank, iteration)
-        if self.peer.all_max([1.0 if problem else 0.0])[0] > 0:  # everyone learns; nothing is switched
-            return problem or "another stage could not write its units"
-        if self.leader:
-            try:
-                written = manifest()
-                written.format = "dcp"
-                complete(version, written, self.world, keep)
-            except OSError as exc:
-                problem = f"stage 0 cannot complete the checkpoint in {version}: {exc.strerror or exc}"
-        if self.peer.all_max([1.0 if problem else 0.0])[0] > 0:
-            return problem or "stage 0 could not complete the checkpoint"
-        return None
-
-    def _dcp_rank(self) -> int:
-        return dist.get_rank() if self._distributed() else 0
+        state = dcp_state.save_state(self.stage, aliases, non_persistent, iteration) if self.replica == 0 else {}
+        return write_version(self.peer, self.rank, self.world, self.replica, self.leader, version, state, manifest,
+                             keep, iteration)
 
     def restore(self, path: Path, num_layers: int) -> Manifest:
         """Load this stage's units (checked against their checksums) and their optimizer state from ``path``: a
@@ -111,7 +73,7 @@ class Checkpoints:
                                  f"{num_layers}: resume with the model that was saved")
         if manifest.format != "dcp":
             return self._restore_layers(path, manifest)
-        self._check_files(manifest)
+        check_files(self.peer, self.rank, self.world, self.replica, manifest)
         assert manifest.directory is not None
         reader = dcp.FileSystemReader(str(manifest.directory))
         aliases, non_persistent = self.keys()
@@ -126,21 +88,6 @@ class Checkpoints:
         log.info("restored units %s from %s at iteration %d", self.stage.owned, manifest.directory, manifest.iteration)
         return manifest
 
-    def _check_files(self, manifest: Manifest) -> None:
-        """The first replica's ranks each check a share of the version's files against the manifest's checksums;
-        every rank then raises the first finder's words, so whichever stage is reported names the file."""
-        names = [*sorted(n for n in manifest.files if n != DCP_METADATA), DCP_METADATA]
-        problem = ""
-        for name in names[self.rank::max(1, self.world)] if self.replica == 0 else []:
-            try:
-                manifest.check_file(name)
-            except Exception as exc:
-                problem = str(exc)
-                break
-        finder = int(self.peer.all_max([float(self.rank) if problem else -1.0])[0])
-        if finder >= 0:  # a first-replica rank: its global rank is its stage
-            raise ValueError(self.peer.broadcast_json(problem, src=finder) if self._distributed() else problem)
-
     def _restore_layers(self, path: Path, manifest: Manifest) -> Manifest:
         """A checkpoint of earlier releases: one file per layer, each checked against its checksum."""
         states: dict[str, dict[str, object]] = {}
@@ -154,6 +101,66 @@ class Checkpoints:
         self.stage.load_optimizer(states, groups)
         log.info("restored layers %s from %s at iteration %d", self.stage.owned, path, manifest.iteration)
         return manifest
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def write_version(peer: Peer, rank: int, world: int, replica: int, leader: bool, version: Path,
+                  state: dict[str, Any], manifest: Callable[[], Manifest], keep: int | None, iteration: int
+                  ) -> str | None:
+    """Every rank writes ``state`` (its part of a DCP state dict; ``{}`` for a replica) into the checkpoint ``version``
+    (fsynced, checksummed); then the leader writes the manifest and switches ``latest`` to it: the previous version
+    stays valid until then. A rank that cannot write (no space, no permission) does not stop training: all ranks
+    agree the save failed and the reason (rank 0's view) is returned; None when it succeeded."""
+    problem: str | None = None
+    try:
+        version.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        problem = f"stage {rank} cannot write {exc.filename or version}: {exc.strerror or exc}"
+    # DCP's save is collective: every rank joins it, or none does (a rank that cannot even make the directory)
+    if peer.all_max([1.0 if problem else 0.0])[0] == 0:
+        try:
+            writer = dcp.FileSystemWriter(str(version), sync_files=True, thread_count=1, overwrite=True)
+            dcp.save(state, storage_writer=writer, no_dist=not _distributed())
+            if replica == 0:
+                mine = dist.get_rank() if _distributed() else 0
+                sums = {p.name: sha256(p.read_bytes()) for p in sorted(version.glob(f"__{mine}_*.distcp"))}
+                write_synced(sums_file(version, rank), json.dumps(sums).encode())
+        except Exception as exc:  # DCP raises every rank's failure on every rank (CheckpointException)
+            problem = f"stage {rank} cannot write the checkpoint in {version}: {_reason(exc)}"
+    if problem:
+        log.error("save failed: %s", problem)
+    faults.hit(faults.parse(), "save", rank, iteration)
+    if peer.all_max([1.0 if problem else 0.0])[0] > 0:  # everyone learns; nothing is switched
+        return problem or "another stage could not write its units"
+    if leader:
+        try:
+            written = manifest()
+            written.format = "dcp"
+            complete(version, written, world, keep)
+        except OSError as exc:
+            problem = f"stage 0 cannot complete the checkpoint in {version}: {exc.strerror or exc}"
+    if peer.all_max([1.0 if problem else 0.0])[0] > 0:
+        return problem or "stage 0 could not complete the checkpoint"
+    return None
+
+
+def check_files(peer: Peer, rank: int, world: int, replica: int, manifest: Manifest) -> None:
+    """The first replica's ranks each check a share of the version's files against the manifest's checksums;
+    every rank then raises the first finder's words, so whichever stage is reported names the file."""
+    names = [*sorted(n for n in manifest.files if n != DCP_METADATA), DCP_METADATA]
+    problem = ""
+    for name in names[rank::max(1, world)] if replica == 0 else []:
+        try:
+            manifest.check_file(name)
+        except Exception as exc:
+            problem = str(exc)
+            break
+    finder = int(peer.all_max([float(rank) if problem else -1.0])[0])
+    if finder >= 0:  # a first-replica rank: its global rank is its stage
+        raise ValueError(peer.broadcast_json(problem, src=finder) if _distributed() else problem)
 
 
 def _reason(exc: BaseException) -> str:

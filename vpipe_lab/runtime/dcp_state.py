@@ -80,32 +80,80 @@ def _placeholder(meta: Any) -> Any:
 def load_template(stage: Stage, aliases: Mapping[str, list[str]], non_persistent: set[str],
                   metadata: Metadata) -> tuple[dict[str, Any], list[str]]:
     """What this stage reads from a checkpoint with ``metadata``: its tensors in place (under the first of their
-    names the checkpoint has), its parameters' optimizer entries and the step when present; and the persistent
-    tensors the checkpoint lacks."""
+    names the checkpoint has), its parameters' optimizer entries; and the persistent tensors the checkpoint lacks."""
+    wanted = [(model_keys(name, aliases, non_persistent), stage.tensors[name].detach())
+              for index in stage.owned for name in dict.fromkeys(stage.layers[index].names)]
+    return template(wanted, {n for n, _ in stage.params()}, metadata)
+
+
+def template(wanted: list[tuple[list[str], torch.Tensor]], params: set[str],
+             metadata: Metadata) -> tuple[dict[str, Any], list[str]]:
+    """A DCP load template: each wanted tensor (filled in place) under the first of its keys the checkpoint has,
+    the optimizer entries of ``params``; and the first key of each wanted tensor the checkpoint lacks."""
     keys = metadata.state_dict_metadata
-    template: dict[str, Any] = {}
+    out: dict[str, Any] = {}
     missing = []
-    for index in stage.owned:
-        for name in dict.fromkeys(stage.layers[index].names):
-            wanted = model_keys(name, aliases, non_persistent)
-            found = next((k for k in wanted if k in keys), None)
-            if found is not None:
-                template[found] = stage.tensors[name].detach()
-            elif wanted:
-                missing.append(wanted[0])
-    params = {n for n, _ in stage.params()}
+    for names, tensor in wanted:
+        found = next((k for k in names if k in keys), None)
+        if found is not None:
+            out[found] = tensor
+        elif names:
+            missing.append(names[0])
     flat = {}
     for key, meta in keys.items():
         if key.startswith(f"{OPTIMIZER}.state.") or key.startswith(f"{OPTIMIZER}.param_groups."):
             rest = key[len(OPTIMIZER) + 1:]
-            name = _param_of(rest, params)
-            if name is not None:
+            if _param_of(rest, params) is not None:
                 flat[rest] = _placeholder(meta)
     if flat:
-        template[OPTIMIZER] = flat
-    if f"{TRAIN}.step" in keys:
-        template[TRAIN] = {"step": _placeholder(keys[f"{TRAIN}.step"])}
-    return template, list(dict.fromkeys(missing))
+        out[OPTIMIZER] = flat
+    return out, list(dict.fromkeys(missing))
+
+
+def split_optimizer(flat: Mapping[str, Any], params: set[str]) -> tuple[dict[str, dict[str, Any]],
+                                                                         dict[str, dict[str, Any]]]:
+    """A flattened optimizer's entries as (state by parameter, group options by parameter), for ``params``."""
+    states: dict[str, dict[str, Any]] = {}
+    options: dict[str, dict[str, Any]] = {}
+    for key, value in flat.items():
+        name = _param_of(key, params)
+        if name is None:
+            continue
+        section = key.split(".", 1)[0]
+        field = key[len(section) + len(name) + 2:]
+        (states if section == "state" else options).setdefault(name, {})[field] = value
+    return states, options
+
+
+def flatten_optimizer(named: Mapping[str, torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """A plain optimizer over ``named`` parameters in torch's flattened layout (``state.<name>.<k>``,
+    ``param_groups.<name>.<option>``)."""
+    name_of = {id(p): n for n, p in named.items()}
+    flat: dict[str, Any] = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            name = name_of.get(id(p))
+            if name is None:
+                continue
+            for k, v in optimizer.state.get(p, {}).items():
+                flat[f"state.{name}.{k}"] = v
+            for k, v in group.items():
+                if k not in GROUP_SKIP:
+                    flat[f"param_groups.{name}.{k}"] = v
+    return flat
+
+
+def load_optimizer(named: Mapping[str, torch.nn.Parameter], optimizer: torch.optim.Optimizer,
+                   flat: Mapping[str, Any], device: torch.device) -> None:
+    """Put a flattened optimizer's entries into a plain optimizer over ``named`` parameters."""
+    states, options = split_optimizer(flat, set(named))
+    for name, state in states.items():
+        optimizer.state[named[name]] = {k: v.to(device) if isinstance(v, torch.Tensor) and v.dim() else v
+                                        for k, v in state.items()}
+    for name, opts in options.items():
+        for group in optimizer.param_groups:
+            if any(p is named[name] for p in group["params"]):
+                group.update(opts)
 
 
 def _param_of(key: str, params: set[str]) -> str | None:
@@ -122,14 +170,5 @@ def _param_of(key: str, params: set[str]) -> str | None:
 def restore_optimizer(stage: Stage, template: Mapping[str, Any]) -> None:
     """Give the stage's optimizer what ``template``'s ``optimizer`` entries read: each parameter's state and its
     group's options."""
-    flat = template.get(OPTIMIZER) or {}
-    params = {n for n, _ in stage.params()}
-    states: dict[str, dict[str, Any]] = {}
-    options: dict[str, dict[str, Any]] = {}
-    for key, value in flat.items():
-        name = _param_of(key, params)
-        if name is None:
-            continue
-        section, field = key.split(".", 1)[0], key[len(key.split(".", 1)[0]) + len(name) + 2:]
-        (states if section == "state" else options).setdefault(name, {})[field] = value
+    states, options = split_optimizer(template.get(OPTIMIZER) or {}, {n for n, _ in stage.params()})
     stage.load_optimizer(states, [{"options": o, "params": [n]} for n, o in options.items()])
