@@ -13,7 +13,7 @@ from vpipe_lab.cli import lab
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.plan import SCHEDULES, VIRTUAL_HELP, Plan, default_virtual_stages
 from vpipe_lab.core.report import human_bytes, human_time, plan_table
-from vpipe_lab.wire.jobspec import DEVICES, add_training_options
+from vpipe_lab.wire.jobspec import DEVICES, ENGINES, add_training_options
 from vpipe_lab.wire.private import DEFAULT_KEY_FILE
 
 
@@ -60,7 +60,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"starting {args.stages} stage workers for {args.model!r} ...", file=sys.stderr)
     with vpipe_lab.launch(args.model, stages=args.stages, microbatches=args.microbatches, schedule=args.schedule,
                           virtual_stages=virtual(args), device=args.device, memory_budget=budget, plan=plan,
-                          seed=args.seed) as session:
+                          seed=args.seed, engine=args.engine) as session:
         bar = _progress(args.iterations)
 
         def on_event(event: dict[str, Any]) -> None:
@@ -131,6 +131,8 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
                    "stages x replicas processes")
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
     p.add_argument("--device", choices=DEVICES, default="auto")
+    p.add_argument("--engine", choices=ENGINES, default="lab",
+                   help="lab: vpipe_lab's runtime; torch: torch.distributed.pipelining's (runtime/torch_engine.py)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plan", help="plan JSON to start from (default: an even split)")
     p.add_argument("--memory-budget", type=int, help="bytes per stage")
@@ -172,6 +174,8 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
     p.add_argument("--virtual-stages", "-v", type=int, default=None, help=VIRTUAL_HELP)
     p.add_argument("--device", choices=DEVICES, default="auto")
+    p.add_argument("--engine", choices=ENGINES, default="lab",
+                   help="lab: vpipe_lab's runtime; torch: torch.distributed.pipelining's, from the plan's export bundle")
     p.add_argument("--plan", default=None, help="'auto' (profile, then plan with vpipe) or a plan JSON file")
     p.add_argument("--memory-budget", type=int, default=None, help="bytes per stage")
     p.add_argument("--seed", type=int, default=0)

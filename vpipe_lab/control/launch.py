@@ -19,7 +19,7 @@ from vpipe_lab.core.plan import CHUNKED, SCHEDULES, Plan, default_virtual_stages
 from vpipe_lab.wire import protocol as P
 from vpipe_lab.wire.channel import Client, Hub
 from vpipe_lab.wire.checkpoint import Manifest, is_foreign
-from vpipe_lab.wire.jobspec import DEVICES, JobSpec, check_training
+from vpipe_lab.wire.jobspec import DEVICES, JobSpec, check_training, engine_refusal
 from vpipe_lab.wire.private import DEFAULT_KEY_FILE, read_key, write_private
 
 
@@ -72,6 +72,7 @@ def launch(
     replicas: int = 1,
     fused_wgrad: bool | int = True,
     virtual_stages: int | None = None,
+    engine: str = "lab",
 ) -> Session:
     """Start one worker process per stage and return the Session once every stage is ready (training not started).
 
@@ -105,6 +106,10 @@ def launch(
     ``core/interleaved.py``).
     ``schedule="zbv"`` gives each stage two chunks in V placement (``core/zbv.py``): stage s holds chunks s and
     2 stages - 1 - s, and stage 0 computes the loss.
+    ``engine="torch"`` trains the plan on torch.distributed.pipelining's own runtime (the plan's export bundle, as
+    ``vpipe_lab.export.torch_pipeline`` builds it) with the lab around it: metrics, timeline and memory stream as
+    usual, and a plan change applies at the next iteration as a reshard (``runtime/torch_engine.py``). It runs one
+    pipeline in fp32 without PipeDream; the default ``"lab"`` is vpipe_lab's engine with live layer migration.
     """
     from vpipe_lab import examples
     from vpipe_lab.telemetry import sinks
@@ -120,6 +125,8 @@ def launch(
         raise ValueError(f"fused_wgrad must be True, False or the smallest weight to fuse (elements, >= 0), got "
                          f"{fused_wgrad!r}")
     checks.count(replicas, "replicas")
+    if problem := engine_refusal(engine, replicas, precision, schedule):
+        raise ValueError(problem)
     if schedule == "pipedream" and (problem := pipedream.refusal(clip_grad_norm, precision, replicas)):
         raise ValueError(problem)
     if virtual_stages is None:  # the given plan's chunks per stage, else the schedule's default
@@ -203,7 +210,7 @@ def launch(
         resume_path=str(Path(resume).absolute()) if resume is not None else None,
         clip_grad_norm=None if clip_grad_norm is None else float(clip_grad_norm), precision=precision,
         eval_every=eval_every, eval_batches=eval_batches, replicas=replicas, fused_wgrad=fused_wgrad, scout=scout,
-        virtual_stages=virtual_stages,
+        virtual_stages=virtual_stages, engine=engine,
     )
     spec_path = job_dir / "job.json"
     spec.save(spec_path)

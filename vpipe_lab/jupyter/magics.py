@@ -26,7 +26,7 @@ from vpipe_lab.core.plan import AUTO, SCHEDULES, VIRTUAL_HELP, Policy, default_v
 from vpipe_lab.core.planner import METHODS
 from vpipe_lab.core.report import human_time, plan_table
 from vpipe_lab.jupyter.interop_commands import InteropCommands, add_commands
-from vpipe_lab.wire.jobspec import DEVICES, add_training_options, byte_size
+from vpipe_lab.wire.jobspec import DEVICES, ENGINES, add_training_options, byte_size
 
 log = logging.getLogger(__name__)
 POLICIES = tuple(p.value for p in Policy)
@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
     s.add_argument("--virtual-stages", "-v", type=int, default=None, help=VIRTUAL_HELP)
     s.add_argument("--device", choices=DEVICES, default="auto")
+    s.add_argument("--engine", choices=ENGINES, default="lab",
+                   help="lab: vpipe_lab's runtime (live migration); torch: torch.distributed.pipelining's, from the "
+                        "plan's export bundle (plan changes reshard)")
     s.add_argument("--budget", type=byte_size, help="memory budget per stage, e.g. 2GiB")
     s.add_argument("--plan", help="notebook variable holding a Plan")
     s.add_argument("--seed", type=int, default=0)
@@ -208,7 +211,7 @@ class VpipeMagics(InteropCommands, Magics):
                 split=self._split(args.split),
                 lr_scheduler=self._value(args.lr_scheduler, "LR scheduler factory") if args.lr_scheduler else None,
                 clip_grad_norm=args.clip_grad_norm, precision=args.precision, replicas=args.replicas,
-                fused_wgrad=args.fused_wgrad,
+                fused_wgrad=args.fused_wgrad, engine=args.engine,
                 eval_data=self._data(args.eval_data), eval_every=args.eval_every, eval_batches=args.eval_batches,
                 log=args.log if args.log is None or ":" in args.log else self._value(args.log, "logging function"),
             )

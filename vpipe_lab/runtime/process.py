@@ -20,7 +20,6 @@ import torch
 import torch.distributed as dist
 
 from vpipe_lab.runtime.build import unit_names
-from vpipe_lab.runtime.engine.bandwidth import probe_bandwidth, probe_update
 from vpipe_lab.runtime.engine.device import pin_cores, select
 from vpipe_lab.runtime.model.batches import Source, split
 from vpipe_lab.runtime.model.callables import load_callables
@@ -109,10 +108,13 @@ def serve(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: in
             scout(spec, link)
         if join is not None:
             join()
+        if worker_cls is None and spec.engine == "torch":
+            from vpipe_lab.runtime.torch_engine import TorchWorker
+
+            worker_cls = TorchWorker  # type: ignore[assignment]
         worker = (worker_cls or Worker)(spec, rank, world, link, local_rank, local_world)
         worker.peer.barrier()
-        bandwidth = probe_bandwidth(worker.peer, worker.placement, worker.index, worker.world)
-        bandwidth |= probe_update(worker.stage.optim.factory, worker.placement, [p for _, p in worker.stage.params()])
+        bandwidth = worker.probe()
         link.send(Ready(rank, worker.index, worker.replica, worker.num_layers, worker.names, worker.plan.to_dict(),
                         str(worker.placement.device), worker.placement.backend, worker.ctl.iteration,
                         **bandwidth, units=worker.chain.infos()).message())

@@ -210,8 +210,8 @@ def skips(split_gm: torch.fx.GraphModule) -> list[str]:
         me = index[node.name]
         for arg in node.all_input_nodes:
             src = arg.args[0] if arg.op == "call_function" and arg.args else arg
-            made = index.get(getattr(src, "name", ""), None if getattr(src, "op", "") != "placeholder" else -1)
-            if made is not None and made < me - 1:
+            made = index.get(getattr(src, "name", ""), -1 if getattr(src, "op", "") == "placeholder" else None)
+            if made is not None and made < me - 1 and (made >= 0 or me > 0):
                 out.append(f"{'the input ' + src.name if made < 0 else f'stage {made}'} -> stage {me}")
     return list(dict.fromkeys(out))
 
@@ -281,6 +281,12 @@ def torch_pipeline(model: nn.Module, bundle: str | Path | Bundle, rank: int | No
             raise ValueError(f"torch split the model into {pipe.num_stages} stages, the bundle has {total}: its "
                              "split points do not all run in the model's forward")
         passed = skips(pipe.split_gm)
+        late = [p for p in passed if p.startswith("the input")]
+        if late:
+            raise ValueError(f"torch.distributed.pipelining gives the model's inputs to its first stage only, and this "
+                             f"model reads some in a later one ({'; '.join(late[:3])}): pass those as the loss's "
+                             "targets instead (labels: data returns (inputs, labels) and the loss compares the "
+                             "logits), or train it with vpipe_lab's engine")
         if passed and (use_csv or not bundle.schedule or not issubclass(get_schedule_class(bundle.schedule),
                                                                         PipelineScheduleSingle)):
             raise ValueError(f"torch split this model with values that skip a stage ({'; '.join(passed[:3])}), and "

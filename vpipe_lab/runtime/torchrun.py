@@ -72,6 +72,10 @@ def _check(args: argparse.Namespace) -> None:
     from vpipe_lab.wire.jobspec import check_training
 
     check_training(args.clip_grad_norm, args.precision, args.eval_every, args.eval_batches)
+    from vpipe_lab.wire.jobspec import engine_refusal
+
+    if problem := engine_refusal(args.engine, args.replicas, args.precision, args.schedule):
+        raise ValueError(f"--engine {args.engine}: {problem}")
     check(args.log)
     if args.schedule == "pipedream":  # as launch() refuses it (a --plan file's schedule meets the stage's own check)
         from vpipe_lab.core import pipedream
@@ -159,7 +163,7 @@ def main(args: argparse.Namespace) -> int:
                    memory_budget=budget, timeout_s=args.timeout, threads=args.threads,
                    clip_grad_norm=args.clip_grad_norm, precision=args.precision, eval_every=args.eval_every,
                    eval_batches=args.eval_batches, iterations=args.iterations, save_every=args.save_every,
-                   fused_wgrad=args.fused_wgrad,
+                   fused_wgrad=args.fused_wgrad, engine=args.engine,
                    run_dir=str(run_dir) if run_dir is not None else None)
     resume = shared.get("resume")
     if resume is not None:

@@ -20,6 +20,7 @@ from vpipe_lab.core.timeline import KINDS
 from vpipe_lab.runtime.build import build_chain
 from vpipe_lab.runtime.checkpoints import Checkpoints
 from vpipe_lab.runtime.engine import profiler, wgrad
+from vpipe_lab.runtime.engine.bandwidth import probe_bandwidth, probe_update
 from vpipe_lab.runtime.engine.comm import TAG_TARGET, Peer
 from vpipe_lab.runtime.engine.device import Clock, select
 from vpipe_lab.runtime.engine.executor import Executor, IterationResult, default_loss
@@ -41,9 +42,8 @@ from vpipe_lab.wire import commands as C
 from vpipe_lab.wire import events as E
 from vpipe_lab.wire.channel import Link
 from vpipe_lab.wire.checkpoint import Manifest
-from vpipe_lab.wire.codec import Body, decode, from_doc
+from vpipe_lab.wire.codec import Body, from_doc
 from vpipe_lab.wire.jobspec import JobSpec
-from vpipe_lab.wire.protocol import ProtocolError
 
 log = logging.getLogger("vpipe_lab.worker")
 
@@ -112,6 +112,11 @@ class Worker(WorkerCommands):
         if spec.resume_path:
             self.restore(Path(spec.resume_path))
 
+    def probe(self) -> dict[str, float]:
+        """What the planners' Cluster needs of this rank: its bandwidths and its optimizer's step per byte."""
+        bandwidth = probe_bandwidth(self.peer, self.placement, self.index, self.world)
+        return bandwidth | probe_update(self.stage.optim.factory, self.placement, [p for _, p in self.stage.params()])
+
     def _first_inputs(self) -> Any:
         """Rank 0: one micro-batch of the first batch's inputs (what a captured model is captured on)."""
         inputs, _ = self.source.peek(self.ctl.iteration)  # type: ignore[union-attr]
@@ -134,18 +139,6 @@ class Worker(WorkerCommands):
     # --- the control loop -----------------------------------------------------------------------------------------
     def send(self, body: Body) -> None:
         self.link.send(body.message())
-
-    def _pending(self, wait_s: float) -> list[dict[str, Any]]:
-        """Rank 0: the controller's commands that arrived since the last boundary, checked (a malformed one is
-        logged and dropped: the controller speaks the same typed protocol, so it can only come from another
-        version or a faulty client)."""
-        docs = []
-        for msg in self.link.drain(wait_s):
-            try:
-                docs.append(decode(msg).to_doc())
-            except ProtocolError as exc:
-                log.error("dropped a command: %s", exc)
-        return docs
 
     def boundary(self, violated: bool, ran: bool = False) -> tuple[list[C.Command], bool]:
         """Every rank learns here, at the same iteration, whether any rank went over its budget in the iteration

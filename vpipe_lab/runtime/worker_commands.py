@@ -7,6 +7,7 @@ acknowledges, and commands that gather data are answered by each stage of the fi
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,12 @@ from vpipe_lab.runtime.shape_epochs import ShapeEpochs
 from vpipe_lab.runtime.tensors import pack_state
 from vpipe_lab.wire import commands as C
 from vpipe_lab.wire import events as E
-from vpipe_lab.wire.codec import Body
+from vpipe_lab.wire.channel import Link
+from vpipe_lab.wire.codec import Body, decode
 from vpipe_lab.wire.jobspec import JobSpec
+from vpipe_lab.wire.protocol import ProtocolError
+
+log = logging.getLogger("vpipe_lab.worker")
 
 
 class WorkerCommands:
@@ -52,11 +57,24 @@ class WorkerCommands:
     shapes: ShapeEpochs
     migration: Migration
     commands: dict[type[Body], Callable[[Any], None]]
+    link: Link
 
     send: Callable[[Body], None]
     profile_soon: Callable[[], None]
     save: Callable[..., str | None]
     evaluation: Callable[..., None]
+
+    def _pending(self, wait_s: float) -> list[dict[str, Any]]:
+        """Rank 0: the controller's commands that arrived since the last boundary, checked (a malformed one is
+        logged and dropped: the controller speaks the same typed protocol, so it can only come from another
+        version or a faulty client)."""
+        docs = []
+        for msg in self.link.drain(wait_s):
+            try:
+                docs.append(decode(msg).to_doc())
+            except ProtocolError as exc:
+                log.error("dropped a command: %s", exc)
+        return docs
 
     def ack(self, cmd: C.Command, **extra: Any) -> None:
         if self.leader:

@@ -13,6 +13,7 @@ from vpipe_lab.core.report import parse_bytes
 from vpipe_lab.wire.private import write_private
 
 DEVICES = ("auto", "cpu", "cuda")  # the one list of device choices: launch(), the CLI and the magics read it
+ENGINES = ("lab", "torch")  # who runs the pipeline: vpipe_lab's runtime, or torch.distributed.pipelining's
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
@@ -23,6 +24,22 @@ def check_training(clip_grad_norm: Any, precision: str, eval_every: Any, eval_ba
         raise ValueError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
     checks.count(eval_every, "eval_every", optional=True)
     checks.count(eval_batches, "eval_batches", optional=True)
+
+
+def engine_refusal(engine: str, replicas: int, precision: str, schedule: str) -> str | None:
+    """What the chosen engine cannot run, said as the fix (None: it can); launch(), the CLI, the magics and torchrun
+    workers all ask here."""
+    if engine not in ENGINES:
+        return f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}"
+    if engine == "lab":
+        return None
+    if replicas != 1:
+        return "engine='torch' runs one pipeline: data-parallel replicas need engine='lab'"
+    if precision != "fp32":
+        return f"engine='torch' trains in fp32; precision={precision!r} needs engine='lab'"
+    if schedule == "pipedream":
+        return "torch.distributed.pipelining has no PipeDream (weight stashing): use engine='lab'"
+    return None
 
 
 def byte_size(text: str) -> int:
@@ -84,6 +101,7 @@ class JobSpec:
     run_dir: str | None = None  # unattended: checkpoints, metrics and how to attach
     log: str | None = None  # unattended: "tensorboard:DIR" | "wandb:PROJECT" | "mlflow:URI" (telemetry/sinks.py)
     scout: bool = False  # rank 0 starts alone and reports the model's units (protocol UNITS) before the others start
+    engine: str = "lab"  # "lab": vpipe_lab's runtime; "torch": torch.distributed.pipelining's (runtime/torch_engine.py)
 
     def save(self, path: Path) -> None:
         write_private(path, json.dumps(asdict(self), indent=1).encode())  # it holds the session key

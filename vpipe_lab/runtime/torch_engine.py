@@ -1,0 +1,318 @@
+"""``engine="torch"``: a rank that trains the planned job on torch.distributed.pipelining's own runtime, from the
+plan's export bundle, with the lab around it.
+
+The rank speaks the lab's protocol (``WorkerCommands``: run, pause, stop, apply, save, state, profile) so the
+Session, the dashboard and the editor work unchanged; what differs is the engine underneath. Every rank builds the
+whole model (torch's ``pipeline()`` traces it whole), writes the plan's bundle into a directory of its own and takes
+its stages from ``runtime/torch_pipeline.py``; an iteration is torch's ``schedule.step``, timed action by action
+(``TorchPipeline.record``) and with the activations its autograd saves counted. A plan change is a reshard, not a
+live migration: every rank saves its state as a DCP checkpoint (the one ``session.save`` writes, into the job's
+checkpoint when the apply asks for one), builds the new plan's stages from a fresh model and loads its own units'
+tensors and optimizer state back by name. What the lab's engine measures per layer, torch's cannot: a profile here
+is each stage's measured forward and backward time spread over its units by their parameter bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from vpipe_lab.core.interop.bundle import UnitInfo, make
+from vpipe_lab.core.plan import Plan
+from vpipe_lab.core.timeline import KINDS
+from vpipe_lab.runtime.build import _example, initial_plan, on_meta
+from vpipe_lab.runtime.engine.comm import TAG_TARGET, Peer
+from vpipe_lab.runtime.engine.device import select
+from vpipe_lab.runtime.engine.executor import default_loss
+from vpipe_lab.runtime.model.batches import Source, batch_size, rebuild, split
+from vpipe_lab.runtime.model.callables import load_callables
+from vpipe_lab.runtime.model.capture import build_model, capture
+from vpipe_lab.runtime.progress import Control
+from vpipe_lab.runtime.torch_engine_state import TorchState
+from vpipe_lab.runtime.torch_pipeline import TorchPipeline, torch_pipeline
+from vpipe_lab.runtime.worker_commands import WorkerCommands
+from vpipe_lab.wire import commands as C
+from vpipe_lab.wire import events as E
+from vpipe_lab.wire.bundle import write as write_bundle
+from vpipe_lab.wire.channel import Link
+from vpipe_lab.wire.codec import Body, from_doc
+from vpipe_lab.wire.jobspec import JobSpec, engine_refusal
+
+log = logging.getLogger("vpipe_lab.torch_engine")
+KIND = {"F": "forward", "B": "backward", "I": "backward", "W": "wgrad"}
+
+
+class SavedBytes:
+    """The bytes autograd holds for backward while an iteration runs, at their peak (saved-tensor hooks; a tensor is
+    counted until autograd lets go of it)."""
+
+    def __init__(self) -> None:
+        self.live = self.peak = 0
+
+    def pack(self, t: torch.Tensor) -> Any:
+        size = t.numel() * t.element_size()
+        self.live += size
+        self.peak = max(self.peak, self.live)
+        holder = _Held(t)
+        weakref.finalize(holder, self._free, size)
+        return holder
+
+    def _free(self, size: int) -> None:
+        self.live -= size
+
+    @staticmethod
+    def unpack(holder: Any) -> torch.Tensor:
+        return holder.tensor
+
+    def hooks(self) -> Any:
+        self.live = self.peak = 0
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+
+class _Held:
+    __slots__ = ("__weakref__", "tensor")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+class TorchWorker(TorchState, WorkerCommands):
+    """One rank of a pipeline that torch.distributed.pipelining runs (see the module docstring)."""
+
+    def __init__(self, spec: JobSpec, rank: int, world: int, link: Link, local_rank: int, local_world: int) -> None:
+        problem = engine_refusal(spec.engine, spec.replicas, spec.precision, spec.schedule)
+        if problem:
+            raise ValueError(problem)
+        self.spec, self.link, self.global_rank, self.leader = spec, link, rank, rank == 0
+        self.index, self.world, self.replica = rank, world, 0
+        self.placement = select(spec.device, local_rank, local_world)
+        self.ctl = Control(iteration=spec.start_iteration, target=spec.iterations or 0)
+        fns = load_callables(spec)
+        self.model_fn, self.split, self.train_data, self.eval_data = fns.model, fns.split, fns.data, None
+        self.optimizer_fn, self.scheduler_fn, self.user_loss = fns.optimizer, fns.lr_scheduler, fns.loss or default_loss
+        self.peer = Peer(rank, world, self.placement.device if self.placement.is_cuda else torch.device("cpu"),
+                         spec.timeout_s)
+        self.source = Source(fns.data, spec.start_iteration) if rank == 0 else None
+        self.chain, self.example = self._units(rank, world)
+        self.names, self.num_layers = list(self.chain.names), len(self.chain)
+        self.units = [UnitInfo.from_dict(d) for d in self.chain.infos()]
+        self.plan = initial_plan(spec, self.chain, rank, world, self.peer)
+        self.record_spans, self.saved = spec.telemetry, SavedBytes()
+        self.model_version, self.samples = 0, 0
+        self.stats: dict[int, dict[str, list[float]]] = {}  # torch stage -> action letter -> seconds (and "held")
+        self._dir = Path(tempfile.mkdtemp(prefix=f"vpipe-torch-{spec.session_id}-r{rank}-"))
+        self.commands = {C.Run: self._run, C.Pause: self._run_state, C.Resume: self._run_state,
+                         C.Stop: self._run_state, C.Ping: self.ack, C.Profile: self._profile, C.State: self._state,
+                         C.Telemetry: self._telemetry, C.Evaluate: self._evaluate, C.Save: self._save,
+                         C.Apply: self._apply_plan, C.SetModel: self._set_model}
+        self._build(self.plan)
+        if spec.resume_path:
+            self.load(Path(spec.resume_path))
+
+    def _units(self, rank: int, world: int) -> tuple[Any, Any]:
+        """The model cut into the lab's units (their names, modules and output structure; on the meta device where
+        the model builds there), and one micro-batch of zeros shaped like the first batch's inputs (rank 0 reads the
+        data and describes it to the others), which torch's ``pipeline()`` traces the model on."""
+        meta = None
+        if not isinstance(self.model_fn, torch.nn.Module):
+            try:
+                meta = on_meta(self.model_fn, self.spec.seed)[0]
+            except Exception:  # a factory that needs real tensors to build
+                meta = None
+        model = meta if meta is not None else build_model(self.model_fn, self.spec.seed)
+        desc = _example(model, self.split, rank, world, self.peer, self._first_inputs)
+        try:
+            chain = capture(model.train(), rebuild(desc, device=torch.device("meta") if meta is not None else None)
+                            if desc else None, self.split)
+        except Exception:
+            if meta is None:
+                raise
+            chain = capture(build_model(self.model_fn, self.spec.seed), rebuild(desc) if desc else None, self.split)
+        return chain, rebuild(desc) if desc else None
+
+    def _first_inputs(self) -> Any:
+        inputs, _ = self.source.peek(self.ctl.iteration)  # type: ignore[union-attr]
+        return split(inputs, self.spec.microbatches, "inputs")[0]
+
+    # --- building the stages from a plan ------------------------------------------------------------------------
+    def _loss(self, output: Any, target: Any) -> torch.Tensor:
+        """The user's loss on the model's own output object (torch's last stage returns its flattened leaves)."""
+        if isinstance(output, (tuple, list)) and self.chain.out_spec is not None \
+                and len(output) == self.chain.out_spec.num_leaves:
+            output = pytree.tree_unflatten(list(output), self.chain.out_spec)
+        return self.user_loss(output, None if self._no_targets else target)
+
+    def _build(self, plan: Plan) -> None:
+        """This rank's stages of ``plan`` from a fresh build of the model, with a new optimizer and scheduler."""
+        bundle = make(plan, self.units)
+        path = write_bundle(self._dir / f"bundle-v{self.ctl.plan_version}", bundle)
+        model = build_model(self.model_fn, self.spec.seed)
+        model.to(self.placement.device)
+        self.pp: TorchPipeline = torch_pipeline(model, path, self.index, example=self.example, loss_fn=self._loss,
+                                                device=self.placement.device)
+        self.actions = self.pp.record()
+        self.named = dict(self.pp.named_parameters())
+        self.optimizer = self.optimizer_fn(list(self.named.values())) if self.optimizer_fn is not None else None
+        self.scheduler = None
+        if self.scheduler_fn is not None and self.optimizer is not None:
+            self.scheduler = self.scheduler_fn(self.optimizer)
+        self._no_targets = False
+        self._unit_of = self._map_units()
+
+    def _map_units(self) -> dict[str, int]:
+        """Parameter name -> the unit that holds it (by the units' module names)."""
+        out = {}
+        for name in self.named:
+            best, length = -1, -1
+            for i, unit in enumerate(self.units):
+                for prefix in (*unit.modules, *unit.tensors):
+                    if (name == prefix or name.startswith(prefix + ".")) and len(prefix) > length:
+                        best, length = i, len(prefix)
+            out[name] = best
+        return out
+
+    def probe(self) -> dict[str, float]:
+        from vpipe_lab.runtime.engine.bandwidth import probe_bandwidth
+
+        return {**probe_bandwidth(self.peer, self.placement, self.index, self.world), "update_s_per_byte": 0.0,
+                "copy_s_per_byte": 0.0}
+
+    # --- the control loop -----------------------------------------------------------------------------------------
+    def send(self, body: Body) -> None:
+        self.link.send(body.message())
+
+    def boundary(self) -> list[C.Command]:
+        """Every rank learns the controller's commands at the same iteration (as the lab's workers do), and the coming
+        batch's size, negative when it has no targets (the model computes its own loss)."""
+        blob = b""
+        coming = 0.0
+        if self.index == 0 and not self.ctl.stopping:
+            try:  # the batch that runs next, if one does (a run may start at this boundary)
+                inputs, targets = self.source.peek(self.ctl.iteration)  # type: ignore[union-attr]
+                coming = float(batch_size(inputs) or 0) * (-1.0 if targets is None else 1.0)
+            except Exception:  # past the data's end, say: its shapes are read again when it runs
+                coming = 0.0
+        if self.leader:
+            cmds = self._pending(0.0 if self.ctl.active else 0.2)
+            blob = json.dumps(cmds).encode() if cmds else b""
+        size, coming = self.peer.all_max([float(len(blob)), coming if self.index == 0 else -1e18])
+        self.samples, self._no_targets = int(abs(coming)), coming < 0
+        if size <= 0:
+            return []
+        docs = self.peer.broadcast_json(json.loads(blob) if self.leader else None)
+        return [from_doc(doc) for doc in docs]  # type: ignore[misc]
+
+    def dispatch(self, cmd: C.Command) -> None:
+        self.commands[type(cmd)](cmd)
+
+    def loop(self) -> None:
+        while True:
+            for cmd in self.boundary():
+                self.dispatch(cmd)
+            if self.ctl.stopping:
+                return
+            if self.spec.iterations is not None and self.ctl.iteration >= self.spec.iterations and not self.ctl.paused:
+                self._save_run(final=True)
+                return
+            if self.ctl.active:
+                self.iteration()
+                self._save_run()
+
+    def _save_run(self, final: bool = False) -> None:
+        """An unattended job's checkpoints in its run directory, every ``save_every`` iterations and at its end."""
+        every, run_dir = self.spec.save_every, self.spec.run_dir
+        if not run_dir or not (final or (every and self.ctl.iteration % every == 0)):
+            return
+        if final and every and self.ctl.iteration % every == 0:
+            return  # the last iteration's checkpoint was just taken
+        problem = self.save(Path(run_dir) / "checkpoints", keep=3)
+        if problem is not None:
+            log.error("the checkpoint at iteration %d failed: %s", self.ctl.iteration, problem)
+
+    def iteration(self) -> None:
+        it = self.ctl.iteration
+        inputs = targets = None
+        loss_rank = self.plan.loss_stage
+        if self.index == 0:
+            inputs, targets = self.source.get(it)  # type: ignore[union-attr]
+        if self._no_targets and self.index == loss_rank:
+            targets = torch.zeros(self.samples)  # torch splits a target per micro-batch; the loss is given None
+        elif loss_rank != 0 and self.index in (0, loss_rank):
+            if self.index == 0:
+                self.peer.post_send(targets, loss_rank, TAG_TARGET, agreed=True, exact=True)
+                self.peer.flush()
+            else:
+                targets = self.peer.wait(self.peer.post_recv(0, TAG_TARGET, agreed=True))
+        self.actions.clear()
+        start = time.perf_counter()
+        with self.saved.hooks():
+            losses = self.pp.step(inputs, target=targets)
+        grad_norm = self._clip()
+        lr = float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else None
+        if self.optimizer is not None:
+            self.optimizer.step()
+        memory = self.memory()  # gradients and the optimizer's state both held, as at the step
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        end = time.perf_counter()
+        self._note(self.actions)
+        self.ctl.iteration += 1
+        self.report(it, start, end, [float(x.detach()) for x in losses or []], grad_norm, lr, memory)
+
+    def _note(self, actions: list[Any], keep: int = 512) -> None:
+        """Each action's time by stage and letter, the micro-batches held at once and the saved bytes' peak."""
+        held: dict[int, int] = {}
+        for a in actions:
+            times = self.stats.setdefault(a.stage, {})
+            letter = "B" if a.op in ("B", "I") else a.op
+            times.setdefault(letter, []).append(a.end - a.start)
+            held[a.stage] = held.get(a.stage, 0) + (1 if a.op == "F" else -1 if a.op in ("B", "I") else 0)
+            times.setdefault("held", []).append(float(held[a.stage]))
+            for key in times:
+                del times[key][:-keep]
+        self.stats.setdefault(-1, {}).setdefault("peak", []).append(float(self.saved.peak))
+        del self.stats[-1]["peak"][:-keep]
+
+    def _clip(self) -> float | None:
+        """``clip_grad_norm``: the global 2-norm over every rank's gradients, as one process's clip gets it."""
+        if self.spec.clip_grad_norm is None:
+            return None
+        grads = [p.grad for p in self.named.values() if p.grad is not None]
+        local = float(sum(float(g.detach().float().pow(2).sum()) for g in grads))
+        total = self.peer.all_sum([local])[0] ** 0.5
+        scale = self.spec.clip_grad_norm / (total + 1e-6)
+        if scale < 1:
+            for g in grads:
+                g.mul_(scale)
+        return total
+
+    def memory(self) -> dict[str, Any]:
+        params = list(self.named.values())
+        static = {"params": sum(p.numel() * p.element_size() for p in params),
+                  "grads": sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None),
+                  "optimizer": sum(v.numel() * v.element_size() for s in (self.optimizer.state.values()
+                                                                           if self.optimizer else ())
+                                   for v in s.values() if isinstance(v, torch.Tensor))}
+        total = sum(static.values())
+        return {**static, "static": total, "activations": self.saved.peak, "resident": self.saved.peak, "host": 0,
+                "stash": 0, "peak": total + self.saved.peak,
+                "budget": self.spec.memory_budget[self.index] if self.spec.memory_budget else None}
+
+    def report(self, it: int, start: float, end: float, losses: list[float], grad_norm: float | None,
+               lr: float | None, memory: dict[str, Any]) -> None:
+        local = {s.stage: i for i, s in enumerate(self.pp.bundle.stages_of(self.index))}
+        spans = ([(KINDS.index(KIND[a.op]), a.microbatch, -1, a.start, a.end, local.get(a.stage, 0))
+                  for a in self.actions] if self.record_spans else [])
+        self.send(E.IterationReport(it, self.index, start, end, losses, memory, spans, self.plan.microbatches,
+                                    self.ctl.plan_version, 0, self.samples if self.index == 0 else None, None,
+                                    grad_norm, lr))
