@@ -63,7 +63,8 @@ def test_save_and_resume_onto_another_partition(reference: tuple[dict, list], tm
         path = s.save(tmp_path / "ckpt", keep=1)  # a new version; the first goes once the second is complete
     version = resolve(path)
     assert version != first and not first.exists()
-    assert (version / "manifest.json").exists() and len(list(version.glob("layer-*.pt"))) == 10
+    assert (version / "manifest.json").exists() and (version / ".metadata").exists()  # a DCP checkpoint
+    assert len(list(version.glob("__*_*.distcp"))) == 3  # each of the three stages wrote its own units
     with vpipe_lab.launch("mlp", stages=2, microbatches=4, device="cpu", resume=path, timeout=60) as s:
         assert s.iteration == 3 and s.plan.stages == 2
         s.run(3)

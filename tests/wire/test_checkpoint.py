@@ -70,7 +70,7 @@ def test_nothing_outside_the_checkpoint_is_read(tmp_path: Path) -> None:
     doc = json.loads((version / "manifest.json").read_text())
     doc["files"]["../../etc/passwd"] = "0" * 64
     (version / "manifest.json").write_text(json.dumps(doc))
-    with pytest.raises(ProfileError, match="not layer files of its own directory"):
+    with pytest.raises(ProfileError, match="not checkpoint files of its own directory"):
         Manifest.read(tmp_path)
     (tmp_path / LATEST).write_text("../elsewhere")
     with pytest.raises(ProfileError, match="not a checkpoint version"):

@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from vpipe_lab.control import interop, weights
 from vpipe_lab.control.autoplan import AutoReplanner
 from vpipe_lab.control.errors import SessionClosed, WorkerError
 from vpipe_lab.control.evaluation import data_ref
@@ -25,6 +24,7 @@ from vpipe_lab.control.events import EventCallback, Events
 from vpipe_lab.control.intake import Intake
 from vpipe_lab.control.live import Live, Replan
 from vpipe_lab.control.monitor import FailureMonitor
+from vpipe_lab.control.outward import Outward
 from vpipe_lab.control.processes import Launcher
 from vpipe_lab.control.profiles import Profiles
 from vpipe_lab.control.requests import Requests
@@ -37,14 +37,14 @@ from vpipe_lab.telemetry.metrics import Metrics
 from vpipe_lab.telemetry.sinks import Logger
 from vpipe_lab.wire import protocol as P
 from vpipe_lab.wire.channel import Endpoint
-from vpipe_lab.wire.commands import Command, Evaluate, Pause, Profile, Resume, Run, State, Stop, Telemetry
-from vpipe_lab.wire.events import Ack, Evaluated, Layers, Tensors
+from vpipe_lab.wire.commands import Command, Evaluate, Pause, Profile, Resume, Run, Stop, Telemetry
+from vpipe_lab.wire.events import Ack, Evaluated, Layers
 from vpipe_lab.wire.jobspec import JobSpec
 
 log = logging.getLogger(__name__)
 
 
-class Session:
+class Session(Outward):
     """A running pipeline. Every method is safe to call while training goes on in the background."""
 
     def __init__(self, spec: JobSpec, hub: Endpoint, launcher: Launcher | None, job_dir: Path | None,
@@ -276,47 +276,6 @@ class Session:
         if reply.error or reply.loss is None:
             raise ValueError(f"the workers cannot evaluate on {data!r}: {reply.error or 'no loss came back'}")
         return reply.loss
-
-    def state_dict(self, timeout: float | None = None) -> Any:
-        """The trained model as ``model.state_dict()`` has it, gathered from every stage: the same keys in the same
-        order (a tied weight under each of its names, one tensor; non-persistent buffers left out), so
-        ``model.load_state_dict(session.state_dict(), strict=True)`` loads into a fresh build of the model."""
-        self._check()
-        return weights.assemble(self._requests.gather(State(), Tensors, self.stages, timeout))
-
-    def export(self, path: str | Path, *, model: Any = None, timeout: float | None = None) -> Path:
-        """Write the trained model where ``path`` says, in the form its library loads: a transformers model as a
-        folder ``from_pretrained(path)`` reads, any other as a ``torch.save``d state dict. It loads the weights into
-        a fresh build of ``model`` (default: the one this session trains), so this process imports torch."""
-        source = model if model is not None else self.model
-        if source is None:
-            raise ValueError("this session does not know how to build its model (it was attached): give "
-                             "export(path, model=factory)")
-        return weights.export(self.state_dict(timeout), source, path, self.spec.seed)
-
-    # --- taking the plan out, bringing production configs in (control/interop.py) ------------------------------------
-    def export_plan(self, path: str | Path, *, plan: Plan | None = None, microbatch_size: int | None = None) -> Path:
-        """Write the export bundle of the plan in force (or ``plan``) to the directory ``path``: ``pipeline.json``
-        (torch stages over the model's own module names), ``schedule.csv`` (the exact order, for torch's
-        ``_PipelineScheduleRuntime``), torchtitan and Megatron-LM settings and a README with what the lab measured
-        and predicts for it (``wire/bundle.py``). ``vpipe_lab.export.torch_pipeline`` trains it on torch."""
-        plan = plan if plan is not None else self.plan
-        measured = interop.measured_s(self.metrics.records(200), self.plan_version) if plan == self.plan else None
-        profile = cluster = None
-        if self.iteration > 0 and not self.closed:
-            profile, cluster = self.profile(), self.cluster()
-        bundle = interop.bundle_of(plan, self.state.unit_info, microbatch_size=microbatch_size or self.microbatch_size(),
-                                   profile=profile, cluster=cluster, measured=measured)
-        return interop.write(path, bundle)
-
-    def import_plan(self, source: Any, *, apply: bool = False, **kw: Any) -> Plan:
-        """A production config as a plan over this model's units (``control/interop.import_plan``: a torchtitan TOML
-        or ``[parallelism]`` dict, a Megatron-LM layout string, module lists per stage, an export bundle); ``apply``
-        runs it from the next iteration (``apply(plan)``)."""
-        plan = interop.read(source, self.state.unit_info, self.plan, **kw)
-        if apply:
-            self.apply(plan)
-        return plan
 
     # --- changing the running job (control/live.py) -----------------------------------------------------------------
     def apply(self, plan: Plan, *, force: bool = False, checkpoint: bool = True, timeout: float | None = None) -> int:

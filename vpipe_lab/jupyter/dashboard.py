@@ -80,8 +80,9 @@ class Dashboard:
         state = s.status
         detail = s.failure.cause.splitlines()[0] if s.failure is not None and s.failure.cause else ""
         text = f"iteration {s.iteration}, plan v{s.plan_version}: {s.plan.describe()}"
-        if s.spec.engine != "lab":  # whose runtime trains it (launch(engine=...))
-            text += f" on {s.spec.engine}'s engine"
+        engine = getattr(getattr(s, "spec", None), "engine", "lab")
+        if engine != "lab":  # whose runtime trains it (launch(engine=...))
+            text += f" on {engine}'s engine"
         if latest:
             text += (f" - last iteration {human_time(latest['time_s'])}, loss {latest['loss']:.4f}"
                      + (f", {latest['samples_per_s']:.0f} samples/s" if finite(latest.get("samples_per_s")) else "")

@@ -243,13 +243,16 @@ def _tie_groups(model: nn.Module, every: dict[int, nn.Module], bundle: Bundle) -
 
 def torch_pipeline(model: nn.Module, bundle: str | Path | Bundle, rank: int | None = None, *, example: Any = None,
                    loss_fn: Callable[..., torch.Tensor] | None = None, device: torch.device | str | None = None,
-                   group: Any = None, use_csv: bool = False, trace: bool | None = None) -> TorchPipeline:
+                   group: Any = None, use_csv: bool = False, trace: bool | None = None,
+                   schedule: str | None = None) -> TorchPipeline:
     """Build ``rank``'s part of the bundle (default: this process's rank in ``group``) from ``model`` (built the
     same way on every rank), ready to train: ``pp.step(inputs, target=..., losses=...)`` then the optimizer's step
     on ``pp.parameters()``. ``example`` is one micro-batch of inputs (needed to trace any model but an
     ``nn.Sequential``); ``loss_fn(output, target)`` is per micro-batch, and gradients are of the micro-batches'
     mean, as the lab trains (``scale_grads``). ``trace`` forces torch's ``pipeline()`` split (or the split by
-    module names); ``use_csv`` runs ``schedule.csv`` even where a torch class runs the same order."""
+    module names); ``use_csv`` runs ``schedule.csv`` even where a torch class runs the same order; ``schedule``
+    names a ``get_schedule_class`` class to run the bundle's split with instead of the lab's order (torch's own
+    schedule on the same stages: it must place stages as the plan does)."""
     from torch.distributed.pipelining import PipelineStage, SplitPoint, pipeline
     from torch.distributed.pipelining.schedules import (
         PipelineScheduleSingle,
@@ -260,6 +263,11 @@ def torch_pipeline(model: nn.Module, bundle: str | Path | Bundle, rank: int | No
     path = None
     if not isinstance(bundle, Bundle):
         path, bundle = Path(bundle), bundle_files.read(bundle)
+    if schedule is not None:
+        style = "v" if get_schedule_class(schedule).__name__ in ("ScheduleZBVZeroBubble", "ScheduleDualPipeV") else "loop"
+        if style != bundle.style:
+            raise ValueError(f"torch's {schedule} places stages {style}-style, the bundle's plan {bundle.style}-style: "
+                             "export the plan under a schedule with that placement")
     if rank is None:
         rank = dist.get_rank(group)
     world = dist.get_world_size(group) if dist.is_initialized() else bundle.ranks
@@ -287,8 +295,8 @@ def torch_pipeline(model: nn.Module, bundle: str | Path | Bundle, rank: int | No
                              f"model reads some in a later one ({'; '.join(late[:3])}): pass those as the loss's "
                              "targets instead (labels: data returns (inputs, labels) and the loss compares the "
                              "logits), or train it with vpipe_lab's engine")
-        if passed and (use_csv or not bundle.schedule or not issubclass(get_schedule_class(bundle.schedule),
-                                                                        PipelineScheduleSingle)):
+        runs = schedule or bundle.schedule
+        if passed and (use_csv or not runs or not issubclass(get_schedule_class(runs), PipelineScheduleSingle)):
             raise ValueError(f"torch split this model with values that skip a stage ({'; '.join(passed[:3])}), and "
                              "torch.distributed.pipelining's multi-stage schedules (every CSV schedule among them) "
                              "run only stage-to-next-stage transfers; export a plan with one stage per rank under GPipe "
@@ -313,15 +321,16 @@ def torch_pipeline(model: nn.Module, bundle: str | Path | Bundle, rank: int | No
             ties.append((aliases, pg))
             log.info("rank %d sums the gradients of the tied weight %s (ranks %s)", rank, list(aliases), ranks)
     ordered = [modules[s.stage] for s in mine]
-    if bundle.schedule and not use_csv:
-        cls = get_schedule_class(bundle.schedule)
+    name = schedule or bundle.schedule
+    if name and not use_csv:
+        cls = get_schedule_class(name)
         first = stages[0] if issubclass(cls, PipelineScheduleSingle) else stages
-        schedule = cls(first, bundle.microbatches, loss_fn=loss_fn, scale_grads=True)
+        runner = cls(first, bundle.microbatches, loss_fn=loss_fn, scale_grads=True)
     else:
-        schedule = _PipelineScheduleRuntime(stages, bundle.microbatches, loss_fn=loss_fn, scale_grads=True)
+        runner = _PipelineScheduleRuntime(stages, bundle.microbatches, loss_fn=loss_fn, scale_grads=True)
         csv = bundle_files.csv_path(path, bundle) if path is not None else None
         if csv is None or not csv.exists():
             raise ValueError("the bundle's schedule.csv is not found next to its pipeline.json: give the bundle "
                              "directory, not a Bundle object, to run its CSV")
-        schedule._load_csv(str(csv))
-    return TorchPipeline(bundle, rank, stages, ordered, schedule, ties)
+        runner._load_csv(str(csv))
+    return TorchPipeline(bundle, rank, stages, ordered, runner, ties)

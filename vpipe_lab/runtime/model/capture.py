@@ -24,6 +24,7 @@ from torch.utils import _pytree as pytree
 from vpipe_lab.runtime.model.capture_problems import CaptureError, generation_cache_off, why
 from vpipe_lab.runtime.model.cuts import SplitSpec, assign, module_paths, split_points
 from vpipe_lab.runtime.model.input_shapes import InputRule, describe_leaves, dynamic_spec
+from vpipe_lab.runtime.model.sizes import is_size, size_recipes
 
 __all__ = ["CaptureError", "Chain", "GraphUnit", "SplitSpec", "UnitTensors", "capture"]
 log = logging.getLogger(__name__)
@@ -310,12 +311,12 @@ def _chain(gm: torch.fx.GraphModule, exported: Any, part: dict[torch.fx.Node, in
             if arg.op == "get_attr":
                 if arg not in attrs[unit]:
                     attrs[unit].append(arg)
-            elif part.get(arg) != unit and _is_size(arg):
+            elif part.get(arg) != unit and is_size(arg):
                 if arg not in sizes[unit]:
                     sizes[unit].append(arg)
             elif part.get(arg) != unit and arg not in reads[unit]:
                 reads[unit].append(arg)
-    recipes = [_size_recipes(unit, sizes[unit], reads[unit]) for unit in range(count)]
+    recipes = [size_recipes(unit, sizes[unit], reads[unit]) for unit in range(count)]
     for unit in range(count):
         for node in reads[unit]:
             read_by.setdefault(node.name, set()).add(unit)
@@ -352,50 +353,6 @@ def _chain(gm: torch.fx.GraphModule, exported: Any, part: dict[torch.fx.Node, in
         tensors.append(unit_tensors(units[-1], canonical))
     return Chain(units, names, tensors, graph=True, input_keys=placeholders, in_spec=exported.call_spec.in_spec,
                  output_keys=output_keys, out_spec=exported.call_spec.out_spec, mutated=_mutated(gm, canonical))
-
-
-def _is_size(node: torch.fx.Node) -> bool:
-    return isinstance(node.meta.get("val"), (torch.SymInt, torch.SymBool, torch.SymFloat))
-
-
-def _size_recipes(unit: int, needed: list[torch.fx.Node], reads: list[torch.fx.Node]
-                  ) -> list[tuple[torch.fx.Node, torch.fx.Node | None, int]]:
-    """How a unit recomputes the sizes (symbolic batch size, sequence length) that earlier units computed, so that
-    only tensors cross stage boundaries: a size is read off a tensor the unit already receives whose shape has it
-    (the hidden state carries batch and length), else off the tensor it was measured on (which the unit then
-    receives too); a size computed from sizes is computed again. Returns (size node, tensor or None to copy the
-    node, dimension) in graph order; ``reads`` may grow."""
-    found: dict[torch.fx.Node, tuple[torch.fx.Node | None, int]] = {}
-
-    def visit(node: torch.fx.Node) -> None:
-        if node in found:
-            return
-        if node.target is torch.ops.aten.sym_size.int:
-            expr = node.meta["val"].node.expr
-            for tensor in reads:
-                val = tensor.meta.get("val")
-                for d, size in enumerate(val.shape if isinstance(val, torch.Tensor) else ()):
-                    if isinstance(size, torch.SymInt) and size.node.expr == expr:
-                        found[node] = (tensor, d)
-                        return
-            source = node.args[0]
-            assert isinstance(source, torch.fx.Node)
-            if source not in reads:
-                reads.append(source)
-            found[node] = (source, int(node.args[1]))  # type: ignore[arg-type]
-            return
-        inputs = node.all_input_nodes
-        if not all(_is_size(i) for i in inputs):
-            raise CaptureError(f"size {node.name!r} of a later unit ({unit}) is computed from tensors of an earlier one; "
-                               "split the model elsewhere")
-        for i in inputs:
-            visit(i)
-        found[node] = (None, 0)
-
-    for node in needed:
-        visit(node)
-    order = {n: i for i, n in enumerate(next(iter(found)).graph.nodes)} if found else {}
-    return [(n, *found[n]) for n in sorted(found, key=order.__getitem__)]
 
 
 def _mutated(gm: torch.fx.GraphModule, canonical: dict[int, str]) -> set[str]:
