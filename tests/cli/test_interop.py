@@ -1,0 +1,34 @@
+"""`vpipe-lab export` and `vpipe-lab import` from the shell: a plan JSON over a model cut here, a checkpoint's plan,
+and the errors that say what is missing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vpipe_lab.cli import main
+from vpipe_lab.core.plan import Plan
+from vpipe_lab.wire import bundle as files
+
+
+def test_export_a_plan_over_a_bundled_model_and_import_it_back(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(Plan((0, 3, 8), tuple("kkrkkkkk"), 4).to_json())
+    assert main(["export", str(tmp_path / "b"), "--model", "gpt-tiny", "--plan", str(plan_file)]) == 0
+    bundle = files.read(tmp_path / "b")
+    assert bundle.stages[1].split_at == "3" and bundle.stages[0].recompute == ("2",)
+    assert "exported to" in capsys.readouterr().out
+    out = tmp_path / "back.json"
+    assert main(["import", str(tmp_path / "b"), "--bundle", str(tmp_path / "b"), "-o", str(out)]) == 0
+    assert Plan.from_json(out) == bundle.plan
+
+
+def test_what_is_missing_is_said(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["export", str(tmp_path / "x")]) == 2
+    assert "say whose units" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "x"), "--model", "mlp"]) == 2
+    assert "no plan: give --plan" in capsys.readouterr().err
+    assert main(["import", "Et|tL", "--model", "mlp", "--ranks", "2"]) == 2
+    assert "Megatron-LM lays out an embedding" in capsys.readouterr().err

@@ -1,0 +1,53 @@
+"""A stage's state in DCP's keys, against torch's own flattening: a plain optimizer flattened here is what torch's
+``get_optimizer_state_dict(flatten_optimizer_state_dict=True)`` gives, and loads back; a flattened key finds its
+parameter even when names share a prefix."""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+from vpipe_lab.runtime import dcp_state
+
+
+def trained() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, betas=(0.8, 0.9))
+    for _ in range(2):
+        model(torch.ones(5, 3)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt
+
+
+def test_flattening_is_torchs() -> None:
+    model, opt = trained()
+    ours = dcp_state.flatten_optimizer(dict(model.named_parameters()), opt)
+    theirs = get_optimizer_state_dict(model, opt, options=StateDictOptions(flatten_optimizer_state_dict=True))
+    assert set(ours) == set(theirs)
+    for key, value in theirs.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(ours[key], value), key
+        else:
+            assert ours[key] == value, key
+
+
+def test_flattened_state_loads_into_a_fresh_optimizer() -> None:
+    model, opt = trained()
+    flat = dcp_state.flatten_optimizer(dict(model.named_parameters()), opt)
+    fresh = torch.optim.AdamW(model.parameters(), lr=0.5)
+    dcp_state.load_optimizer(dict(model.named_parameters()), fresh, flat, torch.device("cpu"))
+    assert fresh.param_groups[0]["lr"] == 0.01 and fresh.param_groups[0]["betas"] == (0.8, 0.9)
+    for p in model.parameters():
+        for k, v in opt.state[p].items():
+            assert torch.equal(fresh.state[p][k], v)
+
+
+def test_a_key_finds_the_longest_parameter_name() -> None:
+    params = {"h.1.w", "h.1.w.extra", "h.10.w"}
+    states, options = dcp_state.split_optimizer({"state.h.1.w.extra.exp_avg": 1, "state.h.1.w.exp_avg": 2,
+                                                 "param_groups.h.10.w.lr": 0.1, "state.other.exp_avg": 3}, params)
+    assert states == {"h.1.w.extra": {"exp_avg": 1}, "h.1.w": {"exp_avg": 2}} and options == {"h.10.w": {"lr": 0.1}}
+    assert dcp_state.model_keys("w", {"w": ["a.w", "b.w"]}, set()) == ["a.w", "b.w"]
+    assert dcp_state.model_keys("inv_freq", {}, {"inv_freq"}) == []
