@@ -32,6 +32,15 @@ def _port() -> int:
 
 @pytest.fixture
 def job(tmp_path: Path) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
+    yield from _start(tmp_path, [])
+
+
+@pytest.fixture
+def torch_job(tmp_path: Path) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
+    yield from _start(tmp_path, ["--engine", "torch"])
+
+
+def _start(tmp_path: Path, extra: list[str]) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
     rdzv, control = _port(), _port()
     env = {**os.environ, "VPIPE_LAB_KEY": KEY}
     procs = []
@@ -39,7 +48,7 @@ def job(tmp_path: Path) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                "--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{rdzv}",
                "--max-restarts", "0", "-m", "vpipe_lab.cli", "worker", "--model", "mlp", "--microbatches", "4",
-               "--device", "cpu", "--control-port", str(control)]
+               "--device", "cpu", "--control-port", str(control), *extra]
         procs.append(subprocess.Popen(cmd, env=env, stdout=open(tmp_path / f"node{node}.log", "wb"),
                                       stderr=subprocess.STDOUT, start_new_session=True))
     try:
@@ -106,6 +115,33 @@ def test_clients_without_the_key_are_refused(job: tuple[str, list[subprocess.Pop
             vpipe_lab.attach(address, key="f" * 64, timeout=3)
         session.run(2)
         session.wait(timeout=120)  # the job is unaffected
+    finally:
+        session.stop()
+    for p in procs:
+        assert p.wait(timeout=60) == 0
+
+
+def test_a_torchrun_job_on_the_torch_engine_reshards_and_exports(torch_job: tuple[str, list[subprocess.Popen[bytes]]],
+                                                                  tmp_path: Path) -> None:
+    """``vpipe-lab worker --engine torch`` under torchrun: attached, it trains on torch's runtime, a partition change
+    reshards across the two nodes, and ``vpipe-lab export --attach`` writes the plan in force as a bundle."""
+    from vpipe_lab.cli import main
+    from vpipe_lab.wire import bundle as bundle_files
+
+    address, procs = torch_job
+    session = attach_when_up(address)
+    try:
+        session.run()
+        session.wait(3, timeout=120)
+        at = session.set_partition((0, 3, 10))
+        session.wait(at + 2, timeout=120)
+        frame = session.metrics.iterations
+        assert set(frame[frame.iteration >= at].plan_version) == {1} and frame["loss"].notna().all()
+        key_file = tmp_path / "key"
+        key_file.write_text(KEY)
+        key_file.chmod(0o600)
+        assert main(["export", str(tmp_path / "b"), "--attach", address, "--key-file", str(key_file)]) == 0
+        assert bundle_files.read(tmp_path / "b").plan.boundaries == (0, 3, 10)
     finally:
         session.stop()
     for p in procs:
