@@ -195,3 +195,51 @@ def test_a_unit_captured_on_the_meta_device_is_pointed_at_the_device_it_runs_on(
     assert devices(chain.units[0]) == {"meta"}  # positions and masks are made on the capture's device
     chain.units[0].retarget(torch.device("cpu"))
     assert devices(chain.units[0]) == {"cpu"} and "type='meta'" not in chain.units[0].graph.code
+
+
+class AddBias(torch.nn.Module):
+    """Adds its bias into what it is given, in place (as a residual ``add_`` does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.b = torch.nn.Parameter(torch.randn(6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.add_(self.b)
+
+
+class InPlaceStack(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lins = torch.nn.ModuleList([torch.nn.Linear(6, 6) for _ in range(3)])
+        self.adds = torch.nn.ModuleList([AddBias() for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for lin, add in zip(self.lins, self.adds):
+            x = add(lin(x))
+        return x
+
+
+def test_a_unit_that_writes_what_it_receives_gets_a_copy() -> None:
+    """Cut where a unit adds into the tensor it receives: across a stage boundary that tensor is a leaf of the
+    stage's own graph, which an in-place op may not change; the unit gets a copy, and the gradients are plain
+    PyTorch's."""
+    torch.manual_seed(0)
+    model = InPlaceStack()
+    x = torch.randn(4, 6)
+    chain = capture(model, x, split=["adds.1", "adds.2"])
+    assert [bool(u.copy_keys) for u in chain.units] == [False, True, True]
+    carry, runs = chain.start(x), []
+    for unit in chain.units:  # as stages run them: each unit's input a fresh leaf
+        leaves = {k: v.detach().requires_grad_(v.is_floating_point()) for k, v in carry.items()}
+        carry = unit(leaves)
+        runs.append((leaves, carry))
+    chain.finish(carry).sum().backward()
+    for (_, out), (after, _) in zip(reversed(runs[:-1]), reversed(runs[1:])):  # each gradient sent back a stage
+        keys = [k for k, v in after.items() if v.grad is not None]
+        torch.autograd.backward([out[k] for k in keys], [after[k].grad for k in keys])
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).sum().backward()
+    for got, want in zip(grads, model.parameters()):
+        torch.testing.assert_close(got, want.grad)

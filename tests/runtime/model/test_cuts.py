@@ -22,3 +22,20 @@ def test_resnet_blocks_and_split_choices() -> None:
         capture(model, x, split=["layer5"])
     with pytest.raises(CaptureError, match="chose no module"):
         capture(model, x, split=lambda name, module: False)
+
+
+def test_cuts_fall_between_the_outermost_blocks() -> None:
+    """MobileNetV3 repeats Conv2dNormActivation inside its InvertedResidual blocks more often than the blocks
+    themselves: the cut is between the blocks. GoogLeNet's Inception blocks sit on the model itself; T5's two stacks
+    give way to the blocks they hold; a GPT-2 block's projections are never blocks."""
+    import torchvision
+    import transformers
+
+    assert repeated_blocks(torchvision.models.mobilenet_v3_small()) == [f"features.{i}" for i in range(1, 12)]
+    assert repeated_blocks(torchvision.models.googlenet(init_weights=False))[:2] == ["inception3a", "inception3b"]
+    assert repeated_blocks(torchvision.models.vgg11())[:2] == ["features.0", "features.3"]  # convolutions, not ReLUs
+    t5 = transformers.T5ForConditionalGeneration(transformers.T5Config(num_layers=2, d_model=32, d_ff=64, num_heads=2,
+                                                                       d_kv=16))
+    assert repeated_blocks(t5) == ["encoder.block.0", "encoder.block.1", "decoder.block.0", "decoder.block.1"]
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2))
+    assert repeated_blocks(gpt2) == ["transformer.h.0", "transformer.h.1"]

@@ -34,6 +34,13 @@ def leafify(value: Any, grad: bool = True) -> tuple[Any, tuple[torch.Tensor, ...
     return pytree.tree_map(fresh, value), tuple(leaves)
 
 
+def copied(value: Any) -> Any:
+    """The same structure with every tensor that requires grad cloned (a differentiable copy a layer may change)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone() if value.requires_grad else value
+    return pytree.tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) and v.requires_grad else v, value)
+
+
 def detach(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.detach()

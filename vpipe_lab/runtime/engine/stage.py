@@ -31,7 +31,7 @@ from vpipe_lab.runtime.engine.memory import Ledger, optimizer_bytes, tensor_byte
 from vpipe_lab.runtime.engine.optim import OptimizerFactory, SchedulerFactory, StageOptimizer
 from vpipe_lab.runtime.engine.stash import WeightStash
 from vpipe_lab.runtime.engine.swap import SwapEngine
-from vpipe_lab.runtime.model.capture import UnitTensors
+from vpipe_lab.runtime.model.capture import GraphUnit, UnitTensors
 from vpipe_lab.runtime.model.units import Layer, LayerStats, get_tensor, layer_seed, set_tensor, tensors_of
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,7 @@ class Stage:
         self.mb_offset = 0  # replica r's micro-batch m is the global batch's micro-batch r * M + m (dropout seeds)
         self.probing = True  # profiling iterations also time each layer at other micro-batch sizes (see probe)
         self._unprobed: set[int] = set()  # layers whose probe failed
+        self._inplace: dict[int, bool] = {}  # layer -> whether it may write its input in place (_writes_input)
         self._ctx: dict[tuple[int, int], Any] = {}  # (micro-batch, segment's first layer) -> autograd state
         self._losses: dict[tuple[int, int], tuple[Callable[[Any, Any], torch.Tensor], Any]] = {}
         self._kept_bytes: dict[tuple[Any, ...], dict[int, int]] = {}  # (segment, input shapes) -> bytes saved per layer
@@ -224,6 +225,8 @@ class Stage:
 
     def _run(self, mb: int, segment: Segment, x: Any, record: bool) -> Any:
         """The segment's layers in order, each seeded for itself; ``record`` registers what each saves."""
+        if self._writes_input(segment[0]):  # see _writes_input: a copy, made once, that the layer may change
+            x = recompute.copied(x)
         for index in segment:
             self._seed(layer_seed(self.seed, self.iteration, mb + self.mb_offset, index))
             layer = self.layers[index]
@@ -279,6 +282,19 @@ class Stage:
                              "linear in the micro-batch size", segment[0], type(exc).__name__, exc)
                     self._unprobed.add(segment[0])
         return result
+
+    def _writes_input(self, index: int) -> bool:
+        """Whether layer ``index`` (an ``nn.Sequential`` child) may write its input in place: it holds a module
+        built ``inplace=True`` (a ReLU). A received input is a leaf of its stage's autograd graph, which an in-place op
+        may not change, so the layer gets a copy (captured units know exactly which inputs they write:
+        ``capture.GraphUnit``)."""
+        found = self._inplace.get(index)
+        if found is None:
+            module = self.layers[index].module
+            found = not isinstance(module, GraphUnit) and any(getattr(m, "inplace", False) is True
+                                                              for m in module.modules())
+            self._inplace[index] = found
+        return found
 
     def rebuilds(self, mb: int, segment: Segment) -> bool:
         """Whether the segment's backward must first rebuild its graph (a recomputed segment not rebuilt yet)."""

@@ -78,13 +78,19 @@ def unit_tensors(module: nn.Module, canonical: dict[int, str], prefix: str = "")
 class GraphUnit(nn.Module):
     """One piece of the captured graph: takes the carry, runs its nodes, returns the carry for the next unit."""
 
-    def __init__(self, graph: nn.Module, in_keys: list[str], out_keys: list[str], carry_keys: list[str]) -> None:
+    def __init__(self, graph: nn.Module, in_keys: list[str], out_keys: list[str], carry_keys: list[str],
+                 copy_keys: set[str] | None = None) -> None:
         super().__init__()
         self.graph = graph
         self.in_keys, self.out_keys, self.carry_keys = in_keys, out_keys, carry_keys
+        # Inputs the graph writes in place (a residual ``add_`` on what it received): it gets a copy, made once,
+        # since a received tensor is a leaf of its own autograd graph and must not change.
+        self.copy_keys = copy_keys if copy_keys is not None else written_inputs(graph)
 
     def forward(self, carry: Carry) -> Carry:
-        produced = dict(zip(self.out_keys, self.graph(*(carry[k] for k in self.in_keys))))
+        args = (carry[k].clone() if k in self.copy_keys and isinstance(carry[k], torch.Tensor) else carry[k]
+                for k in self.in_keys)
+        produced = dict(zip(self.out_keys, self.graph(*args)))
         return {k: produced[k] if k in produced else carry[k] for k in self.carry_keys}
 
     def retarget(self, device: torch.device) -> None:
@@ -120,7 +126,22 @@ class GraphUnit(nn.Module):
                   and node.args[0].op == "get_attr"):
                 node.replace_all_uses_with(node.args[0])
                 graph.erase_node(node)
-        return GraphUnit(torch.fx.GraphModule(self.graph, graph), self.in_keys, self.out_keys, self.carry_keys)
+        return GraphUnit(torch.fx.GraphModule(self.graph, graph), self.in_keys, self.out_keys, self.carry_keys,
+                         self.copy_keys)
+
+
+def written_inputs(graph: nn.Module) -> set[str]:
+    """The placeholders of ``graph`` that one of its ops writes in place (``add_``, ``relu_``: the schema says)."""
+    found: set[str] = set()
+    for node in graph.graph.nodes:  # type: ignore[union-attr]
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None:
+            continue
+        for arg, spec in zip(node.args, schema.arguments):
+            if isinstance(arg, torch.fx.Node) and arg.op == "placeholder" and spec.alias_info is not None \
+                    and spec.alias_info.is_write:
+                found.add(arg.name)
+    return found
 
 
 def for_inference(unit: nn.Module) -> tuple[nn.Module, bool]:

@@ -17,18 +17,63 @@ from vpipe_lab.runtime.model.capture_problems import CaptureError
 SplitSpec = Sequence[str] | Callable[[str, nn.Module], bool] | None
 
 
+CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)  # hold blocks; never blocks themselves
+
+
+ENOUGH = 4  # blocks that give a pipeline room; an outer group with fewer gives way to a larger one inside it
+
+
 def repeated_blocks(model: nn.Module) -> list[str]:
-    """The model's repeated blocks: children of ModuleLists/Sequentials, of the class that repeats most often."""
-    by_class: dict[type, list[str]] = {}
-    for name, module in model.named_modules():
-        if isinstance(module, (nn.ModuleList, nn.Sequential)) and len(module) >= 2:
-            for child_name, child in module.named_children():
-                by_class.setdefault(type(child), []).append(f"{name}.{child_name}" if name else child_name)
-    if not by_class:
+    """The model's outermost repeated blocks, where a cut falls between whole blocks.
+
+    A candidate is a class that repeats among the children of one kind of parent (one class at one depth, of any
+    module: ``transformer.h.*``, ResNet's ``layer1.0 ... layer4.1``, GoogLeNet's ``inception3a ... inception5b`` on
+    the model itself). Plain containers (Sequential, ModuleList, ModuleDict) hold blocks and are never blocks, and
+    torch's primitives (Linear, ReLU) count only where they sit in such a container or on the model itself (VGG's
+    ``features``), not inside a block (the query/key/value of an attention). Cuts go between the outermost blocks,
+    never inside a block whose residual add (or any in-place op) spans its own layers: torchvision's MobileNetV3
+    repeats ``Conv2dNormActivation`` inside each ``InvertedResidual`` more often than the blocks themselves. An
+    outer group of fewer than ``ENOUGH`` blocks gives way to a larger group held in containers inside it (T5's two
+    ``T5Stack`` modules hold its ``T5Block`` modules in a ModuleList; a GPT-2 block's projections are not held so).
+    Among groups of one level: the model's own classes before torch's primitives, classes with
+    parameters before those without (VGG's Conv2d, not its ReLUs), then the most repeated."""
+    modules = dict(model.named_modules())
+    groups: dict[tuple[int, type], list[str]] = {}
+    held: dict[tuple[int, type], bool] = {}  # every member sits in a container
+    for name, module in modules.items():
+        depth = name.count(".") + 1 if name else 0
+        holder = isinstance(module, CONTAINERS) or not name
+        for child_name, child in module.named_children():
+            primitive = type(child).__module__.startswith("torch.nn")
+            if type(child) not in CONTAINERS and (holder or not primitive):
+                key = (depth, type(child))
+                groups.setdefault(key, []).append(f"{name}.{child_name}" if name else child_name)
+                held[key] = held.get(key, True) and isinstance(module, CONTAINERS)
+    found = {key: names for key, names in groups.items() if len(names) >= 2}
+
+    def within(key: tuple[int, type], outer: list[str]) -> bool:
+        return all(any(n.startswith(m + ".") for m in outer) for n in found[key])
+
+    def outermost(keys: list[tuple[int, type]]) -> list[tuple[int, type]]:
+        """The groups none of whose members lies inside another group's member."""
+        return [k for k in keys if not within(k, [m for o in keys if o != k for m in found[o]])]
+
+    def rank(key: tuple[int, type]) -> tuple[bool, bool, int]:
+        own_class = not key[1].__module__.startswith("torch.nn")
+        has_params = any(True for _ in modules[found[key][0]].parameters())
+        return own_class, has_params, len(found[key])
+
+    level = outermost(list(found))
+    if not level:
         return []
-    # Prefer the model's own block classes (GPT2Block, BasicBlock) over torch's primitives; then the most repeated.
-    best = max(by_class.items(), key=lambda kv: (not kv[0].__module__.startswith("torch.nn"), len(kv[1])))
-    return best[1] if len(best[1]) >= 2 else []
+    best = max(level, key=rank)
+    while len(found[best]) < ENOUGH:
+        inner = outermost([k for k in found if k != best and held[k] and within(k, found[best])])
+        if not inner or len(found[max(inner, key=rank)]) <= len(found[best]):
+            break
+        best = max(inner, key=rank)
+    order = {n: i for i, n in enumerate(modules)}
+    return sorted(found[best], key=order.__getitem__)
 
 
 def split_points(model: nn.Module, split: SplitSpec) -> list[str]:
