@@ -46,9 +46,12 @@ def repeated_blocks(model: nn.Module) -> list[str]:
         for child_name, child in module.named_children():
             primitive = type(child).__module__.startswith("torch.nn")
             if type(child) not in CONTAINERS and (holder or not primitive):
-                key = (depth, type(child))
-                groups.setdefault(key, []).append(f"{name}.{child_name}" if name else child_name)
-                held[key] = held.get(key, True) and isinstance(module, CONTAINERS)
+                path = f"{name}.{child_name}" if name else child_name
+                # a class repeating at this depth; and, whatever their classes, the layers of the ModuleLists at
+                # this depth (BART's encoder and decoder layers are two classes in two stacks)
+                for key in ((depth, type(child)), *(((depth, nn.ModuleList),) if type(module) is nn.ModuleList else ())):
+                    groups.setdefault(key, []).append(path)
+                    held[key] = held.get(key, True) and isinstance(module, CONTAINERS)
     found = {key: names for key, names in groups.items() if len(names) >= 2}
 
     def within(key: tuple[int, type], outer: list[str]) -> bool:
@@ -59,7 +62,7 @@ def repeated_blocks(model: nn.Module) -> list[str]:
         return [k for k in keys if not within(k, [m for o in keys if o != k for m in found[o]])]
 
     def rank(key: tuple[int, type]) -> tuple[bool, bool, int]:
-        own_class = not key[1].__module__.startswith("torch.nn")
+        own_class = not type(modules[found[key][0]]).__module__.startswith("torch.nn")
         has_params = any(True for _ in modules[found[key][0]].parameters())
         return own_class, has_params, len(found[key])
 

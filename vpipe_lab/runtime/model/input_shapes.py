@@ -1,6 +1,7 @@
-"""Which input shapes a captured graph takes: the model is exported with every dimension of every input free to
-vary, torch.export keeps symbolic what the model's code lets vary (batch size, sequence length, image size) and
-specialises the rest, and a new micro-batch is checked against what it kept before it runs.
+"""Which input shapes a captured graph takes: the model is exported with the dimensions of its inputs free to vary
+(all of them, but an image's spatial sizes: ``free_dims``), torch.export keeps symbolic what the model's code lets
+vary (batch size, sequence length) and specialises the rest, and a new micro-batch is checked against what it kept
+before it runs.
 
 The rule is the exported graph's own: each input dimension is a number (specialised: must be equal) or a symbol
 (any value in the symbol's range; the same symbol means the same size, e.g. ``input_ids`` and ``attention_mask``
@@ -18,12 +19,26 @@ import torch
 from torch.utils import _pytree as pytree
 
 
+SPATIAL_FROM = 4  # float inputs of this many dimensions or more are images or videos: their spatial sizes stay fixed
+
+
+def free_dims(leaf: torch.Tensor) -> range:
+    """The dimensions of an input tensor left to the model (``Dim.AUTO``): all of them (token ids, masks, sequences of
+    features: a padding collator gives every batch its own length), except the spatial sizes of images and videos
+    (float inputs of 4+ dimensions), of which only the batch is free. Symbolic spatial sizes cost minutes of torch's
+    shape reasoning in windowed models (a tiny Swin's capture took 54 s with them, 1 s without) and are rarely
+    wanted: an image of another size is captured again for it (``recapture.py``)."""
+    if leaf.is_floating_point() and leaf.dim() >= SPATIAL_FROM:
+        return range(1)
+    return range(leaf.dim())
+
+
 def dynamic_spec(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """torch.export's ``dynamic_shapes`` with every dimension of every input tensor left to the model (``Dim.AUTO``)."""
+    """torch.export's ``dynamic_shapes`` with the input dimensions ``free_dims`` says left to the model."""
     shapes = torch.export.ShapesCollection()
     for leaf in pytree.tree_leaves((args, kwargs)):
         if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
-            shapes[leaf] = {d: torch.export.Dim.AUTO for d in range(leaf.dim())}
+            shapes[leaf] = {d: torch.export.Dim.AUTO for d in free_dims(leaf)}
     return shapes.dynamic_shapes(model, args, kwargs)
 
 
