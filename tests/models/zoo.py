@@ -259,3 +259,39 @@ ZOO: dict[str, Entry] = {
     "convnext (torchvision)": Entry("convnet", convnext_tv, image_data, sgd),
     "swin (torchvision)": Entry("vision transformer", swin_tv, image_data),
 }
+
+
+def check(name: str) -> list[str]:
+    """Train zoo model ``name`` 2 iterations on 2 stages (2 micro-batches, the default cut) and in one plain process
+    with the same micro-batches, and assert they agree: every loss, parameter and buffer. The plain process runs on
+    one thread, as the workers do: these tiny batch-normalised convnets are so ill-conditioned that one thread or two
+    alone moves a weight of RegNet by 46 after two steps (tests/models/README note in docs/models.md). Returns the
+    units' names."""
+    import vpipe_lab
+    from tests.runtime import reference
+    from vpipe_lab.runtime.engine.executor import default_loss
+
+    entry = ZOO[name]
+    with vpipe_lab.launch(entry.model, entry.data, stages=2, microbatches=2, optimizer=entry.optimizer, device="cpu",
+                          timeout=300, start_timeout=300) as session:
+        session.run(2)
+        session.wait(timeout=300)
+        losses = list(session.metrics.iterations["loss"])
+        state = session.state_dict()
+        names = list(session.names)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model, expected = reference.train(entry.model, entry.data, default_loss, entry.optimizer, iterations=2,
+                                          microbatches=2)
+    finally:
+        torch.set_num_threads(threads)
+    assert losses == pytest_approx(expected), name
+    reference.assert_state_matches(state, model)
+    return names
+
+
+def pytest_approx(values: list[float]) -> Any:
+    import pytest
+
+    return pytest.approx(values, rel=1e-5)

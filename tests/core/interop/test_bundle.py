@@ -77,3 +77,10 @@ def test_unit_info_round_trip_and_block_class() -> None:
     assert UnitInfo.from_dict(u.to_dict()) == u and u.block_class == "GPT2Block"
     assert GPT2[0].block_class is None and GPT2[-1].block_class is None
     assert Policy.RECOMPUTE.value == "recompute"
+
+
+def test_a_cut_between_calls_of_one_module_cannot_be_exported() -> None:
+    units = [UnitInfo("embed", ("embed",), "pre"), UnitInfo("g", ("enc.group",), "block:G"),
+             UnitInfo("g@1", ("enc.group@1",), "block:G"), UnitInfo("head", ("head",), "post")]
+    with pytest.raises(PlanError, match="split at modules, not at calls"):
+        make(Plan((0, 2, 4), ("keep",) * 4, 2), units)

@@ -39,3 +39,18 @@ def test_cuts_fall_between_the_outermost_blocks() -> None:
     assert repeated_blocks(t5) == ["encoder.block.0", "encoder.block.1", "decoder.block.0", "decoder.block.1"]
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2))
     assert repeated_blocks(gpt2) == ["transformer.h.0", "transformer.h.1"]
+
+
+def test_a_module_called_again_and_again_is_cut_between_its_calls() -> None:
+    """ALBERT applies one layer group at every depth: no block repeats, one module's calls do; each call is a
+    unit (the shared weights are then a tie across the stages that hold those units)."""
+    from tests.models import zoo as models
+
+    model = models.albert().train()
+    inputs, _ = models.lm_data(0)
+    chain = capture(model, {k: v[:4] for k, v in inputs.items()})
+    group = "albert.encoder.albert_layer_groups.0"
+    assert chain.names[1:5] == [group, f"{group}@1", f"{group}@2", f"{group}@3"]
+    shared = {c for _, c in chain.tensors[1].params}
+    assert shared and all({c for _, c in chain.tensors[i].params} == shared for i in range(2, 5))
+    assert capture(model, {k: v[:4] for k, v in inputs.items()}, split=[f"{group}@2"]).names[1] == f"{group}@2"

@@ -176,6 +176,11 @@ def check_units(units: Sequence[UnitInfo], plan: Plan) -> None:
     if bare:
         raise PlanError(f"units {bare[:3]} run no module of their own (glue code only), so no module name can say where "
                         "they go: capture the model with other split points (launch(split=[...]))")
+    calls = [m for u in units for m in u.modules if "@" in m]
+    if calls:
+        raise PlanError(f"the model calls one module several times and the lab cut it between those calls ({calls[0]}: "
+                        "a later call of a shared module): torch.distributed.pipelining, torchtitan and Megatron-LM "
+                        "split at modules, not at calls, so this partition cannot be exported")
 
 
 def make(plan: Plan, units: Sequence[UnitInfo], *, microbatch_size: int | None = None,

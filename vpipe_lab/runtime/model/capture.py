@@ -22,7 +22,14 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from vpipe_lab.runtime.model.capture_problems import CaptureError, generation_cache_off, why
-from vpipe_lab.runtime.model.cuts import SplitSpec, assign, module_paths, split_points
+from vpipe_lab.runtime.model.cuts import (
+    SplitSpec,
+    assign,
+    base_path,
+    call_paths,
+    repeated_calls,
+    split_points,
+)
 from vpipe_lab.runtime.model.input_shapes import InputRule, describe_leaves, dynamic_spec
 from vpipe_lab.runtime.model.sizes import is_size, size_recipes
 
@@ -292,9 +299,11 @@ def capture(model: nn.Module, example: Any, split: SplitSpec = None) -> Chain:
                                f"{why(exc)}") from exc
         dynamic = False
     gm = exported.module()
+    if split is None and len(points) < 2:  # no repeated blocks: maybe one module called again and again (ALBERT)
+        points = repeated_calls(gm) or points
     cut = assign(gm, points)
     part, names = cut.part, cut.names
-    reached = {p for node in part for p in module_paths(node)}
+    reached = {p for node in part for p in call_paths(node)}
     missing = [p for p in points if p not in reached]
     if missing:
         raise CaptureError(f"split points {missing} never run in {type(model).__name__}.forward; split at modules "
@@ -305,7 +314,7 @@ def capture(model: nn.Module, example: Any, split: SplitSpec = None) -> Chain:
     chain.state_keys = list(model.state_dict(keep_vars=True))
     classes = {name: type(module).__name__ for name, module in model.named_modules()}
     chain.modules = cut.modules
-    chain.kinds = [f"block:{classes.get(m[0], '?') if m else '?'}" if kind == "block" else kind
+    chain.kinds = [f"block:{classes.get(base_path(m[0]), '?') if m else '?'}" if kind == "block" else kind
                    for kind, m in zip(cut.kinds, cut.modules)]
     return chain
 

@@ -95,19 +95,58 @@ def split_points(model: nn.Module, split: SplitSpec) -> list[str]:
         return chosen
     names = [split] if isinstance(split, str) else list(split)
     for name in names:
+        base, at, call = name.partition("@")  # "module@k": the module's (k+1)-th call (a module called several times)
+        if at and call.isdigit() and base in modules:
+            continue
         if name not in modules or not name:
             close = difflib.get_close_matches(name, list(modules), n=3)
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
             raise CaptureError(f"split point {name!r} is not a submodule of {type(model).__name__}{hint} "
                                "(names are as in model.named_modules())")
     order = {n: i for i, n in enumerate(modules)}
-    return sorted(dict.fromkeys(names), key=order.__getitem__)
+    return sorted(dict.fromkeys(names), key=lambda n: (order[n.partition("@")[0]], int(n.partition("@")[2] or 0)))
 
 
 def module_paths(node: torch.fx.Node) -> list[str]:
     """The modules a graph node ran in, outermost first (torch.export marks nodes outside any module, such as a
     symbolic size read off an input, with a made-up path: not a module)."""
     return [v[0] for v in (node.meta.get("nn_module_stack") or {}).values() if not v[0].startswith("_empty_nn_module")]
+
+
+CALL_PREFIX = "L__self__"  # how torch.export keys a node's module: "L__self__<path>", "@k" after the (k+1)-th call
+
+
+def call_paths(node: torch.fx.Node) -> list[str]:
+    """``module_paths``, each with the call it ran in when the model calls that module more than once: ALBERT's one
+    shared layer group runs as ``albert.encoder.albert_layer_groups.0``, ``...0@1``, ``...0@2``, ... ."""
+    out = []
+    for key, value in (node.meta.get("nn_module_stack") or {}).items():
+        if value[0].startswith("_empty_nn_module"):
+            continue
+        call = key.rpartition("@")[2] if "@" in key and key.startswith(CALL_PREFIX) else ""
+        out.append(f"{value[0]}@{call}" if call.isdigit() else value[0])
+    return out
+
+
+def base_path(qualified: str) -> str:
+    """A module's path without the call it ran in."""
+    return qualified.partition("@")[0]
+
+
+def repeated_calls(gm: torch.fx.GraphModule) -> list[str]:
+    """Where a model with no repeated blocks repeats a module instead (ALBERT applies one layer group at every
+    depth): the outermost module called more than once, one split point per call (``path``, ``path@1``, ...)."""
+    calls: dict[str, list[str]] = {}
+    for node in gm.graph.nodes:
+        for qualified in call_paths(node):
+            calls.setdefault(base_path(qualified), [])
+            if qualified not in calls[base_path(qualified)]:
+                calls[base_path(qualified)].append(qualified)
+    repeated = [path for path, seen in calls.items() if len(seen) >= 2]
+    if not repeated:
+        return []
+    outer = min(repeated, key=lambda p: (p.count("."), -len(calls[p])))
+    return calls[outer]
 
 
 @dataclass(frozen=True)
@@ -130,7 +169,7 @@ def assign(gm: torch.fx.GraphModule, points: list[str]) -> Cut:
     index = {p: i for i, p in enumerate(points)}
 
     def point_of(node: torch.fx.Node) -> int | None:
-        for path in module_paths(node):
+        for path in call_paths(node):
             if path in index:
                 return index[path]
         return None
@@ -152,7 +191,7 @@ def assign(gm: torch.fx.GraphModule, points: list[str]) -> Cut:
             current = len(points) + 1  # the first node after the last split module: the tail unit begins
         in_point = p is not None
         part[node] = current
-        for path in module_paths(node):
+        for path in call_paths(node):
             units_of.setdefault(path, set()).add(current)
             seen.setdefault(current, {})[path] = None
     used = sorted(set(part.values()))
@@ -163,9 +202,10 @@ def assign(gm: torch.fx.GraphModule, points: list[str]) -> Cut:
 
 
 def outermost(owned: list[str]) -> list[str]:
-    """The outermost of the modules that run wholly inside a unit, in the order they ran."""
+    """The outermost of the modules that run wholly inside a unit, in the order they ran (a call of a module called
+    several times keeps its ``@k``)."""
     real = [p for p in owned if p]
-    return [p for p in real if not any(p.startswith(q + ".") for q in real)]
+    return [p for p in real if not any(base_path(p).startswith(base_path(q) + ".") for q in real)]
 
 
 def unit_name(top: list[str]) -> str:

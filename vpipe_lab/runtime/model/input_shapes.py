@@ -18,7 +18,6 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-
 SPATIAL_FROM = 4  # float inputs of this many dimensions or more are images or videos: their spatial sizes stay fixed
 
 
