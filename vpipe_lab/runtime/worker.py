@@ -26,6 +26,7 @@ from vpipe_lab.runtime.engine.device import Clock, select
 from vpipe_lab.runtime.engine.executor import Executor, IterationResult, default_loss
 from vpipe_lab.runtime.engine.stage import Stage
 from vpipe_lab.runtime.migrate import Migration
+from vpipe_lab.runtime.model import counting
 from vpipe_lab.runtime.model.batches import Source, batch_size, signature, split
 from vpipe_lab.runtime.model.callables import load_callables
 from vpipe_lab.runtime.model.capture import to_meta
@@ -46,6 +47,18 @@ from vpipe_lab.wire.codec import Body, from_doc
 from vpipe_lab.wire.jobspec import JobSpec
 
 log = logging.getLogger("vpipe_lab.worker")
+
+
+def _shell(model_fn: Any, seed: int) -> torch.nn.Module | None:
+    """The model without memory (meta device), to read how its own loss counts labels; None if it cannot build so."""
+    if isinstance(model_fn, torch.nn.Module):
+        return model_fn
+    try:
+        from vpipe_lab.runtime.build import on_meta
+
+        return on_meta(model_fn, seed)[0]
+    except Exception:  # a factory that needs real tensors: its labels are then counted without a shift
+        return None
 
 
 class Worker(WorkerCommands):
@@ -72,6 +85,8 @@ class Worker(WorkerCommands):
         self.peer = Peer(self.global_rank, world * self.replicas,
                          self.placement.device if self.placement.is_cuda else torch.device("cpu"), spec.timeout_s,
                          base=self.replica * world, replicas=self.replicas)
+        # Rank 0 reads the data: batches whose labels ignore positions are counted (runtime/model/counting.py)
+        self.rule = counting.Rule.of(_shell(fns.model, spec.seed)) if index == 0 else counting.Rule()
         self.source = Source(fns.data, spec.start_iteration) if index == 0 else None
         self.chain, self.plan = build_chain(spec, self.model_fn, self.split, index, world, self.peer, self._first_inputs)
         self.num_layers, self.names = len(self.chain), list(self.chain.names)
@@ -259,6 +274,7 @@ class Worker(WorkerCommands):
         rank 0 itself), which alone needs them."""
         it = self.ctl.iteration
         batch: tuple[Any, Any] | None = None
+        counts: list[int] | None = None
         self.samples = None
         if self.index == 0:
             assert self.source is not None
@@ -266,18 +282,23 @@ class Worker(WorkerCommands):
             inputs = shard(inputs, self.replica, self.replicas, "inputs")
             targets = shard(targets, self.replica, self.replicas, "targets")
             self.samples = batch_size(inputs)
+            counts = counting.counts(inputs, targets, self.plan.microbatches, self.rule)
             if self.shapes.agreed is None:
                 self.shapes.agreed = signature(inputs, targets)
-            if self.plan.loss_stage != 0:
-                self.peer.post_send(targets, self.plan.loss_stage, TAG_TARGET, agreed=True, exact=True)
+            if self.plan.loss_stage != 0:  # the counts go along, always as M numbers (-1: none), so the shapes hold
+                told = torch.tensor(counts if counts is not None else [-1] * self.plan.microbatches)
+                self.peer.post_send({"targets": targets, "counts": told}, self.plan.loss_stage, TAG_TARGET,
+                                    agreed=True, exact=True)
             batch = (inputs, targets)
         elif self.index == self.plan.loss_stage:
-            batch = (None, self.peer.wait(self.peer.post_recv(0, TAG_TARGET, agreed=True)))
+            got = self.peer.wait(self.peer.post_recv(0, TAG_TARGET, agreed=True))
+            batch = (None, got["targets"])
+            counts = [int(c) for c in got["counts"].tolist()] if int(got["counts"][0]) >= 0 else None
         self.stage.mb_offset = self.replica * self.plan.microbatches
         profile, drop = self.profiling.next(it)
         if drop:
             self.stage.reset_stats()
-        return self.executor.run(it, self.plan, batch, profile=profile, sizes=self.shapes.sizes)
+        return self.executor.run(it, self.plan, batch, profile=profile, sizes=self.shapes.sizes, counts=counts)
 
     def finish(self, result: IterationResult, failed: bool, memory: dict[str, Any], stepped: StepReport | None
                ) -> bool:
@@ -307,5 +328,5 @@ class Worker(WorkerCommands):
         self.send(E.IterationReport(
             result.iteration, self.index, result.start_s, result.end_s, result.losses, memory, spans,
             self.plan.microbatches, self.ctl.plan_version, self.replica, self.samples, result.sizes,
-            step.grad_norm, step.lr, step.loss_scale, step.skipped))
+            step.grad_norm, step.lr, step.loss_scale, step.skipped, result.loss_sum))
 

@@ -155,7 +155,12 @@ def combine(iteration: int, parts: list[IterationReport]) -> dict[str, Any]:
 
 
 def batch_loss(lasts: list[IterationReport]) -> float:
-    """The mean loss of the loss stages' micro-batches, each counted by its samples (``sizes``; equal without them)."""
+    """The mean loss of the loss stages' micro-batches, each counted by its samples (``sizes``; equal without them);
+    where the losses are shares of the batch's loss (``loss_sum``: labels with ignored positions, normalised by the
+    batch's count of items), their sum, averaged over the replicas."""
+    shares = [sum(body.losses) for body in lasts if body.loss_sum]
+    if shares:
+        return sum(shares) / len(shares)
     total = weight = 0.0
     for body in lasts:
         sizes = body.sizes or []

@@ -78,6 +78,7 @@ class IterationReport(Body):
     lr: float | None = None
     loss_scale: float | None = None
     skipped: bool | None = None
+    loss_sum: bool = False  # the losses are micro-batches' shares of the batch's loss (items counted): their sum is it
 
 
 @dataclass

@@ -39,6 +39,7 @@ from vpipe_lab.runtime.engine import faults
 from vpipe_lab.runtime.engine.comm import TAG_BACKWARD, TAG_EVAL, TAG_FORWARD, Incoming, Peer
 from vpipe_lab.runtime.engine.device import Clock, Placement, Stopwatch
 from vpipe_lab.runtime.engine.stage import Stage
+from vpipe_lab.runtime.model import counting
 from vpipe_lab.runtime.model.batches import loss_with_check, split, to_device
 from vpipe_lab.runtime.model.capture import Chain, for_inference
 
@@ -60,9 +61,11 @@ _COMM = (Op.SEND_F, Op.SEND_B, Op.RECV_F, Op.RECV_B)
 _UNLABELLED = nullcontext()
 
 
-def default_loss(output: Any, target: Any) -> torch.Tensor:
+def default_loss(output: Any, target: Any, num_items_in_batch: int | None = None) -> torch.Tensor:
     """The model's own loss when it computed one (HuggingFace models given ``labels``); else cross-entropy over the
-    last dimension for integer targets and mean squared error otherwise, on the logits when the output has them."""
+    last dimension for integer targets (positions marked -100 ignored; with ``num_items_in_batch`` the sum over this
+    micro-batch divided by the whole batch's count: ``runtime/model/counting.py``) and mean squared error otherwise,
+    on the logits when the output has them."""
     own = getattr(output, "loss", None) if not isinstance(output, dict) else output.get("loss")
     if target is None:
         if own is None:
@@ -73,7 +76,10 @@ def default_loss(output: Any, target: Any) -> torch.Tensor:
         logits = getattr(output, "logits", None) if not isinstance(output, dict) else output.get("logits")
         output = logits if logits is not None else output[0]
     if isinstance(target, torch.Tensor) and not target.is_floating_point():
-        return torch.nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+        logits, labels = output.reshape(-1, output.shape[-1]), target.reshape(-1)
+        if num_items_in_batch is not None:
+            return torch.nn.functional.cross_entropy(logits, labels, reduction="sum") / num_items_in_batch
+        return torch.nn.functional.cross_entropy(logits, labels)
     return torch.nn.functional.mse_loss(output, target)
 
 
@@ -94,6 +100,7 @@ class IterationResult:
     spans: list[tuple[str, int, int | None, float, float, int]] = field(default_factory=list)  # ..., chunk
     violation: BudgetViolation | None = None
     sizes: list[int] | None = None  # samples per micro-batch: the losses' weights in the iteration's loss
+    loss_sum: bool = False  # the losses are the micro-batches' shares of the batch's loss (counted items): sum them
 
 
 class Executor:
@@ -107,6 +114,7 @@ class Executor:
         self.watch = Stopwatch(placement, clock)
         self.chain = chain
         self.loss_fn = loss_with_check(loss_fn, chain.finish if chain is not None else (lambda out: out))
+        self.loss_counts = counting.names_count(loss_fn)  # the loss takes the batch's count of items
         self.budget = budget
         self.record_spans = record_spans
         self._schedule: tuple[Plan, Schedule, dict[int, Step | None], dict[Op, Step | None]] | None = None
@@ -146,10 +154,12 @@ class Executor:
             result.violation = BudgetViolation(self.rank, used, self.budget, kept)
 
     def run(self, iteration: int, plan: Plan, batch: tuple[Any, Any] | None, profile: bool = False,
-            sizes: list[int] | None = None) -> IterationResult:
+            sizes: list[int] | None = None, counts: list[int] | None = None) -> IterationResult:
         """One iteration; ``profile`` runs every layer on its own and times it (with the device synchronised).
         ``sizes``: the samples in each micro-batch (agreed by every rank: runtime/shape_epochs.py). When they differ
-        (a short last batch) each micro-batch's loss counts by its samples, and each transfer says its shapes."""
+        (a short last batch) each micro-batch's loss counts by its samples, and each transfer says its shapes.
+        ``counts`` (the loss stage): each micro-batch's counted items when its labels ignore some positions; the
+        losses are then normalised by the batch's count (``runtime/model/counting.py``)."""
         rank, last = self.rank, self.rank == plan.loss_stage
         m = plan.microbatches
         stage, peer = self.stage, self.peer
@@ -160,6 +170,9 @@ class Executor:
         uneven = sizes is not None and len(sizes) == m and len(set(sizes)) > 1
         stage.scales = [self.loss_multiplier * (n / sum(sizes)) for n in sizes] if (
             uneven and sizes and not stage.stash.on) else None
+        loss_fn, weights = self._counted(plan, batch, counts)
+        if weights is not None:
+            stage.scales = [self.loss_multiplier * w for w in weights]
         agreed = not uneven  # shapes agreed once per epoch only when every micro-batch has them
         stage.iteration = iteration
         stage.split_backward(plan.schedule in SPLIT)  # B then W (core/zero_bubble.py), or one backward
@@ -244,7 +257,7 @@ class Executor:
                     self._check_budget(result)
                 if c == top:
                     target = to_device(targets[mb], self.placement.device)  # type: ignore[index]
-                    losses.append(stage.attach_loss(mb, segs[c][-1], x, self.loss_fn, target, timer))
+                    losses.append(stage.attach_loss(mb, segs[c][-1], x, loss_fn, target, timer))
                 else:
                     outputs[(c, mb)] = x
             elif op is Op.SEND_F:
@@ -290,8 +303,24 @@ class Executor:
         seconds = self.watch.seconds
         result.spans = [(kind, mb, layer, seconds(a), seconds(b), c) for kind, mb, layer, a, b, c in marks]
         result.losses = [float(v) for v in losses]
+        if weights is not None and losses:  # each micro-batch's share of the batch's loss: the iteration's is their sum
+            result.losses = [v * w for v, w in zip(result.losses, weights)]
+            result.loss_sum = True
         result.sizes = list(sizes) if sizes is not None else None
         return result
+
+    def _counted(self, plan: Plan, batch: tuple[Any, Any] | None, counts: list[int] | None
+                 ) -> tuple[LossFn, list[float] | None]:
+        """The loss to call and each micro-batch's weight in the iteration's loss when labels ignore positions
+        (``runtime/model/counting.py``): 1 each where the loss takes ``num_items_in_batch`` (then over the batch's
+        count), else its share of the count. None: weights as before (1/M, or samples)."""
+        total = sum(counts) if counts else 0
+        if not counts or total <= 0 or self.stage.stash.on or len(counts) != plan.microbatches:
+            return self.loss_fn, None
+        own = batch is None or batch[1] is None  # the model computes its loss from labels among its inputs
+        if not own and self.loss_counts:
+            return counting.with_count(self.loss_fn, total), [1.0] * len(counts)
+        return self.loss_fn, [c / total for c in counts]
 
     def evaluate(self, plan: Plan, batch: tuple[Any, Any] | None) -> list[float]:
         """Forward only, micro-batch after micro-batch (no schedule is needed without a backward); returns the last

@@ -158,8 +158,8 @@ def described_leaves(desc: dict[str, Any]) -> list[tuple[str, Any, Any]]:
 def loss_with_check(loss_fn: Callable[[Any, Any], torch.Tensor], finish: Callable[[Any], Any]
                     ) -> Callable[[Any, Any], torch.Tensor]:
     """The user's loss on the model's own output object, insisting on a scalar tensor."""
-    def loss(out: Any, target: Any) -> torch.Tensor:
-        value = loss_fn(finish(out), target)
+    def loss(out: Any, target: Any, **kwargs: Any) -> torch.Tensor:
+        value = loss_fn(finish(out), target, **kwargs)
         if not isinstance(value, torch.Tensor) or value.numel() != 1:
             shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
             raise ValueError(f"the loss must return a scalar tensor, got {shape}; reduce it (e.g. .mean())")
