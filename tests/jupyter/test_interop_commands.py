@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import start_ipython
+from IPython.testing import globalipapp
 
 from vpipe_lab.jupyter.magics import build_parser
 from vpipe_lab.jupyter.partition_widget import PartitionEditor
@@ -23,7 +23,7 @@ def test_the_parser_takes_both_commands() -> None:
 
 @pytest.mark.slow
 def test_export_and_import_on_a_session(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    ip = start_ipython()
+    ip = globalipapp.start_ipython() or globalipapp.get_ipython()  # one shell, whichever module came first
     ip.run_line_magic("load_ext", "vpipe_lab")
     try:
         ip.run_line_magic("vpipe", "start mlp --stages 2 --microbatches 4 --device cpu --run 3 --name pipe")

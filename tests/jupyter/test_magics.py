@@ -7,14 +7,14 @@ from types import SimpleNamespace
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import start_ipython
+from IPython.testing import globalipapp
 
 from vpipe_lab.jupyter.magics import COMMANDS, build_parser, complete
 
 
 @pytest.fixture(scope="module")
 def ip():  # type: ignore[no-untyped-def]
-    shell = start_ipython()
+    shell = globalipapp.start_ipython() or globalipapp.get_ipython()  # one shell, whichever module came first
     shell.run_line_magic("load_ext", "vpipe_lab")
     yield shell
     shell.run_line_magic("vpipe", "stop")
