@@ -112,3 +112,53 @@ def test_from_any_directory_with_a_wheel(tmp_path: Path) -> None:
     listing = serve_and_list([sys.executable, "-m", "vpipe_lab.cli", "lab"], work, env)
     assert QUICKSTART in listing and (work / "vpipe-lab-tutorials" / QUICKSTART).exists()
     assert not list((site / "vpipe_lab" / "_notebooks").glob(".ipynb_checkpoints"))  # the package is not opened
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "SIGINT", "SIGHUP"])
+def test_a_stop_signal_stops_the_server_and_its_kernel_too(sig: signal.Signals, tmp_path: Path) -> None:
+    """A service manager's SIGTERM, Ctrl+C's SIGINT, a closed terminal's SIGHUP: nothing stays serving the port."""
+    import psutil
+
+    port = free_port()
+    entry = Path(sys.executable).parent / "vpipe-lab"
+    log = (tmp_path / "lab.log").open("wb")  # a file, not a pipe: Jupyter's log must never block on a full pipe
+    proc = subprocess.Popen([str(entry), "lab", "--no-browser", "--port", str(port), "--token", "secret"],
+                            cwd=tmp_path, env={**os.environ, "HOME": str(tmp_path)}, stdout=log, stderr=log,
+                            start_new_session=True)
+    family: list[psutil.Process] = []
+    try:
+        headers = {"Authorization": "token secret"}
+        deadline = time.monotonic() + 120
+        while True:  # the server answers
+            try:
+                urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/api", headers=headers),
+                                       timeout=2)
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "vpipe-lab lab did not serve"
+                time.sleep(0.5)
+        started = urllib.request.Request(f"http://127.0.0.1:{port}/api/kernels", data=b"{}", headers=headers,
+                                         method="POST")
+        kernel = json.load(urllib.request.urlopen(started, timeout=30))["id"]
+        while time.monotonic() < deadline:  # the kernel's process is up (a child of the server)
+            family = psutil.Process(proc.pid).children(recursive=True)
+            if len(family) >= 2:
+                break
+            time.sleep(0.2)
+        assert len(family) >= 2, f"no kernel process for kernel {kernel}"
+        proc.send_signal(sig)
+        assert proc.wait(timeout=40) == 128 + sig
+        _, alive = psutil.wait_procs(family, timeout=10)
+        assert not alive, f"left running after {sig.name}: {[p.pid for p in alive]}"
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api", timeout=2)
+        assert "stopped the Jupyter server" in (tmp_path / "lab.log").read_text()
+    finally:
+        for p in [*family, psutil.Process(proc.pid)] if proc.poll() is None else family:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        proc.wait(timeout=10)
+        log.close()

@@ -3,7 +3,8 @@
 The tutorials ship inside the wheel (``vpipe_lab/_notebooks``) and sit in a source checkout's ``notebooks/``; neither
 is ever opened in place (running and saving a tutorial would edit the package or the repository). The first run
 copies them into ``./vpipe-lab-tutorials/`` (or ``--dir``); later runs use that copy as the user left it and only add
-tutorials it lacks, never overwriting one.
+tutorials it lacks, never overwriting one. The command owns its Jupyter server: stopping it (SIGTERM, SIGINT,
+SIGHUP) stops the server and its kernels too (``serve``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -75,7 +77,59 @@ def cmd_lab(args: argparse.Namespace) -> int:
         print(f"vpipe-lab: using your tutorials in {folder}/", file=sys.stderr)
     command = jupyter_command(folder, args)
     print("vpipe-lab: starting:", " ".join(command), file=sys.stderr)
-    return subprocess.call(command)
+    return serve(command)
+
+
+STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+GRACE_S = 15.0  # Jupyter's own shutdown (its kernels and terminals) before the server's process group is killed
+
+
+def serve(command: list[str], grace_s: float = GRACE_S) -> int:
+    """Run the Jupyter server and own it: SIGTERM (a service manager), SIGINT (Ctrl+C) or SIGHUP (a closed terminal)
+    to this process shuts the server down with its kernels, instead of leaving it serving, reparented to init.
+
+    The server runs in a session of its own, so a terminal's Ctrl+C reaches this process only (not Jupyter's
+    "Shutdown this Jupyter server (y/[n])?" prompt); this process then asks the server to stop (SIGTERM: Jupyter shuts
+    its kernels down and exits), waits ``grace_s``, and kills the server's process group if it is still there.
+    Returns the server's exit code (128 + the signal's number when a signal stopped it, as a shell reports)."""
+    server = subprocess.Popen(command, start_new_session=True)
+    received: list[int] = []
+
+    def stop(signum: int, frame: Any) -> None:
+        received.append(signum)
+        if server.poll() is None:
+            log.info("signal %d: stopping the Jupyter server (pid %d)", signum, server.pid)
+            server.send_signal(signal.SIGTERM)
+
+    previous = {s: signal.signal(s, stop) for s in STOPS}
+    try:
+        while True:
+            try:
+                code = server.wait(timeout=0.2 if not received else grace_s)
+                break
+            except subprocess.TimeoutExpired:
+                if received:  # it did not shut down within the grace period
+                    log.warning("the Jupyter server did not stop within %.0f s: killing it", grace_s)
+                    _kill_group(server.pid)
+                    code = server.wait()
+                    break
+    finally:
+        if server.poll() is None:  # an error here: never leave the server behind
+            _kill_group(server.pid)
+            server.wait()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if received:
+        print(f"vpipe-lab: stopped the Jupyter server (signal {received[0]})", file=sys.stderr)
+        return 128 + received[0]
+    return code
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def add_command(sub: Any) -> None:
