@@ -36,6 +36,12 @@ from vpipe_lab.core import (
 
 __version__ = "0.1.0"
 
+# A PyPI torchvision next to a CPU-only torch cannot load its compiled ops, and its import error takes transformers
+# down too: the same guard the workers run covers this process, from the first lookup of torchvision (import_guard.py).
+from vpipe_lab import import_guard as _import_guard
+
+_import_guard.arm()
+
 __all__ = [
     "KINDS", "METHODS", "Action", "Cluster", "CostModel", "Estimate", "InfeasiblePlan", "LayerCost", "LayerMove",
     "ModelProfile", "Op", "Plan", "PlanError", "PlanResult", "Policy", "ProfileError", "Schedule", "ScheduleError",
@@ -49,6 +55,8 @@ _LAZY = {
     "attach": "vpipe_lab.control.launch",
     "Session": "vpipe_lab.control.session",
     "WorkerError": "vpipe_lab.control.errors",
+    "BudgetError": "vpipe_lab.control.errors",
+    "DataError": "vpipe_lab.control.errors",
     "import_plan": "vpipe_lab.control.interop",
 }
 
