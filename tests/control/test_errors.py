@@ -6,6 +6,15 @@ def test_worker_error_names_stage_and_cause() -> None:
     assert str(err).startswith("stage 1 failed: ValueError: bad") and "traceback of stage 1" in str(err)
 
 
+def test_worker_error_says_where_as_far_as_it_is_known() -> None:
+    assert str(WorkerError(0, "X: y", iteration=2, microbatch=1, action="the loss")).startswith(
+        "stage 0 failed at iteration 2, micro-batch 1 (the loss): X: y")
+    assert str(WorkerError(1, "X: y", iteration=4, action="the optimizer step")).startswith(
+        "stage 1 failed at iteration 4 (the optimizer step): X: y")
+    assert str(WorkerError(1, "X: y", iteration=0, action="building the stage")).startswith(
+        "stage 1 failed at iteration 0 (building the stage)")
+
+
 def test_budget_error_suggests_layers_or_repartition() -> None:
     fixable = BudgetError(0, used=1100, budget=1000, layers=[(3, 80), (1, 50)], iteration=4)
     assert "layer(s) 3, 1" in str(fixable) and "set_policy({3: 'recompute'})" in str(fixable)

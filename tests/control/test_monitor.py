@@ -6,7 +6,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from vpipe_lab.control.errors import BudgetError
+from vpipe_lab.control.errors import BudgetError, DataError
 from vpipe_lab.control.events import Events
 from vpipe_lab.control.monitor import FailureMonitor
 from vpipe_lab.control.state import JobState
@@ -85,3 +85,27 @@ def test_the_watch_thread_declares_the_failure_stops_the_rest_and_says_so() -> N
         mon.close()
     assert mon.fatal is not None and mon.fatal.stage == 1 and "exited with code 3" in mon.fatal.cause
     assert seen and seen[0]["type"] == "failed" and seen[0]["stage"] == 1
+
+
+def test_the_root_cause_says_where_it_happened() -> None:
+    mon, _, _ = monitor({0: 1, 1: 1})
+    mon.on_error(Failure("exception", 1, iteration=3, cause="RuntimeError: boom", microbatch=2,
+                         action="backward in unit 4 (h.2)"))
+    err = mon.root_cause()
+    assert (err.iteration, err.microbatch, err.action) == (3, 2, "backward in unit 4 (h.2)")
+    assert str(err).startswith("stage 1 failed at iteration 3, micro-batch 2 (backward in unit 4 (h.2)): RuntimeError")
+    killed, _, _ = monitor({0: None, 1: -9})
+    killed.state.iteration, killed.state.target = 5, 10
+    assert str(killed.root_cause()).startswith("stage 1 failed at iteration 5: the worker process was killed")
+    killed.state.paused = True  # killed while paused: no iteration ran
+    assert str(killed.root_cause()).startswith("stage 1 failed: the worker process was killed")
+
+
+def test_a_bad_batch_pauses_and_is_raised_once() -> None:
+    mon, state, _ = monitor({0: None})
+    mon.on_error(Failure("data", 0, iteration=3, cause="inputs['input_ids'] is float32"))
+    assert state.paused and not mon._reports
+    err = mon.take_budget()
+    assert isinstance(err, DataError) and err.iteration == 3 and mon.take_budget() is None
+    assert str(err).startswith("the batch of iteration 3 is bad data: inputs['input_ids'] is float32. Training is "
+                               "paused")

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 import vpipe_lab
-from vpipe_lab.control.errors import WorkerError
+from vpipe_lab.control.errors import DataError, WorkerError
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.examples import mlp
 
@@ -156,6 +157,7 @@ def test_loss_that_is_not_a_scalar() -> None:
         with pytest.raises(WorkerError) as err:
             s.wait(timeout=60)
     assert err.value.stage == 1 and "the loss must return a scalar tensor, got (2,)" in str(err.value)
+    assert str(err.value).startswith("stage 1 failed at iteration 0, micro-batch 0 (the loss): ValueError")
 
 
 def test_data_function_that_raises() -> None:
@@ -189,3 +191,75 @@ def test_arguments_are_checked_before_anything_starts() -> None:
         vpipe_lab.launch("mlp", stages=2, microbatches=2, fused_wgrad=-1)
     with pytest.raises(ValueError, match=r"fused_wgrad .* got 'yes'"):
         vpipe_lab.launch("mlp", stages=2, microbatches=2, fused_wgrad="yes")  # type: ignore[arg-type]
+
+
+class NoNaN(torch.nn.Module):
+    """Refuses a NaN in its input, as a user's sanity check inside a model would."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.isnan(x).any():
+            raise ValueError("a NaN reached the check")
+        return x
+
+
+def checked() -> torch.nn.Sequential:
+    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), NoNaN(), torch.nn.Linear(4, 2))
+
+
+def nan_at_2(iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(8, 4)
+    if iteration == 2:
+        x[5, 1] = float("nan")  # sample 5 of 8: micro-batch 1 of 2
+    return x, torch.randn(8, 2)
+
+
+def test_a_workers_failure_names_its_iteration_micro_batch_and_unit() -> None:
+    with vpipe_lab.launch(checked, nan_at_2, stages=2, microbatches=2, device="cpu", timeout=30) as s:
+        s.run(5)
+        with pytest.raises(WorkerError) as err:
+            s.wait(timeout=60)
+        assert s.status == "failed"
+    e = err.value
+    assert (e.stage, e.iteration, e.microbatch, e.action) == (1, 2, 1, "forward in unit 2 (2:NoNaN)")
+    assert str(e).startswith("stage 1 failed at iteration 2, micro-batch 1 (forward in unit 2 (2:NoNaN)): ValueError: a NaN "
+                             "reached the check")
+
+
+class Tokens(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, 8)
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(2))
+        self.out = torch.nn.Linear(8, 16)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(input_ids)
+        for block in self.blocks:
+            x = torch.relu(block(x))
+        return self.out(x).flatten(0, 1)
+
+
+def float_ids_at_3(iteration: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    g = torch.Generator().manual_seed(iteration)
+    ids = torch.randint(0, 16, (4, 6), generator=g)
+    return {"input_ids": ids.float() if iteration == 3 else ids}, torch.randint(0, 16, (24,), generator=g)
+
+
+def test_a_batch_unlike_the_first_pauses_training_as_bad_data_with_nothing_changed(tmp_path: Path) -> None:
+    with vpipe_lab.launch(Tokens, float_ids_at_3, loss=torch.nn.functional.cross_entropy, stages=2, microbatches=2,
+                          device="cpu", timeout=30, optimizer=lambda p: torch.optim.SGD(p, lr=0.1)) as s:
+        s.run(6)
+        with pytest.raises(DataError) as err:
+            s.wait(timeout=60)
+        assert err.value.iteration == 3 and s.iteration == 3 and s.status == "paused"
+        assert str(err.value).startswith(
+            "the batch of iteration 3 is bad data: inputs['input_ids'] is float32 of shape [4, 6], where the first "
+            "batch's was int64 of shape [4, 6]")
+        before = s.state_dict()
+        time.sleep(0.5)
+        assert s.iteration == 3 and all(torch.equal(before[k], v) for k, v in s.state_dict().items())
+        s.save(str(tmp_path / "kept"))  # the state is there to keep
+        s.resume()  # the same batch is read and checked again
+        with pytest.raises(DataError):
+            s.wait(timeout=60)
+        assert s.iteration == 3 and s.status == "paused"

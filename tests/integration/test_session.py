@@ -25,15 +25,18 @@ def test_background_training_pause_resume_events_profile() -> None:
     lock = threading.Lock()
     with vpipe_lab.launch("gpt-tiny", stages=2, microbatches=4, device="cpu", timeout=60) as s:
         s.on_event(lambda e: (lock.acquire(), events.append(e), lock.release()))
-        assert s.iteration == 0 and s.num_layers == 8
+        assert s.iteration == 0 and s.num_layers == 8 and s.status == "idle"
         t0 = time.monotonic()
         target = s.run(40)
         assert target == 40 and time.monotonic() - t0 < 5  # run() returns at once
+        assert s.status == "running"
         s.wait(3, timeout=60)
         paused_at = s.pause()
+        assert s.status == "paused" and not s.running and "paused" in repr(s)
         time.sleep(1.0)
         assert s.iteration == paused_at  # nothing ran while paused
         s.resume()
+        assert s.status == "running"
         s.wait(6, timeout=60)
         switched = s.set_telemetry(False)
         s.wait(switched + 2, timeout=60)
@@ -63,4 +66,4 @@ def test_background_training_pause_resume_events_profile() -> None:
     assert len(iteration_events) >= 8 and iteration_events[0]["spans"] and iteration_events[0]["memory"]
     with pytest.raises(SessionClosed):
         s.run(1)
-    assert "stopped" in repr(s)
+    assert "stopped" in repr(s) and s.status == "stopped"

@@ -102,16 +102,12 @@ def test_what_the_torch_engine_cannot_run_is_refused_before_it_starts() -> None:
 
 
 def failing_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    if float(target.abs().sum()) > 0 and torch.is_grad_enabled() and output.shape[0] == 8 and failing_loss.calls > 5:
+    if torch.equal(target, mlp.data(1)[1].chunk(4)[2]):  # iteration 1's micro-batch 2
         raise RuntimeError("the loss refuses this micro-batch")
-    failing_loss.calls += 1
     return mlp.loss(output, target)
 
 
-failing_loss.calls = 0  # type: ignore[attr-defined]
-
-
-def test_a_failure_on_the_torch_engine_names_its_stage() -> None:
+def test_a_failure_on_the_torch_engine_names_its_stage_iteration_and_micro_batch() -> None:
     session = vpipe_lab.launch("mlp", stages=2, microbatches=4, device="cpu", timeout=60, engine="torch",
                                loss=failing_loss)
     try:
@@ -119,5 +115,6 @@ def test_a_failure_on_the_torch_engine_names_its_stage() -> None:
         with pytest.raises(WorkerError) as err:
             session.wait(timeout=120)
         assert err.value.stage == 1 and "the loss refuses this micro-batch" in str(err.value)
+        assert str(err.value).startswith("stage 1 failed at iteration 1, micro-batch 2 (the loss of torch's stage 1)")
     finally:
         session.stop()

@@ -7,13 +7,15 @@ from vpipe_lab.core.report import human_bytes
 
 
 class WorkerError(VpipeError):
-    """A worker failed (exception, killed, out of memory); the others were stopped. Names the stage and the cause."""
+    """A worker failed (exception, killed, out of memory); the others were stopped. Names the stage, where it was
+    (``iteration``, ``microbatch``, ``action``: -1 and "" where unknown) and the cause."""
 
     def __init__(self, stage: int, cause: str, *, traceback: str = "", log_tail: str = "", exit_code: int | None = None,
-                 checkpoint: str | None = None) -> None:
+                 checkpoint: str | None = None, iteration: int = -1, microbatch: int = -1, action: str = "") -> None:
         self.stage, self.cause, self.traceback, self.log_tail, self.exit_code = stage, cause, traceback, log_tail, exit_code
         self.checkpoint = checkpoint
-        text = f"stage {stage} failed: {cause}"
+        self.iteration, self.microbatch, self.action = iteration, microbatch, action
+        text = f"stage {stage} failed{self.where}: {cause}"
         if checkpoint:
             text += (f"\nIt failed during a live migration. The last consistent state (from just before the migration) "
                      f"is saved at {checkpoint}: resume with vpipe_lab.launch(..., resume={checkpoint!r}).")
@@ -22,6 +24,15 @@ class WorkerError(VpipeError):
         elif log_tail:
             text += f"\n--- last lines of stage {stage}'s log ---\n{log_tail.rstrip()}"
         super().__init__(text)
+
+    @property
+    def where(self) -> str:
+        """" at iteration 3, micro-batch 1 (backward in unit 4 (h.2))", or less where less is known."""
+        parts = [f"iteration {self.iteration}"] if self.iteration >= 0 else []
+        if self.microbatch >= 0:
+            parts.append(f"micro-batch {self.microbatch}")
+        text = (" at " + ", ".join(parts)) if parts else ""
+        return text + (f" ({self.action})" if self.action else "")
 
 
 class BudgetError(VpipeError):
@@ -53,6 +64,17 @@ class BudgetError(VpipeError):
                else "PipeDream had already updated its weights in that iteration, so it counts, and training is paused")
             + f". To fix: {hint}; then session.resume()."
         )
+
+
+class DataError(VpipeError):
+    """A batch is not like the first one (keys, dtypes, dimensions): training paused before it ran, nothing changed."""
+
+    def __init__(self, iteration: int, cause: str) -> None:
+        self.iteration, self.cause = iteration, cause
+        super().__init__(
+            f"the batch of iteration {iteration} is bad data: {cause}. Training is paused before it, with nothing "
+            f"changed: keep the state with session.save(path), fix the data, and launch(..., resume=path); "
+            f"session.resume() reads the same batch again")
 
 
 class SessionClosed(VpipeError):

@@ -12,8 +12,9 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
-from vpipe_lab.control.errors import BudgetError, WorkerError
+from vpipe_lab.control.errors import BudgetError, DataError, WorkerError
 from vpipe_lab.control.events import Events
 from vpipe_lab.control.processes import Launcher
 from vpipe_lab.control.state import JobState
@@ -23,12 +24,17 @@ from vpipe_lab.wire.events import Failure
 log = logging.getLogger(__name__)
 
 
+def where(body: Failure) -> dict[str, Any]:
+    """A report's iteration, micro-batch and action, as WorkerError takes them."""
+    return {"iteration": body.iteration, "microbatch": body.microbatch, "action": body.action}
+
+
 class FailureMonitor:
     def __init__(self, launcher: Launcher | None, job_dir: Path | None, state: JobState, events: Events,
                  cond: threading.Condition) -> None:
         self.launcher, self.job_dir, self.state, self.events, self.cond = launcher, job_dir, state, events, cond
         self.fatal: WorkerError | None = None
-        self.budget: BudgetError | None = None  # an over-budget iteration not yet raised to the user
+        self.budget: BudgetError | DataError | None = None  # why training paused, not yet raised to the user
         self.stopping = False  # a stop was asked for: exits are expected
         self.closed = False
         self.refusals: dict[int, Failure] = {}  # plan version -> a stage's refusal to take layers
@@ -47,8 +53,9 @@ class FailureMonitor:
         """A stop was asked for: workers exiting from now on is no failure."""
         self.stopping = True
 
-    def take_budget(self) -> BudgetError | None:
-        """The over-budget iteration not yet raised to the user, once (the next call returns None)."""
+    def take_budget(self) -> BudgetError | DataError | None:
+        """Why the workers paused (an over-budget iteration, a bad batch), not yet raised to the user, once (the
+        next call returns None)."""
         with self.cond:
             err, self.budget = self.budget, None
             return err
@@ -62,7 +69,11 @@ class FailureMonitor:
         """An ERROR message (called under ``cond``)."""
         if body.kind == "migration":
             self.refusals[body.version] = body
+        elif body.kind == "data":
+            self.state.paused = True
+            self.budget = DataError(body.iteration, body.cause)
         elif body.kind == "budget":
+            self.state.paused = True  # every rank paused at this boundary
             self.budget = BudgetError(body.stage, body.used, body.budget, [tuple(x) for x in body.layers],
                                       body.iteration, taken=body.taken)
         elif not self.stopping:
@@ -121,14 +132,18 @@ class FailureMonitor:
         if own:
             stage = min(own)
             return WorkerError(stage, own[stage].cause, traceback=own[stage].traceback, log_tail=tail(stage),
-                               checkpoint=ckpt)
+                               checkpoint=ckpt, **where(own[stage]))
         dead = [(w, rc) for w, rc in (launcher.exited() if launcher else []) if w.rank not in self._reports]
         if dead:
             w, rc = dead[0]
             cause = f"the worker process was killed by signal {-rc}" if rc < 0 else f"the worker process exited with code {rc}"
             if rc == -9:
                 cause += " (SIGKILL: out of memory, or killed from outside)"
-            return WorkerError(w.rank, cause, log_tail=w.tail(), exit_code=rc, checkpoint=ckpt)
+            # it said nothing: the iteration the job was in is the best known (none when it was not training)
+            target = self.state.target
+            training = not self.state.paused and (target is None or self.state.iteration < target)
+            return WorkerError(w.rank, cause, log_tail=w.tail(), exit_code=rc, checkpoint=ckpt,
+                               iteration=self.state.iteration if training else -1)
         silent = [w.rank for w in (launcher.workers if launcher else [])
                   if w.rank not in self._reports and w.popen.poll() is None]
         if silent:  # neighbours timed out waiting for a stage that is alive but says nothing: it is stuck
@@ -139,4 +154,5 @@ class FailureMonitor:
                                log_tail=tail(stage), checkpoint=ckpt)
         stage = min(self._reports)
         body = self._reports[stage]
-        return WorkerError(stage, body.cause, traceback=body.traceback, log_tail=tail(stage), checkpoint=ckpt)
+        return WorkerError(stage, body.cause, traceback=body.traceback, log_tail=tail(stage), checkpoint=ckpt,
+                           **where(body))

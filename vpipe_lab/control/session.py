@@ -164,13 +164,20 @@ class Session(Outward):
 
     @property
     def running(self) -> bool:
+        """Training now: iterations are asked for, and nothing paused, failed or stopped it."""
         target = self.state.target
-        return not self.closed and self.failure is None and (target is None or self.state.iteration < target)
+        return (not self.closed and self.failure is None and not self.paused
+                and (target is None or self.state.iteration < target))
+
+    @property
+    def paused(self) -> bool:
+        """Paused by pause() or by an over-budget iteration; resume() or run() go on."""
+        return self.state.paused and not self.closed and self.failure is None
 
     @property
     def status(self) -> str:
-        """'stopped', 'failed', 'running' or 'idle'."""
-        return ("stopped" if self.closed else "failed" if self.failure is not None else
+        """'stopped', 'failed', 'paused', 'running', or 'idle' (the iterations asked for are done)."""
+        return ("stopped" if self.closed else "failed" if self.failure is not None else "paused" if self.paused else
                 "running" if self.running else "idle")
 
     def _check(self) -> None:
@@ -203,6 +210,7 @@ class Session(Outward):
         """Train ``iterations`` more iterations (None: until stopped) in the background; returns the target."""
         checks.count(iterations, "iterations", 0, optional=True)
         self.state.target = self._command(Run(iterations=iterations)).target
+        self.state.paused = False
         return self.state.target
 
     def wait(self, iteration: int | None = None, timeout: float | None = None) -> int:
@@ -220,6 +228,7 @@ class Session(Outward):
         """Pause at the next iteration boundary; returns the iteration it paused before (when it returns, every
         iteration before that one is in ``metrics``)."""
         at = self._command(Pause()).iteration
+        self.state.paused = True
         # Rank 0 acknowledges at the boundary; the other stages' reports of the last iteration may still be on
         # their way (they travel on other sockets).
         self._requests.until(lambda: self.state.iteration >= at, self.spec.timeout_s,
@@ -227,7 +236,10 @@ class Session(Outward):
         return at
 
     def resume(self) -> int:
-        return self._command(Resume()).iteration
+        """Go on training after pause() or an over-budget iteration; returns the iteration it resumed at."""
+        at = self._command(Resume()).iteration
+        self.state.paused = False
+        return at
 
     def set_telemetry(self, spans: bool) -> int:
         """Stream per-action spans (for timelines) or not, from the next iteration; returns that iteration.

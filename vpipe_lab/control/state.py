@@ -25,6 +25,7 @@ class JobState:
 
     iteration: int = 0  # iterations completed
     target: int | None = 0  # the iteration training runs to (None: until stopped)
+    paused: bool = False  # by pause(), or by an over-budget iteration, until resume() or run()
     plan: Plan | None = None
     plan_version: int = 0
     names: list[str] = field(default_factory=list)
@@ -50,6 +51,7 @@ class JobState:
         self.unit_info = infos(current.units, self.names)
         self.plan_version, self.iteration = current.plan_version, current.iteration
         self.target = None if current.running else self.iteration
+        self.paused = current.paused
 
     def cluster(self, stages: int, memory_budget: list[int] | None, step_overhead_s: float = 0.0,
                 iteration_overhead_s: float = 0.0) -> Cluster:

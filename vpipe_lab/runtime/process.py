@@ -101,7 +101,9 @@ def scout(spec: JobSpec, link: Link) -> None:
 
 def serve(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: int, link: Link,
           join: Any = None, worker_cls: type[Worker] | None = None, on_ready: Any = None) -> int:
-    """Build the stage, report READY, run the control loop until STOP; any failure is reported with its stage."""
+    """Build the stage, report READY, run the control loop until STOP; any failure is reported with its stage and
+    where it happened (iteration, micro-batch, action)."""
+    worker: Worker | None = None
     try:
         allow_torchvision_without_ops()  # user models may import transformers/torchvision (see runtime/model/compat.py)
         if spec.scout and rank == 0:
@@ -126,8 +128,11 @@ def serve(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: in
     except BaseException as exc:  # report anything, even KeyboardInterrupt, with the stage it happened on
         cause = f"{type(exc).__name__}: {exc}"
         stage, replica = rank % spec.stages, rank // spec.stages
-        log.error("stage %d%s failed: %s", stage, f" of replica {replica}" if spec.replicas > 1 else "", cause)
-        link.send(Failure("exception", stage, rank, replica, cause=cause, traceback=traceback.format_exc()).message())
+        iteration, microbatch, action = _where(worker, spec)
+        log.error("stage %d%s failed at iteration %d%s (%s): %s", stage, f" of replica {replica}" if spec.replicas > 1
+                  else "", iteration, f", micro-batch {microbatch}" if microbatch >= 0 else "", action, cause)
+        link.send(Failure("exception", stage, rank, replica, iteration, cause=cause, traceback=traceback.format_exc(),
+                          microbatch=microbatch, action=action).message())
         return 1
     finally:
         link.close()
@@ -136,6 +141,16 @@ def serve(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: in
                 dist.destroy_process_group()
             except Exception:  # the group may be broken by the failure we are reporting
                 pass
+
+
+def _where(worker: Worker | None, spec: JobSpec) -> tuple[int, int, str]:
+    """(iteration, micro-batch or -1, what the rank was doing) for a failure report; never raises itself."""
+    if worker is None:
+        return spec.start_iteration, -1, "building the stage"
+    try:
+        return worker.where()
+    except Exception:  # a half-built worker: the report matters more than its detail
+        return -1, -1, ""
 
 
 def exit_now(code: int) -> None:

@@ -18,6 +18,7 @@ from vpipe_lab.runtime.engine.comm import Peer
 from vpipe_lab.runtime.engine.stage import Stage
 from vpipe_lab.runtime.model.batches import batch_size, describe, signature, split
 from vpipe_lab.runtime.model.capture import Chain, to_meta
+from vpipe_lab.runtime.model.data_checks import BadBatch, Layout, layout, mismatch
 from vpipe_lab.runtime.recapture import Recaptures
 from vpipe_lab.runtime.training.replicas import shard
 
@@ -29,6 +30,7 @@ class ShapeEpochs:
         self.sizes: list[int] | None = None  # samples in each micro-batch of this epoch
         self.agreed: str | None = None  # rank 0: the signature of the batch this epoch began with
         self.example: dict[str, Any] | None = None  # this epoch's first micro-batch, described (set_model captures)
+        self.first: Layout | None = None  # rank 0: the first batch's keys, dtypes and shapes (data_checks.py)
 
     def changed(self, inputs: Any, targets: Any) -> bool:
         """Rank 0: whether the next batch has other shapes than the one this epoch began with."""
@@ -38,15 +40,22 @@ class ShapeEpochs:
         """A new epoch begins at this boundary (new shapes, or commands that may change the plan)."""
         self.renew, self.agreed = True, None
 
-    def describe(self, inputs: Any, microbatches: int, sharded: bool = True) -> dict[str, Any]:
-        """Rank 0: the coming micro-batches, or why the batch cannot be split into them (every rank then raises it,
-        before any step)."""
+    def describe(self, inputs: Any, microbatches: int, sharded: bool = True, targets: Any = None,
+                 with_targets: bool = True) -> dict[str, Any]:
+        """Rank 0: the coming micro-batches, or why the batch cannot be split into them or is not like the first
+        batch (every rank then raises it, before any stage runs it). ``with_targets=False``: only inputs (evaluation)."""
+        now = layout(inputs, targets, with_targets)
+        if self.first is None:
+            self.first = layout(inputs, targets)
+        problem = mismatch(self.first, now, inputs_only=not with_targets)
+        if problem:
+            return {"error": problem, "bad": True}
         try:
             mine = shard(inputs, self.replica, self.replicas, "inputs") if sharded else inputs
             parts = split(mine, microbatches, "inputs")
             shapes = list(dict.fromkeys(json.dumps(describe(p)[0], sort_keys=True) for p in parts))
         except (ValueError, TypeError) as exc:
-            return {"error": f"{type(exc).__name__}: {exc}"}
+            return {"error": str(exc), "bad": isinstance(exc, ValueError)}
         return {"sizes": [batch_size(p) or 0 for p in parts], "shapes": [json.loads(s) for s in shapes]}
 
     def agree(self, description: dict[str, Any] | None, chain: Chain) -> Chain | None:
@@ -54,8 +63,8 @@ class ShapeEpochs:
         ``chain`` (its units still to be bound to the stage's tensors), else None."""
         doc = self.peer.broadcast_json(description) if self.ranks > 1 else description
         assert doc is not None
-        if "error" in doc:
-            raise ValueError(doc["error"])
+        if "error" in doc:  # the batch's fault: named as such, once (not "ValueError: ValueError: ...")
+            raise (BadBatch if doc.get("bad") else TypeError)(doc["error"])
         self.sizes = [int(n) for n in doc["sizes"]]
         self.example = doc["shapes"][0]
         self.renew = False

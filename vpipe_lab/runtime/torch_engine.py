@@ -94,6 +94,7 @@ class TorchWorker(TorchState, WorkerCommands):
         if problem:
             raise ValueError(problem)
         self.spec, self.link, self.global_rank, self.leader = spec, link, rank, rank == 0
+        self.phase, self._in_loss = "starting", False  # what a failure names (``where``)
         self.index, self.world, self.replica = rank, world, 0
         self.placement = select(spec.device, local_rank, local_world)
         self.ctl = Control(iteration=spec.start_iteration, target=spec.iterations or 0)
@@ -150,7 +151,23 @@ class TorchWorker(TorchState, WorkerCommands):
         if isinstance(output, (tuple, list)) and self.chain.out_spec is not None \
                 and len(output) == self.chain.out_spec.num_leaves:
             output = pytree.tree_unflatten(list(output), self.chain.out_spec)
-        return self.user_loss(output, None if self._no_targets else target)
+        self._in_loss = True
+        value = self.user_loss(output, None if self._no_targets else target)
+        self._in_loss = False
+        return value
+
+    def where(self) -> tuple[int, int, str]:
+        """Where a failure happened: (iteration, micro-batch or -1, what this rank was doing)."""
+        running = self.pp.running if hasattr(self, "pp") else None
+        if self._in_loss and running is None:  # torch's schedule computes a loss right after its forward
+            forwards = [a for a in self.actions if a.op == "F"]
+            running = (forwards[-1].stage, "F", forwards[-1].microbatch) if forwards else None
+        if running is None:
+            return self.ctl.iteration, -1, self.phase
+        stage, letter, mb = running
+        what = "the loss" if self._in_loss else {"F": "forward", "B": "backward", "I": "input gradient",
+                                                 "W": "weight gradient"}.get(letter, letter)
+        return self.ctl.iteration, mb, f"{what} of torch's stage {stage}"
 
     def _build(self, plan: Plan) -> None:
         """This rank's stages of ``plan`` from a fresh build of the model, with a new optimizer and scheduler."""
@@ -218,7 +235,9 @@ class TorchWorker(TorchState, WorkerCommands):
 
     def loop(self) -> None:
         while True:
+            self.phase = "at the iteration boundary"
             for cmd in self.boundary():
+                self.phase = f"applying {type(cmd).__name__}"
                 self.dispatch(cmd)
             if self.ctl.stopping:
                 return
@@ -226,7 +245,9 @@ class TorchWorker(TorchState, WorkerCommands):
                 self._save_run(final=True)
                 return
             if self.ctl.active:
+                self.phase = "the iteration"
                 self.iteration()
+                self.phase = "saving a checkpoint"
                 self._save_run()
 
     def _save_run(self, final: bool = False) -> None:
@@ -261,6 +282,7 @@ class TorchWorker(TorchState, WorkerCommands):
         measure = it < self._measured_from + 3 or it % MEASURE_EVERY == 0
         with self.saved.hooks() if measure else contextlib.nullcontext():
             losses = self.pp.step(inputs, target=targets)
+        self.phase = "the optimizer step"
         grad_norm = self._clip()
         lr = float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else None
         if self.optimizer is not None:

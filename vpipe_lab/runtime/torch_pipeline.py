@@ -60,17 +60,24 @@ class Action:
         return f"{self.stage}{self.op}{self.microbatch}"
 
 
-def _wrap_method(stage: Any, name: str, op: Callable[[tuple[Any, ...], dict[str, Any]], str], sink: list[Action],
+def _wrap_method(stage: Any, name: str, op: Callable[[tuple[Any, ...], dict[str, Any]], str], pipe: TorchPipeline,
                  clock: Callable[[], float]) -> None:
-    """Note each call of ``stage.name`` (its first argument is the micro-batch) in ``sink``."""
+    """Note each call of ``stage.name`` (its first argument is the micro-batch) in ``pipe.actions``, and the call
+    under way in ``pipe.running`` (left set when it raises: a failure names it)."""
     inner = getattr(stage, name)
+    sink = pipe.actions
+    assert sink is not None
 
     def noted(*args: Any, **kwargs: Any) -> Any:
         start = clock()
+        letter = op(args, kwargs)
+        pipe.running = (stage.stage_index, letter, int(args[0]))
         try:
-            return inner(*args, **kwargs)
+            out = inner(*args, **kwargs)
         finally:
-            sink.append(Action(stage.stage_index, op(args, kwargs), int(args[0]), start, clock()))
+            sink.append(Action(stage.stage_index, letter, int(args[0]), start, clock()))
+        pipe.running = None
+        return out
 
     setattr(stage, name, noted)
 
@@ -120,6 +127,7 @@ class TorchPipeline:
         self.stages, self.modules, self.schedule = stages, modules, schedule
         self._ties = ties  # (this rank's names of the tied weight, the process group of the ranks holding it)
         self.actions: list[Action] | None = None  # what ran, once ``record()`` was called
+        self.running: tuple[int, str, int] | None = None  # (stage, op, micro-batch) of the action under way
 
     def record(self, clock: Callable[[], float] = time.perf_counter) -> list[Action]:
         """From now on, note every compute action torch's schedule runs on this rank, in order, with its start and
@@ -127,9 +135,9 @@ class TorchPipeline:
         gradient) or "W" (weight gradients), torch's own letters. The list is ``actions``; clear it as you read."""
         self.actions = []
         for stage in self.stages:
-            _wrap_method(stage, "forward_one_chunk", lambda a, k: "F", self.actions, clock)
-            _wrap_method(stage, "backward_one_chunk", _backward_letter, self.actions, clock)
-            _wrap_method(stage, "backward_weight_one_chunk", lambda a, k: "W", self.actions, clock)
+            _wrap_method(stage, "forward_one_chunk", lambda a, k: "F", self, clock)
+            _wrap_method(stage, "backward_one_chunk", _backward_letter, self, clock)
+            _wrap_method(stage, "backward_weight_one_chunk", lambda a, k: "W", self, clock)
         return self.actions
 
     @property

@@ -30,6 +30,7 @@ from vpipe_lab.runtime.model import counting
 from vpipe_lab.runtime.model.batches import Source, batch_size, signature, split
 from vpipe_lab.runtime.model.callables import load_callables
 from vpipe_lab.runtime.model.capture import to_meta
+from vpipe_lab.runtime.model.data_checks import BadBatch
 from vpipe_lab.runtime.progress import Control
 from vpipe_lab.runtime.recapture import Recaptures
 from vpipe_lab.runtime.shape_epochs import ShapeEpochs
@@ -113,6 +114,7 @@ class Worker(WorkerCommands):
         self.executor = Executor(index, world, self.stage, self.peer, self.placement, self.clock, self.loss_fn, budget,
                                  record_spans=spec.telemetry, chain=self.chain)
         self.model_version = 0
+        self.phase = "starting"  # what the control loop is doing outside an iteration's actions (``where``)
         self.checkpoints = Checkpoints(self.peer, self.stage, index, world, self.replica, self.leader,
                                        self.placement.device, lambda: (self.chain.aliases, self.chain.non_persistent))
         self.migration = Migration(self.peer, self.stage, self.ties, self.clock, self.placement.device, index, world,
@@ -126,6 +128,18 @@ class Worker(WorkerCommands):
         }
         if spec.resume_path:
             self.restore(Path(spec.resume_path))
+
+    def where(self) -> tuple[int, int, str]:
+        """Where a failure happened: (iteration, micro-batch or -1, what this rank was doing)."""
+        doing = self.executor.where()
+        if doing is None:
+            return self.ctl.iteration, -1, self.phase
+        mb, what, units = doing
+        if units is not None:
+            a, b = units
+            what += (f" in unit {a} ({self.names[a]})" if a == b else
+                     f" in units {a}-{b} ({self.names[a]} to {self.names[b]})")
+        return self.ctl.iteration, mb, what
 
     def probe(self) -> dict[str, float]:
         """What the planners' Cluster needs of this rank: its bandwidths and its optimizer's step per byte."""
@@ -143,8 +157,11 @@ class Worker(WorkerCommands):
         desc = None
         if self.index == 0:
             assert self.source is not None
-            batch = inputs if inputs is not None else self.source.peek(self.ctl.iteration)[0]
-            desc = self.shapes.describe(batch, self.plan.microbatches, sharded)
+            if inputs is not None:  # an evaluation batch: its inputs alone
+                desc = self.shapes.describe(inputs, self.plan.microbatches, sharded, with_targets=False)
+            else:
+                batch, targets = self.source.peek(self.ctl.iteration)
+                desc = self.shapes.describe(batch, self.plan.microbatches, sharded, targets)
         chain = self.shapes.agree(desc, self.chain)
         if chain is not None:
             self.chain = self.executor.chain = self.shapes.adopt(chain, self.stage)
@@ -240,12 +257,16 @@ class Worker(WorkerCommands):
         memory: dict[str, Any] = {}
         stepped: StepReport | None = None
         while True:
+            self.phase = "at the iteration boundary"
             commands, failed = self.boundary(result is not None and result.violation is not None, result is not None)
             if result is not None:
+                self.phase = "the optimizer step"
                 if self.finish(result, failed, memory, stepped):
+                    self.phase = "after the iteration (evaluation, checkpoint)"
                     self.after_iteration()
                 result = None
             for cmd in commands:
+                self.phase = f"applying {type(cmd).__name__}"
                 self.dispatch(cmd)
             if self.ctl.stopping:
                 return
@@ -254,14 +275,32 @@ class Worker(WorkerCommands):
                 return
             if self.ctl.active:
                 if self.shapes.renew:
-                    self.agree_shapes()
+                    self.phase = "checking the batch's shapes"
+                    try:
+                        self.agree_shapes()
+                    except BadBatch as exc:  # every rank learns it from rank 0 at once: pause, nothing changed
+                        self.refuse_batch(exc)
+                        continue
                 self.executor.loss_multiplier = self.scale.scale
                 result = self.iteration()
                 memory = self.executor.memory()
+                self.phase = "the optimizer step"
                 # Without memory budgets no stage can veto the step, so each stage steps as soon as its own
                 # backward is done (the last stage while the first still runs its last backward), as plain
                 # pipelines do, instead of after the boundary's agreement.
                 stepped = self.stepper.step(result.iteration) if self.spec.memory_budget is None else None
+
+    def refuse_batch(self, exc: BadBatch) -> None:
+        """Every rank: the coming batch is bad data. Pause with nothing changed (the controller raises DataError);
+        a resume reads and checks that batch again."""
+        if self.spec.iterations is not None:  # an unattended job has nobody to resume it: it fails with the cause
+            raise exc
+        self.ctl.paused = True
+        self.shapes.start()
+        log.error("iteration %d's batch is bad data: %s; paused", self.ctl.iteration, exc)
+        if self.leader:
+            self.send(E.Failure("data", self.index, self.global_rank, self.replica, self.ctl.iteration, cause=str(exc)))
+            self.current()
 
     def finish_unattended(self) -> None:
         """An unattended job that is done saves a last checkpoint, so its last iterations are not lost to a restart."""
@@ -276,6 +315,7 @@ class Worker(WorkerCommands):
         batch: tuple[Any, Any] | None = None
         counts: list[int] | None = None
         self.samples = None
+        self.phase = "reading the batch" if self.index == 0 else "receiving the targets"
         if self.index == 0:
             assert self.source is not None
             inputs, targets = self.source.get(it)
@@ -298,6 +338,7 @@ class Worker(WorkerCommands):
         profile, drop = self.profiling.next(it)
         if drop:
             self.stage.reset_stats()
+        self.phase = "the iteration"
         return self.executor.run(it, self.plan, batch, profile=profile, sizes=self.shapes.sizes, counts=counts)
 
     def finish(self, result: IterationResult, failed: bool, memory: dict[str, Any], stepped: StepReport | None

@@ -90,7 +90,7 @@ class WorkerCommands:
         """Rank 0: the job as it is now, for a broker's attaching clients (see runtime/broker.py)."""
         if self.leader:
             self.send(E.Current(self.plan.to_dict(), self.ctl.plan_version, self.names, self.ctl.iteration,
-                                self.ctl.target is None, self.ctl.target, self.chain.infos()))
+                                self.ctl.target is None, self.ctl.target, self.chain.infos(), self.ctl.paused))
 
     # --- the commands ---------------------------------------------------------------------------------------------
     def _run(self, cmd: C.Run) -> None:
@@ -103,6 +103,7 @@ class WorkerCommands:
     def _run_state(self, cmd: C.Pause | C.Resume | C.Stop) -> None:
         self.ctl.take(cmd.TYPE)
         self.ack(cmd)
+        self.current()
 
     def _profile(self, cmd: C.Profile) -> None:
         costs = profiler.layer_costs(self.stage, dict(enumerate(self.names)))

@@ -193,9 +193,11 @@ class Migrated(Body):
 @register
 class Failure(Body):
     """Something went wrong on a stage. ``kind`` says what: "exception" (``cause``, ``traceback``: the process
-    exits), "budget" (an iteration used ``used`` bytes over its ``budget``: dropped, training paused; ``taken`` when
-    its updates were made already, under PipeDream, so it counts) or "migration" (the stage refused layers needing
-    ``needed`` bytes over its ``budget``: nothing moved)."""
+    exits; ``iteration``, ``microbatch`` (-1: none) and ``action`` say where it happened), "budget" (an iteration
+    used ``used`` bytes over its ``budget``: dropped, training paused; ``taken`` when its updates were made already,
+    under PipeDream, so it counts), "data" (``iteration``'s batch is not like the first, ``cause`` says how: paused
+    before it ran) or "migration" (the stage refused layers needing ``needed`` bytes over its ``budget``: nothing
+    moved)."""
 
     TYPE = P.ERROR
     kind: str
@@ -213,6 +215,8 @@ class Failure(Body):
     layers: list[list[Any]] = field(default_factory=list)
     memory: dict[str, Any] = field(default_factory=dict)
     taken: bool = False
+    microbatch: int = -1
+    action: str = ""
 
 
 @register
@@ -227,6 +231,7 @@ class Current(Body):
     running: bool
     target: int | None
     units: list[dict[str, Any]] = field(default_factory=list)  # core.interop.bundle.UnitInfo documents, per unit
+    paused: bool = False  # paused by the user or by an over-budget iteration
 
 
 @register

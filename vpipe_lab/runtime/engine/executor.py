@@ -34,7 +34,7 @@ import torch
 
 from vpipe_lab.core.generators import for_plan
 from vpipe_lab.core.plan import ASYNC, SPLIT, Plan
-from vpipe_lab.core.schedule import KIND, Op, Schedule, chunk_indices
+from vpipe_lab.core.schedule import KIND, Action, Op, Schedule, chunk_indices
 from vpipe_lab.runtime.engine import faults
 from vpipe_lab.runtime.engine.comm import TAG_BACKWARD, TAG_EVAL, TAG_FORWARD, Incoming, Peer
 from vpipe_lab.runtime.engine.device import Clock, Placement, Stopwatch
@@ -121,6 +121,19 @@ class Executor:
         self.fault = faults.parse()
         self._static = self._param_bytes = 0
         self.loss_multiplier = 1.0  # the fp16 loss scale (see runtime/training/precision.py); 1 otherwise
+        self.action: Action | None = None  # the action running (None between iterations): a failure names it
+        self.in_loss = False  # the loss function is running
+
+    def where(self) -> tuple[int, str, tuple[int, int] | None] | None:
+        """What this stage was doing, for a failure: (micro-batch, what, units) or None between iterations."""
+        action = self.action
+        if action is None:
+            return None
+        units = self.stage.at_units if action.op in (Op.F, Op.B, Op.RECOMPUTE) and not self.in_loss else None
+        what = "the loss" if self.in_loss else {Op.RECV_F: "receiving its input", Op.RECV_B: "receiving a gradient",
+                                                Op.SEND_F: "sending its output", Op.SEND_B: "sending a gradient",
+                                                }.get(action.op, KIND[action.op])
+        return action.microbatch, what, units
 
     def schedule(self, plan: Plan) -> Schedule:
         return self._plan(plan)[1]
@@ -162,6 +175,7 @@ class Executor:
         losses are then normalised by the batch's count (``runtime/model/counting.py``)."""
         rank, last = self.rank, self.rank == plan.loss_stage
         m = plan.microbatches
+        self.in_loss = False
         stage, peer = self.stage, self.peer
         stage.stash.on = plan.schedule in ASYNC  # PipeDream: an update after every backward (stash.py)
         stage.stash.reset()
@@ -230,6 +244,8 @@ class Executor:
         result = IterationResult(iteration, self.watch.begin(), 0.0)
         for step, action in enumerate(row):
             op, mb, c = action.op, action.microbatch, action.stage
+            self.action = action
+            stage.at_units = None
             if op not in _COMM:
                 peer.issue()  # transfers queued by the actions before this one leave before it computes
             if op in (Op.RECV_B, Op.RECOMPUTE, Op.B):
@@ -257,7 +273,9 @@ class Executor:
                     self._check_budget(result)
                 if c == top:
                     target = to_device(targets[mb], self.placement.device)  # type: ignore[index]
+                    self.in_loss = True
                     losses.append(stage.attach_loss(mb, segs[c][-1], x, loss_fn, target, timer))
+                    self.in_loss = False
                 else:
                     outputs[(c, mb)] = x
             elif op is Op.SEND_F:
@@ -298,6 +316,7 @@ class Executor:
             if self.record_spans:
                 marks.append((KIND[op], mb, action.layer, start, mark(), local[c]))
             label.__exit__(None, None, None)
+        self.action = None
         peer.flush()
         result.end_s = self.watch.end()
         seconds = self.watch.seconds

@@ -60,6 +60,7 @@ class Stage:
         self.stash = WeightStash()  # PipeDream's weight versions, under the pipedream schedule (``stash.on``)
         self.iteration = 0
         self.mb_offset = 0  # replica r's micro-batch m is the global batch's micro-batch r * M + m (dropout seeds)
+        self.at_units: tuple[int, int] | None = None  # the units the last forward or backward entered
         self.probing = True  # profiling iterations also time each layer at other micro-batch sizes (see probe)
         self._unprobed: set[int] = set()  # layers whose probe failed
         self._inplace: dict[int, bool] = {}  # layer -> whether it may write its input in place (_writes_input)
@@ -228,6 +229,7 @@ class Stage:
         if self._writes_input(segment[0]):  # see _writes_input: a copy, made once, that the layer may change
             x = recompute.copied(x)
         for index in segment:
+            self.at_units = (index, index)  # a failure names the unit it happened in (runtime/process.py)
             self._seed(layer_seed(self.seed, self.iteration, mb + self.mb_offset, index))
             layer = self.layers[index]
             with self.swap.recording(mb, index) if record else nullcontext(), self.autocast():
@@ -355,6 +357,7 @@ class Stage:
         key = (mb, segment[0])
         if self.rebuilds(mb, segment):  # the executor rebuilds it first to time it; a direct call still works
             self.rematerialise(mb, segment, timer)
+        self.at_units = (segment[0], segment[-1])
         start = timer() if timer is not None else 0.0
         leaves, out = self._ctx.pop(key)
         if grads is None:  # the loss
