@@ -19,10 +19,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import vpipe_lab  # noqa: E402
-from tests.models.zoo import ZOO  # noqa: E402
-from tests.runtime import reference  # noqa: E402
-from vpipe_lab.runtime.engine.executor import default_loss  # noqa: E402
+import vpipe_lab
+from tests.models.zoo import ZOO
+from tests.runtime import reference
+from vpipe_lab.runtime.engine.executor import default_loss
 
 
 def measure(name: str) -> str:
