@@ -36,6 +36,7 @@ const CSS = `
 .vpipe-live-state { font-weight: 600; }
 .vpipe-live-state.stopped, .vpipe-live-state.failed { color: #c0392b; }
 .vpipe-live-state.running { color: #2e7d32; }
+.vpipe-live-state.paused { color: #b26a00; }
 .vpipe-live-panel { min-width: 0; position: relative; }
 .vpipe-live-panel.wide { grid-column: 1 / -1; }
 .vpipe-live-note { position: absolute; inset: 40% 0 auto 0; text-align: center; color: #888; }
