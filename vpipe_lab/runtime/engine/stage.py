@@ -29,6 +29,7 @@ from vpipe_lab.core.plan import Policy
 from vpipe_lab.runtime.engine import probe, recompute, wgrad
 from vpipe_lab.runtime.engine.memory import Ledger, optimizer_bytes, tensor_bytes
 from vpipe_lab.runtime.engine.optim import OptimizerFactory, SchedulerFactory, StageOptimizer
+from vpipe_lab.runtime.engine.stage_state import UnitState
 from vpipe_lab.runtime.engine.stash import WeightStash
 from vpipe_lab.runtime.engine.swap import SwapEngine
 from vpipe_lab.runtime.model.capture import GraphUnit, UnitTensors
@@ -39,7 +40,7 @@ Segment = tuple[int, ...]
 Timer = Callable[[], float]
 
 
-class Stage:
+class Stage(UnitState):
     """The layers one worker owns, and the per-micro-batch autograd state between their forward and backward."""
 
     def __init__(self, device: torch.device, make_optimizer: OptimizerFactory | None, seed: int,
@@ -161,33 +162,6 @@ class Stage:
             for name, p in self._trainable(index):
                 seen.setdefault(name, p)
         return list(seen.items())
-
-    def optimizer_state(self, names: list[str] | None = None) -> dict[str, dict[str, Any]]:
-        """Each parameter's optimizer state by canonical name (all held ones unless ``names``)."""
-        return self.optim.state([n for n, _ in self.params()] if names is None else names, self.tensors)
-
-    def unit_groups(self, index: int) -> list[dict[str, Any]]:
-        """The optimizer groups of one layer: their options and their parameters' names (what migration moves)."""
-        return self.optim.unit_groups(index)
-
-    def unit_state(self, index: int) -> dict[str, Any]:
-        """What a layer takes with it when it moves or is saved: its parameters and buffers by canonical name, their
-        optimizer state, its optimizer groups' options (a learning rate a scheduler set travels too) and its policy."""
-        layer = self.layers[index]
-        names = list(dict.fromkeys(layer.names))
-        return {"tensors": {name: self.tensors[name].detach() for name in names},
-                "optimizer": self.optimizer_state(names), "groups": self.unit_groups(index),
-                "policy": layer.policy.value}
-
-    def load_values(self, values: dict[str, torch.Tensor]) -> None:
-        """Copy saved values into the parameters and buffers this stage holds (by canonical name)."""
-        with torch.no_grad():
-            for name, value in values.items():
-                self.tensors[name].copy_(value)
-
-    def load_optimizer(self, states: dict[str, dict[str, Any]], groups: list[dict[str, Any]]) -> None:
-        """Restore saved optimizer state and parameter-group options of the layers held here."""
-        self.optim.load(states, groups, self.tensors)
 
     @property
     def owned(self) -> list[int]:
