@@ -18,7 +18,7 @@ def test_free_port() -> None:
 
 
 def test_virtual_stages_are_checked_before_anything_starts() -> None:
-    with pytest.raises(ValueError, match="virtual_stages=2 needs schedule='interleaved-1f1b'"):
+    with pytest.raises(ValueError, match=r"virtual_stages=2 needs a chunked schedule \(interleaved-1f1b, zbv\), not '1f1b'"):
         launch("mlp", stages=2, microbatches=4, virtual_stages=2, device="cpu")
     with pytest.raises(ValueError, match="at least 2 stages"):
         launch("mlp", stages=1, microbatches=4, schedule="interleaved-1f1b", virtual_stages=2, device="cpu")
@@ -26,7 +26,7 @@ def test_virtual_stages_are_checked_before_anything_starts() -> None:
         launch("mlp", stages=2, microbatches=3, schedule="interleaved-1f1b", virtual_stages=2, device="cpu")
     with pytest.raises(ValueError, match="virtual_stages must be a whole number >= 1"):
         launch("mlp", stages=2, microbatches=4, schedule="interleaved-1f1b", virtual_stages=0, device="cpu")
-    with pytest.raises(ValueError, match="zbv runs two chunks per stage"):
+    with pytest.raises(ValueError, match="zbv runs 2 chunks per stage, not virtual_stages=3"):
         launch("mlp", stages=2, microbatches=4, schedule="zbv", virtual_stages=3, device="cpu")
     with pytest.raises(ValueError, match="at least 2 stages"):  # two chunks on one stage would be no pipeline
         launch("mlp", stages=1, microbatches=4, schedule="zbv", device="cpu")

@@ -2,8 +2,9 @@
 
 import pytest
 
+from vpipe_lab.core import schedules
 from vpipe_lab.core.errors import PlanError
-from vpipe_lab.core.plan import SCHEDULES, Estimate, Plan, Policy
+from vpipe_lab.core.plan import Estimate, Plan, Policy
 
 
 def test_policy_parse() -> None:
@@ -52,7 +53,7 @@ def test_plan_validate_checks_stages_and_schedule() -> None:
 
 
 def test_every_schedule_name_validates_and_estimates_round_trip() -> None:
-    for name in SCHEDULES:
+    for name in schedules.names():
         virtual = 2 if name == "zbv" else 1  # ZBV is two chunks per stage
         assert Plan((0, 1, 2), "kk", 2, name, virtual).validate(2).schedule == name
     est = Estimate(1.0, (0.4, 0.5), (10, 30), (20, 20), 0.2, False)

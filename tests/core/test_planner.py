@@ -182,13 +182,13 @@ def test_auto_plans_every_schedule_and_keeps_the_fastest() -> None:
     """schedule='auto': every schedule is planned; ZBV, then ZB-H1, win on their smaller bubbles until the runtime's
     overhead per step outweighs them (they run three steps per micro-batch, not two); a budget only 1F1B fits leaves
     them out."""
-    from vpipe_lab.core.plan import SCHEDULES
+    from vpipe_lab.core import schedules
 
     profile = ModelProfile(tuple(LayerCost(f"l{i}", 1e-3, 2e-3, 1 << 20, 1 << 16, 1 << 16, 1 << 20) for i in range(8)))
     roomy = Cluster(4, 1 << 34, 1e10, 1e12)
     found = search(profile, roomy, microbatches=8, schedule="auto")
     # 8 layers on 4 stages: interleaving fits 2 chunks per stage, not 3 or 4
-    assert [s for s, _ in found.schedules] == [*SCHEDULES[:-3], "interleaved-1f1b V=2", "zbv"]  # not pipedream's
+    assert [s for s, _ in found.schedules] == [*schedules.names()[:-3], "interleaved-1f1b V=2", "zbv"]  # not pipedream's
     assert found.plan.schedule == "zbv"  # its bubble is the smallest: (K - 1) chunk-steps without W
     times = dict(found.schedules)
     assert times["zbv"] < times["zb-h1"] < times["interleaved-1f1b V=2"] < times["1f1b"]  # type: ignore[operator]

@@ -52,7 +52,7 @@ def test_the_placement_is_a_v_and_stage_0_computes_the_loss() -> None:
     assert list(plan.layers_of(3)) == [4, 5, 6] and plan.stage_of(9) == 0
     assert Plan.from_json(plan.to_json()) == plan
     assert "[9:10]S@0" in plan.describe() and "[4:6]KK@3" in plan.describe()
-    with pytest.raises(PlanError, match="zbv runs two chunks per stage"):
+    with pytest.raises(PlanError, match="zbv runs 2 chunks per stage, not virtual_stages=3"):
         Plan((0, 1, 2, 3, 4, 5, 6), "kkkkkk", 4, "zbv", 3).validate()
     # from 1F1B's plan: the second half of the layers comes back up the stages
     v = Plan((0, 3, 5, 8, 10), "k" * 10, 2, "zbv", 2)

@@ -10,7 +10,7 @@ import torch
 import vpipe_lab
 from vpipe_lab import InfeasiblePlan, Plan, PlanError
 from vpipe_lab.control.errors import WorkerError
-from vpipe_lab.core.plan import SCHEDULES
+from vpipe_lab.core import schedules
 from vpipe_lab.examples import mlp
 from vpipe_lab.wire.checkpoint import resolve
 
@@ -131,7 +131,7 @@ def test_replan_and_automatic_replanning_rebalance_the_uneven_mlp() -> None:
         # The planner may choose the schedule too, charged the runtime's measured overhead per step
         assert s.cluster().step_overhead_s > 0
         chosen = s.replan(schedule="auto")
-        assert chosen.plan.schedule in SCHEDULES and chosen.predicted_s <= found.predicted_s * (1 + 1e-9)
+        assert chosen.plan.schedule in schedules.names() and chosen.predicted_s <= found.predicted_s * (1 + 1e-9)
         with pytest.raises(PlanError, match="unknown schedule 'zb'"):
             s.replan(schedule="zb")
         # the paper's PipeDream changes what training computes: never switched to as a side effect of its method

@@ -11,8 +11,8 @@ import torch
 import vpipe_lab
 from tests.runtime import reference
 from vpipe_lab import Plan
+from vpipe_lab.core import schedules
 from vpipe_lab.core.costmodel import CostModel
-from vpipe_lab.core.plan import ASYNC, CHUNKED, SCHEDULES, SPLIT
 from vpipe_lab.examples import gpt, mlp
 
 pytestmark = pytest.mark.slow
@@ -30,7 +30,7 @@ def assert_matches(state: dict[str, torch.Tensor], model: torch.nn.Module) -> No
     reference.assert_state_matches(state, model)
 
 
-SYNCHRONOUS = [s for s in SCHEDULES if s not in ASYNC]  # PipeDream's semantics: its own reference, below
+SYNCHRONOUS = [k.name for k in schedules.kinds() if not k.asynchronous]  # PipeDream's semantics: its own reference, below
 
 
 @pytest.mark.parametrize("schedule", SYNCHRONOUS)
@@ -38,7 +38,7 @@ def test_two_stages_match_plain_pytorch_under_every_policy(schedule: str) -> Non
     """Every policy set in turn (keep, recompute, swap, mixed; two iterations each), each next one applied live at an
     iteration boundary: every loss and tensor as plain PyTorch's. The order is rotated by schedule, so each policy set
     also starts a fresh session under some schedule."""
-    virtual = 2 if schedule in CHUNKED else 1  # two chunks per stage: [0:2] [2:5] [5:7] [7:10]
+    virtual = schedules.get(schedule).default_virtual  # two chunks per stage: [0:2] [2:5] [5:7] [7:10]
     turn = SYNCHRONOUS.index(schedule) % len(POLICIES)
     order = [*list(POLICIES)[turn:], *list(POLICIES)[:turn]]
     plans = [Plan((0, 2, 5, 7, 10) if virtual > 1 else (0, 4, 10), tuple(POLICIES[p]), 4, schedule, virtual)
@@ -54,10 +54,11 @@ def test_two_stages_match_plain_pytorch_under_every_policy(schedule: str) -> Non
         state = session.state_dict()
         kinds = {(span.stage, span.kind) for span in session.metrics.timeline(2)}
         chunks = {(span.stage, span.chunk) for span in session.metrics.timeline(2)}
-        measured = session.profile() if schedule in SPLIT else None
+        measured = session.profile() if schedules.get(schedule).split_backward else None
     assert chunks == {(s, c) for s in (0, 1) for c in range(virtual)}  # each span names its stage's chunk
     # zb-h1 and zbv run each micro-batch's weight gradients as a step of their own, on both stages
-    assert {(0, "wgrad"), (1, "wgrad")} <= kinds if schedule in SPLIT else not {k for _, k in kinds} & {"wgrad"}
+    splits = schedules.get(schedule).split_backward
+    assert {(0, "wgrad"), (1, "wgrad")} <= kinds if splits else not {k for _, k in kinds} & {"wgrad"}
     if measured is not None:  # the profiler timed each layer's weight step on its own, inside its backward
         split = {c.name: c.weight_grad_s for c in measured.layers}
         assert all(0 < split[c.name] < c.backward_s for c in measured.layers[:8])  # type: ignore[operator]
@@ -73,7 +74,7 @@ def test_four_stages_with_dropout_match_plain_pytorch(schedule: str) -> None:
     (interleaved: one layer per chunk, two chunks per stage, each micro-batch crossing every stage twice; zbv: down
     the stages and back, stage 3 running layers 3 and 4 back to back and stage 0 the loss)."""
     policies = ("keep", "recompute", "swap", "keep", "recompute", "swap", "keep", "keep")
-    virtual = 2 if schedule in CHUNKED else 1
+    virtual = schedules.get(schedule).default_virtual
     plan = Plan(tuple(range(9)) if virtual > 1 else (0, 2, 4, 6, 8), policies, 4, schedule, virtual)
     with vpipe_lab.launch("gpt-tiny", stages=4, microbatches=4, schedule=schedule, plan=plan, device="cpu",
                           virtual_stages=virtual, timeout=90) as session:

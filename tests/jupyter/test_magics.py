@@ -41,7 +41,7 @@ def test_bad_input_is_a_usage_error(ip) -> None:  # type: ignore[no-untyped-def]
         ip.run_line_magic("vpipe", "start mlp --stages 0")
     with pytest.raises(UsageError, match="--virtual-stages must be a whole number >= 1, got 0"):
         ip.run_line_magic("vpipe", "start mlp --schedule interleaved-1f1b --virtual-stages 0")
-    with pytest.raises(UsageError, match="virtual_stages=2 needs schedule='interleaved-1f1b'"):
+    with pytest.raises(UsageError, match=r"virtual_stages=2 needs a chunked schedule \(interleaved-1f1b, zbv\), not '1f1b'"):
         ip.run_line_magic("vpipe", "start mlp --virtual-stages 2")
     ip.user_ns["not_a_session"] = 3
     with pytest.raises(UsageError, match="holds a int, not a vpipe_lab Session"):
@@ -64,11 +64,11 @@ def test_completion() -> None:
     assert complete(SimpleNamespace(user_ns={"a": 1}), SimpleNamespace(line="%vpipe use ")) == []
     assert "gpt-tiny" in complete(None, SimpleNamespace(line="%vpipe start "))
     assert "recompute" in complete(None, SimpleNamespace(line="%vpipe policy 3="))
-    from vpipe_lab.core.plan import SCHEDULES
+    from vpipe_lab.core import schedules
     from vpipe_lab.core.planner import METHODS
 
     assert set(complete(None, SimpleNamespace(line="%vpipe plan --method "))) == set(METHODS)
-    assert set(complete(None, SimpleNamespace(line="%vpipe start gpt-tiny --schedule "))) == set(SCHEDULES)
+    assert set(complete(None, SimpleNamespace(line="%vpipe start gpt-tiny --schedule "))) == set(schedules.names())
     assert {"--method", "--apply"} <= set(complete(None, SimpleNamespace(line="%vpipe plan ")))
     assert "--budget" in complete(None, SimpleNamespace(line="%vpipe start gpt-tiny "))
     assert build_parser().parse_args(["partition", "0", "4", "10"]).boundaries == [0, 4, 10]

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from vpipe_lab.control import interop
+from vpipe_lab.core import schedules
 from vpipe_lab.core.interop.bundle import UnitInfo
-from vpipe_lab.core.plan import SCHEDULES, Plan
+from vpipe_lab.core.plan import Plan
 from vpipe_lab.wire.private import DEFAULT_KEY_FILE
 
 
@@ -116,7 +117,7 @@ def add_commands(sub: Any) -> None:
     i.add_argument("--ranks", type=int, help="pipeline ranks of a layout string")
     i.add_argument("--batch-size", type=int)
     i.add_argument("--microbatches", "-m", type=int)
-    i.add_argument("--schedule", choices=SCHEDULES)
+    i.add_argument("--schedule", choices=schedules.names())
     i.add_argument("-o", "--output", help="write the plan JSON here")
     _whose(i)
     i.set_defaults(func=cmd_import)

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from vpipe_lab.cli import lab
+from vpipe_lab.core import schedules
 from vpipe_lab.core.costmodel import estimate
-from vpipe_lab.core.plan import SCHEDULES, VIRTUAL_HELP, Plan, default_virtual_stages
+from vpipe_lab.core.plan import VIRTUAL_HELP, Plan, default_virtual_stages
 from vpipe_lab.core.report import human_bytes, human_time, plan_table
 from vpipe_lab.wire.jobspec import DEVICES, ENGINES, add_training_options
 from vpipe_lab.wire.private import DEFAULT_KEY_FILE
@@ -129,7 +130,7 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--microbatches", "-m", type=int, default=4)
     p.add_argument("--replicas", type=int, default=1, help="data-parallel copies of the pipeline: torchrun starts "
                    "stages x replicas processes")
-    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    p.add_argument("--schedule", choices=schedules.names(), default="1f1b")
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("--engine", choices=ENGINES, default="lab",
                    help="lab: vpipe_lab's runtime; torch: torch.distributed.pipelining's (runtime/torch_engine.py)")
@@ -171,7 +172,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--stages", "-k", type=int, default=2)
     p.add_argument("--microbatches", "-m", type=int, default=4)
     p.add_argument("--iterations", "-n", type=int, default=20)
-    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    p.add_argument("--schedule", choices=schedules.names(), default="1f1b")
     p.add_argument("--virtual-stages", "-v", type=int, default=None, help=VIRTUAL_HELP)
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("--engine", choices=ENGINES, default="lab",

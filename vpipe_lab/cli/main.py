@@ -9,10 +9,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from vpipe_lab.core import scaling, workloads
+from vpipe_lab.core import scaling, schedules, workloads
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.errors import VpipeError
-from vpipe_lab.core.plan import AUTO, SCHEDULES, Plan
+from vpipe_lab.core.plan import AUTO, Plan
 from vpipe_lab.core.planner import METHODS, search
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.report import human_time, plan_table
@@ -51,7 +51,7 @@ def _add_planning_args(p: argparse.ArgumentParser) -> None:
     count.add_argument("--microbatches", "-m", type=int, help="micro-batches per mini-batch")
     count.add_argument("--batch-size", type=int, help="the global batch: the planner chooses how many micro-batches "
                        "(each count dividing it, on the profile rescaled to its micro-batch size)")
-    p.add_argument("--schedule", choices=(*SCHEDULES, AUTO), default="1f1b",
+    p.add_argument("--schedule", choices=(*schedules.names(), AUTO), default="1f1b",
                    help="the pipeline schedule, or auto: the planner plans each and keeps the fastest that fits")
     p.add_argument("--method", choices=METHODS, default="vpipe")
     p.add_argument("--device", choices=sorted(workloads.DEVICES), default="rtx2080ti",

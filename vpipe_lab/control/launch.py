@@ -12,10 +12,10 @@ from typing import Any
 from vpipe_lab.control import units
 from vpipe_lab.control.processes import Launcher, reap_stale
 from vpipe_lab.control.session import Session
-from vpipe_lab.core import checks, pipedream
+from vpipe_lab.core import checks, schedules
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.partition import uniform
-from vpipe_lab.core.plan import CHUNKED, SCHEDULES, Plan, default_virtual_stages
+from vpipe_lab.core.plan import Plan, default_virtual_stages
 from vpipe_lab.wire import protocol as P
 from vpipe_lab.wire.channel import Client, Hub
 from vpipe_lab.wire.checkpoint import Manifest, is_foreign
@@ -116,8 +116,8 @@ def launch(
 
     checks.count(stages, "stages")
     checks.count(microbatches, "microbatches")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
+    if schedule not in schedules.names():
+        raise ValueError(f"unknown schedule {schedule!r}: use one of {', '.join(schedules.names())}")
     if device not in DEVICES:
         raise ValueError(f"unknown device {device!r}: use one of {', '.join(DEVICES)}")
     check_training(clip_grad_norm, precision, eval_every, eval_batches)
@@ -127,19 +127,13 @@ def launch(
     checks.count(replicas, "replicas")
     if problem := engine_refusal(engine, replicas, precision, schedule):
         raise ValueError(problem)
-    if schedule == "pipedream" and (problem := pipedream.refusal(clip_grad_norm, precision, replicas)):
-        raise ValueError(problem)
     if virtual_stages is None:  # the given plan's chunks per stage, else the schedule's default
         virtual_stages = plan.virtual_stages if plan is not None else default_virtual_stages(schedule)
     checks.count(virtual_stages, "virtual_stages")
-    if schedule == "zbv" and virtual_stages != 2:
-        raise ValueError(f"zbv runs two chunks per stage (a V), not virtual_stages={virtual_stages}: leave it out")
-    if virtual_stages > 1 and (schedule not in CHUNKED or stages < 2):
-        raise ValueError(f"virtual_stages={virtual_stages} needs schedule='interleaved-1f1b' (or 'zbv') and at least 2 "
-                         f"stages (got {schedule!r} on {stages})")
-    if schedule == "interleaved-1f1b" and microbatches % stages:
-        raise ValueError(f"interleaved-1f1b runs micro-batches in groups of the {stages} stages: microbatches="
-                         f"{microbatches} must be a multiple of {stages}")
+    if problem := schedules.job_refusal(schedule, stages=stages, microbatches=microbatches,
+                                        virtual_stages=virtual_stages, clip_grad_norm=clip_grad_norm,
+                                        precision=precision, replicas=replicas):
+        raise ValueError(problem)
     sinks.check(log)
     manifest = None
     if resume is not None and not is_foreign(resume):  # torch's own DCP checkpoint: weights by name, no plan in it
@@ -186,6 +180,8 @@ def launch(
     job_dir = Path(tempfile.mkdtemp(prefix="vpipe-lab-"))
     session_id = uuid.uuid4().hex[:12]
     callables_path = blob = None
+    if added := schedules.added():  # schedules registered in this process: the workers register them too
+        user["schedules"] = added
     if user:
         import cloudpickle
 

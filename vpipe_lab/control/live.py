@@ -19,11 +19,11 @@ from typing import Any
 from vpipe_lab.control.monitor import FailureMonitor
 from vpipe_lab.control.requests import Requests
 from vpipe_lab.control.state import JobState, infos
-from vpipe_lab.core import checks, pipedream, scaling
+from vpipe_lab.core import checks, scaling, schedules
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
 from vpipe_lab.core.migration import LayerMove, layer_moves, migration_time_s, moved_bytes
-from vpipe_lab.core.plan import ASYNC, AUTO, CHUNKED, SCHEDULES, Plan, default_virtual_stages
+from vpipe_lab.core.plan import AUTO, Plan, default_virtual_stages
 from vpipe_lab.core.planner import search
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.report import human_bytes
@@ -84,8 +84,7 @@ class Live:
         assert current is not None
         plan = plan.validate(len(self.state.names), self.spec.stages)
         spec = self.spec
-        if plan.schedule == "pipedream" and (problem := pipedream.refusal(spec.clip_grad_norm, spec.precision,
-                                                                          spec.replicas)):
+        if problem := plan.kind.training_refusal(spec.clip_grad_norm, spec.precision, spec.replicas):
             raise PlanError(f"{problem}; nothing changed")
         if not force and self.spec.memory_budget:
             profile = self.profile()
@@ -206,8 +205,8 @@ class Live:
         ``schedule``: plan for that schedule, or ``"auto"`` to let the planner choose it (each charged its memory
         and its measured overhead per step); None keeps the current one. A new schedule starts at the iteration
         the plan is applied at, like any other plan change."""
-        if schedule is not None and schedule not in (*SCHEDULES, AUTO):
-            raise PlanError(f"unknown schedule {schedule!r}: use one of {', '.join((*SCHEDULES, AUTO))}")
+        if schedule is not None and schedule not in (*schedules.names(), AUTO):
+            raise PlanError(f"unknown schedule {schedule!r}: use one of {', '.join((*schedules.names(), AUTO))}")
         profile = profile or self.profile()
         cluster = cluster or self.cluster()
         current = self.state.plan
@@ -222,10 +221,13 @@ class Live:
                             schedule=schedule, method=method, current=current)
         else:
             # a chunked schedule keeps the session's chunks per stage (or takes its default when it is new)
-            virtual = current.virtual_stages if schedule == current.schedule else default_virtual_stages(schedule)
+            chunked = schedule != AUTO and schedules.get(schedule).chunked
+            virtual = (current.virtual_stages if schedule == current.schedule else default_virtual_stages(schedule)
+                       ) if chunked else 1
             result = search(profile, cluster, microbatches=current.microbatches, schedule=schedule,
-                            method=method, current=current, virtual_stages=virtual if schedule in CHUNKED else 1)
-        if apply and result.plan.schedule in ASYNC and current.schedule not in ASYNC and asked != result.plan.schedule:
+                            method=method, current=current, virtual_stages=virtual)
+        if (apply and result.plan.kind.asynchronous and not current.kind.asynchronous
+                and asked != result.plan.schedule):
             # the method plans its own schedule: applying it would change what training computes, not only its speed
             raise PlanError(f"method={method!r} plans the {result.plan.schedule!r} schedule (weight stashing, an "
                             "optimizer step after every micro-batch), which changes the training's semantics: pass "

@@ -41,10 +41,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
-from vpipe_lab.core import checks, interleaved, pipedream, zbv, zero_bubble
+from vpipe_lab.core import checks, schedules
 from vpipe_lab.core.errors import PlanError
-from vpipe_lab.core.pipeline_time import chunks_iteration_time, iteration_time
-from vpipe_lab.core.plan import SCHEDULES, SPLIT, Estimate, Plan, Policy, placement
+from vpipe_lab.core.plan import Estimate, Plan, Policy
 from vpipe_lab.core.profile import Cluster, ModelProfile
 
 
@@ -109,8 +108,7 @@ class CostModel:
 
     def __init__(self, profile: ModelProfile, cluster: Cluster, microbatches: int, schedule: str = "1f1b",
                  virtual_stages: int = 1) -> None:
-        if schedule not in SCHEDULES:
-            raise PlanError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
+        self.kind = schedules.get(schedule)  # what the schedule's name means: its costs are asked of it
         checks.count(microbatches, "microbatches", error=PlanError)
         self.profile = profile
         self.cluster = cluster
@@ -121,8 +119,8 @@ class CostModel:
         # stage c % stages. Without virtual stages the two are the same.
         self.virtual = virtual_stages
         self.chunks = self.stages * virtual_stages
-        self.placement = placement(schedule, self.stages, self.chunks)  # the stage of each chunk
-        self.backward_steps = 2 if schedule in SPLIT else 1  # B and W steps, or one backward
+        self.placement = self.kind.placement(self.stages, self.chunks)  # the stage of each chunk
+        self.backward_steps = 2 if self.kind.split_backward else 1  # B and W steps, or one backward
         layers = profile.layers
         self.num_layers = len(layers)
         self.fwd = [x.forward_s for x in layers]
@@ -144,24 +142,12 @@ class CostModel:
 
     # --- O(1) stage queries -------------------------------------------------------------------------------------
     def inflight(self, stage: int) -> int:
-        """Micro-batches whose activations a stage holds at its peak."""
-        if self.schedule == "gpipe":
-            return self.microbatches
-        if self.schedule == "interleaved-1f1b":  # chunk-forwards held at once on the chunk's stage
-            return interleaved.peak_inflight(self.stages, self.virtual, self.microbatches, stage % self.stages)
-        if self.schedule == "zbv":  # this chunk's forwards held at once awaiting their B
-            side = 0 if stage < self.stages else 1
-            return max(h[side] for h in self.held(self.placement[stage]))
-        ahead = 1 if self.schedule == "eager-1f1b" and stage < self.stages - 1 else 0
-        return min(self.microbatches, self.stages - stage + ahead)
+        """Micro-batches whose activations a stage (a chunk, with virtual stages) holds at its peak."""
+        return int(self.kind.inflight(self.stages, stage, self.microbatches, self.virtual))
 
     def held(self, rank: int) -> tuple[tuple[int, ...], ...]:
         """What ``rank`` holds along a chunked schedule's order (``core/held.py``); empty for the others."""
-        if self.schedule == "zbv":
-            return zbv.held(self.stages, self.microbatches, rank)
-        if self.schedule == "interleaved-1f1b":
-            return interleaved.held(self.stages, self.virtual, self.microbatches, rank)
-        return ()
+        return tuple(self.kind.held(self.stages, self.virtual, self.microbatches, rank))
 
     def budget(self, stage: int) -> int:
         return self.cluster.budgets[stage]
@@ -177,11 +163,12 @@ class CostModel:
         return self._pb[hi] - self._pb[lo]
 
     def waiting_bytes(self, stage: int, lo: int, hi: int) -> int:
-        """ZB-H1: what the micro-batches beyond ``inflight`` that wait only for their weight step hold (else 0)."""
-        if self.schedule != "zb-h1":
-            return 0  # (ZBV counts its waiting micro-batches per chunk: ``StageCost.wait_bytes``)
-        waiting = min(self.microbatches, zero_bubble.waiting_w(self.stages, stage)) - self.inflight(stage)
-        return waiting * (self._pwait[hi] - self._pwait[lo])
+        """ZB-H1: what the micro-batches beyond ``inflight`` that wait only for their weight step hold (else 0; ZBV
+        counts its waiting micro-batches per chunk: ``StageCost.wait_bytes``)."""
+        waiting = self.kind.waiting_w(self.stages, stage, self.microbatches)
+        if waiting <= 0:
+            return 0
+        return (waiting - self.inflight(stage)) * (self._pwait[hi] - self._pwait[lo])
 
     def wgrad_compute_s(self, lo: int, hi: int) -> float:
         """The weights' gradients' part of layers lo:hi's backward (``LayerCost.wgrad_s``)."""
@@ -192,9 +179,8 @@ class CostModel:
 
     def stash_bytes(self, stage: int, lo: int, hi: int) -> int:
         """PipeDream: the copies of layers lo:hi's weights ``stage`` keeps for forwards in flight (else 0)."""
-        if self.schedule != "pipedream":
-            return 0
-        return pipedream.stashed_versions(self.stages, stage, self.microbatches) * (self._pp[hi] - self._pp[lo])
+        versions = self.kind.stashed_versions(self.stages, stage, self.microbatches)
+        return versions * (self._pp[hi] - self._pp[lo]) if versions else 0
 
     def activation_sum(self, lo: int, hi: int) -> int:
         return self._pa[hi] - self._pa[lo]
@@ -254,9 +240,9 @@ class CostModel:
     def update_s(self, stage: int, lo: int, hi: int) -> float:
         """PipeDream: per micro-batch, the optimizer's step on layers lo:hi's weights and their share of the copies
         that move the live weights off memory forwards in flight still read (else 0)."""
-        if self.schedule != "pipedream":
+        if not self.kind.asynchronous:
             return 0.0
-        share = pipedream.copies(self.stages, stage, self.microbatches) / self.microbatches
+        share = self.kind.weight_copies(self.stages, stage, self.microbatches) / self.microbatches
         return (self._pp[hi] - self._pp[lo]) * (self.cluster.update_s_per_byte + share * self.cluster.copy_s_per_byte)
 
     def base_times(self, stage: int, lo: int, hi: int) -> tuple[float, float]:
@@ -305,7 +291,7 @@ class CostModel:
             rebuild_bytes=rebuilt,
             wgrad_s=self.wgrad_compute_s(lo, hi),
             resident_bytes=resident,
-            wait_bytes=self.wait_bytes(lo, hi) if self.schedule in SPLIT else 0,
+            wait_bytes=self.wait_bytes(lo, hi) if self.kind.split_backward else 0,
         )
 
     def estimate(self, plan: Plan) -> Estimate:
@@ -313,14 +299,14 @@ class CostModel:
         if (plan.microbatches, plan.schedule, plan.virtual_stages) != (self.microbatches, self.schedule, self.virtual):
             return CostModel(self.profile, self.cluster, plan.microbatches, plan.schedule,
                              plan.virtual_stages).estimate(plan)
-        if self.schedule in ("interleaved-1f1b", "zbv"):
+        if self.kind.chunked:
             return self._estimate_chunks(plan)
         costs = [self.stage_cost(s, plan.boundaries[s], plan.boundaries[s + 1], plan.policies) for s in range(self.stages)]
         fwd = tuple(c.forward_s for c in costs)
         bwd = tuple(c.backward_s for c in costs)
         step = self.cluster.step_overhead_s  # a weight step pays it too
-        it = iteration_time(fwd, bwd, self.microbatches, self.schedule, [c.wgrad_s + step for c in costs], self.hop_s,
-                            [c.inflight for c in costs])
+        it = self.kind.iteration_time(fwd, bwd, self.microbatches, [c.wgrad_s + step for c in costs], self.hop_s,
+                                      [c.inflight for c in costs])
         busy = sum(c.total_s for c in costs) * self.microbatches
         peaks = tuple(c.peak_bytes for c in costs)
         budgets = self.cluster.budgets
@@ -345,8 +331,7 @@ class CostModel:
     def chunks_iteration_s(self, chunk_s: Sequence[float], wgrad_s: Sequence[float] = ()) -> float:
         """The iteration from each chunk's time per micro-batch (``wgrad_s``: its W step's, for ZBV): see
         ``pipeline_time.chunks_iteration_time``."""
-        return chunks_iteration_time(chunk_s, wgrad_s, self.placement, self.stages, self.microbatches, self.hop_s,
-                                     self.schedule == "zbv")
+        return float(self.kind.chunks_iteration_time(chunk_s, wgrad_s, self.stages, self.microbatches, self.hop_s))
 
     def chunks_time_s(self, costs: Sequence[StageCost]) -> float:
         """``chunks_iteration_s`` from every chunk's cost (a W step pays the runtime's step overhead too)."""

@@ -1,27 +1,41 @@
-"""Iteration time of the 1F1B-shaped schedules, GPipe and the chunked schedules (interleaved 1F1B, ZBV) from times per
-micro-batch: the cost model's closed forms (``core/costmodel.py``)."""
+"""Iteration time of the 1F1B-shaped schedules, GPipe, ZB-H1 and the chunked schedules (interleaved 1F1B, ZBV) from
+times per micro-batch: the closed forms their schedule kinds give the cost model (``core/schedules/``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 
-def iteration_time(forward: Sequence[float], backward: Sequence[float], microbatches: int, schedule: str,
-                   wgrad: Sequence[float] = (), latency_s: float = 0.0, inflight: Sequence[int] = ()) -> float:
-    """Iteration time of a synchronous pipeline from per-stage forward and backward time per micro-batch (and, for
-    ZB-H1, the weight-gradient part of each backward), each transfer arriving ``latency_s`` after its send, with
-    ``inflight[s]`` micro-batches between stage s's forward and backward (1F1B-shaped schedules; see ``period``)."""
+def gpipe_time(forward: Sequence[float], backward: Sequence[float], microbatches: int, latency_s: float = 0.0
+               ) -> float:
+    """GPipe's iteration from per-stage forward and backward time per micro-batch, each transfer arriving
+    ``latency_s`` after its send: the forwards' pipeline, then the backwards'."""
     total = [f + b for f, b in zip(forward, backward)]
-    fill = 2 * (len(total) - 1) * latency_s  # the first forward and the last backward cross every link
-    if schedule == "gpipe":
-        return sum(total) + fill + (microbatches - 1) * (max(forward) + max(backward))
-    if schedule == "zb-h1":  # a stage's own weight steps wait for its gradients; later stages' may delay them
-        weights = list(wgrad) or [0.0] * len(total)
-        step = period(total, latency_s, inflight, [t - w for t, w in zip(total, weights)])
-        slowest = max(range(len(total)), key=lambda s: total[s])
-        return microbatches * step + fill + sum(max(0.0, t - 2 * w) for s, (t, w) in enumerate(zip(total, weights))
-                                                if s != slowest)
-    return sum(total) + fill + (microbatches - 1) * period(total, latency_s, inflight)
+    return sum(total) + _fill(len(total), latency_s) + (microbatches - 1) * (max(forward) + max(backward))
+
+
+def one_f_one_b_time(forward: Sequence[float], backward: Sequence[float], microbatches: int, latency_s: float = 0.0,
+                     inflight: Sequence[int] = ()) -> float:
+    """A 1F1B-shaped iteration, with ``inflight[s]`` micro-batches between stage s's forward and backward (see
+    ``period``)."""
+    total = [f + b for f, b in zip(forward, backward)]
+    return sum(total) + _fill(len(total), latency_s) + (microbatches - 1) * period(total, latency_s, inflight)
+
+
+def zb_h1_time(forward: Sequence[float], backward: Sequence[float], microbatches: int, wgrad: Sequence[float] = (),
+               latency_s: float = 0.0, inflight: Sequence[int] = ()) -> float:
+    """ZB-H1's iteration (``wgrad``: the weight-gradient part of each stage's backward): a stage's own weight steps
+    wait for its gradients; later stages' may delay them."""
+    total = [f + b for f, b in zip(forward, backward)]
+    weights = list(wgrad) or [0.0] * len(total)
+    step = period(total, latency_s, inflight, [t - w for t, w in zip(total, weights)])
+    slowest = max(range(len(total)), key=lambda s: total[s])
+    return microbatches * step + _fill(len(total), latency_s) + sum(
+        max(0.0, t - 2 * w) for s, (t, w) in enumerate(zip(total, weights)) if s != slowest)
+
+
+def _fill(stages: int, latency_s: float) -> float:
+    return 2 * (stages - 1) * latency_s  # the first forward and the last backward cross every link
 
 
 def period(total: Sequence[float], latency_s: float, inflight: Sequence[int] = (),

@@ -8,42 +8,38 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vpipe_lab.core import checks
 from vpipe_lab.core.errors import PlanError, ProfileError
 from vpipe_lab.core.profile import SCHEMA_VERSION, check_kind, load_doc
 
-# The one list of schedule names: planners, launch(), the CLI and the magics read it. "eager-1f1b" is 1F1B with one
-# more warm-up forward on every stage but the last, so each stage's next activation is already on its way while its
-# neighbour computes: the transfers' latency leaves the critical path, for one more micro-batch of activations held
-# on those stages (core/schedule.py, core/costmodel.py). "zb-h1" is zero-bubble H1: 1F1B's memory with each backward
-# split into the input's gradient and the weights' gradients, the latter run in what would be bubbles
-# (core/zero_bubble.py).
-# "interleaved-1f1b" runs ``virtual_stages`` chunks per rank in looped placement (core/interleaved.py); "zbv" runs two
-# per rank in V placement with ZB-H1's split backward (core/zbv.py). "pipedream" is the paper's PipeDream: 1F1B whose
-# stages update their weights after every micro-batch's backward, each backward with the weights its forward used
-# (weight stashing, core/pipedream.py): other training semantics than the rest, which are one synchronous step per
-# iteration (the planner's "auto" never switches a run to it).
-SCHEDULES = ("gpipe", "1f1b", "eager-1f1b", "zb-h1", "interleaved-1f1b", "zbv", "pipedream")
-ASYNC = ("pipedream",)  # the schedules that update per micro-batch instead of once per iteration
-CHUNKED = ("interleaved-1f1b", "zbv")  # the schedules that give a stage several chunks (virtual stages)
-SPLIT = ("zb-h1", "zbv")  # the schedules that split each backward into B (input gradient) and W (weight gradients)
+if TYPE_CHECKING:
+    from vpipe_lab.core.schedules.kind import ScheduleKind
+
+# A plan names its schedule; what the name means (placement, chunks, split backward, per-micro-batch updates, its
+# order, checks and costs) is one object in the schedule registry (core/schedules/), imported on use: the
+# schedules build on plans.
 AUTO = "auto"  # for the planner (``planner.search``, ``Session.replan``): choose the schedule too
 VIRTUAL_HELP = "model chunks per stage under interleaved-1f1b (default: 2 with it or zbv, which needs 2; else 1)"
 
 
+def schedule_kind(name: str) -> ScheduleKind:
+    """The registered schedule called ``name`` (``core.schedules.get``); PlanError for an unknown one."""
+    from vpipe_lab.core import schedules
+
+    return schedules.get(name)
+
+
 def default_virtual_stages(schedule: str) -> int:
     """Chunks per stage when none is given: 2 under interleaved 1F1B (one would be plain 1F1B) and ZBV, else 1."""
-    return 2 if schedule in CHUNKED else 1
+    return schedule_kind(schedule).default_virtual
 
 
 def placement(schedule: str, stages: int, chunks: int) -> tuple[int, ...]:
     """The stage of each chunk: a V under ZBV (down the stages and back up, ``core/zbv.py``), else looped (chunk
     ``c`` on stage ``c % stages``), which is one chunk per stage without virtual stages."""
-    if schedule == "zbv" and chunks == 2 * stages:
-        return tuple(range(stages)) + tuple(reversed(range(stages)))
-    return tuple(c % stages for c in range(chunks))
+    return tuple(schedule_kind(schedule).placement(stages, chunks))
 
 
 class Policy(StrEnum):
@@ -101,6 +97,11 @@ class Plan:
 
     def chunk_layers(self, chunk: int) -> range:
         return range(self.boundaries[chunk], self.boundaries[chunk + 1])
+
+    @property
+    def kind(self) -> ScheduleKind:
+        """The plan's schedule as the registry has it (``core.schedules.ScheduleKind``)."""
+        return schedule_kind(self.schedule)
 
     @property
     def placement(self) -> tuple[int, ...]:
@@ -164,20 +165,16 @@ class Plan:
         if (len(b) - 1) % v:
             raise PlanError(f"boundaries {list(b)} give {len(b) - 1} chunks, which {v} virtual stages per stage do not "
                             f"divide: give stages x {v} + 1 boundaries")
-        if v > 1 and self.schedule not in CHUNKED:
-            raise PlanError(f"virtual_stages={v} needs the interleaved-1f1b or zbv schedule, not {self.schedule!r}")
-        if self.schedule == "zbv" and v != 2:
-            raise PlanError(f"zbv runs two chunks per stage (a V), not virtual_stages={v}: give virtual_stages=2 and "
-                            "stages x 2 + 1 boundaries")
+        kind = schedule_kind(self.schedule)
+        if problem := kind.check_virtual(v):
+            raise PlanError(f"{problem}: give a schedule and a virtual_stages that go together, and stages x "
+                            "virtual_stages + 1 boundaries")
         if stages is not None and self.stages != stages:
             raise PlanError(f"the plan has {self.stages} stages but the pipeline has {stages}: give "
                             f"{stages * v + 1} boundaries")
         checks.count(self.microbatches, "microbatches", error=PlanError)
-        if self.schedule not in SCHEDULES:
-            raise PlanError(f"unknown schedule {self.schedule!r}: use one of {', '.join(SCHEDULES)}")
-        if self.schedule == "interleaved-1f1b" and self.microbatches % self.stages:
-            raise PlanError(f"interleaved-1f1b runs micro-batches in groups of the {self.stages} stages: "
-                            f"microbatches={self.microbatches} must be a multiple of {self.stages}")
+        if problem := kind.check(self.stages, self.microbatches):
+            raise PlanError(problem)
         return self
 
     def with_boundaries(self, boundaries: Sequence[int]) -> Plan:

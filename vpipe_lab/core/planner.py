@@ -8,14 +8,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from vpipe_lab.core import checks, keep_all, scaling
+from vpipe_lab.core import checks, keep_all, scaling, schedules
 from vpipe_lab.core.chunk_plans import fit_chunks
 from vpipe_lab.core.costmodel import CostModel
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
 from vpipe_lab.core.memory_plans import StageProblem, exact
 from vpipe_lab.core.migration import LayerMove, layer_moves
 from vpipe_lab.core.partition import Objective, balanced, check_fits, pareto_dp, uniform
-from vpipe_lab.core.plan import ASYNC, AUTO, CHUNKED, SCHEDULES, Estimate, Plan, Policy
+from vpipe_lab.core.plan import AUTO, Estimate, Plan, Policy
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.vpipe_search import vpipe_search
 
@@ -84,7 +84,7 @@ def _pipedream(cm: CostModel) -> tuple[tuple[int, ...], int]:
     bounds, transitions = keep_all.partition(cm)
     if bounds is None:  # report against the best partition that ignores memory, which PipeDream would try to run
         _raise_infeasible(cm, balanced([f + b for f, b in zip(cm.fwd, cm.bwd)], cm.stages), (Policy.KEEP,) * cm.num_layers,
-                          cm.schedule if cm.schedule == "pipedream" else "pipedream-flush")
+                          cm.schedule if cm.kind.asynchronous else "pipedream-flush")
     assert bounds is not None
     return bounds, transitions
 
@@ -158,14 +158,15 @@ def search(
     if schedule == AUTO:
         return _search_schedules(profile, cluster, microbatches=microbatches, batch_size=batch_size, method=method,
                                  current=current, node_limit=node_limit, counts=counts)
-    if schedule in CHUNKED or virtual_stages != 1:
-        if schedule not in CHUNKED or (schedule == "zbv" and virtual_stages not in (1, 2)):
-            raise PlanError(f"virtual_stages={virtual_stages} does not go with schedule={schedule!r}: "
-                            "interleaved-1f1b takes any count, zbv runs 2 (a V)")
+    kind = schedules.get(schedule)
+    if kind.chunked or virtual_stages != 1:
+        problem = kind.check_virtual(virtual_stages) if virtual_stages != 1 or not kind.chunked else None
+        if problem:
+            raise PlanError(f"virtual_stages={virtual_stages} does not go with schedule={schedule!r}: {problem}")
         if batch_size is not None or microbatches is None:
             raise PlanError(f"{schedule} plans a fixed micro-batch count: give microbatches (how many per iteration, "
                             "a multiple of the stages), not batch_size")
-        virtual = 2 if schedule == "zbv" else virtual_stages
+        virtual = kind.virtual_choices[0] if kind.virtual_choices and virtual_stages == 1 else virtual_stages
         return _chunked(profile, cluster, microbatches, schedule, virtual, method, current)
     if batch_size is not None:
         if microbatches is not None:
@@ -210,10 +211,9 @@ def _chunked(profile: ModelProfile, cluster: Cluster, m: int, schedule: str, vir
 
 def _candidates(profile: ModelProfile, cluster: Cluster, microbatches: int | None) -> list[tuple[str, int]]:
     """Every (schedule, virtual stages) that ``auto`` tries."""
-    out = [(s, 1) for s in SCHEDULES if s not in CHUNKED + ASYNC]  # never other training semantics
-    if microbatches is not None and microbatches % cluster.stages == 0:
-        out += [("interleaved-1f1b", v) for v in (2, 3, 4) if cluster.stages * v <= len(profile.layers)]
-    return out + ([("zbv", 2)] if microbatches is not None and cluster.stages * 2 <= len(profile.layers) else [])
+    # each schedule says which of its shapes "auto" may try (never one with other training semantics)
+    return [(kind.name, v) for kind in schedules.kinds()
+            for v in kind.auto_virtuals(cluster.stages, len(profile.layers), microbatches)]
 
 
 def _fastest(attempts: Iterable[tuple[K, Callable[[], PlanResult]]]
@@ -241,7 +241,8 @@ def _search_schedules(profile: ModelProfile, cluster: Cluster, **options: Any) -
         extra = {"virtual_stages": virtual, "batch_size": None} if virtual > 1 else {}
         return functools.partial(search, profile, cluster, schedule=schedule, **{**options, **extra})
 
-    best, tried, closest = _fastest((schedule if virtual == 1 or schedule == "zbv" else f"{schedule} V={virtual}",
+    best, tried, closest = _fastest((schedule if virtual == 1 or schedules.get(schedule).virtual_choices
+                                     else f"{schedule} V={virtual}",
                                      attempt(schedule, virtual))
                                     for schedule, virtual in _candidates(profile, cluster, options.get("microbatches")))
     if best is None:
@@ -329,7 +330,7 @@ def _optimal(cm: CostModel, bounds: tuple[int, ...], policies: tuple[Policy, ...
              ) -> tuple[tuple[int, ...] | None, tuple[Policy, ...], bool, float, int]:
     """Exact search seeded with vPipe's plan as the bound to beat; returns (bounds, policies, proven, bound, work)."""
     upper = cm.estimate(Plan(bounds, policies, cm.microbatches, cm.schedule)).iteration_s if feasible else math.inf
-    objective = Objective(cm.schedule, cm.microbatches)
+    objective = Objective(cm.kind.flush, cm.microbatches)
     stages = _ExactStages(cm, node_limit)
     stages.cap = objective.stage_cap(upper, cm.total_compute_s)
     # Accept only strict improvements beyond rounding, so the seed stands when nothing is really better.

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from vpipe_lab.core.costmodel import CostModel
 from vpipe_lab.core.generators import for_plan
-from vpipe_lab.core.plan import SPLIT, Plan
+from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.schedule import Action, Op, Schedule, chunk_indices, run_schedule
 from vpipe_lab.core.timeline import Timeline
@@ -24,7 +24,7 @@ def durations(cm: CostModel, plan: Plan) -> Callable[[Action], float]:
     """The cost model's duration of every action of ``plan``'s schedule."""
     bounds = plan.boundaries
     bw = cm.cluster.swap_bandwidth
-    split = plan.schedule in SPLIT  # B is the input's gradient only; W the weights'
+    split = plan.kind.split_backward  # B is the input's gradient only; W the weights'
     step = cm.cluster.step_overhead_s  # the runtime's own time per compute step
 
     def duration(a: Action) -> float:

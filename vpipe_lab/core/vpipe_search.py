@@ -59,7 +59,7 @@ class StageOracle:
 
 def score(cm: CostModel, oracle: StageOracle, bounds: Sequence[int]) -> tuple[int, float, float]:
     """(bytes missing over all stages, iteration time, largest stage time): lower is better, lexicographically."""
-    objective = Objective(cm.schedule, cm.microbatches)
+    objective = Objective(cm.kind.flush, cm.microbatches)
     key = objective.start()
     evals = [oracle(s, bounds[s], bounds[s + 1]) for s in range(len(bounds) - 1)]
     for ev in evals:

@@ -11,8 +11,8 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from vpipe_lab.control import interop
+from vpipe_lab.core import schedules
 from vpipe_lab.core.costmodel import estimate
-from vpipe_lab.core.plan import SCHEDULES
 from vpipe_lab.core.report import human_time, plan_table
 
 
@@ -28,7 +28,7 @@ def add_commands(sub: Any) -> None:
     i.add_argument("--batch-size", type=int, help="samples per batch (with pipeline_parallel_microbatch_size)")
     i.add_argument("--microbatches", type=int)
     i.add_argument("--ranks", type=int, help="pipeline ranks of a layout string (default: the session's stages)")
-    i.add_argument("--schedule", choices=SCHEDULES, help="for a layout string without virtual stages")
+    i.add_argument("--schedule", choices=schedules.names(), help="for a layout string without virtual stages")
     i.add_argument("--apply", action="store_true", help="run it from the next iteration (live migration)")
     i.add_argument("--name", default="imported", help="notebook variable for the plan (default: imported)")
 

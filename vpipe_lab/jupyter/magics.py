@@ -2,8 +2,8 @@
 
 The parser (``build_parser``) is the one statement of the magic's vocabulary: its sub-commands are ``COMMANDS``,
 ``%vpipe help`` prints its help, and tab completion offers its options and their choices (planner ``METHODS``,
-``SCHEDULES``, ``Policy`` values, devices). ``%vpipe help`` lists every command; ``%vpipe start gpt-tiny --stages 2
---run 50`` is the shortest start.
+the schedule registry's names, ``Policy`` values, devices). ``%vpipe help`` lists every command; ``%vpipe start
+gpt-tiny --stages 2 --run 50`` is the shortest start.
 
 Training runs in the background; the kernel answers other cells meanwhile. Interrupting the kernel while a cell waits
 on training pauses the training instead of killing it (workers live in their own process session anyway).
@@ -19,10 +19,10 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
-from vpipe_lab.core import checks
+from vpipe_lab.core import checks, schedules
 from vpipe_lab.core.costmodel import estimate
 from vpipe_lab.core.errors import VpipeError
-from vpipe_lab.core.plan import AUTO, SCHEDULES, VIRTUAL_HELP, Policy, default_virtual_stages
+from vpipe_lab.core.plan import AUTO, VIRTUAL_HELP, Policy, default_virtual_stages
 from vpipe_lab.core.planner import METHODS
 from vpipe_lab.core.report import human_time, plan_table
 from vpipe_lab.jupyter.interop_commands import InteropCommands, add_commands
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--stages", "-k", type=int, default=2)
     s.add_argument("--microbatches", "-m", type=int, default=4)
     s.add_argument("--replicas", type=int, default=1, help="data-parallel copies of the pipeline")
-    s.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    s.add_argument("--schedule", choices=schedules.names(), default="1f1b")
     s.add_argument("--virtual-stages", "-v", type=int, default=None, help=VIRTUAL_HELP)
     s.add_argument("--device", choices=DEVICES, default="auto")
     s.add_argument("--engine", choices=ENGINES, default="lab",
@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--apply", action="store_true", help="apply it (live migration)")
     pl.add_argument("--choose-microbatches", action="store_true",
                     help="let the planner choose the micro-batch count too, for the same global batch")
-    pl.add_argument("--schedule", choices=(*SCHEDULES, AUTO), default=None,
+    pl.add_argument("--schedule", choices=(*schedules.names(), AUTO), default=None,
                     help="plan for this schedule, or auto to let the planner choose it (default: the current one)")
     a = sub.add_parser("apply", help="apply a Plan held in a notebook variable")
     a.add_argument("plan")

@@ -77,11 +77,10 @@ def _check(args: argparse.Namespace) -> None:
     if problem := engine_refusal(args.engine, args.replicas, args.precision, args.schedule):
         raise ValueError(f"--engine {args.engine}: {problem}")
     check(args.log)
-    if args.schedule == "pipedream":  # as launch() refuses it (a --plan file's schedule meets the stage's own check)
-        from vpipe_lab.core import pipedream
+    from vpipe_lab.core import schedules  # as launch() refuses (a --plan file's schedule meets the stage's own check)
 
-        if problem := pipedream.refusal(args.clip_grad_norm, args.precision, args.replicas):
-            raise ValueError(f"--schedule pipedream: {problem}")
+    if problem := schedules.get(args.schedule).training_refusal(args.clip_grad_norm, args.precision, args.replicas):
+        raise ValueError(f"--schedule {args.schedule}: {problem}")
     for name in ("iterations", "save_every"):
         value = getattr(args, name)
         if value is not None and value < 1:

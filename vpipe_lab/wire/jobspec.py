@@ -37,8 +37,10 @@ def engine_refusal(engine: str, replicas: int, precision: str, schedule: str) ->
         return "engine='torch' runs one pipeline: data-parallel replicas need engine='lab'"
     if precision != "fp32":
         return f"engine='torch' trains in fp32; precision={precision!r} needs engine='lab'"
-    if schedule == "pipedream":
-        return "torch.distributed.pipelining has no PipeDream (weight stashing): use engine='lab'"
+    from vpipe_lab.core import schedules
+
+    if schedule in schedules.names() and (why := schedules.get(schedule).export_refusal):
+        return f"torch.distributed.pipelining cannot run {schedule!r} ({why}): use engine='lab'"
     return None
 
 

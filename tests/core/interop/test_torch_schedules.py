@@ -16,9 +16,10 @@ from torch.distributed.pipelining.schedules import (
 )
 from torch.distributed.pipelining.stage import PipelineStage
 
+from vpipe_lab.core import schedules
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.interop import torch_schedules
-from vpipe_lab.core.plan import CHUNKED, Plan, Policy
+from vpipe_lab.core.plan import Plan, Policy
 
 
 def plan_of(schedule: str, stages: int, microbatches: int, virtual: int = 1) -> Plan:
@@ -43,10 +44,10 @@ def torch_order(name: str, stages: int, microbatches: int, virtual: int) -> list
 
 
 def test_rows_are_torch_actions_and_torch_validates_every_order() -> None:
-    for schedule in torch_schedules.TORCH:
+    for schedule in torch_schedules.torch_classes():
         for k in (2, 3, 4):
             for m in (1, 2, 3, 4, 6, 8):
-                virtual = 2 if schedule in CHUNKED else 1
+                virtual = schedules.get(schedule).default_virtual
                 try:
                     plan = plan_of(schedule, k, m, virtual).validate()
                 except PlanError:
@@ -68,7 +69,7 @@ def test_the_csv_is_what_torch_reads() -> None:
 @pytest.mark.parametrize("schedule", ["interleaved-1f1b", "zbv", "zb-h1"])
 def test_each_exact_rule_is_torchs_own_order(schedule: str) -> None:
     """Over many shapes: torch's class builds the lab's order exactly where the rule says, and only there."""
-    name = torch_schedules.TORCH[schedule].name
+    name = torch_schedules.torch_classes()[schedule].name
     checked = 0
     for k in range(2, 6):
         for m in range(1, 17):

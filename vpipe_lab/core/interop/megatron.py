@@ -36,8 +36,10 @@ def layout(plan: Plan, units: Sequence[UnitInfo]) -> str:
     why = stack(units)
     if why is not None:
         raise PlanError(why)
-    if plan.schedule == "zbv":
-        raise PlanError("Megatron-LM places virtual stages looped only; ZBV's V placement has no layout string")
+    if plan.placement != tuple(c % plan.stages for c in range(plan.chunks)):
+        how = "V placement" if plan.kind.torch is not None and plan.kind.torch.style == "v" else "placement"
+        raise PlanError(f"Megatron-LM places virtual stages looped only; {plan.schedule}'s {how} "
+                        f"{list(plan.placement)} has no layout string")
     kinds = ["pre"] + ["block"] * (len(units) - 2) + ["post"]
     return "|".join(_compress("".join(_SYMBOL[kinds[i]] for i in plan.chunk_layers(c))) for c in range(plan.chunks))
 
@@ -76,10 +78,9 @@ def args_text(bundle: Bundle) -> str:
     notes = [f"# {plan.describe()}",
              f"# global batch: --global-batch-size = {plan.microbatches} micro-batches x micro-batch size x data "
              "parallel size"]
-    if plan.schedule == "gpipe":
-        notes.append("# Megatron-LM runs 1F1B where the lab ran GPipe: the same gradients, less activation memory")
-    elif plan.schedule in ("zb-h1", "eager-1f1b"):
-        notes.append(f"# Megatron-LM runs 1F1B where the lab ran {plan.schedule}: the same gradients, another order")
+    runs = "interleaved 1F1B" if plan.virtual_stages > 1 else "1F1B"  # the orders Megatron-LM's layout runs
+    if plan.schedule not in ("1f1b", "interleaved-1f1b"):
+        notes.append(f"# Megatron-LM runs {runs} where the lab ran {plan.schedule}: the same gradients, another order")
     notes += [f"# not expressible per layer in Megatron-LM: {m}" for m in missing]
     return "\n".join(notes + flags) + "\n"
 

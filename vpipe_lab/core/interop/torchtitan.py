@@ -17,10 +17,11 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from vpipe_lab.core import schedules
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.interop import torch_schedules
 from vpipe_lab.core.interop.bundle import Bundle, UnitInfo, plan_from_parts
-from vpipe_lab.core.plan import CHUNKED, Plan, Policy
+from vpipe_lab.core.plan import Plan, Policy
 
 # torch's schedule classes by how they place stages, and how many each rank holds by default (torchtitan's rule).
 SINGLE = ("GPipe", "1F1B", "PipelineScheduleSingle")
@@ -166,7 +167,7 @@ def read(par: Mapping[str, Any], units: Sequence[UnitInfo], *, batch_size: int |
 
 
 def _lab_schedule(name: str, virtual: int) -> str:
-    if name in LAB and (virtual > 1) == (LAB[name] in CHUNKED):
+    if name in LAB and (virtual > 1) == schedules.get(LAB[name]).chunked:
         return LAB[name]
     if name == "InterleavedZeroBubble" and virtual == 1:
         return "zb-h1"  # torch's ZB1P; the lab's ZB-H1 holds one more W back on the first stages (torch_schedules)
@@ -179,9 +180,9 @@ def _lab_schedule(name: str, virtual: int) -> str:
 
 def _from_csv(text: str, plan: Plan) -> Plan:
     found = torch_schedules.read_csv(text)
-    candidates = [Plan(plan.boundaries, plan.policies, plan.microbatches, s, plan.virtual_stages)
-                  for s in (torch_schedules.TORCH if plan.virtual_stages == 1 else CHUNKED)
-                  if (s in CHUNKED) == (plan.virtual_stages > 1) and not (s == "zbv" and plan.virtual_stages != 2)]
+    candidates = [Plan(plan.boundaries, plan.policies, plan.microbatches, k.name, plan.virtual_stages)
+                  for k in schedules.kinds() if not k.asynchronous and k.chunked == (plan.virtual_stages > 1)
+                  and k.check_virtual(plan.virtual_stages) is None]
     match = torch_schedules.schedule_of_rows(found, candidates)
     if match is None:
         raise PlanError("the schedule CSV runs an order that is none of the lab's schedules "

@@ -2,8 +2,9 @@
 
 Micro-batches are ``torch.chunk`` of the mini-batch along dim 0; each micro-batch's loss is scaled by 1/M, so the
 gradients are those of the mean of the per-micro-batch losses and a pipelined step equals a plain full-batch step.
-Under PipeDream (``plan.schedule == "pipedream"``) each micro-batch is a step of its own instead: its loss unscaled,
-the stage's optimizer stepping after its backward on the weights its forward used (``stash.py``).
+Under PipeDream (an asynchronous schedule kind, ``plan.kind.asynchronous``) each micro-batch is a step of its own
+instead: its loss unscaled, the stage's optimizer stepping after its backward on the weights its forward used
+(``stash.py``).
 
 A forward or backward runs the stage's fused segments (see ``stage.Stage``); in a *profiling* iteration every layer
 runs and is timed on its own, for the online profiler, and the caller decides which iterations profile. Transfers
@@ -33,7 +34,7 @@ from typing import Any
 import torch
 
 from vpipe_lab.core.generators import for_plan
-from vpipe_lab.core.plan import ASYNC, SPLIT, Plan
+from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.schedule import KIND, Action, Op, Schedule, chunk_indices
 from vpipe_lab.runtime.engine import faults
 from vpipe_lab.runtime.engine.comm import TAG_BACKWARD, TAG_EVAL, TAG_FORWARD, Incoming, Peer
@@ -177,7 +178,7 @@ class Executor:
         m = plan.microbatches
         self.in_loss = False
         stage, peer = self.stage, self.peer
-        stage.stash.on = plan.schedule in ASYNC  # PipeDream: an update after every backward (stash.py)
+        stage.stash.on = plan.kind.asynchronous  # PipeDream: an update after every backward (stash.py)
         stage.stash.reset()
         # each micro-batch's mean loss is a step of its own under PipeDream; else 1/M of the iteration's step
         stage.loss_scale = self.loss_multiplier / (1 if stage.stash.on else m)
@@ -189,7 +190,7 @@ class Executor:
             stage.scales = [self.loss_multiplier * w for w in weights]
         agreed = not uneven  # shapes agreed once per epoch only when every micro-batch has them
         stage.iteration = iteration
-        stage.split_backward(plan.schedule in SPLIT)  # B then W (core/zero_bubble.py), or one backward
+        stage.split_backward(plan.kind.split_backward)  # B then W (core/zero_bubble.py), or one backward
         stage.ledger.reset_peaks()
         if self.budget is not None:
             static = stage.static_bytes()  # not ``sizes``: that name is the micro-batches' samples, reported below

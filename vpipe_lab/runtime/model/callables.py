@@ -10,6 +10,7 @@ from typing import Any
 import cloudpickle
 
 from vpipe_lab import examples
+from vpipe_lab.core import schedules
 from vpipe_lab.wire.jobspec import JobSpec
 
 __all__ = ["Callables", "load_callables"]
@@ -32,6 +33,8 @@ def load_callables(spec: JobSpec) -> Callables:
     if spec.callables_path:
         with open(Path(spec.callables_path), "rb") as fh:
             user = cloudpickle.load(fh)
+    for kind in user.get("schedules", ()):  # schedules the controller's process registered (core/schedules/)
+        schedules.register(kind)
     found: dict[str, Any] = {}
     for role in ("model", "data", "loss", "optimizer", "lr_scheduler", "eval_data"):
         if role in user and user[role] is not None:

@@ -75,7 +75,7 @@ class Ties:
         chain = chain or self.chain
         plan_layers = [list(plan.layers_of(s)) for s in range(self.world)]
         tied = holders(plan_layers, [[c for _, c in t.params] for t in chain.tensors])
-        if plan.schedule == "pipedream" and tied:  # one weight, updated by two stages at their own times
+        if plan.kind.asynchronous and tied:  # one weight, updated by two stages at their own times
             name, ranks = tied[0]
             return (f"parameter {name!r} is tied across stages {list(ranks)}; under PipeDream each stage updates its "
                     "weights on its own after every micro-batch, so a tie cannot stay one weight: keep the tied layers "
