@@ -48,7 +48,7 @@ def test_a_plan_with_virtual_stages() -> None:
     assert list(plan.layers_of(0)) == [0, 1, 3, 4] and list(plan.layers_of(1)) == [2, 5, 6, 7]
     assert [plan.stage_of(i) for i in range(8)] == [0, 0, 1, 0, 0, 1, 1, 1]
     assert Plan.from_json(plan.to_json()) == plan and "V=2" in plan.describe() and "[2:3]K@1" in plan.describe()
-    with pytest.raises(PlanError, match=r"needs a chunked schedule \(interleaved-1f1b, zbv\)"):
+    with pytest.raises(PlanError, match=r"chunked schedule, not '1f1b' \(the chunked ones: interleaved-1f1b, zbv, dual"):
         Plan((0, 2, 3, 5, 8), ("keep",) * 8, 4, "1f1b", 2).validate()
     with pytest.raises(PlanError, match="3 virtual stages per stage do not divide"):
         Plan((0, 2, 3, 5, 8), ("keep",) * 8, 4, "interleaved-1f1b", 3).validate()

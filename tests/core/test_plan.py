@@ -1,18 +1,10 @@
-"""Plans and policies: parsing, JSON, helpers and the errors validation gives."""
+"""Plans: parsing, JSON, helpers and the errors validation gives."""
 
 import pytest
 
 from vpipe_lab.core import schedules
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.plan import Estimate, Plan, Policy
-
-
-def test_policy_parse() -> None:
-    assert Policy.parse("s") is Policy.SWAP
-    assert Policy.parse("Recompute") is Policy.RECOMPUTE
-    assert Policy.parse(Policy.KEEP) is Policy.KEEP
-    with pytest.raises(PlanError, match="unknown policy 'x'"):
-        Policy.parse("x")
 
 
 def test_plan_round_trip_and_helpers() -> None:
@@ -54,7 +46,8 @@ def test_plan_validate_checks_stages_and_schedule() -> None:
 
 def test_every_schedule_name_validates_and_estimates_round_trip() -> None:
     for name in schedules.names():
-        virtual = 2 if name == "zbv" else 1  # ZBV is two chunks per stage
+        kind = schedules.get(name)
+        virtual = kind.virtual_choices[0] if kind.virtual_choices else 1  # ZBV and DualPipeV: two chunks per stage
         assert Plan((0, 1, 2), "kk", 2, name, virtual).validate(2).schedule == name
     est = Estimate(1.0, (0.4, 0.5), (10, 30), (20, 20), 0.2, False)
     assert est.bottleneck == 1 and est.over_budget == (0, 10) and est.to_dict()["peak_bytes"] == [10, 30]

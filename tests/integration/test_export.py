@@ -19,12 +19,14 @@ from vpipe_lab.wire import bundle as bundle_files
 
 pytestmark = pytest.mark.slow
 
-# The four plans on the MLP (no dropout: torch and the lab seed dropout differently), 2 ranks, 4 micro-batches.
+# The four plans, and DualPipeV, on the MLP (no dropout: torch and the lab seed dropout differently), 2 ranks,
+# 4 micro-batches.
 PLANS = {
     "1f1b-recompute": Plan((0, 4, 10), tuple("kkrkkkkkkk"), 4, "1f1b"),  # torch's 1F1B class runs it
     "interleaved": Plan((0, 2, 5, 7, 10), tuple("kkkskkkkkk"), 4, "interleaved-1f1b", 2),  # its Interleaved1F1B
     "zb-h1": Plan((0, 4, 10), tuple("kkkkkrkkkk"), 4, "zb-h1"),  # no class runs the lab's ZB-H1 at M=4: the CSV
     "zbv": Plan((0, 2, 5, 7, 10), tuple("k" * 10), 4, "zbv", 2),  # its ZBVZeroBubble
+    "dualpipev": Plan((0, 2, 5, 7, 10), tuple("kkkkkkrkkk"), 4, "dualpipev", 2),  # its DualPipeV (overlapped pairs)
 }
 
 
@@ -40,7 +42,7 @@ def lab_run(plan: Plan, bundle: Path, iterations: int = 3) -> tuple[list[float],
 def test_exported_plans_train_on_torch_as_in_the_lab(tmp_path: Path) -> None:
     lab = {name: lab_run(plan, tmp_path / name) for name, plan in PLANS.items()}
     assert [bundle_files.read(tmp_path / n).schedule for n in PLANS] == ["1F1B", "Interleaved1F1B", None,
-                                                                        "ZBVZeroBubble"]
+                                                                        "ZBVZeroBubble", "DualPipeV"]
     jobs = [torch_jobs.Job(str(tmp_path / name)) for name in PLANS]
     jobs += [torch_jobs.Job(str(tmp_path / "1f1b-recompute"), use_csv=True),  # the CSV where a class exists
              torch_jobs.Job(str(tmp_path / "zb-h1"), torchtitan=True),  # torchtitan's builder, from torchtitan.toml

@@ -6,29 +6,26 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vpipe_lab.core import checks
 from vpipe_lab.core.errors import PlanError, ProfileError
+from vpipe_lab.core.policy import Policy as Policy  # re-exported: a plan is read with its policies
 from vpipe_lab.core.profile import SCHEMA_VERSION, check_kind, load_doc
-
-if TYPE_CHECKING:
-    from vpipe_lab.core.schedules.kind import ScheduleKind
+from vpipe_lab.core.schedules import ScheduleKind, virtual_refusal
+from vpipe_lab.core.schedules import get as _get_kind
 
 # A plan names its schedule; what the name means (placement, chunks, split backward, per-micro-batch updates, its
-# order, checks and costs) is one object in the schedule registry (core/schedules/), imported on use: the
-# schedules build on plans.
+# order, checks and costs) is one object in the schedule registry (core/schedules/), which reads plans through a
+# protocol of its own (``schedules.kind.PlanView``), so it never imports this module.
 AUTO = "auto"  # for the planner (``planner.search``, ``Session.replan``): choose the schedule too
 VIRTUAL_HELP = "model chunks per stage under interleaved-1f1b (default: 2 with it or zbv, which needs 2; else 1)"
 
 
 def schedule_kind(name: str) -> ScheduleKind:
     """The registered schedule called ``name`` (``core.schedules.get``); PlanError for an unknown one."""
-    from vpipe_lab.core import schedules
-
-    return schedules.get(name)
+    return _get_kind(name)
 
 
 def default_virtual_stages(schedule: str) -> int:
@@ -40,28 +37,6 @@ def placement(schedule: str, stages: int, chunks: int) -> tuple[int, ...]:
     """The stage of each chunk: a V under ZBV (down the stages and back up, ``core/zbv.py``), else looped (chunk
     ``c`` on stage ``c % stages``), which is one chunk per stage without virtual stages."""
     return tuple(schedule_kind(schedule).placement(stages, chunks))
-
-
-class Policy(StrEnum):
-    """Where a layer's saved activations live between its forward and its backward."""
-
-    KEEP = "keep"
-    SWAP = "swap"
-    RECOMPUTE = "recompute"
-
-    @classmethod
-    def parse(cls, value: Any) -> Policy:
-        """Accept a Policy, its value or a unique prefix ("k", "s", "r"), case-insensitive."""
-        if isinstance(value, Policy):
-            return value
-        text = str(value).strip().lower()
-        matches = [p for p in cls if p.value.startswith(text)] if text else []
-        if len(matches) != 1:
-            raise PlanError(f"unknown policy {value!r}: use one of 'keep', 'swap', 'recompute'")
-        return matches[0]
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)
@@ -166,7 +141,7 @@ class Plan:
             raise PlanError(f"boundaries {list(b)} give {len(b) - 1} chunks, which {v} virtual stages per stage do not "
                             f"divide: give stages x {v} + 1 boundaries")
         kind = schedule_kind(self.schedule)
-        if problem := kind.check_virtual(v):
+        if problem := virtual_refusal(self.schedule, v):
             raise PlanError(f"{problem}: give a schedule and a virtual_stages that go together, and stages x "
                             "virtual_stages + 1 boundaries")
         if stages is not None and self.stages != stages:

@@ -160,7 +160,7 @@ def search(
                                  current=current, node_limit=node_limit, counts=counts)
     kind = schedules.get(schedule)
     if kind.chunked or virtual_stages != 1:
-        problem = kind.check_virtual(virtual_stages) if virtual_stages != 1 or not kind.chunked else None
+        problem = schedules.virtual_refusal(schedule, virtual_stages) if virtual_stages != 1 or not kind.chunked else None
         if problem:
             raise PlanError(f"virtual_stages={virtual_stages} does not go with schedule={schedule!r}: {problem}")
         if batch_size is not None or microbatches is None:

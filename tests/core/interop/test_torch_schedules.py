@@ -39,7 +39,10 @@ def torch_order(name: str, stages: int, microbatches: int, virtual: int) -> list
         return None
     finally:
         logging.disable(logging.NOTSET)
-    return [[str(a) for a in built.pipeline_order[r] if a is not None and a.computation_type.value in "FBIW"]
+    def flat(actions: list) -> list:  # an overlapped pair (DualPipeV's) is its forward and its backward, in order
+        return [s for a in actions if a is not None for s in (a.sub_actions or (a,))]
+
+    return [[str(a) for a in flat(built.pipeline_order[r]) if a.computation_type.value in "FBIW"]
             for r in range(stages)]
 
 
@@ -59,6 +62,17 @@ def test_rows_are_torch_actions_and_torch_validates_every_order() -> None:
                 assert [mapping[s] for s in range(k * virtual)] == torch_schedules.rank_of_stage(plan)
 
 
+def test_dualpipev_is_torchs_own_order_with_its_whole_backwards() -> None:
+    """DualPipeV pairs one chunk's forward with the other's whole backward: torch's ``B`` (not ``I`` and ``W``)
+    where its backward is whole, ``I`` ... ``W`` where it is split, as torch's class orders them."""
+    plan = plan_of("dualpipev", 2, 4, 2).validate()
+    rows = torch_schedules.rows(plan)
+    assert rows == torch_order("DualPipeV", 2, 4, 2)
+    assert torch_schedules.torch_name(plan) == "DualPipeV" and torch_schedules.style(plan) == "v"
+    letters = {cell[1] for row in rows for cell in row}
+    assert letters == {"F", "B", "I", "W"}
+
+
 def test_the_csv_is_what_torch_reads() -> None:
     plan = plan_of("zbv", 2, 4, 2)
     text = torch_schedules.csv_text(plan)
@@ -66,14 +80,15 @@ def test_the_csv_is_what_torch_reads() -> None:
     assert torch_schedules.read_csv(text) == torch_schedules.rows(plan)
 
 
-@pytest.mark.parametrize("schedule", ["interleaved-1f1b", "zbv", "zb-h1"])
+@pytest.mark.parametrize("schedule", ["interleaved-1f1b", "zbv", "zb-h1", "dualpipev"])
 def test_each_exact_rule_is_torchs_own_order(schedule: str) -> None:
     """Over many shapes: torch's class builds the lab's order exactly where the rule says, and only there."""
     name = torch_schedules.torch_classes()[schedule].name
     checked = 0
     for k in range(2, 6):
         for m in range(1, 17):
-            for virtual in ((2, 3) if schedule == "interleaved-1f1b" else (2,) if schedule == "zbv" else (1,)):
+            for virtual in ((2, 3) if schedule == "interleaved-1f1b" else (2,) if schedules.get(schedule).chunked
+                            else (1,)):
                 try:
                     plan = plan_of(schedule, k, m, virtual).validate()
                 except PlanError:

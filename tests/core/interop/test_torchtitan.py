@@ -91,6 +91,8 @@ def test_schedules_map_to_the_lab_or_are_refused_with_the_closest() -> None:
     plan = torchtitan.read({**par, "pipeline_parallel_schedule": "Interleaved1F1B"}, units, batch_size=8)
     assert (plan.schedule, plan.virtual_stages, plan.microbatches) == ("interleaved-1f1b", 2, 4)
     assert torchtitan.read({**par, "pipeline_parallel_schedule": "ZBVZeroBubble"}, units, batch_size=8).schedule == "zbv"
+    dual = torchtitan.read({**par, "pipeline_parallel_schedule": "DualPipeV"}, units, batch_size=8)
+    assert (dual.schedule, dual.virtual_stages, dual.placement) == ("dualpipev", 2, (0, 1, 1, 0))
     with pytest.raises(PlanError, match="closest schedule is 'interleaved-1f1b'"):
         torchtitan.read({**par, "pipeline_parallel_schedule": "LoopedBFS"}, units, batch_size=8)
     with pytest.raises(PlanError, match="batch_size="):

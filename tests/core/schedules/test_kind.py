@@ -47,8 +47,9 @@ def test_a_schedule_without_an_order_says_so_and_checks_name_what_goes_together(
 
     with pytest.raises(NotImplementedError, match="does not say its order"):
         Orderless().build(2, 4)
-    assert schedules.get("1f1b").check_virtual(2) == (
-        "virtual_stages=2 needs a chunked schedule (interleaved-1f1b, zbv), not '1f1b'")
+    assert schedules.get("1f1b").check_virtual(2) == "virtual_stages=2 needs a chunked schedule, not '1f1b'"
+    assert schedules.virtual_refusal("1f1b", 2) == ("virtual_stages=2 needs a chunked schedule, not '1f1b' (the "
+                                                    "chunked ones: interleaved-1f1b, zbv, dualpipev)")
     assert schedules.get("zbv").check_virtual(3) == "zbv runs 2 chunks per stage, not virtual_stages=3"
     assert schedules.get("interleaved-1f1b").check_virtual(3) is None
     with pytest.raises(PlanError, match="unknown schedule 'nope'"):

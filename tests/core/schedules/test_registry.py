@@ -20,9 +20,10 @@ class Forwards(ScheduleKind):
 
 
 def test_the_built_in_schedules_in_the_order_users_see() -> None:
-    assert schedules.names()[:7] == ("gpipe", "1f1b", "eager-1f1b", "zb-h1", "interleaved-1f1b", "zbv", "pipedream")
-    assert [k.name for k in schedules.kinds() if k.chunked] == ["interleaved-1f1b", "zbv"]
-    assert [k.name for k in schedules.kinds() if k.split_backward] == ["zb-h1", "zbv"]
+    assert schedules.names()[:8] == ("gpipe", "1f1b", "eager-1f1b", "zb-h1", "interleaved-1f1b", "zbv", "dualpipev",
+                                     "pipedream")
+    assert [k.name for k in schedules.kinds() if k.chunked] == ["interleaved-1f1b", "zbv", "dualpipev"]
+    assert [k.name for k in schedules.kinds() if k.split_backward] == ["zb-h1", "zbv", "dualpipev"]
     assert [k.name for k in schedules.kinds() if k.asynchronous] == ["pipedream"]
 
 

@@ -58,9 +58,17 @@ def style(plan: Plan) -> str:
 def rows(plan: Plan) -> list[list[str]]:
     """Each rank's compute actions in torch's format, exactly in the order the lab runs them."""
     split = plan.kind.split_backward
-    names = {Op.F: "F", Op.B: "I" if split else "B", Op.W: "W"}
-    return [[f"{a.stage}{names[a.op]}{a.microbatch}" for a in row]
-            for row in for_plan(plan).compute_only().stages]
+    whole = plan.kind.full_backwards(plan.stages, plan.microbatches)  # B then its W at once: torch's whole B
+    out = []
+    for row in for_plan(plan).compute_only().stages:
+        cells = []
+        for a in row:
+            if a.op is Op.W and (a.stage, a.microbatch) in whole:
+                continue  # part of the whole backward just written
+            letter = {Op.F: "F", Op.W: "W"}.get(a.op) or ("I" if split and (a.stage, a.microbatch) not in whole else "B")
+            cells.append(f"{a.stage}{letter}{a.microbatch}")
+        out.append(cells)
+    return out
 
 
 def csv_text(plan: Plan) -> str:

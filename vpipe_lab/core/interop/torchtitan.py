@@ -28,8 +28,9 @@ SINGLE = ("GPipe", "1F1B", "PipelineScheduleSingle")
 MULTI = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV", "PipelineScheduleMulti",
          "_PipelineScheduleRuntime")
 # torch's class -> the lab schedule that runs it (for one stage per rank / several), and what to say when none does.
-LAB = {"GPipe": "gpipe", "1F1B": "1f1b", "Interleaved1F1B": "interleaved-1f1b", "ZBVZeroBubble": "zbv"}
-CLOSEST = {"LoopedBFS": "interleaved-1f1b", "DualPipeV": "zbv", "InterleavedZeroBubble": "zb-h1"}
+LAB = {"GPipe": "gpipe", "1F1B": "1f1b", "Interleaved1F1B": "interleaved-1f1b", "ZBVZeroBubble": "zbv",
+       "DualPipeV": "dualpipev"}
+CLOSEST = {"LoopedBFS": "interleaved-1f1b", "InterleavedZeroBubble": "zb-h1"}
 
 
 def parallelism(bundle: Bundle, csv_path: str) -> dict[str, Any]:

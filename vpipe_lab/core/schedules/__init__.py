@@ -9,7 +9,16 @@ schedule by subclassing ``ScheduleKind`` (a name and ``orders``; the costs defau
 from __future__ import annotations
 
 from vpipe_lab.core.schedules.kind import ScheduleKind, Step, TorchSchedule
-from vpipe_lab.core.schedules.registry import added, get, job_refusal, kinds, names, register, unregister
+from vpipe_lab.core.schedules.registry import (
+    added,
+    get,
+    job_refusal,
+    kinds,
+    names,
+    register,
+    unregister,
+    virtual_refusal,
+)
 
 __all__ = ["ScheduleKind", "Step", "TorchSchedule", "added", "get", "job_refusal", "kinds", "names", "register",
-           "unregister"]
+           "unregister", "virtual_refusal"]

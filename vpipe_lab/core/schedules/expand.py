@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from vpipe_lab.core.plan import Plan, Policy
+from vpipe_lab.core.policy import Policy
 from vpipe_lab.core.schedule import Action, Op
+from vpipe_lab.core.schedules.plan_view import PlanView as Plan
 
 
 def expand(order: list[tuple[Op, int, int]], chunks: int, plan: Plan | None,

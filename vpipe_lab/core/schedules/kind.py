@@ -21,7 +21,7 @@ from vpipe_lab.core.schedule import Action, Op, Schedule, run_schedule
 from vpipe_lab.core.schedules.expand import expand
 
 if TYPE_CHECKING:
-    from vpipe_lab.core.plan import Plan
+    from vpipe_lab.core.schedules.plan_view import PlanView as Plan
 
 Step = tuple[Op, int, int]  # (F | B | W, chunk, micro-batch): one compute step of a row's order
 
@@ -73,11 +73,16 @@ class ScheduleKind:
                 for order in self.orders(stages, v, microbatches, plan)]
         return Schedule(tuple(rows), microbatches, self.name, where if self.chunked else ())
 
+    def full_backwards(self, stages: int, microbatches: int) -> frozenset[tuple[int, int]]:
+        """Under a split backward, the (chunk, micro-batch) whose B is followed at once by its W as one whole
+        backward (torch's ``B`` rather than ``I`` then ``W``); none by default."""
+        return frozenset()
+
     # --- checks ---------------------------------------------------------------------------------------------------
     def check_virtual(self, virtual: int) -> str | None:
         """Why it cannot run ``virtual`` chunks per stage, if it cannot."""
         if virtual > 1 and not self.chunked:
-            return f"virtual_stages={virtual} needs a chunked schedule ({', '.join(chunked_names())}), not {self.name!r}"
+            return f"virtual_stages={virtual} needs a chunked schedule, not {self.name!r}"
         if self.chunked and self.virtual_choices and virtual not in self.virtual_choices:
             return (f"{self.name} runs {' or '.join(map(str, self.virtual_choices))} chunks per stage, not "
                     f"virtual_stages={virtual}")
@@ -184,8 +189,3 @@ def _peaks(kind: ScheduleKind, stages: int, virtual: int, microbatches: int) -> 
     """Each chunk's most micro-batches between forward and backward along the order (cached per shape)."""
     return _peak_cache(kind, stages, virtual, microbatches)
 
-
-def chunked_names() -> list[str]:
-    from vpipe_lab.core.schedules.registry import kinds
-
-    return [k.name for k in kinds() if k.chunked]

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from vpipe_lab.core import pipeline_time
-from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.schedule import one_f_one_b_order
 from vpipe_lab.core.schedules.kind import ScheduleKind, Step, TorchSchedule
+from vpipe_lab.core.schedules.plan_view import PlanView as Plan
 
 
 class OneFOneB(ScheduleKind):

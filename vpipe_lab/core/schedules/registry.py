@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from vpipe_lab.core.errors import PlanError
+from vpipe_lab.core.schedules.dualpipev import DualPipeV
 from vpipe_lab.core.schedules.gpipe import GPipe
 from vpipe_lab.core.schedules.interleaved_1f1b import Interleaved1F1B
 from vpipe_lab.core.schedules.kind import ScheduleKind
@@ -13,7 +14,7 @@ from vpipe_lab.core.schedules.zbv import ZBV
 
 # The registry lines, in the order users see them listed.
 BUILT_IN: tuple[ScheduleKind, ...] = (GPipe(), OneFOneB(), EagerOneFOneB(), ZBH1(), Interleaved1F1B(), ZBV(),
-                                      PipeDream())
+                                      DualPipeV(), PipeDream())
 _KINDS: dict[str, ScheduleKind] = {k.name: k for k in BUILT_IN}
 
 
@@ -61,6 +62,14 @@ def added() -> list[ScheduleKind]:
     return [k for k in _KINDS.values() if all(k is not b for b in BUILT_IN)]
 
 
+def virtual_refusal(name: str, virtual: int) -> str | None:
+    """Why schedule ``name`` cannot run ``virtual`` chunks per stage (naming the schedules that chunk), if it cannot."""
+    problem = get(name).check_virtual(virtual)
+    if problem and not get(name).chunked:
+        problem += f" (the chunked ones: {', '.join(k.name for k in _KINDS.values() if k.chunked)})"
+    return problem
+
+
 def job_refusal(name: str, *, stages: int, microbatches: int, virtual_stages: int | None = None,
                 clip_grad_norm: float | None = None, precision: str = "fp32", replicas: int = 1) -> str | None:
     """Why a job cannot train with schedule ``name`` and these settings (None: it can). launch(), live changes, the
@@ -71,5 +80,5 @@ def job_refusal(name: str, *, stages: int, microbatches: int, virtual_stages: in
     virtual = kind.default_virtual if virtual_stages is None else virtual_stages
     if virtual > 1 and stages < 2:
         return f"virtual_stages={virtual} needs at least 2 stages (got {stages})"
-    return (kind.check_virtual(virtual) or kind.check(stages, microbatches)
+    return (virtual_refusal(name, virtual) or kind.check(stages, microbatches)
             or kind.training_refusal(clip_grad_norm, precision, replicas))

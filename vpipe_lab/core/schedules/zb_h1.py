@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from vpipe_lab.core import pipeline_time, zero_bubble
-from vpipe_lab.core.plan import Plan, Policy
+from vpipe_lab.core.policy import Policy
 from vpipe_lab.core.schedule import Op
 from vpipe_lab.core.schedules.kind import ScheduleKind, Step, TorchSchedule
+from vpipe_lab.core.schedules.plan_view import PlanView as Plan
 
 
 class ZBH1(ScheduleKind):

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from vpipe_lab.core import pipeline_time, zbv
-from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.schedule import Op
 from vpipe_lab.core.schedules.kind import ScheduleKind, Step, TorchSchedule
+from vpipe_lab.core.schedules.plan_view import PlanView as Plan
 
 
 class ZBV(ScheduleKind):
