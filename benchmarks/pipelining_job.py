@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from vpipe_lab.core import schedules
 from vpipe_lab.examples import get
 
 WARMUP = 3
@@ -52,16 +53,12 @@ def torch_stage(rank: int, port: int, name: str, schedule: str, m: int, bounds: 
                 ) -> tuple[Any, Any, Any]:
     """Join a 2-rank gloo group and build this rank's torch.distributed.pipelining stages: (example, schedule,
     optimizer). ``bounds`` with more than 2 chunks: the rank holds chunks ``rank, rank + 2, ...`` (looped, as
-    torch's interleaved schedules and vpipe_lab's virtual stages place them), or under ZBV chunks ``rank`` and
-    ``3 - rank`` (the V: rank 0 holds the first and the last, and computes the loss)."""
-    from torch.distributed.pipelining import (
-        PipelineStage,
-        Schedule1F1B,
-        ScheduleGPipe,
-        ScheduleInterleaved1F1B,
-        ScheduleInterleavedZeroBubble,
-        ScheduleZBVZeroBubble,
-    )
+    torch's interleaved schedules and vpipe_lab's virtual stages place them), or under a V schedule (ZBV, DualPipeV)
+    chunks ``rank`` and ``3 - rank`` (the V: rank 0 holds the first and the last, and computes the loss). The torch
+    class is the one the lab's schedule kind names (``ScheduleKind.torch``: ZB-H1's is torch's ZB1P,
+    ``ScheduleInterleavedZeroBubble`` with one stage per rank)."""
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
     torch.set_num_threads(1)
     ex = example_of(name)
@@ -72,7 +69,7 @@ def torch_stage(rank: int, port: int, name: str, schedule: str, m: int, bounds: 
     chunks = len(bounds) - 1
     x0, _ = ex.data(0)
     stages, params = [], []
-    mine = (rank, chunks - 1 - rank) if schedule == "zbv" else range(rank, chunks, 2)
+    mine = (rank, chunks - 1 - rank) if v_shaped(schedule) else range(rank, chunks, 2)
     for c in mine:
         sub = torch.nn.Sequential(*layers[bounds[c]:bounds[c + 1]])
         with torch.no_grad():  # the chunk's input: the layers before it, on one micro-batch
@@ -82,26 +79,28 @@ def torch_stage(rank: int, port: int, name: str, schedule: str, m: int, bounds: 
         stages.append(PipelineStage(sub, c, chunks, torch.device("cpu"), input_args=example))
         params += list(sub.parameters())
     opt = ex.optimizer(params)
-    if schedule == "zb-h1":  # torch's ZB1P (ZB-H1) is its interleaved zero-bubble schedule with one stage per rank
-        return ex, ScheduleInterleavedZeroBubble(stages, m, loss_fn=ex.loss), opt
-    if schedule == "interleaved-1f1b":
-        return ex, ScheduleInterleaved1F1B(stages, m, loss_fn=ex.loss), opt
-    if schedule == "zbv":
-        return ex, ScheduleZBVZeroBubble(stages, m, loss_fn=ex.loss), opt
-    make = Schedule1F1B if schedule == "1f1b" else ScheduleGPipe
-    return ex, make(stages[0], m, loss_fn=ex.loss), opt
+    torch_class = schedules.get(schedule).torch
+    assert torch_class is not None, f"torch has no class for {schedule!r}"
+    make = get_schedule_class(torch_class.name)
+    return ex, make(stages[0] if issubclass(make, PipelineScheduleSingle) else stages, m, loss_fn=ex.loss), opt
+
+
+def v_shaped(schedule: str) -> bool:
+    """Whether torch places the schedule's chunks in a V (rank 0 then holds the last chunk, and the loss)."""
+    torch_class = schedules.get(schedule).torch
+    return torch_class is not None and torch_class.style == "v"
 
 
 def torch_iteration(rank: int, ex: Any, sched: Any, opt: Any, it: int, schedule: str = "") -> None:
     """One training iteration of a torch.distributed.pipelining stage: the pipeline, then the optimizer step (under
-    ZBV rank 0 holds the last stage too, so it gives the targets)."""
+    a V schedule rank 0 holds the last stage too, so it gives the targets)."""
     x, y = ex.data(it)
     if rank == 0:
-        if schedule == "zbv":
+        if v_shaped(schedule):
             sched.step(x, target=y, losses=[])
         else:
             sched.step(x)
-    elif schedule == "zbv":
+    elif v_shaped(schedule):
         sched.step()
     else:
         sched.step(target=y, losses=[])

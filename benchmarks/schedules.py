@@ -1,11 +1,12 @@
 """The newer schedules against torch.distributed.pipelining's on the same work (2 CPU ranks), and the planner's pick.
 
-    python benchmarks/schedules.py [--blocks 10] [--block 6] [--tables torch planner]
+    python benchmarks/schedules.py [--blocks 10] [--block 6] [--tables torch planner] [--schedules zbv dualpipev]
 
 ``torch``: per row (model, split, M, schedule), one torch.distributed.pipelining job running that schedule -- ZB-H1 is
 torch's ``ScheduleInterleavedZeroBubble`` with one stage per rank (its ZB1P), interleaved 1F1B its
 ``ScheduleInterleaved1F1B`` with the row's chunks in looped placement, ZBV its ``ScheduleZBVZeroBubble`` with the
-chunks in V placement (rank 0: chunks 0 and 3) -- and vpipe_lab sessions running the same
+chunks in V placement (rank 0: chunks 0 and 3), DualPipeV its ``ScheduleDualPipeV`` on the same V (its overlapped
+forward-backward pairs run one after the other on CPU) -- and vpipe_lab sessions running the same
 schedule on the same chunks, plus vpipe_lab's 1F1B on the matching two-stage split for reference; all alive at once,
 taking turns in blocks of ``--block`` iterations, the order rotated every round (``interleaved.row``). Each cell: the
 job's ms/it (median of blocks) and the ratio of torch's same-schedule job over it in the same round (above 1: faster
@@ -25,19 +26,21 @@ import os
 import statistics
 
 from interleaved import Variant, ratio, row
-from pipelining_job import split_label
+from pipelining_job import split_label, v_shaped
 
 # (model, chunk bounds, M, schedule): ZB-H1 on one chunk per rank, interleaved and ZBV on two. (ZBV's MLP split
 # gives rank 0 the wide first layers and the narrow last ones: 2 + 4 layers against 1 + 3.)
 ROWS = [("mlp", (0, 3, 10), 8, "zb-h1"), ("mlp", (0, 3, 10), 4, "zb-h1"), ("gpt-tiny", (0, 4, 8), 8, "zb-h1"),
         ("mlp", (0, 2, 3, 6, 10), 8, "interleaved-1f1b"), ("gpt-tiny", (0, 2, 4, 6, 8), 8, "interleaved-1f1b"),
         ("gpt-tiny", (0, 2, 4, 6, 8), 4, "interleaved-1f1b"), ("mlp", (0, 2, 3, 6, 10), 8, "zbv"),
-        ("gpt-tiny", (0, 2, 4, 6, 8), 8, "zbv"), ("gpt-tiny", (0, 2, 4, 6, 8), 4, "zbv")]
+        ("gpt-tiny", (0, 2, 4, 6, 8), 8, "zbv"), ("gpt-tiny", (0, 2, 4, 6, 8), 4, "zbv"),
+        ("mlp", (0, 2, 3, 6, 10), 8, "dualpipev"), ("gpt-tiny", (0, 2, 4, 6, 8), 8, "dualpipev"),
+        ("gpt-tiny", (0, 2, 4, 6, 8), 4, "dualpipev")]
 
 
 def two_stage(bounds: tuple[int, ...], schedule: str = "") -> tuple[int, ...]:
     """The one-chunk-per-rank split closest to a looped (or ZBV's V) one: rank 0's layers first."""
-    ranks = (0, 1, 1, 0) if schedule == "zbv" else (0, 1) * ((len(bounds) - 1) // 2)
+    ranks = (0, 1, 1, 0) if v_shaped(schedule) else (0, 1) * ((len(bounds) - 1) // 2)
     first = sum(b - a for c, (a, b) in enumerate(itertools.pairwise(bounds)) if ranks[c] == 0)
     return (0, first, bounds[-1])
 
@@ -47,6 +50,8 @@ def against_torch(args: argparse.Namespace) -> None:
           "| vpipe_lab 1f1b on the 2-stage split (ms/it) | torch / vpipe_lab 1f1b |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, bounds, m, schedule in ROWS:
+        if args.schedules and schedule not in args.schedules:
+            continue
         variants = [Variant("same", schedule), Variant("1f1b", "1f1b", bounds=two_stage(bounds, schedule))]
         times, _ = row(name, bounds, schedule, m, args.blocks, args.block, variants)
         print(f"| {name} | {split_label(bounds)} | {m} | {schedule} | {1e3 * statistics.median(times['torch']):.1f} | "
@@ -92,6 +97,7 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=10, help="rounds of blocks")
     ap.add_argument("--block", type=int, default=6, help="iterations per block")
     ap.add_argument("--tables", nargs="+", choices=("torch", "planner"), default=["torch", "planner"])
+    ap.add_argument("--schedules", nargs="+", help="only the torch table's rows of these schedules")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if "torch" in args.tables:
