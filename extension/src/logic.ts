@@ -1,7 +1,9 @@
 // Pure logic of the partition editor: boundaries, policies, geometry, formatting. No DOM here.
 
-export type Policy = "keep" | "swap" | "recompute";
-export const POLICIES: readonly Policy[] = ["keep", "swap", "recompute"];
+import { POLICIES as PYTHON_POLICIES } from "./vocabulary";
+
+export type Policy = (typeof PYTHON_POLICIES)[number];
+export const POLICIES: readonly Policy[] = PYTHON_POLICIES; // Python's words (src/vocabulary.ts is generated)
 
 /** keep -> swap -> recompute -> keep (anything unknown starts over at keep). */
 export function cyclePolicy(p: string): Policy {

@@ -2,10 +2,11 @@
 // TypeScript derives the message types from it (json-schema-to-ts); `npm run bundle` writes it next to the bundle as
 // vpipe_lab/jupyter/static/editor_messages.schema.json, which Python validates every incoming message against.
 import type { FromSchema } from "json-schema-to-ts";
+import { POLICIES } from "./vocabulary";
 
 const boundaries = { type: "array", items: { type: "integer", minimum: 0 }, minItems: 2, maxItems: 4096 } as const;
 const policies = {
-  type: "array", items: { type: "string", enum: ["keep", "swap", "recompute"] }, maxItems: 4096,
+  type: "array", items: { type: "string", enum: POLICIES }, maxItems: 4096,
 } as const;
 
 export const EDITOR_MESSAGES = {

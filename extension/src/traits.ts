@@ -3,10 +3,11 @@
 // the declared type, not `unknown`; `npm run bundle` writes it to vpipe_lab/jupyter/static/widget_traits.schema.json,
 // and Python's tests check that each widget's synced traits are exactly these, with values that validate.
 import type { FromSchema } from "json-schema-to-ts";
+import { POLICIES } from "./vocabulary";
 
 const ints = { type: "array", items: { type: "integer", minimum: 0 } } as const;
 const numbers = { type: "array", items: { type: "number" } } as const;
-const policies = { type: "array", items: { type: "string", enum: ["keep", "swap", "recompute"] } } as const;
+const policies = { type: "array", items: { type: "string", enum: POLICIES } } as const;
 const estimate = {
   type: "object",
   properties: {

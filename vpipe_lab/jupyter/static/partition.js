@@ -1,10 +1,13 @@
 // Built from extension/src by esbuild (npm run build); do not edit by hand.
 
-// src/logic.ts
+// src/vocabulary.ts
 var POLICIES = ["keep", "swap", "recompute"];
+
+// src/logic.ts
+var POLICIES2 = POLICIES;
 function cyclePolicy(p) {
-  const i = POLICIES.indexOf(p);
-  return POLICIES[(i + 1) % POLICIES.length] ?? "keep";
+  const i = POLICIES2.indexOf(p);
+  return POLICIES2[(i + 1) % POLICIES2.length] ?? "keep";
 }
 function stageOf(layer, bounds) {
   for (let s = 0; s + 1 < bounds.length; s++) {
