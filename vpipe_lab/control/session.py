@@ -209,8 +209,9 @@ class Session(Outward):
     def run(self, iterations: int | None = None) -> int | None:
         """Train ``iterations`` more iterations (None: until stopped) in the background; returns the target."""
         checks.count(iterations, "iterations", 0, optional=True)
-        self.state.target = self._command(Run(iterations=iterations)).target
+        # Not paused from the moment it is asked: a pause the workers report after (a bad batch, a budget) wins.
         self.state.paused = False
+        self.state.target = self._command(Run(iterations=iterations)).target
         return self.state.target
 
     def wait(self, iteration: int | None = None, timeout: float | None = None) -> int:
@@ -237,9 +238,8 @@ class Session(Outward):
 
     def resume(self) -> int:
         """Go on training after pause() or an over-budget iteration; returns the iteration it resumed at."""
-        at = self._command(Resume()).iteration
-        self.state.paused = False
-        return at
+        self.state.paused = False  # before the command: a pause the workers report after it wins
+        return self._command(Resume()).iteration
 
     def set_telemetry(self, spans: bool) -> int:
         """Stream per-action spans (for timelines) or not, from the next iteration; returns that iteration.
