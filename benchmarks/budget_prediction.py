@@ -25,11 +25,11 @@ from paper_table import WARMUP, job, measure
 
 import vpipe_lab
 from vpipe_lab import Plan
-from vpipe_lab.core.costmodel import estimate
+from vpipe_lab.core.cost.costmodel import estimate
+from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.core.errors import InfeasiblePlan
-from vpipe_lab.core.partition import uniform
 from vpipe_lab.core.plan import Policy
-from vpipe_lab.core.simulator import simulate
+from vpipe_lab.core.planning.partition import uniform
 
 M = 4
 FORCED = ("ssss" + "kkkk", "srsk" + "kkkk", "kskr" + "skkk")  # 8 partition units: gpt-tiny's and this GPT-2's

@@ -39,8 +39,8 @@ from interleaved import rotated, vpipe_block
 
 import vpipe_lab
 from vpipe_lab import Plan
+from vpipe_lab.core.cost.simulator import period_s
 from vpipe_lab.core.interop import torch_schedules
-from vpipe_lab.core.simulator import period_s
 from vpipe_lab.examples import get
 
 WARMUP = 3

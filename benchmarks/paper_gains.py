@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from vpipe_lab.core.errors import InfeasiblePlan
-from vpipe_lab.core.planner import search
+from vpipe_lab.core.planning.planner import search
 from vpipe_lab.core.workloads import cluster, workload
 
 METHODS = ("vpipe", "gpipe", "pipedream", "pipedream-flush")

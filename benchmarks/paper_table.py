@@ -9,8 +9,8 @@ default micro-batch count (the peak of the fullest stage under the cost model). 
 batch, choosing its micro-batch count within its own rules (``search(..., batch_size=B)``: GPipe recomputes every
 layer on an even split, PipeDream keeps every layer on its best split, vPipe searches the partition and per-layer
 keep/swap/recompute; GPipe runs its own schedule, PipeDream the paper's (weight stashing, an update after every
-micro-batch: ``core/pipedream.py``, its weight copies charged against the budget), PipeDream-Flush the same planner
-on 1F1B, vPipe 1F1B). The methods' plans are then launched under that
+micro-batch: ``core/schedules/orders/stashing.py``, its weight copies charged against the budget),
+PipeDream-Flush the same planner on 1F1B, vPipe 1F1B). The methods' plans are then launched under that
 budget all at once and measured in interleaved blocks (``interleaved.py``: every session alive, ``--block``
 iterations each in turn, ``--blocks`` rounds, the order rotated every round), so the machine's drift hits all of them
 alike: each cell is the median (interquartile range) over rounds of vPipe's samples/s over the other method's in the
@@ -35,12 +35,12 @@ from interleaved import rotated, vpipe_block
 import vpipe_lab
 from vpipe_lab import Plan
 from vpipe_lab.control.errors import BudgetError, WorkerError
-from vpipe_lab.core import scaling
-from vpipe_lab.core.costmodel import estimate
+from vpipe_lab.core.cost import scaling
+from vpipe_lab.core.cost.costmodel import estimate
+from vpipe_lab.core.cost.simulator import period_s
 from vpipe_lab.core.errors import InfeasiblePlan
-from vpipe_lab.core.partition import uniform
 from vpipe_lab.core.plan import Policy
-from vpipe_lab.core.simulator import period_s
+from vpipe_lab.core.planning.partition import uniform
 
 WARMUP = 3
 METHODS = ("vpipe", "gpipe", "pipedream", "pipedream-flush")

@@ -16,7 +16,7 @@ import random
 import statistics
 
 from vpipe_lab.core.errors import InfeasiblePlan
-from vpipe_lab.core.planner import search
+from vpipe_lab.core.planning.planner import search
 from vpipe_lab.core.workloads import WORKLOADS, cluster, pressured_cluster, random_chain, workload
 
 METHODS = ("uniform", "balanced", "gpipe", "pipedream", "vpipe", "optimal")

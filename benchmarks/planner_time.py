@@ -13,7 +13,7 @@ import statistics
 import time
 
 from vpipe_lab.core.errors import InfeasiblePlan
-from vpipe_lab.core.planner import search
+from vpipe_lab.core.planning.planner import search
 from vpipe_lab.core.profile import LayerCost, ModelProfile
 from vpipe_lab.core.workloads import pressured_cluster, random_chain
 

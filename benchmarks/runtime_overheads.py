@@ -19,9 +19,9 @@ import statistics
 
 import vpipe_lab
 from vpipe_lab import Plan
-from vpipe_lab.core.costmodel import estimate
-from vpipe_lab.core.generators import for_plan
-from vpipe_lab.core.simulator import compute_bound_s, simulate
+from vpipe_lab.core.cost.costmodel import estimate
+from vpipe_lab.core.cost.simulator import compute_bound_s, simulate
+from vpipe_lab.core.schedules.builders import for_plan
 
 WARMUP = 3
 

@@ -15,9 +15,9 @@ import math
 import time
 import tracemalloc
 
+from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.core.errors import InfeasiblePlan
-from vpipe_lab.core.planner import search
-from vpipe_lab.core.simulator import simulate
+from vpipe_lab.core.planning.planner import search
 from vpipe_lab.core.workloads import cluster, pressured_cluster, random_chain, workload
 
 

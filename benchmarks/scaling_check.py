@@ -17,8 +17,8 @@ from typing import Any
 
 import vpipe_lab
 from vpipe_lab import Plan
-from vpipe_lab.core import scaling
-from vpipe_lab.core.simulator import period_s
+from vpipe_lab.core.cost import scaling
+from vpipe_lab.core.cost.simulator import period_s
 
 
 def run(m: int) -> dict[str, Any]:

@@ -3,9 +3,9 @@
     python benchmarks/schedule_table.py [--device rtx2080ti] [--workloads bert-48 gpt-cpm-large]
 
 For every bundled workload, stage count K and micro-batch count M, each schedule is planned on its own (vPipe's
-search for GPipe, 1F1B and ZB-H1; the chunk planner of ``core/planner.py`` for interleaved 1F1B with V = 2 and 4 and
+search for GPipe, 1F1B and ZB-H1; the chunk planner of ``core/planning/planner.py`` for interleaved 1F1B with V = 2 and 4 and
 for ZBV),
-its plan is replayed by the simulator (``core/simulator.py``), and the table gives 1F1B's simulated time over each
+its plan is replayed by the simulator (``core/cost/simulator.py``), and the table gives 1F1B's simulated time over each
 one's (above 1: faster than 1F1B); "-" where the schedule fits no plan in the device's memory. Every number comes from
 the cost model and the analytic profiles of ``core/workloads.py``: no device runs here, the memory budgets are the
 device's.
@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 
 from vpipe_lab.core import workloads
+from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
-from vpipe_lab.core.planner import search
-from vpipe_lab.core.simulator import simulate
+from vpipe_lab.core.planning.planner import search
 
 CANDIDATES = (("gpipe", 1), ("zb-h1", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4), ("zbv", 2))
 

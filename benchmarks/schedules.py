@@ -71,7 +71,7 @@ def planner(args: argparse.Namespace) -> None:
             s.wait(timeout=600)
             chosen = s.replan(schedule="auto")
             profile, cluster = chosen.profile, s.cluster()
-        from vpipe_lab.core.planner import search
+        from vpipe_lab.core.planning.planner import search
 
         found = search(profile, cluster, microbatches=m, schedule="auto")
         candidates = [label for label, t in found.schedules if t is not None and not label.startswith("gpipe")]

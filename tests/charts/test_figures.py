@@ -1,9 +1,9 @@
 from pathlib import Path
 
 from vpipe_lab.charts.figures import gantt_data, gantt_figure, lane, memory_figure, memory_values, save_html
+from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import Cluster
-from vpipe_lab.core.simulator import simulate
 from vpipe_lab.core.timeline import KINDS, Span, Timeline
 from vpipe_lab.core.workloads import random_chain
 

@@ -7,7 +7,7 @@ import math
 
 from hypothesis import strategies as st
 
-from vpipe_lab.core.costmodel import CostModel
+from vpipe_lab.core.cost.costmodel import CostModel
 from vpipe_lab.core.plan import Plan, Policy
 from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
 

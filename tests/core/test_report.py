@@ -1,4 +1,4 @@
-from vpipe_lab.core.costmodel import estimate
+from vpipe_lab.core.cost.costmodel import estimate
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.report import human_bytes, human_time, plan_table
 from vpipe_lab.core.workloads import cluster, workload

@@ -50,7 +50,7 @@ def test_random_chain_is_seeded() -> None:
 def test_every_workload_carries_its_published_curve_and_says_where_it_is_from() -> None:
     """Each layer has times at micro-batch sizes 1, 2, 4 and 8 whose per-sample cost falls as the published
     throughput rises, the profile names the source, and rescaling to any size reads the same curve."""
-    from vpipe_lab.core import scaling
+    from vpipe_lab.core.cost import scaling
     from vpipe_lab.core.workloads import CURVES, slowdown
 
     for name in WORKLOADS:

@@ -79,7 +79,7 @@ def broken_data(iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.fixture
 def spawned(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The ranks launch() really starts (the real launcher, counted)."""
-    from vpipe_lab.control.processes import Launcher
+    from vpipe_lab.control.workers.processes import Launcher
 
     ranks: list[int] = []
     spawn = Launcher.spawn

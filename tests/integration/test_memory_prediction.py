@@ -7,7 +7,7 @@ import pytest
 import vpipe_lab
 from vpipe_lab import Cluster, Plan
 from vpipe_lab.core import schedules
-from vpipe_lab.core.costmodel import CostModel
+from vpipe_lab.core.cost.costmodel import CostModel
 
 pytestmark = pytest.mark.slow
 

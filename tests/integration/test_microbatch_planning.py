@@ -8,7 +8,7 @@ import pytest
 import vpipe_lab
 from tests.runtime import reference
 from vpipe_lab import Plan
-from vpipe_lab.core import scaling
+from vpipe_lab.core.cost import scaling
 from vpipe_lab.examples import mlp
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ import vpipe_lab
 from tests.runtime import reference
 from vpipe_lab import Plan
 from vpipe_lab.core import schedules
-from vpipe_lab.core.costmodel import CostModel
+from vpipe_lab.core.cost.costmodel import CostModel
 from vpipe_lab.examples import gpt, mlp
 
 pytestmark = pytest.mark.slow

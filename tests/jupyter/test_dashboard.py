@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from vpipe_lab.charts.figures import gantt_spec
+from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.core.plan import Plan
-from vpipe_lab.core.simulator import simulate
 from vpipe_lab.core.timeline import Timeline
 from vpipe_lab.core.workloads import random_chain
 from vpipe_lab.jupyter.dashboard import Dashboard

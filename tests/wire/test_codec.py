@@ -74,3 +74,21 @@ def test_every_message_type_has_one_body_class() -> None:
     names = {v for k, v in vars(P).items() if k.isupper() and isinstance(v, str) and k not in ("VERSION",)}
     assert names <= set(REGISTRY), f"message types without a body class: {sorted(names - set(REGISTRY))}"
     assert REGISTRY["evaluated"] is Evaluated and REGISTRY["welcome"] is Welcome
+
+
+def test_a_core_value_type_travels_as_its_fields_and_is_checked_by_its_own_rules() -> None:
+    from vpipe_lab.core.profile import LayerCost
+    from vpipe_lab.wire.events import LayerMeasure
+
+    cost = LayerCost("h.0", 0.1, 0.2, 64, 8, 8, 32, 16, ((2, 0.05, 0.1),), 0.07)
+    body = LayerMeasure(3, cost, 5)
+    doc = body.to_dict()
+    assert doc["cost"]["times"] == [[2, 0.05, 0.1]] and LayerMeasure.from_dict(doc) == body
+    with pytest.raises(ProtocolError, match=r"LayerMeasure.cost.forward_s' should be float"):
+        LayerMeasure.from_dict({**doc, "cost": {**doc["cost"], "forward_s": "fast"}})
+    with pytest.raises(ProtocolError, match=r"unknown key\(s\) \['speed'\] for a LayerCost"):
+        LayerMeasure.from_dict({**doc, "cost": {**doc["cost"], "speed": 1}})
+    with pytest.raises(ProtocolError, match="lacks \\['name'\\] of a LayerCost"):
+        LayerMeasure.from_dict({**doc, "cost": {k: v for k, v in doc["cost"].items() if k != "name"}})
+    with pytest.raises(ProtocolError, match="is not a valid LayerCost"):
+        LayerMeasure.from_dict({**doc, "cost": {**doc["cost"], "times": [[0, 0.1, 0.1]]}})

@@ -1,6 +1,7 @@
 """What the workers send: the bodies the controller files, with the fields it reads."""
 
 from tests.messages import ready, report
+from vpipe_lab.core.profile import LayerCost
 from vpipe_lab.wire.codec import decode
 from vpipe_lab.wire.events import (
     Current,
@@ -17,7 +18,7 @@ from vpipe_lab.wire.events import (
 
 def test_worker_reports_round_trip() -> None:
     bodies = [Hello(0, 123, "host"), Units(0, ["0:a", "1:b"]), ready(1), report(3, 1, losses=[0.5], sizes=[4]),
-              Layers(2, 1, [LayerMeasure(4, "x", 0.1, 0.2, 1, 2, 3, 4, 5, 6, [(2, 0.05, 0.1)])]),
+              Layers(2, 1, [LayerMeasure(4, LayerCost("x", 0.1, 0.2, 1, 2, 3, 4, 5, ((2, 0.05, 0.1),)), 6)]),
               Migrated(0, 2, 9, 100, 0.1, 0.05, [3], [], (1.0, 1.1)),
               Failure("exception", 1, rank=1, cause="RuntimeError: x", traceback="tb")]
     for body in bodies:

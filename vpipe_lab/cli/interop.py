@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vpipe_lab.control import interop
+from vpipe_lab.control.changes import interop
 from vpipe_lab.core import schedules
 from vpipe_lab.core.interop.bundle import UnitInfo
 from vpipe_lab.core.plan import Plan

@@ -11,7 +11,7 @@ from typing import Any
 
 from vpipe_lab.cli import lab
 from vpipe_lab.core import schedules
-from vpipe_lab.core.costmodel import estimate
+from vpipe_lab.core.cost.costmodel import estimate
 from vpipe_lab.core.plan import VIRTUAL_HELP, Plan, default_virtual_stages
 from vpipe_lab.core.report import human_bytes, human_time, plan_table
 from vpipe_lab.wire.jobspec import DEVICES, ENGINES, add_training_options
@@ -33,7 +33,7 @@ def virtual(args: argparse.Namespace) -> int:
 def profile_and_plan(args: argparse.Namespace, budget: int | None) -> Plan:
     """Measure every layer on the real workers for two iterations, then let vPipe plan the measured profile."""
     import vpipe_lab
-    from vpipe_lab.core.planner import search
+    from vpipe_lab.core.planning.planner import search
 
     with vpipe_lab.launch(args.model, stages=args.stages, microbatches=args.microbatches, schedule=args.schedule,
                           virtual_stages=virtual(args), device=args.device, memory_budget=budget,

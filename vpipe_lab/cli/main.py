@@ -9,11 +9,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from vpipe_lab.core import scaling, schedules, workloads
-from vpipe_lab.core.costmodel import estimate
+from vpipe_lab.core import schedules, workloads
+from vpipe_lab.core.cost import scaling
+from vpipe_lab.core.cost.costmodel import estimate
 from vpipe_lab.core.errors import VpipeError
 from vpipe_lab.core.plan import AUTO, Plan
-from vpipe_lab.core.planner import METHODS, search
+from vpipe_lab.core.planning.planner import METHODS, search
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.report import human_time, plan_table
 from vpipe_lab.wire.jobspec import byte_size
@@ -86,7 +87,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from vpipe_lab.core.simulator import simulate
+    from vpipe_lab.core.cost.simulator import simulate
 
     profile = _load_profile(args.profile, args.device, args.microbatch_size)
     cluster = _cluster(args)

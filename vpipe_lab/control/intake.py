@@ -12,9 +12,9 @@ import threading
 from collections.abc import Callable
 
 from vpipe_lab.control.events import Events
-from vpipe_lab.control.monitor import FailureMonitor
 from vpipe_lab.control.requests import Requests
 from vpipe_lab.control.state import JobState
+from vpipe_lab.control.workers.monitor import FailureMonitor
 from vpipe_lab.core.timeline import Span
 from vpipe_lab.telemetry.metrics import IterationParts, Metrics, evaluation_record
 from vpipe_lab.telemetry.sinks import Logger

@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vpipe_lab.control import interop, weights
+from vpipe_lab.control import weights
+from vpipe_lab.control.changes import interop
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.wire.commands import State
 from vpipe_lab.wire.events import Tensors

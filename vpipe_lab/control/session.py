@@ -5,7 +5,7 @@ Session over an authenticated ZeroMQ channel (``wire/channel.py``). It is a smal
 ``Intake`` files incoming messages (hub thread), ``Requests`` sends commands and waits for answers under one
 deadline helper, ``FailureMonitor`` watches the workers and names the root cause of a failure (monitor thread, which
 also delivers ``Events``), and ``Live`` carries out plan, model and checkpoint changes. ``launch()`` and ``attach()``
-(``control/launch.py``) build it. See docs/architecture.md for the threads and the message flow.
+(``control/workers/launch.py``) build it. See docs/architecture.md for the threads and the message flow.
 """
 
 from __future__ import annotations
@@ -17,19 +17,19 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from vpipe_lab.control.autoplan import AutoReplanner
+from vpipe_lab.control.changes.autoplan import AutoReplanner
+from vpipe_lab.control.changes.live import Live, Replan
+from vpipe_lab.control.changes.profiles import Profiles
 from vpipe_lab.control.errors import SessionClosed, WorkerError
 from vpipe_lab.control.evaluation import data_ref
 from vpipe_lab.control.events import EventCallback, Events
 from vpipe_lab.control.intake import Intake
-from vpipe_lab.control.live import Live, Replan
-from vpipe_lab.control.monitor import FailureMonitor
 from vpipe_lab.control.outward import Outward
-from vpipe_lab.control.processes import Launcher
-from vpipe_lab.control.profiles import Profiles
 from vpipe_lab.control.requests import Requests
 from vpipe_lab.control.sessions import register
 from vpipe_lab.control.state import JobState
+from vpipe_lab.control.workers.monitor import FailureMonitor
+from vpipe_lab.control.workers.processes import Launcher
 from vpipe_lab.core import checks
 from vpipe_lab.core.plan import Plan, Policy
 from vpipe_lab.core.profile import Cluster, ModelProfile
@@ -289,7 +289,7 @@ class Session(Outward):
             raise ValueError(f"the workers cannot evaluate on {data!r}: {reply.error or 'no loss came back'}")
         return reply.loss
 
-    # --- changing the running job (control/live.py) -----------------------------------------------------------------
+    # --- changing the running job (control/changes/live.py) -----------------------------------------------------------------
     def apply(self, plan: Plan, *, force: bool = False, checkpoint: bool = True, timeout: float | None = None) -> int:
         """Run ``plan`` from the next iteration boundary, migrating layers live; returns that iteration.
 

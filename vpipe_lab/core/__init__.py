@@ -1,14 +1,14 @@
 """Pure planning core of vpipe_lab: values, cost model, schedule IR, simulator and planners (standard library only)."""
 
-from vpipe_lab.core.costmodel import CostModel, estimate
+from vpipe_lab.core.cost.costmodel import CostModel, estimate
+from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError, ProfileError, ScheduleError, VpipeError
-from vpipe_lab.core.generators import for_plan, gpipe, interleaved_1f1b, one_f_one_b, zb_h1
-from vpipe_lab.core.migration import LayerMove, layer_moves, match_layers, migration_time_s, moved_bytes
 from vpipe_lab.core.plan import Estimate, Plan, Policy
-from vpipe_lab.core.planner import METHODS, PlanResult, plan, search
+from vpipe_lab.core.planning.migration import LayerMove, layer_moves, match_layers, migration_time_s, moved_bytes
+from vpipe_lab.core.planning.planner import METHODS, PlanResult, plan, search
 from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
 from vpipe_lab.core.schedule import Action, Op, Schedule
-from vpipe_lab.core.simulator import simulate
+from vpipe_lab.core.schedules.builders import for_plan, gpipe, interleaved_1f1b, one_f_one_b, zb_h1
 from vpipe_lab.core.timeline import KINDS, Span, Timeline
 
 __all__ = [

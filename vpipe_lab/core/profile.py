@@ -46,9 +46,9 @@ class LayerCost:
     ``activation_bytes`` is what the layer saves for backward (held while kept), ``input_bytes`` what recompute holds
     instead, ``output_bytes`` what crosses a stage boundary after it. ``times`` are forward and backward seconds
     measured at other micro-batch sizes, ``(size, forward_s, backward_s)``: a layer runs closer to the hardware's
-    peak on larger micro-batches, which a linear model cannot see (``core/scaling.py`` interpolates them).
+    peak on larger micro-batches, which a linear model cannot see (``core/cost/scaling.py`` interpolates them).
     ``weight_grad_s`` is the part of ``backward_s`` that computes the weights' gradients, which a zero-bubble schedule
-    runs as a step of its own (``core/zero_bubble.py``); None when not measured (see ``wgrad_s``).
+    runs as a step of its own (``core/schedules/orders/zero_bubble.py``); None when not measured (see ``wgrad_s``).
     """
 
     name: str
@@ -237,7 +237,8 @@ class Cluster:
     beside the compute (a GPU's copy engine); False where the copies run on the compute thread itself (CPU ranks), so
     each swapped layer's copy out and back in adds to its stage's time instead of hiding under it.
     ``update_s_per_byte`` and ``copy_s_per_byte`` are the user's optimizer step and a copy of the weights per
-    parameter byte, measured at start-up: what PipeDream's update after every micro-batch costs (``core/pipedream.py``).
+    parameter byte, measured at start-up: what PipeDream's update after every micro-batch costs
+    (``schedules/orders/stashing.py``).
     ``iteration_overhead_s`` is the measured time between one iteration's end and the next one's start (the optimizer
     step and the boundary), which an iteration's own span leaves out (``simulator.period_s`` adds it).
     """

@@ -1,5 +1,5 @@
 """Schedule IR: per-stage action lists (forward, backward, weight gradient, sends, receives, swaps, recompute) and
-their discrete-event replay (``run_schedule``: the deadlock check and the simulator); ``core/generators.py`` builds
+their discrete-event replay (``run_schedule``: the deadlock check and the simulator); ``core/schedules/builders.py`` builds
 the schedules vpipe_lab runs.
 
 An action prints as ``{stage}{op}{microbatch}`` with ``.{layer}`` for per-layer actions: ``1F0`` is stage 1's forward
@@ -8,7 +8,7 @@ With virtual stages (``interleaved-1f1b``, ``zbv``) an action's stage is its chu
 it; two neighbouring chunks on one row (ZBV's turn) hand off locally, with no send or receive between them.
 Swaps are asynchronous (copy engine); every other action occupies the stage's compute stream in list order.
 In a zero-bubble schedule (``zb-h1``) ``B`` computes only the input's gradient and ``W`` the weights' gradients later
-(``core/zero_bubble.py``); elsewhere ``B`` is the whole backward and there is no ``W``.
+(``core/schedules/orders/zero_bubble.py``); elsewhere ``B`` is the whole backward and there is no ``W``.
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ def _check_rows(schedule: Schedule) -> None:
                 raise _fail(schedule, s, i, f"stage {s} step {i}: {row[i]} comes after the backward that needs it")
 
 
-# --- replay: the deadlock check here and the simulator (core/simulator.py) both run a schedule through this ---
+# --- replay: the deadlock check here and the simulator (core/cost/simulator.py) both run a schedule through this ---
 KIND = {
     Op.F: "forward", Op.B: "backward", Op.W: "wgrad", Op.RECOMPUTE: "recompute", Op.SEND_F: "send", Op.SEND_B: "send",
     Op.RECV_F: "recv", Op.RECV_B: "recv", Op.SWAP_OUT: "swap_out", Op.SWAP_IN: "swap_in",

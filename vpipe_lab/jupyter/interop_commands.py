@@ -10,9 +10,9 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
-from vpipe_lab.control import interop
+from vpipe_lab.control.changes import interop
 from vpipe_lab.core import schedules
-from vpipe_lab.core.costmodel import estimate
+from vpipe_lab.core.cost.costmodel import estimate
 from vpipe_lab.core.report import human_time, plan_table
 
 

@@ -20,10 +20,10 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
 from vpipe_lab.core import checks, schedules
-from vpipe_lab.core.costmodel import estimate
+from vpipe_lab.core.cost.costmodel import estimate
 from vpipe_lab.core.errors import VpipeError
 from vpipe_lab.core.plan import AUTO, VIRTUAL_HELP, Policy, default_virtual_stages
-from vpipe_lab.core.planner import METHODS
+from vpipe_lab.core.planning.planner import METHODS
 from vpipe_lab.core.report import human_time, plan_table
 from vpipe_lab.jupyter.interop_commands import InteropCommands, add_commands
 from vpipe_lab.wire.jobspec import DEVICES, ENGINES, add_training_options, byte_size
@@ -190,7 +190,7 @@ class VpipeMagics(InteropCommands, Magics):
         print(f"vpipe: %vpipe commands now act on `{args.variable}` ({session.status})")
 
     def cmd_start(self, args: argparse.Namespace) -> Any:
-        from vpipe_lab.control.launch import launch
+        from vpipe_lab.control.workers.launch import launch
         from vpipe_lab.examples import EXAMPLES
 
         if self.session is not None and not self.session.closed:

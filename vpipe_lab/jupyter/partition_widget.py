@@ -26,11 +26,11 @@ import anywidget
 import jsonschema
 import traitlets
 
-from vpipe_lab.core.costmodel import estimate
+from vpipe_lab.core.cost.costmodel import estimate
+from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.core.errors import VpipeError
 from vpipe_lab.core.plan import Estimate, Plan
 from vpipe_lab.core.profile import Cluster, ModelProfile
-from vpipe_lab.core.simulator import simulate
 
 if TYPE_CHECKING:
     from vpipe_lab.control.session import Session

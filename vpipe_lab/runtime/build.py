@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from vpipe_lab.core.partition import uniform
 from vpipe_lab.core.plan import Plan, Policy
+from vpipe_lab.core.planning.partition import uniform
 from vpipe_lab.runtime.engine.comm import Peer
 from vpipe_lab.runtime.model.batches import describe, rebuild
 from vpipe_lab.runtime.model.capture import CaptureError, Chain, build_model, canonical_names, capture

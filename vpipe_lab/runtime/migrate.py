@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from vpipe_lab.core.migration import match_layers, owners
-from vpipe_lab.core.partition import uniform
 from vpipe_lab.core.plan import Plan, Policy
+from vpipe_lab.core.planning.migration import match_layers, owners
+from vpipe_lab.core.planning.partition import uniform
 from vpipe_lab.runtime.engine import faults
 from vpipe_lab.runtime.engine.comm import TAG_MIGRATE, Peer
 from vpipe_lab.runtime.engine.device import Clock

@@ -16,6 +16,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from vpipe_lab.core.plan import Plan
+from vpipe_lab.core.profile import LayerCost
 from vpipe_lab.runtime import dcp_state
 from vpipe_lab.runtime.checkpoints import check_files, write_version
 from vpipe_lab.wire import commands as C
@@ -169,9 +170,10 @@ class TorchState:
                             (self.optimizer.state.get(p, {}).values() if self.optimizer else ())
                             if isinstance(v, torch.Tensor))
                 f, b, w = (statistics.median(times[k]) if times.get(k) else 0.0 for k in ("F", "B", "W"))
-                layers.append(E.LayerMeasure(
-                    u, self.names[u], f * share, (b + w) * share, int(self.activations_per_mb(spec.stage) * share),
-                    0, 0, size[u], optim, len(times.get("F", [])), [], w * share if w else None))
+                cost = LayerCost(self.names[u], f * share, (b + w) * share,
+                                 int(self.activations_per_mb(spec.stage) * share), 0, 0, size[u], optim, (),
+                                 w * share if w else None)
+                layers.append(E.LayerMeasure(u, cost, len(times.get("F", []))))
         self.send(E.Layers(cmd.id, self.index, layers))
         if cmd.reset:
             self.stats.clear()

@@ -92,8 +92,8 @@ def _check(args: argparse.Namespace) -> None:
 def _resume_point(run_dir: Path, stages: int) -> dict[str, Any] | None:
     """Rank 0: the newest complete checkpoint in the run directory, if any (a restarted job continues from it)."""
     from vpipe_lab.core.errors import ProfileError
-    from vpipe_lab.core.partition import uniform
     from vpipe_lab.core.plan import Plan
+    from vpipe_lab.core.planning.partition import uniform
     from vpipe_lab.wire.checkpoint import Manifest
 
     root = run_dir / "checkpoints"

@@ -3,9 +3,10 @@
 Each body class declares its wire ``TYPE`` and its fields with their types; ``encode`` turns one into a signed-ready
 ``Message``, ``decode`` turns a received ``Message`` back into the class its type names, refusing (``ProtocolError``
 naming the message type and the field) a body with a missing, unknown or mistyped field. So a field renamed on one
-side fails where the message is read, with its name, not as a ``KeyError`` deep in the other side's code. Nested
-documents that belong to another layer's own format (a ``Plan``'s dict, a layer-cost document) are typed as JSON
-objects here and parsed by their owners.
+side fails where the message is read, with its name, not as a ``KeyError`` deep in the other side's code. A field may
+be one of core's value types (a frozen dataclass: ``LayerCost``), carried as its fields and rebuilt, so the wire does
+not repeat the core's types. Documents with a format of their own (a ``Plan``'s dict) are typed as JSON objects here
+and parsed by their owners.
 """
 
 from __future__ import annotations
@@ -97,6 +98,8 @@ def _hints(cls: type) -> dict[str, Any]:
 def _plain(value: Any) -> Any:
     if isinstance(value, Body):
         return value.to_dict()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # a core value type (LayerCost, ...)
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
@@ -156,9 +159,32 @@ def _check(value: Any, hint: Any, where: str) -> Any:
             return {k: _check(v, arg, f"{where}[{k!r}]") for k, v in value.items()}
     elif isinstance(hint, type) and issubclass(hint, Body):
         return hint.from_dict(value)
+    elif isinstance(hint, type) and dataclasses.is_dataclass(hint):  # a core value type: its fields, then its checks
+        return _value(value, hint, where)
     else:
         raise TypeError(f"the codec cannot check fields of type {hint!r} ({where}): use JSON types or a Body")
     raise ProtocolError(f"field '{where}' should be {_name(hint)}, got {_show(value)}")
+
+
+def _value(value: Any, hint: type, where: str) -> Any:
+    """A core value type (a frozen dataclass such as ``LayerCost``) from its JSON object, field by field; its own
+    ``__post_init__`` checks what the types cannot (a ValueError there is the sender's mistake)."""
+    if not isinstance(value, dict):
+        raise ProtocolError(f"field '{where}' should be a {hint.__name__} object, got {_show(value)}")
+    hints = _hints(hint)
+    fields = {f.name: f for f in dataclasses.fields(hint)}
+    unknown = sorted(set(value) - set(fields))
+    if unknown:
+        raise ProtocolError(f"field '{where}' has unknown key(s) {unknown} for a {hint.__name__}")
+    checked = {name: _check(value[name], hints[name], f"{where}.{name}") for name in fields if name in value}
+    missing = [n for n, f in fields.items() if n not in value and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ProtocolError(f"field '{where}' lacks {missing} of a {hint.__name__}")
+    try:
+        return hint(**checked)
+    except (ValueError, TypeError) as exc:
+        raise ProtocolError(f"field '{where}' is not a valid {hint.__name__}: {exc}") from None
 
 
 def _name(hint: Any) -> str:

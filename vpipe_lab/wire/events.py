@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from vpipe_lab.core.profile import LayerCost
 from vpipe_lab.wire import protocol as P
 from vpipe_lab.wire.codec import Body, register
 from vpipe_lab.wire.jobspec import JobSpec
@@ -117,23 +118,14 @@ class Ack(Body):
 
 @dataclass
 class LayerMeasure(Body):
-    """One layer's costs as its stage measured them since the last reset (``core.profile.LayerCost``'s fields, by
-    name), with its global ``index``, how many forwards were timed (``samples``) and ``times`` per micro-batch size
-    (``[size, forward_s, backward_s]``). A weight tied between layers counts with each of them. Under a zero-bubble
-    schedule ``backward_s`` is B plus W and ``weight_grad_s`` is W."""
+    """One layer's costs as its stage measured them since the last reset (``cost``: the core's own ``LayerCost``,
+    with ``times`` per micro-batch size), with its global ``index`` and how many forwards were timed (``samples``). A
+    weight tied between layers counts with each of them. Under a zero-bubble schedule ``cost.backward_s`` is B plus W
+    and ``cost.weight_grad_s`` is W."""
 
     index: int
-    name: str
-    forward_s: float
-    backward_s: float
-    activation_bytes: int
-    input_bytes: int
-    output_bytes: int
-    param_bytes: int
-    optimizer_bytes: int
+    cost: LayerCost
     samples: int
-    times: list[tuple[int, float, float]]
-    weight_grad_s: float | None = None  # the W step's share of backward_s, where a split backward measured it
     deferrable: float = 1.0  # the share of its parameter elements a split backward defers to W
 
 

@@ -95,7 +95,7 @@ class JobSpec:
     clip_grad_norm: float | None = None  # the largest global gradient 2-norm (runtime/training/step.py)
     precision: str = "fp32"  # fp32 | bf16 | fp16 (runtime/training/precision.py)
     fused_wgrad: bool | int = True  # Linear weight gradients accumulate inside the GEMM (runtime/engine/wgrad.py)
-    virtual_stages: int = 1  # chunks per stage under interleaved-1f1b (core/interleaved.py)
+    virtual_stages: int = 1  # chunks per stage under interleaved-1f1b (core/schedules/orders/interleaved.py)
     eval_every: int | None = None  # evaluate on the eval_data role every this many iterations
     eval_batches: int = 1
     iterations: int | None = None  # unattended: train until this iteration without waiting for a client

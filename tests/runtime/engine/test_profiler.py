@@ -23,15 +23,16 @@ def test_layer_costs_are_measured_and_valid() -> None:
             g = stage.backward(mb, segment, g, lambda: float(clock()))
     stage.step()
     docs = layer_costs(stage, {3: "encoder", 4: "head"})
-    assert [d.index for d in docs] == [3, 4] and [d.name for d in docs] == ["encoder", "head"]
-    first = LayerCost.from_dict(docs[0].to_dict())
+    assert [d.index for d in docs] == [3, 4] and [d.cost.name for d in docs] == ["encoder", "head"]
+    first = docs[0].cost
+    assert isinstance(first, LayerCost) and type(docs[0]).from_dict(docs[0].to_dict()) == docs[0]  # off the wire too
     assert first.forward_s > 0 and first.backward_s > 0
     assert first.input_bytes == 5 * 16 * 4 and first.output_bytes == 5 * 32 * 4
     assert first.param_bytes == (16 * 32 + 32) * 4
     # Adam: exp_avg and exp_avg_sq per parameter, plus a 4-byte step counter per parameter tensor
     assert first.optimizer_bytes == 2 * first.param_bytes + 2 * 4
     assert first.activation_bytes == 5 * 16 * 4  # Linear saves its input
-    assert docs[1].activation_bytes > 0  # measured when the recomputed layer was rematerialised
+    assert docs[1].cost.activation_bytes > 0  # measured when the recomputed layer was rematerialised
     assert [t[0] for t in first.times] == [2, 10]  # probed at half and twice the micro-batch of 5
     assert all(f > 0 and b > 0 for _, f, b in first.times)
 

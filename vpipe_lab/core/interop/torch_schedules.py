@@ -21,10 +21,10 @@ from collections.abc import Sequence
 
 from vpipe_lab.core import schedules
 from vpipe_lab.core.errors import PlanError
-from vpipe_lab.core.generators import for_plan
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.schedule import Op
 from vpipe_lab.core.schedules import TorchSchedule
+from vpipe_lab.core.schedules.builders import for_plan
 
 
 def torch_classes() -> dict[str, TorchSchedule]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vpipe_lab.core import pipeline_time
+from vpipe_lab.core.cost import pipeline_time
 from vpipe_lab.core.schedule import Op
 from vpipe_lab.core.schedules.kind import ScheduleKind, Step, TorchSchedule
 from vpipe_lab.core.schedules.plan_view import PlanView as Plan

@@ -1,12 +1,13 @@
-"""Interleaved 1F1B (Megatron-LM's): ``virtual`` chunks per stage in looped placement (``core/interleaved.py``)."""
+"""Interleaved 1F1B (Megatron-LM's): ``virtual`` chunks per stage in looped placement (``orders/interleaved.py``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vpipe_lab.core import interleaved, pipeline_time
+from vpipe_lab.core.cost import pipeline_time
 from vpipe_lab.core.schedule import Op
 from vpipe_lab.core.schedules.kind import ScheduleKind, Step, TorchSchedule
+from vpipe_lab.core.schedules.orders import interleaved
 from vpipe_lab.core.schedules.plan_view import PlanView as Plan
 
 

@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from vpipe_lab.core import held as held_states
 from vpipe_lab.core.schedule import Action, Op, Schedule, run_schedule
 from vpipe_lab.core.schedules.expand import expand
+from vpipe_lab.core.schedules.orders import held as held_states
 
 if TYPE_CHECKING:
     from vpipe_lab.core.schedules.plan_view import PlanView as Plan
@@ -111,7 +111,7 @@ class ScheduleKind:
         return _peaks(self, stages, virtual, microbatches)[chunk]
 
     def held(self, stages: int, virtual: int, microbatches: int, rank: int) -> tuple[tuple[int, ...], ...]:
-        """A chunked schedule's states along ``rank``'s order (``core/held.py``); empty for the others."""
+        """A chunked schedule's states along ``rank``'s order (``core/schedules/orders/held.py``); empty for the others."""
         if not self.chunked:
             return ()
         order = self.orders(stages, virtual, microbatches)[rank]

@@ -1,10 +1,10 @@
 """The paper's PipeDream: 1F1B's order whose stages update after every micro-batch's backward, each backward with the
-weights its forward used (weight stashing, ``core/pipedream.py``): other training semantics than the rest."""
+weights its forward used (weight stashing, ``core/schedules/orders/stashing.py``): other training semantics than the rest."""
 
 from __future__ import annotations
 
-from vpipe_lab.core import pipedream
 from vpipe_lab.core.schedules.one_f_one_b import OneFOneB
+from vpipe_lab.core.schedules.orders import stashing as pipedream
 
 
 class PipeDream(OneFOneB):

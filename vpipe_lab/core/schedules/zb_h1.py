@@ -1,14 +1,15 @@
 """Zero-bubble ZB-H1: 1F1B's memory, each backward split into B (input gradient) and W (weights' gradients), the W steps
-placed into what would be bubbles (``core/zero_bubble.py``)."""
+placed into what would be bubbles (``core/schedules/orders/zero_bubble.py``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vpipe_lab.core import pipeline_time, zero_bubble
+from vpipe_lab.core.cost import pipeline_time
 from vpipe_lab.core.policy import Policy
 from vpipe_lab.core.schedule import Op
 from vpipe_lab.core.schedules.kind import ScheduleKind, Step, TorchSchedule
+from vpipe_lab.core.schedules.orders import zero_bubble
 from vpipe_lab.core.schedules.plan_view import PlanView as Plan
 
 

@@ -1,13 +1,14 @@
 """ZBV: two chunks per stage in V placement (down the stages and back up), the backward split into B and W
-(``core/zbv.py``); the last stage hands its first chunk's output to its second without a transfer."""
+(``core/schedules/orders/zbv.py``); the last stage hands its first chunk's output to its second without a transfer."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vpipe_lab.core import pipeline_time, zbv
+from vpipe_lab.core.cost import pipeline_time
 from vpipe_lab.core.schedule import Op
 from vpipe_lab.core.schedules.kind import ScheduleKind, Step, TorchSchedule
+from vpipe_lab.core.schedules.orders import zbv
 from vpipe_lab.core.schedules.plan_view import PlanView as Plan
 
 

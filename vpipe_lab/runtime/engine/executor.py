@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 
-from vpipe_lab.core.generators import for_plan
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.schedule import KIND, Action, Op, Schedule, chunk_indices
+from vpipe_lab.core.schedules.builders import for_plan
 from vpipe_lab.runtime.engine import faults
 from vpipe_lab.runtime.engine.comm import TAG_BACKWARD, TAG_EVAL, TAG_FORWARD, Incoming, Peer
 from vpipe_lab.runtime.engine.device import Clock, Placement, Stopwatch
@@ -190,7 +190,7 @@ class Executor:
             stage.scales = [self.loss_multiplier * w for w in weights]
         agreed = not uneven  # shapes agreed once per epoch only when every micro-batch has them
         stage.iteration = iteration
-        stage.split_backward(plan.kind.split_backward)  # B then W (core/zero_bubble.py), or one backward
+        stage.split_backward(plan.kind.split_backward)  # B then W (core/schedules/orders/zero_bubble.py), or one backward
         stage.ledger.reset_peaks()
         if self.budget is not None:
             static = stage.static_bytes()  # not ``sizes``: that name is the micro-batches' samples, reported below

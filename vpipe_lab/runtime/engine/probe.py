@@ -1,6 +1,6 @@
 """Micro-batch-size probes: a layer timed alone at half and twice the running micro-batch, in profiling iterations.
 
-The points feed each layer's throughput-vs-micro-batch-size curve (``core/scaling.py``), which the planner uses to
+The points feed each layer's throughput-vs-micro-batch-size curve (``core/cost/scaling.py``), which the planner uses to
 choose the micro-batch size. Nothing a probe computes stays: gradients come from ``torch.autograd.grad`` (not
 accumulated), buffers (running statistics) are stand-in copies while the probes run, so the real ones are not even
 written (a captured graph's batch norm saves them for its backward: writing them would break it), and the next

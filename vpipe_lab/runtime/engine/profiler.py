@@ -8,20 +8,21 @@ timed with the device synchronised (see ``stage.Stage``); the iterations between
 Times are the median per micro-batch over the profiling iterations since the last reset. A profiling iteration also
 times each layer on its first micro-batch's input cut to half and repeated to twice its size (``Stage.probe``): the
 points of its throughput-vs-micro-batch-size curve, so the planners can choose the micro-batch count
-(``core/scaling.py``). That adds about 2.5 micro-batches' compute to a profiling iteration. A layer that only takes
+(``core/cost/scaling.py``). That adds about 2.5 micro-batches' compute to a profiling iteration. A layer that only takes
 its own batch size (a graph captured with a fixed batch dimension, a hard-coded reshape) fails its probe once and is
 then taken as linear in the micro-batch size; a captured model with a free batch dimension (the default) is probed. A
 recomputed layer's saved bytes are measured when it is rematerialised; its forward time is the no-grad forward, a
 slight underestimate of a kept forward. Under a zero-bubble schedule a layer's W step is timed on its own and reported
 apart (``weight_grad_s``) and inside its backward; ``deferrable`` is the share of the layer's parameter elements a
 split would defer (linear weights of at least ``wgrad.SPLIT_MIN_PARAMS`` elements: smaller ones' gradients stay in B),
-from which the controller estimates W before it has been timed (``control/profiles.py``).
+from which the controller estimates W before it has been timed (``control/changes/profiles.py``).
 """
 
 from __future__ import annotations
 
 import torch
 
+from vpipe_lab.core.profile import LayerCost
 from vpipe_lab.runtime.engine import wgrad
 from vpipe_lab.runtime.engine.memory import tensor_bytes
 from vpipe_lab.runtime.engine.stage import Stage
@@ -29,7 +30,7 @@ from vpipe_lab.wire.events import LayerMeasure
 
 
 def layer_costs(stage: Stage, names_of: dict[int, str]) -> list[LayerMeasure]:
-    """One ``LayerCost`` document (plus its global index) per owned layer, averaged since the last reset. A weight
+    """One ``LayerCost`` (with its global index) per owned layer, averaged since the last reset. A weight
     tied between layers counts with each of them (each would need it were it alone on a stage)."""
     out = []
     for index in stage.owned:
@@ -42,12 +43,12 @@ def layer_costs(stage: Stage, names_of: dict[int, str]) -> list[LayerMeasure]:
         weight = st.typical(st.weight_times) if st.weight_times else None  # a split backward's W, timed apart
         routed, _ = wgrad.routed_elements(layer.module, wgrad.split_threshold(stage.fused_wgrad))
         elements = sum(stage.tensors[n].numel() for n in dict.fromkeys(names))
-        out.append(LayerMeasure(
-            index, names_of.get(index, str(index)), st.typical(st.forward_times),
-            st.typical(st.backward_times) + (weight or 0.0),
-            int(st.activation_bytes), int(st.input_bytes), int(st.output_bytes), int(params), int(opt), st.forwards,
-            [(size, st.typical(fwd), st.typical(bwd)) for size, (fwd, bwd) in sorted(st.sizes.items())], weight,
-            min(1.0, routed / elements) if elements else 0.0))
+        cost = LayerCost(names_of.get(index, str(index)), st.typical(st.forward_times),
+                         st.typical(st.backward_times) + (weight or 0.0), int(st.activation_bytes), int(st.input_bytes),
+                         int(st.output_bytes), int(params), int(opt),
+                         tuple((size, st.typical(fwd), st.typical(bwd)) for size, (fwd, bwd) in sorted(st.sizes.items())),
+                         weight)
+        out.append(LayerMeasure(index, cost, st.forwards, min(1.0, routed / elements) if elements else 0.0))
     return out
 
 

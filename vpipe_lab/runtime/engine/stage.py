@@ -5,7 +5,7 @@ to its output, one backward call, as a plain model would run them; swap boundari
 segment's saved tensors leave the device between its forward and backward). A recomputed layer is a segment of its
 own: it runs without autograd, keeps its input, and is rebuilt in the backward right before its own (vPipe's order),
 so one recomputed layer's activations are held at a time, which is what the cost model charges
-(``core/costmodel.py``). Saved tensors are attributed to the layer that saved them (the saved-tensor hooks know the
+(``core/cost/costmodel.py``). Saved tensors are attributed to the layer that saved them (the saved-tensor hooks know the
 layer running), so a layer's swap moves only its own.
 In a *profiling* iteration every layer is a segment of its own, timed with the device synchronised, which is what the
 online profiler reads; the executor decides which iterations profile (see ``executor.Executor``).

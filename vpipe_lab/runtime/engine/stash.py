@@ -1,5 +1,5 @@
 """PipeDream's weight stashing on one stage: each micro-batch's forward and backward see the weights of one version,
-and the stage updates them after every backward (the ``pipedream`` schedule, ``core/pipedream.py``).
+and the stage updates them after every backward (the ``pipedream`` schedule, ``core/schedules/orders/stashing.py``).
 
 A forward runs its layers through ``torch.func.functional_call`` with *aliases* of the stage's parameters: leaf
 tensors over the parameters' memory (``p.data``, with a version counter of their own) that autograd saves and

@@ -15,7 +15,7 @@ A weight's gradient then arrives by this side effect, not through autograd's gra
 weight do not fire, and ``torch.autograd.grad`` with respect to it must run under ``suspended()`` (the
 profiler's probes do).
 
-The same backward is how a zero-bubble schedule splits a backward in two (``core/zero_bubble.py``): inside
+The same backward is how a zero-bubble schedule splits a backward in two (``core/schedules/orders/zero_bubble.py``): inside
 ``deferred(into)`` it computes only the input's gradient and appends the weight-gradient GEMM's operands to
 ``into``; ``run(into)`` does those GEMMs later, in the schedule's W step. No hook runs per layer: the split is the
 autograd function the layer already calls. Only the weights routed here are deferred (a zero-bubble stage routes every

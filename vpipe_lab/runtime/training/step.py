@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vpipe_lab.core import checks, pipedream
+from vpipe_lab.core import checks
+from vpipe_lab.core.schedules.orders import stashing as pipedream
 from vpipe_lab.runtime.training.precision import LossScale
 from vpipe_lab.runtime.training.replicas import DataParallel
 

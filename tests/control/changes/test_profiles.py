@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+from vpipe_lab.control.changes.profiles import Profiles
+from vpipe_lab.core.profile import LayerCost
+from vpipe_lab.wire.events import LayerMeasure
+
+
+def doc(index: int, name: str, forward: float, samples: int, params: int = 10, weight: float | None = None,
+        deferrable: float = 1.0) -> LayerMeasure:
+    cost = LayerCost(name, forward, 2 * forward, 100, 10, 10, params, weight_grad_s=weight)
+    return LayerMeasure.from_dict(LayerMeasure(index, cost, samples, deferrable).to_dict())  # as it comes off the wire
+
+
+def test_a_layer_without_samples_keeps_its_last_measurement() -> None:
+    profiles = Profiles()
+    first = profiles.merge([doc(1, "b", 0.2, 3), doc(0, "a", 0.1, 3)], microbatch_size=4)
+    assert [x.name for x in first.layers] == ["a", "b"] and first.microbatch_size == 4
+    moved = profiles.merge([doc(0, "a", 0.0, 0, params=20), doc(1, "b", 0.3, 2)], microbatch_size=4)
+    assert moved.layers[0].forward_s == 0.1 and moved.layers[0].param_bytes == 20  # time kept, size current
+    assert moved.layers[1].forward_s == 0.3
+    profiles.forget()
+    assert profiles.merge([doc(0, "a", 0.0, 0)], 4).layers[0].forward_s == 0.0
+
+
+def test_a_weight_step_is_measured_kept_across_unsplit_schedules_or_estimated() -> None:
+    """Never split: half the backward times the deferrable share. Split once: the measurement, which stands when a
+    later schedule runs the backward whole again."""
+    profiles = Profiles()
+    unsplit = doc(0, "a", 0.1, 3, deferrable=0.5)
+    assert profiles.merge([unsplit], 4).layers[0].weight_grad_s == 0.2 / 2 * 0.5
+    split = doc(0, "a", 0.1, 3, weight=0.07)
+    assert profiles.merge([split], 4).layers[0].weight_grad_s == 0.07
+    assert profiles.merge([unsplit], 4).layers[0].weight_grad_s == 0.07

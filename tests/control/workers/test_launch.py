@@ -1,0 +1,43 @@
+import pytest
+
+from vpipe_lab.control.workers.launch import _budgets, _free_port, launch
+
+
+def test_budgets() -> None:
+    assert _budgets(None, 3) is None
+    assert _budgets(10, 2) == [10, 10]
+    assert _budgets([1, 2], 2) == [1, 2]
+    with pytest.raises(ValueError, match="one positive int or 3 of them"):
+        _budgets([1, 2], 3)
+    with pytest.raises(ValueError, match="memory_budget"):
+        _budgets([0, 5], 2)
+
+
+def test_free_port() -> None:
+    assert 0 < _free_port("127.0.0.1") < 65536
+
+
+def test_virtual_stages_are_checked_before_anything_starts() -> None:
+    with pytest.raises(ValueError, match=r"virtual_stages=2 needs a chunked schedule, not '1f1b' \(the chunked ones: "):
+        launch("mlp", stages=2, microbatches=4, virtual_stages=2, device="cpu")
+    with pytest.raises(ValueError, match="at least 2 stages"):
+        launch("mlp", stages=1, microbatches=4, schedule="interleaved-1f1b", virtual_stages=2, device="cpu")
+    with pytest.raises(ValueError, match="microbatches=3 must be a multiple of 2"):
+        launch("mlp", stages=2, microbatches=3, schedule="interleaved-1f1b", virtual_stages=2, device="cpu")
+    with pytest.raises(ValueError, match="virtual_stages must be a whole number >= 1"):
+        launch("mlp", stages=2, microbatches=4, schedule="interleaved-1f1b", virtual_stages=0, device="cpu")
+    with pytest.raises(ValueError, match="zbv runs 2 chunks per stage, not virtual_stages=3"):
+        launch("mlp", stages=2, microbatches=4, schedule="zbv", virtual_stages=3, device="cpu")
+    with pytest.raises(ValueError, match="at least 2 stages"):  # two chunks on one stage would be no pipeline
+        launch("mlp", stages=1, microbatches=4, schedule="zbv", device="cpu")
+
+
+def test_pipedream_refuses_what_needs_one_step_of_the_whole_model() -> None:
+    """Clipping by the global norm, one fp16 loss scale and replica averaging each need a step every stage takes at
+    once; PipeDream's stages update on their own after every micro-batch."""
+    with pytest.raises(ValueError, match=r"clip_grad_norm=1\.0 clips by the whole model's gradient norm"):
+        launch("mlp", stages=2, microbatches=4, schedule="pipedream", clip_grad_norm=1.0, device="cpu")
+    with pytest.raises(ValueError, match=r"precision='fp16'.*use precision='bf16'"):
+        launch("mlp", stages=2, microbatches=4, schedule="pipedream", precision="fp16", device="cpu")
+    with pytest.raises(ValueError, match="replicas=2 average gradients once per iteration"):
+        launch("mlp", stages=2, microbatches=4, schedule="pipedream", replicas=2, device="cpu")

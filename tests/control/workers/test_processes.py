@@ -1,0 +1,42 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from vpipe_lab.control.workers.processes import Launcher, _alive, reap_stale, state_dir
+
+SLEEPER = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)  # vpipe_lab"
+
+
+def test_terminate_escalates_to_sigkill(tmp_path: Path) -> None:
+    launcher = Launcher("t1", tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", SLEEPER], start_new_session=True)
+    from vpipe_lab.control.workers.processes import WorkerProcess
+
+    launcher.workers.append(WorkerProcess(0, proc, tmp_path / "w.log"))
+    time.sleep(0.5)
+    start = time.monotonic()
+    launcher.terminate(timeout=1.0)
+    assert proc.poll() == -signal.SIGKILL and time.monotonic() - start < 5
+
+
+def test_reap_stale_kills_workers_of_a_dead_controller(tmp_path: Path) -> None:
+    victim = subprocess.Popen([sys.executable, "-c", SLEEPER], start_new_session=True)
+    dead_owner = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_owner.wait()
+    (state_dir() / "stale.json").write_text(json.dumps({"owner": dead_owner.pid, "pids": [victim.pid]}))
+    assert reap_stale() == 1
+    victim.wait(timeout=5)
+    assert not _alive(victim.pid) and not (state_dir() / "stale.json").exists()
+
+
+def test_registry_lists_live_workers(tmp_path: Path) -> None:
+    launcher = Launcher("t3", tmp_path)
+    entry = state_dir() / "t3.json"
+    launcher._write_registry()
+    assert json.loads(entry.read_text())["owner"] == os.getpid()
+    launcher.terminate(timeout=0.1)
+    assert not entry.exists()

@@ -1,0 +1,197 @@
+"""Starting, watching and stopping worker processes so that none outlives the process that started it.
+
+Workers run in their own process session (so Jupyter's "Interrupt kernel" SIGINT does not reach them), inherit the
+read end of a pipe whose write end only the controller holds (EOF tells them the controller died, even after a
+SIGKILL), and are listed in an on-disk registry so a later launch can reap what a crashed controller left behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+from vpipe_lab.control.workers import zygote as zygotes
+from vpipe_lab.control.workers.zygote import ForkedWorker
+
+log = logging.getLogger(__name__)
+
+
+def state_dir() -> Path:
+    root = Path(os.environ.get("VPIPE_LAB_STATE_DIR", Path.home() / ".cache" / "vpipe_lab"))
+    path = root / "sessions"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child counts as dead
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except OSError:
+        return True
+
+
+def _is_worker(pid: int) -> bool:
+    """Guard against pid reuse: only signal processes that really are vpipe_lab workers."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"vpipe_lab" in fh.read()
+    except OSError:
+        return False
+
+
+def kill_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)  # workers lead their own session, so this reaches anything they started too
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def reap_stale() -> int:
+    """Kill workers of sessions whose controller is gone; returns how many processes were signalled."""
+    killed = 0
+    for entry in state_dir().glob("*.json"):
+        try:
+            doc = json.loads(entry.read_text())
+        except (OSError, json.JSONDecodeError):
+            entry.unlink(missing_ok=True)
+            continue
+        if _alive(int(doc.get("owner", 0))):
+            continue
+        for pid in doc.get("pids", []):
+            if _alive(pid) and _is_worker(pid):
+                kill_group(pid, signal.SIGKILL)
+                killed += 1
+        entry.unlink(missing_ok=True)
+    if killed:
+        log.warning("reaped %d worker process(es) left by a controller that died", killed)
+    return killed
+
+
+@dataclass
+class WorkerProcess:
+    rank: int
+    popen: subprocess.Popen[bytes] | ForkedWorker
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def tail(self, lines: int = 25) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+_LIVE: weakref.WeakSet[Launcher] = weakref.WeakSet()
+
+
+class Launcher:
+    """Owns one session's worker processes."""
+
+    def __init__(self, session_id: str, job_dir: Path) -> None:
+        self.session_id = session_id
+        self.job_dir = job_dir
+        self.workers: list[WorkerProcess] = []
+        self._read_fd, self._write_fd = os.pipe()  # non-inheritable; the read end is passed explicitly
+        self._registry = state_dir() / f"{session_id}.json"
+        _LIVE.add(self)
+
+    @property
+    def parent_fd(self) -> int:
+        return self._read_fd
+
+    def spawn(self, rank: int, args: list[str], env: dict[str, str] | None = None) -> WorkerProcess:
+        log_path = self.job_dir / f"worker-{rank}.log"
+        env = {**os.environ, **(env or {})}
+        with open(log_path, "wb") as out:
+            popen: subprocess.Popen[bytes] | ForkedWorker | None = None
+            if zygotes.enabled():
+                try:
+                    popen = zygotes.zygote().fork(args, out.fileno(), self._read_fd, env)
+                except (OSError, RuntimeError) as exc:
+                    log.warning("starting worker %d directly: %s", rank, exc)
+            if popen is None:
+                popen = subprocess.Popen(
+                    [sys.executable, "-m", "vpipe_lab.runtime.process", *args, "--parent-fd", str(self._read_fd)],
+                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    start_new_session=True, pass_fds=(self._read_fd,), env=env,
+                )
+        worker = WorkerProcess(rank, popen, log_path)
+        self.workers.append(worker)
+        self._write_registry()
+        return worker
+
+    def _write_registry(self) -> None:
+        doc = {"owner": os.getpid(), "pids": [w.pid for w in self.workers], "job_dir": str(self.job_dir),
+               "created": time.time()}
+        self._registry.write_text(json.dumps(doc))
+
+    def exited(self) -> list[tuple[WorkerProcess, int]]:
+        """Workers that have exited, with their return codes (negative: killed by that signal)."""
+        return [(w, rc) for w in self.workers if (rc := w.popen.poll()) is not None]
+
+    def alive(self) -> list[WorkerProcess]:
+        return [w for w in self.workers if w.popen.poll() is None]
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return not self.alive()
+
+    def terminate(self, timeout: float = 5.0) -> None:
+        """SIGTERM every worker, SIGKILL what is left after ``timeout``, reap them all, drop the registry entry."""
+        for w in self.alive():
+            kill_group(w.pid, signal.SIGTERM)
+        if not self.wait(timeout):
+            for w in self.alive():
+                log.warning("worker %d (pid %d) ignored SIGTERM for %.0f s; killing it", w.rank, w.pid, timeout)
+                kill_group(w.pid, signal.SIGKILL)
+            self.wait(timeout)
+        for w in self.workers:
+            try:
+                w.popen.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass
+            kill_group(w.pid, signal.SIGKILL)  # anything the worker itself started dies with its group
+        self.close_pipe()
+        self._registry.unlink(missing_ok=True)
+
+    def close_pipe(self) -> None:
+        for fd in (self._write_fd, self._read_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._write_fd = self._read_fd = -1
+
+
+@atexit.register
+def _terminate_all() -> None:
+    for launcher in list(_LIVE):
+        try:
+            launcher.terminate(timeout=2.0)
+        except Exception:  # at interpreter exit, keep going to the next one
+            log.exception("could not stop the workers of session %s", launcher.session_id)

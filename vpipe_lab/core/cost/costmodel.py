@@ -1,0 +1,380 @@
+"""The cost model: per-stage time and peak memory of a plan, and the pipeline's iteration time.
+
+Per micro-batch, stage ``s`` owning layers ``lo:hi`` takes
+
+    forward  = sum(forward_s) + send of its output to stage s+1 (latency + bytes over the link bandwidth)
+    backward = sum(backward_s) + recompute (forward_s of recomputed layers) + exposed swap + send of the input
+               gradient to stage s-1
+
+where swap transfers hide under the stage's compute: ``exposed = max(0, swap_bytes / swap_bandwidth - hide - recompute)``
+with ``hide`` the stage's compute time (less its boundary traffic when that shares the swap link). Peak memory is
+
+    static (parameters + gradients + optimizer state)
+    + inflight * (activation_bytes of kept layers + input_bytes of recomputed layers)
+    + min(inflight, 2) * activation_bytes of swapped layers (the micro-batch being computed and the one being
+      prefetched for its backward, which the schedule issues one compute step early; the rest live on the host)
+    + the largest activation_bytes of a recomputed layer: the runtime rebuilds each recomputed layer right before its
+      own backward (vPipe's order) and frees it with that backward, so one is held at a time
+
+with ``inflight = M`` for GPipe, ``min(M, K - s)`` for 1F1B, ``min(M, K - s + 1)`` for eager 1F1B (but the last
+stage, which keeps one); ZB-H1 holds 1F1B's ``inflight`` and up to ``max(K, K - s + 1) - inflight`` more micro-batches
+waiting only for their weight step, each keeping its layers-with-parameters' inputs and output gradients (at most
+their activations): ``+ waiting * sum(min(activation_bytes, input_bytes + output_bytes))`` over those layers
+(``schedules/orders/zero_bubble.py``). A transfer costs its sender the link's latency ``L`` and arrives ``L`` after
+its send (see ``send_forward_s``), so the first forward and the last backward add ``2 (K - 1) L`` more. The iteration takes
+``sum(T) + 2 (K - 1) L + (M - 1) * P`` for 1F1B and eager 1F1B, with ``P`` the slowest stage or, when latency is
+long, a round trip over the micro-batches in flight (``period``: what eager 1F1B's extra micro-batch hides), and
+``sum(T) + 2 (K - 1) L + (M - 1) * (max(F) + max(B))`` for GPipe, which both reduce
+to ``(M + K - 1) * T`` for equal stages and free communication. ZB-H1 takes ``M * T_b + sum over the other stages
+of max(0, T - 2 W)`` (``P`` for ``T_b`` when latency makes it longer) with ``b`` the slowest stage and ``W`` a
+stage's weight-gradient time: the fill and drain pass each stage without its weight step (the paper's
+``(K - 1)(F + B - W)`` bubble for equal stages). Interleaved 1F1B costs each chunk (virtual stage) as above, with its
+stage's peak count of chunk-forwards in flight and ``2 (K V - 1) L`` of latency
+(``core/schedules/orders/interleaved.py``), and sums a stage's chunks (``_estimate_chunks``); ZBV likewise, with its own fill
+(``chunks_iteration_s``). Both hold, per stage, the largest state of their order's chunk-forwards awaiting B (and
+backwards awaiting W) weighed by each chunk's bytes (``core/schedules/orders/held.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+
+from vpipe_lab.core import checks, schedules
+from vpipe_lab.core.errors import PlanError
+from vpipe_lab.core.plan import Estimate, Plan, Policy
+from vpipe_lab.core.profile import Cluster, ModelProfile
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Time per micro-batch and memory of one stage under one set of policies."""
+
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    swap_exposed_s: float
+    comm_s: float
+    static_bytes: int
+    activation_bytes: int
+    swap_buffer_bytes: int
+    host_bytes: int
+    inflight: int
+    rebuild_bytes: int = 0  # the largest recomputed layer's activations, held while it is rebuilt (transient)
+    wgrad_s: float = 0.0  # the weights' gradients' part of backward_s (a zero-bubble schedule's W step)
+    resident_bytes: int = 0  # per micro-batch held from forward to backward (kept layers, recomputed layers' inputs)
+    wait_bytes: int = 0  # per micro-batch held from B to W under a split backward (the GEMMs' inputs, out-gradients)
+
+    @property
+    def total_s(self) -> float:
+        return self.forward_s + self.backward_s
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.static_bytes + self.activation_bytes + self.swap_buffer_bytes + self.rebuild_bytes
+
+
+def chunks_peak(costs: Sequence[StageCost], held: Sequence[tuple[int, ...]]) -> int:
+    """A stage's peak bytes from its chunks' costs and ``held``, each state of (forwards awaiting B per chunk,
+    backwards awaiting W per chunk, the chunk whose B comes next or -1) along the stage's order (``orders/held.py``):
+    the chunks' statics, the largest of those states weighted by the chunks' bytes per micro-batch, a state before a
+    B with that chunk's rebuild on top, and every chunk's swap buffers."""
+    n = len(costs)
+    acts = max(sum(h[i] * costs[i].resident_bytes + h[n + i] * costs[i].wait_bytes for i in range(n))
+               + (costs[h[-1]].rebuild_bytes if h[-1] >= 0 else 0) for h in held)
+    return sum(c.static_bytes for c in costs) + acts + sum(c.swap_buffer_bytes for c in costs)
+
+
+def policy_overhead(recompute_s: float, swap_bytes: int, hide_s: float, bandwidth: float,
+                    overlaps: bool = True) -> float:
+    """Extra backward time of a stage's memory plan: recompute plus the swap transfer time not hidden by compute;
+    without ``overlaps`` (copies on the compute thread, ``Cluster.swap_overlaps``) every byte is copied out and back
+    in on the stage's own time."""
+    if not overlaps:
+        return recompute_s + 2 * swap_bytes / bandwidth
+    if swap_bytes <= 0:
+        return recompute_s
+    return max(recompute_s, swap_bytes / bandwidth - hide_s)
+
+
+def swap_buffers(inflight: int) -> int:
+    """Micro-batches of a swapped layer resident at once: one being computed, one prefetched for its backward."""
+    return min(inflight, 2)
+
+
+class CostModel:
+    """Prefix sums over a profile for O(1) stage queries; the single source of costs for planners and estimates."""
+
+    def __init__(self, profile: ModelProfile, cluster: Cluster, microbatches: int, schedule: str = "1f1b",
+                 virtual_stages: int = 1) -> None:
+        self.kind = schedules.get(schedule)  # what the schedule's name means: its costs are asked of it
+        checks.count(microbatches, "microbatches", error=PlanError)
+        self.profile = profile
+        self.cluster = cluster
+        self.microbatches = microbatches
+        self.schedule = schedule
+        self.stages = cluster.stages
+        # Interleaved: stage-level queries below take a chunk (virtual stage) where they say "stage"; chunk c runs on
+        # stage c % stages. Without virtual stages the two are the same.
+        self.virtual = virtual_stages
+        self.chunks = self.stages * virtual_stages
+        self.placement = self.kind.placement(self.stages, self.chunks)  # the stage of each chunk
+        self.backward_steps = 2 if self.kind.split_backward else 1  # B and W steps, or one backward
+        layers = profile.layers
+        self.num_layers = len(layers)
+        self.fwd = [x.forward_s for x in layers]
+        self.bwd = [x.backward_s for x in layers]
+        self._pw = [0.0, *accumulate(x.wgrad_s for x in layers)]
+        # what a micro-batch waiting for its weight step keeps: the inputs and output gradients of the GEMMs
+        self._pwait = [0, *accumulate(min(x.activation_bytes, x.input_bytes + x.output_bytes) if x.param_bytes else 0
+                                      for x in layers)]
+        self.act = [x.activation_bytes for x in layers]
+        self.inp = [x.input_bytes for x in layers]
+        self.out = [x.output_bytes for x in layers]
+        self._pf = [0.0, *accumulate(self.fwd)]
+        self._pb = [0.0, *accumulate(self.bwd)]
+        self.compute_prefix = [0.0, *accumulate(f + b for f, b in zip(self.fwd, self.bwd))]
+        self._pa = [0, *accumulate(self.act)]
+        self._ps = [0, *accumulate(x.static_bytes for x in layers)]
+        self._pp = [0, *accumulate(x.param_bytes for x in layers)]
+        self.total_compute_s = self.compute_prefix[-1]
+
+    # --- O(1) stage queries -------------------------------------------------------------------------------------
+    def inflight(self, stage: int) -> int:
+        """Micro-batches whose activations a stage (a chunk, with virtual stages) holds at its peak."""
+        return int(self.kind.inflight(self.stages, stage, self.microbatches, self.virtual))
+
+    def held(self, rank: int) -> tuple[tuple[int, ...], ...]:
+        """What ``rank`` holds along a chunked schedule's order (``core/schedules/orders/held.py``); empty for the others."""
+        return tuple(self.kind.held(self.stages, self.virtual, self.microbatches, rank))
+
+    def budget(self, stage: int) -> int:
+        return self.cluster.budgets[stage]
+
+    def compute_s(self, lo: int, hi: int) -> float:
+        """Forward plus backward compute of layers lo:hi: a lower bound on the stage's time, monotone in the range."""
+        return self.compute_prefix[hi] - self.compute_prefix[lo]
+
+    def forward_compute_s(self, lo: int, hi: int) -> float:
+        return self._pf[hi] - self._pf[lo]
+
+    def backward_compute_s(self, lo: int, hi: int) -> float:
+        return self._pb[hi] - self._pb[lo]
+
+    def waiting_bytes(self, stage: int, lo: int, hi: int) -> int:
+        """ZB-H1: what the micro-batches beyond ``inflight`` that wait only for their weight step hold (else 0; ZBV
+        counts its waiting micro-batches per chunk: ``StageCost.wait_bytes``)."""
+        waiting = self.kind.waiting_w(self.stages, stage, self.microbatches)
+        if waiting <= 0:
+            return 0
+        return (waiting - self.inflight(stage)) * (self._pwait[hi] - self._pwait[lo])
+
+    def wgrad_compute_s(self, lo: int, hi: int) -> float:
+        """The weights' gradients' part of layers lo:hi's backward (``LayerCost.wgrad_s``)."""
+        return self._pw[hi] - self._pw[lo]
+
+    def static_bytes(self, lo: int, hi: int) -> int:
+        return self._ps[hi] - self._ps[lo]
+
+    def stash_bytes(self, stage: int, lo: int, hi: int) -> int:
+        """PipeDream: the copies of layers lo:hi's weights ``stage`` keeps for forwards in flight (else 0)."""
+        versions = self.kind.stashed_versions(self.stages, stage, self.microbatches)
+        return versions * (self._pp[hi] - self._pp[lo]) if versions else 0
+
+    def activation_sum(self, lo: int, hi: int) -> int:
+        return self._pa[hi] - self._pa[lo]
+
+    def wait_bytes(self, lo: int, hi: int) -> int:
+        """Per micro-batch, what layers lo:hi hold between B and W (the GEMMs' inputs and output gradients)."""
+        return self._pwait[hi] - self._pwait[lo]
+
+    def local(self, chunk: int) -> bool:
+        """Whether ``chunk`` hands its output to the next chunk on its own stage (ZBV's turn): no transfer."""
+        return chunk + 1 < self.chunks and self.placement[chunk] == self.placement[chunk + 1]
+
+    def send_forward_s(self, stage: int, hi: int) -> float:
+        """The sender's time for a stage's output: the link's latency and its bytes over the link bandwidth. The
+        latency is charged twice, to the sender and as the transfer's flight (``hop_s``): on gloo it is mostly
+        software time on both ends (per transfer, so V chunks per stage pay it V times), and the receiver waits for
+        it (which 1F1B's round trips expose and eager 1F1B hides)."""
+        if stage >= self.chunks - 1 or self.local(stage):
+            return 0.0
+        return self.cluster.link_latency_s + self.out[hi - 1] / self.cluster.link_bandwidth
+
+    def send_backward_s(self, stage: int, lo: int) -> float:
+        if stage <= 0 or self.local(stage - 1):
+            return 0.0
+        return self.cluster.link_latency_s + self.inp[lo] / self.cluster.link_bandwidth
+
+    @property
+    def hop_s(self) -> float:
+        """A transfer's flight: from its send's end to its arrival, on nobody's compute stream."""
+        return self.cluster.link_latency_s
+
+    def boundary_bytes(self, stage: int, lo: int, hi: int) -> int:
+        """Bytes a stage sends and receives per micro-batch (activations both ways, gradients both ways)."""
+        total = 0
+        if stage > 0 and not self.local(stage - 1):
+            total += 2 * self.inp[lo]
+        if stage < self.chunks - 1 and not self.local(stage):
+            total += 2 * self.out[hi - 1]
+        return total
+
+    def hide_s(self, stage: int, lo: int, hi: int) -> float:
+        """Compute time per micro-batch under which swap transfers can hide (none where copies run on the compute
+        thread: ``Cluster.swap_overlaps``)."""
+        if not self.cluster.swap_overlaps:
+            return 0.0
+        hide = self.compute_s(lo, hi)
+        if self.cluster.shared_link:
+            hide -= self.boundary_bytes(stage, lo, hi) / self.cluster.swap_bandwidth
+        return max(0.0, hide)
+
+    def keep_all_bytes(self, stage: int, lo: int, hi: int) -> int:
+        """Peak memory of the stage with every layer kept."""
+        return (self.static_bytes(lo, hi) + self.stash_bytes(stage, lo, hi)
+                + self.inflight(stage) * self.activation_sum(lo, hi)
+                + self.waiting_bytes(stage, lo, hi))
+
+    def update_s(self, stage: int, lo: int, hi: int) -> float:
+        """PipeDream: per micro-batch, the optimizer's step on layers lo:hi's weights and their share of the copies
+        that move the live weights off memory forwards in flight still read (else 0)."""
+        if not self.kind.asynchronous:
+            return 0.0
+        share = self.kind.weight_copies(self.stages, stage, self.microbatches) / self.microbatches
+        return (self._pp[hi] - self._pp[lo]) * (self.cluster.update_s_per_byte + share * self.cluster.copy_s_per_byte)
+
+    def base_times(self, stage: int, lo: int, hi: int) -> tuple[float, float]:
+        """Forward and backward time per micro-batch with every layer kept (communication and the runtime's
+        overhead per step included: one for the forward, one for the backward and one for a split-off weight step;
+        under PipeDream the update after each backward)."""
+        step = self.cluster.step_overhead_s
+        return (
+            self.forward_compute_s(lo, hi) + self.send_forward_s(stage, hi) + step,
+            self.backward_compute_s(lo, hi) + self.send_backward_s(stage, lo) + step * self.backward_steps
+            + self.update_s(stage, lo, hi),
+        )
+
+    # --- full evaluation ----------------------------------------------------------------------------------------
+    def stage_cost(self, stage: int, lo: int, hi: int, policies: Sequence[Policy]) -> StageCost:
+        """Cost of layers lo:hi on ``stage`` with ``policies`` (indexed by global layer)."""
+        n = self.inflight(stage)
+        resident = 0
+        swapped = 0
+        recompute = 0.0
+        rebuilt = 0  # the largest recomputed layer's activations: each is rebuilt right before its own backward
+        for i in range(lo, hi):
+            policy = policies[i]
+            if policy is Policy.KEEP:
+                resident += self.act[i]
+            elif policy is Policy.RECOMPUTE:
+                resident += self.inp[i]
+                recompute += self.fwd[i]
+                rebuilt = max(rebuilt, self.act[i])
+            else:
+                swapped += self.act[i]
+        extra = policy_overhead(recompute, swapped, self.hide_s(stage, lo, hi), self.cluster.swap_bandwidth,
+                                self.cluster.swap_overlaps)
+        fwd, bwd = self.base_times(stage, lo, hi)
+        return StageCost(
+            forward_s=fwd,
+            backward_s=bwd + extra,
+            recompute_s=recompute,
+            swap_exposed_s=extra - recompute,
+            comm_s=self.send_forward_s(stage, hi) + self.send_backward_s(stage, lo),
+            static_bytes=self.static_bytes(lo, hi) + self.stash_bytes(stage, lo, hi),
+            activation_bytes=n * resident + self.waiting_bytes(stage, lo, hi),
+            swap_buffer_bytes=swap_buffers(n) * swapped,
+            host_bytes=(n - swap_buffers(n)) * swapped,
+            inflight=n,
+            rebuild_bytes=rebuilt,
+            wgrad_s=self.wgrad_compute_s(lo, hi),
+            resident_bytes=resident,
+            wait_bytes=self.wait_bytes(lo, hi) if self.kind.split_backward else 0,
+        )
+
+    def estimate(self, plan: Plan) -> Estimate:
+        plan.validate(self.num_layers, self.stages)
+        if (plan.microbatches, plan.schedule, plan.virtual_stages) != (self.microbatches, self.schedule, self.virtual):
+            return CostModel(self.profile, self.cluster, plan.microbatches, plan.schedule,
+                             plan.virtual_stages).estimate(plan)
+        if self.kind.chunked:
+            return self._estimate_chunks(plan)
+        costs = [self.stage_cost(s, plan.boundaries[s], plan.boundaries[s + 1], plan.policies) for s in range(self.stages)]
+        fwd = tuple(c.forward_s for c in costs)
+        bwd = tuple(c.backward_s for c in costs)
+        step = self.cluster.step_overhead_s  # a weight step pays it too
+        it = self.kind.iteration_time(fwd, bwd, self.microbatches, [c.wgrad_s + step for c in costs], self.hop_s,
+                                      [c.inflight for c in costs])
+        busy = sum(c.total_s for c in costs) * self.microbatches
+        peaks = tuple(c.peak_bytes for c in costs)
+        budgets = self.cluster.budgets
+        return Estimate(
+            iteration_s=it,
+            stage_s=tuple(c.total_s for c in costs),
+            peak_bytes=peaks,
+            budget_bytes=budgets,
+            bubble_fraction=(1.0 - busy / (self.stages * it)) if it > 0 else 0.0,
+            feasible=all(p <= b for p, b in zip(peaks, budgets)),
+            forward_s=fwd,
+            backward_s=bwd,
+            recompute_s=tuple(c.recompute_s for c in costs),
+            swap_exposed_s=tuple(c.swap_exposed_s for c in costs),
+            comm_s=tuple(c.comm_s for c in costs),
+            static_bytes=tuple(c.static_bytes for c in costs),
+            activation_bytes=tuple(c.activation_bytes + c.swap_buffer_bytes for c in costs),
+            host_bytes=tuple(c.host_bytes for c in costs),
+            inflight=tuple(c.inflight for c in costs),
+        )
+
+    def chunks_iteration_s(self, chunk_s: Sequence[float], wgrad_s: Sequence[float] = ()) -> float:
+        """The iteration from each chunk's time per micro-batch (``wgrad_s``: its W step's, for ZBV): see
+        ``pipeline_time.chunks_iteration_time``."""
+        return float(self.kind.chunks_iteration_time(chunk_s, wgrad_s, self.stages, self.microbatches, self.hop_s))
+
+    def chunks_time_s(self, costs: Sequence[StageCost]) -> float:
+        """``chunks_iteration_s`` from every chunk's cost (a W step pays the runtime's step overhead too)."""
+        step = self.cluster.step_overhead_s
+        return self.chunks_iteration_s([c.total_s for c in costs], [c.wgrad_s + step for c in costs])
+
+    def rank_peak(self, rank: int, costs: Sequence[StageCost]) -> int:
+        """Peak bytes of ``rank`` from its chunks' costs: the states along its order weighed by them (``chunks_peak``)."""
+        return chunks_peak(costs, self.held(rank))
+
+    def _estimate_chunks(self, plan: Plan) -> Estimate:
+        """Virtual stages: each chunk costed on its own, a stage the sum of its chunks, the iteration from
+        ``chunks_time_s``; a stage's activations from its chunks' (``rank_peak``)."""
+        k, m = self.stages, self.microbatches
+        costs = [self.stage_cost(c, plan.boundaries[c], plan.boundaries[c + 1], plan.policies) for c in range(self.chunks)]
+        mine = [[costs[c] for c in plan.chunks_of(r)] for r in range(k)]
+        fwd = tuple(sum(c.forward_s for c in cs) for cs in mine)
+        bwd = tuple(sum(c.backward_s for c in cs) for cs in mine)
+        total = tuple(f + b for f, b in zip(fwd, bwd))
+        it = self.chunks_time_s(costs)
+        static = tuple(sum(c.static_bytes for c in cs) for cs in mine)
+        peaks = tuple(self.rank_peak(r, cs) for r, cs in enumerate(mine))
+        held = tuple(p - st for p, st in zip(peaks, static))  # with the rebuild its peak state runs into
+        busy = sum(total) * m
+        return Estimate(
+            iteration_s=it, stage_s=total, peak_bytes=peaks, budget_bytes=self.cluster.budgets,
+            bubble_fraction=(1.0 - busy / (k * it)) if it > 0 else 0.0,
+            feasible=all(p <= b for p, b in zip(peaks, self.cluster.budgets)),
+            forward_s=fwd, backward_s=bwd,
+            recompute_s=tuple(sum(c.recompute_s for c in cs) for cs in mine),
+            swap_exposed_s=tuple(sum(c.swap_exposed_s for c in cs) for cs in mine),
+            comm_s=tuple(sum(c.comm_s for c in cs) for cs in mine),
+            static_bytes=static, activation_bytes=held,
+            host_bytes=tuple(max(c.host_bytes for c in cs) for cs in mine),
+            inflight=tuple(max(c.inflight for c in cs) for cs in mine),
+        )
+
+    def lower_bound_s(self) -> float:
+        """A bound no plan beats: every stage is at least the largest layer and the average stage, all compute runs."""
+        largest = max(f + b for f, b in zip(self.fwd, self.bwd))
+        return self.total_compute_s + (self.microbatches - 1) * max(largest, self.total_compute_s / self.stages)
+
+
+def estimate(plan: Plan, profile: ModelProfile, cluster: Cluster) -> Estimate:
+    """The cost model's estimate of ``plan`` on ``cluster``."""
+    return CostModel(profile, cluster, plan.microbatches, plan.schedule, plan.virtual_stages).estimate(plan)

@@ -1,0 +1,292 @@
+"""Per-stage memory plans: which layers to keep, swap or recompute so a stage fits its budget at least cost.
+
+Both solvers minimise the stage's extra backward time ``max(recompute_s, swap_bytes / bandwidth - hide_s)``, or
+``recompute_s + 2 swap_bytes / bandwidth`` where copies run on the compute thread (see ``costmodel.policy_overhead``),
+subject to the stage's peak memory fitting its budget. ``greedy`` is vPipe's rule (swap the largest activations while
+the transfers hide, then recompute by bytes freed per second); ``exact`` is a branch-and-bound that proves its answer
+optimal unless it runs out of nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from vpipe_lab.core.cost.costmodel import CostModel, policy_overhead, swap_buffers
+from vpipe_lab.core.plan import Policy
+
+_K, _S, _R = Policy.KEEP, Policy.SWAP, Policy.RECOMPUTE
+
+
+@dataclass(frozen=True)
+class StageProblem:
+    """The memory-plan problem of layers ``lo:hi`` on one stage."""
+
+    lo: int
+    activation: tuple[int, ...]
+    inputs: tuple[int, ...]
+    forward_s: tuple[float, ...]
+    inflight: int
+    need_bytes: int
+    hide_s: float
+    bandwidth: float
+    overlaps: bool = True  # swaps beside the compute (GPU); False: on the compute thread (CPU), nothing hides
+
+    swap_save: tuple[int, ...] = ()
+    rec_save: tuple[int, ...] = ()
+    rec_most: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        n = self.inflight
+        # Swapping frees every in-flight micro-batch but the transfer buffers; recompute keeps only the input, and
+        # holds the layer's activations again while it is rebuilt, one recomputed layer at a time (the cost model
+        # charges the largest, core/cost/costmodel.py). ``rec_save`` charges each layer its own rebuild (additive, never
+        # more than it frees: the greedy's), ``rec_most`` none (what it frees when a larger one is rebuilt anyway:
+        # the exact search's bound); ``_Search`` tracks the largest rebuild for the exact figure.
+        object.__setattr__(self, "swap_save", tuple((n - swap_buffers(n)) * a for a in self.activation))
+        object.__setattr__(self, "rec_save", tuple(
+            max(0, n * (a - x) - a) for a, x in zip(self.activation, self.inputs)))
+        object.__setattr__(self, "rec_most", tuple(max(0, n * (a - x)) for a, x in zip(self.activation, self.inputs)))
+
+    @classmethod
+    def of(cls, cm: CostModel, stage: int, lo: int, hi: int) -> StageProblem:
+        return cls(
+            lo=lo,
+            activation=tuple(cm.act[lo:hi]),
+            inputs=tuple(cm.inp[lo:hi]),
+            forward_s=tuple(cm.fwd[lo:hi]),
+            inflight=cm.inflight(stage),
+            need_bytes=cm.keep_all_bytes(stage, lo, hi) - cm.budget(stage),
+            hide_s=cm.hide_s(stage, lo, hi),
+            bandwidth=cm.cluster.swap_bandwidth,
+            overlaps=cm.cluster.swap_overlaps,
+        )
+
+    def swap_saving(self, i: int) -> int:
+        """Bytes swapping layer i frees."""
+        return self.swap_save[i]
+
+    def recompute_saving(self, i: int) -> int:
+        """Bytes recomputing layer i frees."""
+        return self.rec_save[i]
+
+
+@dataclass(frozen=True)
+class StageSolution:
+    """A memory plan for one stage: policies of layers lo:hi in order, and what they cost."""
+
+    policies: tuple[Policy, ...]
+    extra_s: float
+    recompute_s: float
+    swap_bytes: int
+    proven: bool = True
+
+
+def _solution(p: StageProblem, policies: list[Policy], proven: bool = True) -> StageSolution:
+    rho = sum(p.forward_s[i] for i, x in enumerate(policies) if x is _R)
+    sigma = sum(p.activation[i] for i, x in enumerate(policies) if x is _S)
+    extra = policy_overhead(rho, sigma, p.hide_s, p.bandwidth, p.overlaps)
+    return StageSolution(tuple(policies), extra, rho, sigma, proven)
+
+
+def keep_all(p: StageProblem) -> StageSolution:
+    return StageSolution((_K,) * len(p.activation), 0.0, 0.0, 0)
+
+
+def greedy(p: StageProblem) -> StageSolution | None:
+    """vPipe's memory plan: swap while hidden, then recompute by bytes freed per second, then exposed swap.
+
+    Returns None when even swapping or recomputing every layer does not fit.
+    """
+    n = len(p.activation)
+    if p.need_bytes <= 0:
+        return keep_all(p)
+    policies = [_K] * n
+    remaining = p.need_bytes
+    sigma, rho = 0, 0.0
+    chosen: list[int] = []
+    # Largest activations first; on ties the earlier layer, whose forward-to-backward gap is longer.
+    by_size = sorted(range(n), key=lambda i: (-p.activation[i], i))
+
+    def swap_hidden() -> None:
+        nonlocal remaining, sigma
+        if not p.overlaps:  # nothing hides a copy on the compute thread
+            return
+        for i in by_size:
+            if remaining <= 0:
+                return
+            saving = p.swap_saving(i)
+            if policies[i] is _K and saving > 0 and (sigma + p.activation[i]) / p.bandwidth <= p.hide_s + rho:
+                policies[i] = _S
+                sigma += p.activation[i]
+                remaining -= saving
+                chosen.append(i)
+
+    swap_hidden()
+    by_rate = sorted(
+        (i for i in range(n) if p.recompute_saving(i) > 0),
+        key=lambda i: (-p.recompute_saving(i) / p.forward_s[i] if p.forward_s[i] > 0 else -math.inf, i),
+    )
+    for i in by_rate:
+        if remaining <= 0:
+            break
+        if policies[i] is not _K:
+            continue
+        policies[i] = _R
+        rho += p.forward_s[i]
+        remaining -= p.recompute_saving(i)
+        chosen.append(i)
+        swap_hidden()  # recompute lengthens the backward, so more swap may now hide under it
+    # Still over: move layers to whichever option frees the most (now at the price of exposed transfers or
+    # recompute), biggest gains first.
+    def saving_of(i: int, policy: Policy) -> int:
+        return p.swap_saving(i) if policy is _S else p.recompute_saving(i) if policy is _R else 0
+
+    def gain(i: int) -> tuple[int, Policy]:
+        best = max((_S, _R), key=lambda x: saving_of(i, x))
+        return saving_of(i, best) - saving_of(i, policies[i]), best
+
+    for i in sorted(range(n), key=lambda i: -gain(i)[0]):
+        if remaining <= 0:
+            break
+        extra, best = gain(i)
+        if extra <= 0:
+            continue
+        if policies[i] is _R:
+            rho -= p.forward_s[i]
+        elif policies[i] is _S:
+            sigma -= p.activation[i]
+        if best is _R:
+            rho += p.forward_s[i]
+        else:
+            sigma += p.activation[i]
+        policies[i] = best
+        remaining -= extra
+        chosen.append(i)
+    if remaining > 0:
+        return None
+    # Undo what turned out unnecessary, latest choice first (the costliest ones were added last).
+    for i in reversed(dict.fromkeys(chosen)):
+        saving = p.swap_saving(i) if policies[i] is _S else p.recompute_saving(i)
+        if remaining + saving <= 0:
+            policies[i] = _K
+            remaining += saving
+    return _solution(p, policies)
+
+
+class _Search:
+    """Depth-first branch-and-bound over layers; identical layers are interchangeable, so their choices are sorted."""
+
+    def __init__(self, p: StageProblem, incumbent: float, node_limit: int) -> None:
+        self.p = p
+        n = len(p.activation)
+        key = [(p.activation[i], p.inputs[i], p.forward_s[i]) for i in range(n)]
+        value = [max(p.swap_saving(i), p.rec_most[i]) for i in range(n)]  # at most what each can free
+        # Most bytes freed per second of recompute first (then by size): finds good plans early, so the bound prunes more.
+        self.order = sorted((i for i in range(n) if value[i] > 0),
+                            key=lambda i: (-(p.rec_most[i] / p.forward_s[i]) if p.forward_s[i] > 0 else -math.inf,
+                                           -value[i], key[i], i))
+        order = self.order
+        self.same_as_prev = [j > 0 and key[order[j]] == key[order[j - 1]] for j in range(len(order))]
+        m = len(order)
+        self.rest_value = [0] * (m + 1)
+        self.rest_act = [0] * (m + 1)
+        self.best_rate = [0.0] * (m + 1)
+        self.free_rec = [0] * (m + 1)
+        for j in range(m - 1, -1, -1):
+            i = order[j]
+            self.rest_value[j] = self.rest_value[j + 1] + value[i]
+            self.rest_act[j] = self.rest_act[j + 1] + (p.activation[i] if p.swap_saving(i) > 0 else 0)
+            saving, f = p.rec_most[i], p.forward_s[i]
+            self.free_rec[j] = self.free_rec[j + 1] + (saving if f == 0 else 0)
+            rate = saving / f if f > 0 else 0.0
+            self.best_rate[j] = max(self.best_rate[j + 1], rate)
+        self.best = incumbent
+        self.best_choice: list[Policy] | None = None
+        self.choice = [_K] * m
+        self.nodes = 0
+        self.node_limit = node_limit
+        self.aborted = False
+
+    def bound(self, j: int, rho: float, sigma: int, remaining: int) -> float:
+        """A lower bound on the extra time of any completion: the remaining bytes freed at the best rate recompute
+        or swap can offer (a layer may count for both, which only loosens the bound)."""
+        p = self.p
+        cur = policy_overhead(rho, sigma, p.hide_s, p.bandwidth, p.overlaps)
+        swap_rate = p.inflight - swap_buffers(p.inflight)
+        if not p.overlaps:  # additive: every byte swapped costs 2 / bandwidth, no recompute hides anything
+            left = remaining - self.free_rec[j]
+            if left <= 0:
+                return cur
+            fastest = self.best_rate[j] + (swap_rate * p.bandwidth / 2 if self.rest_act[j] > 0 else 0.0)
+            return cur + left / fastest if fastest > 0 else math.inf
+        free_swap = max(0.0, p.bandwidth * (p.hide_s + cur) - sigma)
+        remaining_f = remaining - swap_rate * min(self.rest_act[j], free_swap) - self.free_rec[j]
+        remaining_f -= self.best_rate[j] * (cur - rho)
+        if remaining_f <= 0:
+            return cur
+        rate = self.best_rate[j] + (swap_rate * p.bandwidth if self.rest_act[j] > free_swap else 0.0)
+        return cur + remaining_f / rate if rate > 0 else math.inf
+
+    def run(self, j: int, rho: float, sigma: int, remaining: int, floor: int, top: int = 0) -> None:
+        """Choose for ``order[j:]``; ``top`` is the largest activation of a layer recomputed so far (its rebuild is
+        the one held)."""
+        self.nodes += 1
+        if self.nodes > self.node_limit:
+            self.aborted = True
+            return
+        p = self.p
+        if remaining <= 0:
+            cost = policy_overhead(rho, sigma, p.hide_s, p.bandwidth, p.overlaps)
+            if cost < self.best:
+                self.best = cost
+                self.best_choice = list(self.choice[:j]) + [_K] * (len(self.order) - j)
+            return
+        if j == len(self.order) or remaining > self.rest_value[j]:
+            return
+        if self.bound(j, rho, sigma, remaining) >= self.best:
+            return
+        i = self.order[j]
+        start = floor if self.same_as_prev[j] else 0
+        # Options ranked recompute < swap < keep; identical neighbours take non-decreasing ranks (symmetry breaking).
+        for rank in range(start, 3):
+            if rank == 0:
+                if p.rec_most[i] <= 0:
+                    continue
+                # may free nothing yet: a rebuild at least as large, chosen later, makes this one free
+                saving = p.rec_most[i] - max(0, p.activation[i] - top)
+                self.choice[j] = _R
+                self.run(j + 1, rho + p.forward_s[i], sigma, remaining - saving, 0, max(top, p.activation[i]))
+            elif rank == 1:
+                saving = p.swap_saving(i)
+                if saving <= 0:
+                    continue
+                self.choice[j] = _S
+                self.run(j + 1, rho, sigma + p.activation[i], remaining - saving, 1, top)
+            else:
+                self.choice[j] = _K
+                self.run(j + 1, rho, sigma, remaining, 2, top)
+            if self.aborted:
+                return
+        self.choice[j] = _K
+
+
+def exact(p: StageProblem, *, cutoff: float = math.inf, node_limit: int = 200_000) -> StageSolution | None:
+    """The cheapest memory plan that fits, or None if none fits with extra time below ``cutoff``.
+
+    The answer carries ``proven=False`` when the node limit stopped the search (it is then the best found).
+    """
+    if p.need_bytes <= 0:
+        return keep_all(p)
+    start = greedy(p)
+    incumbent = min(cutoff, start.extra_s if start is not None else math.inf)
+    search = _Search(p, incumbent, node_limit)
+    search.run(0, 0.0, 0, p.need_bytes, 0)
+    if search.best_choice is not None:
+        policies = [_K] * len(p.activation)
+        for j, i in enumerate(search.order):
+            policies[i] = search.best_choice[j]
+        return _solution(p, policies, proven=not search.aborted)
+    if start is not None and start.extra_s < cutoff:
+        return StageSolution(start.policies, start.extra_s, start.recompute_s, start.swap_bytes, not search.aborted)
+    return None

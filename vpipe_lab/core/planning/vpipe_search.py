@@ -1,0 +1,152 @@
+"""vPipe's online partition search: move boundary layers of the bottleneck stage to adjacent stages while it helps.
+
+Every candidate is a move live migration can carry out (layers cross between neighbouring stages). Besides the
+paper's single-layer moves this also tries ripple moves, where the receiving neighbour passes a layer on in the same
+direction, which lets a heavy stage shed load through a chain of stages in one step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from vpipe_lab.core.cost.costmodel import CostModel, swap_buffers
+from vpipe_lab.core.plan import Policy
+from vpipe_lab.core.planning.memory_plans import StageProblem, StageSolution, greedy
+from vpipe_lab.core.planning.partition import Objective
+
+
+@dataclass(frozen=True)
+class StageEval:
+    """A stage under vPipe's greedy memory plan; ``deficit`` > 0 means it cannot fit at all."""
+
+    forward_s: float
+    backward_s: float
+    solution: StageSolution | None
+    deficit: int
+
+
+class StageOracle:
+    """Caches stage evaluations by (stage, lo, hi) under the greedy memory plan."""
+
+    def __init__(self, cm: CostModel) -> None:
+        self.cm = cm
+        self.cache: dict[tuple[int, int, int], StageEval] = {}
+        self.evaluations = 0
+
+    def __call__(self, stage: int, lo: int, hi: int) -> StageEval:
+        key = (stage, lo, hi)
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit
+        self.evaluations += 1
+        cm = self.cm
+        fwd, bwd = cm.base_times(stage, lo, hi)
+        problem = StageProblem.of(cm, stage, lo, hi)
+        solution = greedy(problem)
+        if solution is None:
+            n = problem.inflight
+            floor = cm.static_bytes(lo, hi) + cm.stash_bytes(stage, lo, hi) + sum(
+                min(n * a, swap_buffers(n) * a, n * x) for a, x in zip(problem.activation, problem.inputs)
+            )
+            result = StageEval(fwd, math.inf, None, max(1, floor - cm.budget(stage)))
+        else:
+            result = StageEval(fwd, bwd + solution.extra_s, solution, 0)
+        self.cache[key] = result
+        return result
+
+
+def score(cm: CostModel, oracle: StageOracle, bounds: Sequence[int]) -> tuple[int, float, float]:
+    """(bytes missing over all stages, iteration time, largest stage time): lower is better, lexicographically."""
+    objective = Objective(cm.kind.flush, cm.microbatches)
+    key = objective.start()
+    evals = [oracle(s, bounds[s], bounds[s + 1]) for s in range(len(bounds) - 1)]
+    for ev in evals:
+        key = objective.extend(key, ev.forward_s, ev.backward_s)
+    deficit = sum(ev.deficit for ev in evals)
+    return deficit, objective.value(key), max(ev.forward_s + ev.backward_s for ev in evals)
+
+
+def _stage_s(oracle: StageOracle, s: int, lo: int, hi: int) -> float:
+    ev = oracle(s, lo, hi)
+    return ev.forward_s + ev.backward_s
+
+
+def _push(oracle: StageOracle, bounds: tuple[int, ...], stage: int, step: int, target: float) -> tuple[int, ...] | None:
+    """The bottleneck sheds one layer towards ``step`` (-1 left, +1 right); each neighbour in turn passes on as many
+    layers as it must to stay under ``target``. A chain of adjacent-stage moves, as live migration performs them."""
+    k = len(bounds) - 1
+    b = list(bounds)
+    if step < 0:
+        if stage == 0 or b[stage] + 1 >= b[stage + 1]:
+            return None
+        b[stage] += 1
+        for j in range(stage - 1, -1, -1):
+            while _stage_s(oracle, j, b[j], b[j + 1]) >= target and j > 0 and b[j] + 1 < b[j + 1]:
+                b[j] += 1
+            if j == 0 or _stage_s(oracle, j, b[j], b[j + 1]) < target:
+                break
+    else:
+        if stage == k - 1 or b[stage + 1] - 1 <= b[stage]:
+            return None
+        b[stage + 1] -= 1
+        for j in range(stage + 1, k):
+            while _stage_s(oracle, j, b[j], b[j + 1]) >= target and j < k - 1 and b[j + 1] - 1 > b[j]:
+                b[j + 1] -= 1
+            if j == k - 1 or _stage_s(oracle, j, b[j], b[j + 1]) < target:
+                break
+    return tuple(b)
+
+
+def _candidates(oracle: StageOracle, bounds: tuple[int, ...], stage: int) -> list[tuple[int, ...]]:
+    """Partitions one move away from ``bounds``: the paper's single-layer moves off ``stage``, ripples that shift
+    every boundary on one side by a layer, and push chains."""
+    k = len(bounds) - 1
+    out: list[tuple[int, ...]] = []
+    b = list(bounds)
+    for j in range(stage, 0, -1):
+        b[j] += 1
+        if b[j] >= b[j + 1] or b[j - 1] >= b[j]:
+            break
+        out.append(tuple(b))
+    b = list(bounds)
+    for j in range(stage + 1, k):
+        b[j] -= 1
+        if b[j] <= b[j - 1]:
+            break
+        out.append(tuple(b))
+    target = _stage_s(oracle, stage, bounds[stage], bounds[stage + 1])
+    for step in (-1, 1):
+        pushed = _push(oracle, bounds, stage, step, target)
+        if pushed is not None:
+            out.append(pushed)
+    return out
+
+
+def vpipe_search(cm: CostModel, start: Sequence[int], oracle: StageOracle | None = None,
+                 max_rounds: int = 100_000) -> tuple[tuple[int, ...], tuple[Policy, ...], StageOracle]:
+    """Hill-climb from ``start``: each round applies the best move off the worst stage; stops when none helps."""
+    oracle = oracle or StageOracle(cm)
+    bounds = tuple(start)
+    k = len(bounds) - 1
+    best = score(cm, oracle, bounds)
+    for _ in range(max_rounds):
+        evals = [oracle(s, bounds[s], bounds[s + 1]) for s in range(k)]
+        # The worst stage first: the one missing most memory, else the slowest.
+        order = sorted(range(k), key=lambda s: (-evals[s].deficit, -(evals[s].forward_s + evals[s].backward_s)))
+        improved = False
+        for stage in order[:2]:
+            found = min(((score(cm, oracle, c), c) for c in _candidates(oracle, bounds, stage)), default=None)
+            if found is not None and found[0] < best:
+                best, bounds = found
+                improved = True
+                break
+        if not improved:
+            break
+    policies: list[Policy] = [Policy.KEEP] * cm.num_layers
+    for s in range(k):
+        ev = oracle(s, bounds[s], bounds[s + 1])
+        if ev.solution is not None:
+            policies[bounds[s]:bounds[s + 1]] = ev.solution.policies
+    return bounds, tuple(policies), oracle
