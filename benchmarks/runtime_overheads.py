@@ -7,7 +7,7 @@
    profile and the measured cluster (Session.profile(), Session.cluster()) of the same run.
 3. Efficiency: busy time / (K x iteration time) from the measured spans, against the bubble limit
    1 - (K - 1) / (M + K - 1), for M in {1, 2, 4, 8}, with 1F1B and eager 1F1B run back to back; and each
-   iteration against its own compute bound (``core.simulator.compute_bound_s``: the schedule replayed with that
+   iteration against its own compute bound (``core.cost.simulator.compute_bound_s``: the schedule replayed with that
    iteration's measured compute and free transfers, the bubble limit of the stages as they ran).
 All runs: 2 CPU ranks, gloo, one thread per rank.
 """
