@@ -8,6 +8,8 @@ from vpipe_lab.core import (
     KINDS,
     METHODS,
     Action,
+    Applied,
+    Change,
     Cluster,
     CostModel,
     Estimate,
@@ -43,7 +45,8 @@ from vpipe_lab import import_guard as _import_guard
 _import_guard.arm()
 
 __all__ = [
-    "KINDS", "METHODS", "Action", "Cluster", "CostModel", "Estimate", "InfeasiblePlan", "LayerCost", "LayerMove",
+    "KINDS", "METHODS", "Action", "Applied", "Change", "Cluster", "CostModel", "Estimate", "InfeasiblePlan",
+    "LayerCost", "LayerMove",
     "ModelProfile", "Op", "Plan", "PlanError", "PlanResult", "Policy", "ProfileError", "Schedule", "ScheduleError",
     "Span", "Timeline", "VpipeError", "__version__", "estimate", "for_plan", "layer_moves", "plan", "search",
     "simulate",

@@ -176,3 +176,59 @@ def test_the_model_can_change_between_iterations() -> None:
         s.wait(timeout=60)
         frame = s.metrics.iterations
         assert len(frame) == 8 and frame["loss"].notna().all() and frame["plan_version"].iloc[-1] == 2
+
+
+def test_every_door_makes_one_typed_change_checked_once_without_asking_for_a_profile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The editor's message, the magics and the API become one ``Change``; the controller checks the plan it asks
+    for once (the worker checks it once more), the preview and the budget check reuse the newest profile, and the
+    only request for a profile is the editor's re-measure after its Apply."""
+    from IPython.testing import globalipapp
+
+    from vpipe_lab.core.change import Change
+    from vpipe_lab.jupyter.partition_widget import PartitionEditor
+
+    with vpipe_lab.launch("mlp", stages=2, microbatches=4, device="cpu", memory_budget=1 << 34, timeout=60) as s:
+        s.run(2)
+        s.wait(timeout=60)
+        s.profile()  # a measured profile exists: what the preview and the budget check reuse
+        checked: list[Plan] = []
+        real_check = Plan._check
+        monkeypatch.setattr(Plan, "_check", lambda plan, n: (checked.append(plan), real_check(plan, n))[1])
+        asked: list[bool] = []
+        real_layers = s._layers
+        monkeypatch.setattr(s, "_layers", lambda reset, timeout=None: (asked.append(reset), real_layers(reset, timeout))[1])
+        ed = PartitionEditor(s)
+        try:
+            wait_for(lambda: "current" in ed.preview)
+            policies = ["keep"] * 10
+            policies[3] = "swap"
+            for kind in ("draft", "draft", "apply"):  # a drag, the same draft again, then Apply
+                ed.receive({"kind": kind, "boundaries": [0, 3, 10], "policies": policies})
+            wait_for(lambda: ed.status.get("state") == "applied", 60)
+            want = Plan((0, 3, 10), policies, 4, "1f1b")
+            assert s.plan == want and s.applied[-1].source == "editor" and s.applied[-1].moves == 2
+            assert checked == [want]  # one check in the controller for three messages, two previews and the apply
+            assert "plan v1 applied at iteration" in ed.status["message"]
+            wait_for(lambda: len(asked) == 1, 30)  # the re-measure after the Apply, and nothing before it
+            checked.clear()
+            ip = globalipapp.start_ipython() or globalipapp.get_ipython()  # one shell, whichever test came first
+            ip.run_line_magic("load_ext", "vpipe_lab")
+            ip.run_line_magic("vpipe", "policy 4=recompute")
+            assert s.applied[-1].source == "magic" and s.plan.policies[4].value == "recompute"
+            done = s.change(Change.of(boundaries=[0, 5, 10]))
+            assert done.source == "api" and done.plan == s.plan and done.version == 3 and done.moves == 2
+            assert len(checked) == 2 and len(asked) == 1  # each new plan once; no profile asked for either
+            s.run(2)
+            s.wait(timeout=60)
+        finally:
+            ed.close()
+
+
+def wait_for(cond, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert cond()

@@ -50,3 +50,10 @@ def test_the_gap_between_iterations_is_the_median_over_consecutive_ones() -> Non
         m.add({"iteration": it, "start_s": start, "end_s": start + 0.1}, [], [])
     assert m.iteration_gap_s() == pytest.approx(0.003)
     assert m.iteration_gap_s(last=1) == pytest.approx(0.003)  # only 5 -> 6
+
+
+def test_the_micro_batch_size_is_read_from_the_newest_iteration() -> None:
+    m = Metrics()
+    assert m.microbatch_size() == 0  # nothing ran yet
+    m.add({"iteration": 0, "samples": 64, "microbatches": 4}, [], [])
+    assert m.microbatch_size() == 16 and m.microbatch_size(replicas=2) == 8

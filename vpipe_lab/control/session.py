@@ -21,7 +21,7 @@ from vpipe_lab.control.changes.autoplan import AutoReplanner
 from vpipe_lab.control.changes.live import Live, Replan
 from vpipe_lab.control.changes.profiles import Profiles
 from vpipe_lab.control.errors import SessionClosed, WorkerError
-from vpipe_lab.control.evaluation import data_ref
+from vpipe_lab.control.evaluation import evaluate
 from vpipe_lab.control.events import EventCallback, Events
 from vpipe_lab.control.intake import Intake
 from vpipe_lab.control.outward import Outward
@@ -31,14 +31,15 @@ from vpipe_lab.control.state import JobState
 from vpipe_lab.control.workers.monitor import FailureMonitor
 from vpipe_lab.control.workers.processes import Launcher
 from vpipe_lab.core import checks
+from vpipe_lab.core.change import Applied, Change
 from vpipe_lab.core.plan import Plan, Policy
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.telemetry.metrics import Metrics
 from vpipe_lab.telemetry.sinks import Logger
 from vpipe_lab.wire import protocol as P
 from vpipe_lab.wire.channel import Endpoint
-from vpipe_lab.wire.commands import Command, Evaluate, Pause, Profile, Resume, Run, Stop, Telemetry
-from vpipe_lab.wire.events import Ack, Evaluated, Layers
+from vpipe_lab.wire.commands import Command, Pause, Profile, Resume, Run, Stop, Telemetry
+from vpipe_lab.wire.events import Ack, Layers
 from vpipe_lab.wire.jobspec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ class Session(Outward):
                               self._events, self.logger, cond)
         self._profiles = Profiles()
         self._live = Live(spec, job_dir, self.state, self._requests, self._monitor, self._events.publish, self._check,
-                          self.profile, self.cluster, self._profiles.forget)
+                          self.profile, self.cluster, self._profiles.forget, self.newest_profile)
         self._autoplan: AutoReplanner | None = None
         self._monitor.start()
         register(self)  # the %vpipe magics act on the newest session, however it was started
@@ -139,7 +140,12 @@ class Session(Outward):
         return self.state.last_migration
 
     @property
-    def last_mapping(self) -> dict[int, int | None] | None:
+    def applied(self) -> list[Applied]:
+        """Every live change in force so far (plan, version, iteration, moves, who asked), oldest first."""
+        return list(self.state.applied)
+
+    @property
+    def last_mapping(self) -> dict[int, int | None] | None:  # set_model's new -> old layer mapping
         return self.state.last_mapping
 
     @property
@@ -242,8 +248,7 @@ class Session(Outward):
         return self._command(Resume()).iteration
 
     def set_telemetry(self, spans: bool) -> int:
-        """Stream per-action spans (for timelines) or not, from the next iteration; returns that iteration.
-        Iteration summaries and memory are always reported."""
+        """Stream per-action spans (timelines) or not from the next iteration (summaries and memory always)."""
         return self._command(Telemetry(spans=bool(spans))).iteration
 
     # --- what the workers know -----------------------------------------------------------------------------------
@@ -256,6 +261,10 @@ class Session(Outward):
         measures = [m for answer in self._layers(reset) for m in answer.layers]
         return self._profiles.merge(measures, self.microbatch_size())
 
+    def newest_profile(self) -> ModelProfile:
+        """The last profile measured (``profile()``, a replan), without asking the workers unless none was."""
+        return self._profiles.newest or self.profile()
+
     def layers_by_stage(self, timeout: float | None = None) -> list[list[int]]:
         """Which layers each stage holds now, as the workers themselves report it (at the next iteration boundary)."""
         return [sorted(m.index for m in answer.layers) for answer in self._layers(False, timeout)]
@@ -265,47 +274,40 @@ class Session(Outward):
         return {w.rank: w.pid for w in self._launcher.workers} if self._launcher is not None else {}
 
     def exit_codes(self) -> dict[int, int | None]:
-        """Each worker process's exit code by rank, None while it runs (a launched session's; an attached job's
-        processes belong to torchrun)."""
+        """Each worker process's exit code by rank, None while it runs (a launched session's; not torchrun's)."""
         return {w.rank: w.popen.poll() for w in self._launcher.workers} if self._launcher is not None else {}
 
     def microbatch_size(self) -> int:
         """Samples per micro-batch in the latest iteration (0 before the first): what a profile is measured at."""
-        latest = self.metrics.latest()
-        if not latest or not latest.get("samples") or not latest.get("microbatches"):
-            return 0
-        return int(latest["samples"]) // (int(latest["microbatches"]) * self.replicas)
+        return self.metrics.microbatch_size(self.replicas)
 
     def evaluate(self, data: Any = None, batches: int = 1, timeout: float | None = None) -> float:
         """The mean loss of a forward-only pass over ``batches`` batches of ``data`` (like ``launch``'s data: a
         function of the batch index, an iterable, a bundled example name or 'package.module:attribute'; default: the
         job's ``eval_data``, else its training data from its first batch), with the model in eval mode. It runs at
         the next iteration boundary, between two training iterations, and changes nothing of training's state."""
-        checks.count(batches, "batches")
-        ref = data_ref(self._job_dir, data)
         self._check()
-        reply = self._requests.gather(Evaluate(ref, batches=batches), Evaluated, 1, timeout)[0]
-        if reply.error or reply.loss is None:
-            raise ValueError(f"the workers cannot evaluate on {data!r}: {reply.error or 'no loss came back'}")
-        return reply.loss
+        return evaluate(self._requests, self._job_dir, data, batches, timeout)
 
     # --- changing the running job (control/changes/live.py) -----------------------------------------------------------------
-    def apply(self, plan: Plan, *, force: bool = False, checkpoint: bool = True, timeout: float | None = None) -> int:
-        """Run ``plan`` from the next iteration boundary, migrating layers live; returns that iteration.
+    def change(self, change: Change, *, force: bool = False, checkpoint: bool = True,
+               timeout: float | None = None) -> Applied:
+        """Make ``change`` (``core.change.Change``) from the next iteration boundary, migrating layers live; returns
+        what was applied (``Applied``). PlanError or InfeasiblePlan (over a budget, unless ``force``) change nothing;
+        ``checkpoint`` saves the state before layers move (``Live.change``). Every door to a live change comes here."""
+        return self._live.change(change, force=force, checkpoint=checkpoint, timeout=timeout)
 
-        Raises PlanError (an invalid plan) or InfeasiblePlan (its estimate exceeds a stage's memory budget, unless
-        ``force``) and then changes nothing. With ``checkpoint`` the state before a migration is saved first, so a
-        worker dying during the move loses nothing (``WorkerError.checkpoint`` says where it is).
-        """
-        return self._live.migrate(plan, force=force, checkpoint=checkpoint, timeout=timeout)
+    def apply(self, plan: Plan, *, force: bool = False, checkpoint: bool = True, timeout: float | None = None) -> int:
+        """Run ``plan`` from the next iteration boundary (``change(Change.to(plan))``); returns that iteration."""
+        return self.change(Change.to(plan), force=force, checkpoint=checkpoint, timeout=timeout).iteration
 
     def set_partition(self, boundaries: Sequence[int], **kw: Any) -> int:
         """Move the stage boundaries (layers migrate live); returns the iteration it takes effect."""
-        return self.apply(self.plan.with_boundaries(boundaries), **kw)
+        return self.change(Change.of(boundaries=boundaries), **kw).iteration
 
     def set_policy(self, policies: Mapping[int, Policy | str], **kw: Any) -> int:
         """Change layers' keep/swap/recompute policies, e.g. ``{3: "swap", 4: "recompute"}``."""
-        return self.apply(self.plan.with_policies(dict(policies)), **kw)
+        return self.change(Change.of(policies=dict(policies)), **kw).iteration
 
     def save(self, path: str | Path, *, keep: int | None = None, timeout: float | None = None) -> Path:
         """Write parameters, optimizer state, plan and iteration at the next iteration boundary, as a new version

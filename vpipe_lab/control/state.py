@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vpipe_lab.core.change import Applied
 from vpipe_lab.core.interop.bundle import UnitInfo
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import Cluster
@@ -34,7 +35,8 @@ class JobState:
     ready: dict[int, Ready] = field(default_factory=dict)  # rank -> its READY report
     migrating: int | None = None  # the plan version being moved to (its checkpoint is the fallback)
     last_checkpoint: Path | None = None
-    last_migration: dict[str, Any] | None = None
+    applied: list[Applied] = field(default_factory=list)  # every live change in force so far, oldest first
+    last_migration: dict[str, Any] | None = None  # the newest of ``applied`` as a dict (what events carry)
     last_mapping: dict[int, int | None] | None = None
 
     def adopt(self, ready: list[Ready], current: Current | None) -> None:

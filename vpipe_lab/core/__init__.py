@@ -1,5 +1,6 @@
 """Pure planning core of vpipe_lab: values, cost model, schedule IR, simulator and planners (standard library only)."""
 
+from vpipe_lab.core.change import Applied, Change
 from vpipe_lab.core.cost.costmodel import CostModel, estimate
 from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError, ProfileError, ScheduleError, VpipeError
@@ -15,6 +16,8 @@ __all__ = [
     "KINDS",
     "METHODS",
     "Action",
+    "Applied",
+    "Change",
     "Cluster",
     "CostModel",
     "Estimate",

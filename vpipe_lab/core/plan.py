@@ -4,6 +4,7 @@ and the cost model's estimate of a plan. Frozen and JSON round-trippable."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,10 @@ from vpipe_lab.core.schedules import get as _get_kind
 # A plan names its schedule; what the name means (placement, chunks, split backward, per-micro-batch updates, its
 # order, checks and costs) is one object in the schedule registry (core/schedules/), which reads plans through a
 # protocol of its own (``schedules.kind.PlanView``), so it never imports this module.
+# The plans validate() passed in this process, each with the ScheduleKind object it was checked under (a schedule
+# re-registered or removed since makes it unchecked). Another process checks again against its own registry.
+_CHECKED: dict[tuple[Plan, int], ScheduleKind] = {}
+_CHECKED_LOCK = threading.Lock()
 AUTO = "auto"  # for the planner (``planner.search``, ``Session.replan``): choose the schedule too
 VIRTUAL_HELP = "model chunks per stage under interleaved-1f1b (default: 2 with it or zbv, which needs 2; else 1)"
 
@@ -26,6 +31,13 @@ VIRTUAL_HELP = "model chunks per stage under interleaved-1f1b (default: 2 with i
 def schedule_kind(name: str) -> ScheduleKind:
     """The registered schedule called ``name`` (``core.schedules.get``); PlanError for an unknown one."""
     return _get_kind(name)
+
+
+def _kind_or_none(name: str) -> ScheduleKind | None:
+    try:
+        return _get_kind(name)
+    except PlanError:
+        return None
 
 
 def default_virtual_stages(schedule: str) -> int:
@@ -120,11 +132,38 @@ class Plan:
         return self.placement[self.chunk_of(layer)]
 
     def validate(self, num_layers: int | None = None, stages: int | None = None) -> Plan:
-        """Check the plan's shape; raise PlanError naming what is wrong and how to fix it. Returns self."""
+        """Check the plan's shape; raise PlanError naming what is wrong and how to fix it. Returns self.
+
+        A plan (any equal one) is checked once per number of layers and schedule as registered then: the preview,
+        the cost model, the simulator and the live change path all ask, and only the first asking does the work."""
+        n = self.num_layers if num_layers is None else num_layers
+        key = (self, n)
+        with _CHECKED_LOCK:
+            done = _CHECKED.get(key)
+        kind = _kind_or_none(self.schedule)
+        if done is None or done is not kind:
+            self._check(n)
+            with _CHECKED_LOCK:
+                _CHECKED[key] = self.kind
+                while len(_CHECKED) > 512:  # the oldest checks go: a long session of drags makes many drafts
+                    _CHECKED.pop(next(iter(_CHECKED)))
+        if stages is not None and self.stages != stages:
+            raise PlanError(f"the plan has {self.stages} stages but the pipeline has {stages}: give "
+                            f"{stages * self.virtual_stages + 1} boundaries")
+        return self
+
+    def checked(self, num_layers: int | None = None) -> bool:
+        """Whether ``validate`` passed this plan (or an equal one) for ``num_layers`` in this process, with the
+        schedule registered as it is now."""
+        key = (self, self.num_layers if num_layers is None else num_layers)
+        with _CHECKED_LOCK:
+            done = _CHECKED.get(key)
+        return done is not None and done is _kind_or_none(self.schedule)
+
+    def _check(self, n: int) -> None:
         b = self.boundaries
         if len(b) < 2:
             raise PlanError(f"boundaries {list(b)} must have stages + 1 >= 2 entries, e.g. [0, {self.num_layers}]")
-        n = self.num_layers if num_layers is None else num_layers
         if len(self.policies) != n:
             raise PlanError(f"the plan has {len(self.policies)} policies for {n} layers: give one policy per layer")
         if b[0] != 0 or b[-1] != n:
@@ -144,13 +183,9 @@ class Plan:
         if problem := virtual_refusal(self.schedule, v):
             raise PlanError(f"{problem}: give a schedule and a virtual_stages that go together, and stages x "
                             "virtual_stages + 1 boundaries")
-        if stages is not None and self.stages != stages:
-            raise PlanError(f"the plan has {self.stages} stages but the pipeline has {stages}: give "
-                            f"{stages * v + 1} boundaries")
         checks.count(self.microbatches, "microbatches", error=PlanError)
         if problem := kind.check(self.stages, self.microbatches):
             raise PlanError(problem)
-        return self
 
     def with_boundaries(self, boundaries: Sequence[int]) -> Plan:
         return Plan(tuple(boundaries), self.policies, self.microbatches, self.schedule, self.virtual_stages)

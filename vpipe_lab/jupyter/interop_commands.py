@@ -12,6 +12,7 @@ from IPython.core.error import UsageError
 
 from vpipe_lab.control.changes import interop
 from vpipe_lab.core import schedules
+from vpipe_lab.core.change import Change
 from vpipe_lab.core.cost.costmodel import estimate
 from vpipe_lab.core.report import human_time, plan_table
 
@@ -74,7 +75,7 @@ class InteropCommands:
         found = interop.compare(plan, profile, cluster)
         print(f"imported plan: {found.describe()}; the plan in force: {human_time(now)}")
         if args.apply:
-            print(f"vpipe: imported plan in effect from iteration {s.apply(plan)}")
+            print(f"vpipe: imported plan in effect from iteration {s.change(Change.to(plan, 'magic')).iteration}")
         # An editor over the imported plan: its what-if simulates the production plan; Apply migrates the session.
         editor = PartitionEditor(plan=plan, profile=profile, cluster=cluster, on_apply=s.apply)
         self.views.append(editor)

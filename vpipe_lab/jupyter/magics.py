@@ -20,6 +20,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
 from vpipe_lab.core import checks, schedules
+from vpipe_lab.core.change import Applied, Change
 from vpipe_lab.core.cost.costmodel import estimate
 from vpipe_lab.core.errors import VpipeError
 from vpipe_lab.core.plan import AUTO, VIRTUAL_HELP, Policy, default_virtual_stages
@@ -291,12 +292,16 @@ class VpipeMagics(InteropCommands, Magics):
               + (f"; applied at iteration {found.applied_at}" if found.applied_at is not None else ""))
         return found
 
+    def _change(self, change: Change, force: bool = False) -> Applied:
+        done = self._need().change(change, force=force)
+        print(f"vpipe: {change.describe()}: {done.describe()}")
+        return done
+
     def cmd_apply(self, args: argparse.Namespace) -> None:
-        print(f"vpipe: in effect from iteration {self._need().apply(self._value(args.plan, 'plan'), force=args.force)}")
+        self._change(Change.to(self._value(args.plan, 'plan'), "magic"), args.force)
 
     def cmd_partition(self, args: argparse.Namespace) -> None:
-        print(f"vpipe: partition {tuple(args.boundaries)} from iteration "
-              f"{self._need().set_partition(tuple(args.boundaries))}")
+        self._change(Change.of(boundaries=args.boundaries, source="magic"))
 
     def cmd_policy(self, args: argparse.Namespace) -> None:
         changes: dict[int, str] = {}
@@ -305,7 +310,7 @@ class VpipeMagics(InteropCommands, Magics):
             if not sep or not layer.strip().isdigit():
                 raise UsageError(f"cannot read {item!r}: write LAYER=POLICY, e.g. 3=swap")
             changes[int(layer)] = policy
-        print(f"vpipe: policies {changes} from iteration {self._need().set_policy(changes)}")
+        self._change(Change.of(policies=changes, source="magic"))
 
     def cmd_trace(self, args: argparse.Namespace) -> None:
         timeline = self._need().metrics.timeline(args.iterations)

@@ -2,15 +2,17 @@
 
 Layers are blocks coloured by stage; dragging a boundary (committed on release) or clicking a layer (keep -> swap ->
 recompute) edits a draft; the simulator previews the draft's iteration time and per-stage memory against the budget;
-Apply hands the draft to ``Session.apply`` and the widget shows pending, then "applied at iteration N", or the error.
-When the session ends the editor stays on screen, frozen, saying so.
+Apply hands the draft to ``Session.change`` and the widget shows pending, then "applied at iteration N", or the
+error. When the session ends the editor stays on screen, frozen, saying so.
 
 The browser tells Python what the user did with anywidget custom messages, whose contract is written once, as a JSON
 schema in ``extension/src/messages.ts`` (TypeScript derives its types from it; the build writes it to
 ``static/editor_messages.schema.json``, which every incoming message is validated against here). Python owns every
 trait; the front end only reads them. Widget messages can arrive on a subshell thread while a cell runs (JupyterLab
->= 4.4, ipykernel 7), so the message handler only puts work into a queue; one worker thread computes previews and
-applies plans.
+>= 4.4, ipykernel 7), so the message handler only turns a message into the typed ``Change`` the magics and the
+Python API also make and queues it; one worker thread computes previews and applies changes. A preview is computed
+once per (plan, profile) and never asks the workers: it uses the newest measured profile; the blocks are
+re-measured once after each Apply.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import anywidget
 import jsonschema
 import traitlets
 
+from vpipe_lab.core.change import Change
 from vpipe_lab.core.cost.costmodel import estimate
 from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.core.errors import VpipeError
@@ -84,6 +87,7 @@ class PartitionEditor(anywidget.AnyWidget):
         self._profile = profile
         self._cluster = cluster
         self._work: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._previews: dict[Plan, dict[str, Any]] = {}  # each plan's estimate under the profile in hand
         self._weights: list[float] | None = None  # the blocks' shares of the bar, as last drawn
         self._names: list[str] = []
         self._closed = False
@@ -94,7 +98,7 @@ class PartitionEditor(anywidget.AnyWidget):
         self._worker = threading.Thread(target=self._run, name="vpipe-editor", daemon=True)
         self._worker.start()
         self._unsubscribe = session.on_event(self._on_session_event) if session is not None else None
-        self._work.put(("refresh", None))
+        self._work.put(("refresh", False))
 
     # --- state --------------------------------------------------------------------------------------------------
     def _load(self, plan: Plan) -> None:
@@ -117,8 +121,11 @@ class PartitionEditor(anywidget.AnyWidget):
                 for x, w in zip(profile.layers, self._weights)]
 
     def draft(self) -> Plan:
-        return Plan(tuple(self.draft_boundaries), tuple(self.draft_policies), self._plan.microbatches,
-                    self._plan.schedule, self._plan.virtual_stages)
+        return self.draft_change().on(self._plan)
+
+    def draft_change(self) -> Change:
+        """The draft as the change it asks of the running plan."""
+        return Change.of(boundaries=self.draft_boundaries, policies=self.draft_policies, source="editor")
 
     # --- messages from the browser: on whatever thread delivers them; they only queue work ------------------------
     def receive(self, message: Any) -> None:
@@ -130,7 +137,12 @@ class PartitionEditor(anywidget.AnyWidget):
             return
         if self.ended:
             return
-        self._work.put((message["kind"], (list(message["boundaries"]), list(message["policies"]))))
+        try:
+            change = Change.of(boundaries=message["boundaries"], policies=message["policies"], source="editor")
+        except VpipeError as exc:  # e.g. an unknown policy: the same words the magics and the API get
+            self.status = {"state": "error", "message": f"{type(exc).__name__}: {exc}"}
+            return
+        self._work.put((message["kind"], change))
 
     def _on_session_event(self, event: dict[str, Any]) -> None:
         if event.get("type") in ("plan", "model"):  # applied elsewhere (magics, auto-replan): follow it
@@ -147,12 +159,12 @@ class PartitionEditor(anywidget.AnyWidget):
                 continue
             try:
                 if kind == "refresh":
-                    self._refresh()
+                    self._refresh(payload)
                 elif kind == "draft":
-                    self._set_draft(*payload)
+                    self._set_draft(payload)
                 elif kind == "apply":
-                    self._set_draft(*payload)
-                    self._apply(self.draft())
+                    self._set_draft(payload)
+                    self._apply(payload)
                 elif kind == "follow":
                     self._follow(payload)
                 elif kind == "ended":
@@ -161,20 +173,25 @@ class PartitionEditor(anywidget.AnyWidget):
                 log.exception("partition editor: %s failed", kind)
                 self.status = {"state": "error", "message": f"{type(exc).__name__}: {exc}"}
 
-    def _refresh(self) -> None:
+    def _refresh(self, measure: bool = False) -> None:
+        """Take the session's plan, cluster and profile: the newest one measured, or (``measure``, after an Apply)
+        a new measurement, so the blocks show what the moved layers cost where they now run."""
         if self.session is not None:
-            self._profile = self.session.profile()
-            self._cluster = self.session.cluster()
-            self._plan = self.session.plan
+            profile = self.session.profile() if measure else self.session.newest_profile()
+            cluster = self.session.cluster()
+            if profile is not self._profile or cluster != self._cluster:
+                self._previews.clear()  # estimates under the old costs
+            self._profile, self._cluster, self._plan = profile, cluster, self.session.plan
         assert self._profile is not None
         with self.hold_sync():
             self.layers = self._layer_docs(self._profile)
             self._load(self._plan)
         self._preview()
 
-    def _set_draft(self, boundaries: list[int], policies: list[str]) -> None:
+    def _set_draft(self, change: Change) -> None:
         with self.hold_sync():
-            self.draft_boundaries, self.draft_policies = boundaries, policies
+            self.draft_boundaries = list(change.boundaries or self._plan.boundaries)
+            self.draft_policies = [p.value for p in change.on(self._plan).policies]
         self._preview()
 
     def _end(self, event: dict[str, Any]) -> None:
@@ -192,20 +209,28 @@ class PartitionEditor(anywidget.AnyWidget):
         docs: dict[str, Any] = {}
         try:
             for key, plan in (("current", self._plan), ("draft", self.draft())):
-                plan.validate(len(self._profile), self._cluster.stages)
-                docs[key] = _estimate_doc(estimate(plan, self._profile, self._cluster),
-                                          simulate(plan, self._profile, self._cluster).iteration_s)
+                docs[key] = self._estimate(plan.validate(len(self._profile), self._cluster.stages))
         except VpipeError as exc:
             docs["error"] = str(exc)
         self.preview = docs
 
-    def _apply(self, plan: Plan) -> None:
+    def _estimate(self, plan: Plan) -> dict[str, Any]:
+        """The cost model's and the simulator's verdict on ``plan`` under the profile in hand, once per pair."""
+        assert self._profile is not None and self._cluster is not None
+        if plan not in self._previews:
+            if len(self._previews) > 64:  # a long session of drags: the oldest go
+                self._previews.pop(next(iter(self._previews)))
+            self._previews[plan] = _estimate_doc(estimate(plan, self._profile, self._cluster),
+                                                 simulate(plan, self._profile, self._cluster).iteration_s)
+        return self._previews[plan]
+
+    def _apply(self, change: Change) -> None:
         self.status = {"state": "pending", "message": "pending: waiting for the next iteration boundary"}
+        plan = change.on(self._plan)
         try:
             if self.session is not None:
-                iteration = self.session.apply(plan)
-                moved = (self.session.last_migration or {}).get("moves", 0)
-                message = f"applied at iteration {iteration}" + (f" ({moved} layer(s) moved)" if moved else "")
+                done = self.session.change(change)
+                plan, iteration, message = done.plan, done.iteration, done.describe()
             else:
                 iteration = self.on_apply(plan) if self.on_apply is not None else 0
                 message = "applied"
@@ -220,7 +245,7 @@ class PartitionEditor(anywidget.AnyWidget):
             self.placement = list(plan.placement)
             self.policies = [p.value for p in plan.policies]
             self.status = {"state": "applied", "message": message, "iteration": int(iteration or 0)}
-        self._work.put(("refresh", None))
+        self._work.put(("refresh", True))
 
     def _follow(self, event: dict[str, Any]) -> None:
         plan = event.get("plan")

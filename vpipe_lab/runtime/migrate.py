@@ -132,12 +132,47 @@ def new_model(factory: Callable[[], Any], seed: int, old: Chain, old_plan: Plan,
                                 old_plan.schedule, v)
 
 
+@dataclass(frozen=True)
+class Reconfigured:
+    """What a reconfiguration did, as rank 0 acknowledges it: ``ok``, or the ``error`` (and, when a receiver lacked
+    memory, who ``refused``); the bytes moved over all ranks, the pause, the plan version and the chain's length."""
+
+    ok: bool
+    pause_s: float
+    error: str | None = None
+    refused: Refusal | None = None
+    moved_bytes: int | None = None
+    version: int | None = None
+    layers: int | None = None
+
+
 @dataclass
 class Outcome:
-    """What a reconfiguration did: the acknowledgement's fields, and the chain in force after it."""
+    """A reconfiguration's result and the chain in force after it."""
 
-    result: dict[str, Any]
+    result: Reconfigured
     chain: Chain
+
+
+@dataclass(frozen=True)
+class Routes:
+    """Where this rank's layers go: (new index, old index, peer) sends and receives, (new, old) that stay, and new
+    layers that start fresh here."""
+
+    sends: list[tuple[int, int, int]]
+    recvs: list[tuple[int, int, int]]
+    stays: list[tuple[int, int]]
+    fresh: list[int]
+
+    @classmethod
+    def of(cls, rank: int, current: Plan, plan: Plan, sources: dict[int, int | None]) -> Routes:
+        old_owner = owners(current.boundaries, current.stages, current.placement)
+        new_owner = owners(plan.boundaries, plan.stages, plan.placement)
+        pairs = [(j, i) for j, i in sorted(sources.items())]
+        return cls([(j, i, new_owner[j]) for j, i in pairs if i is not None and old_owner[i] == rank != new_owner[j]],
+                   [(j, i, old_owner[i]) for j, i in pairs if i is not None and new_owner[j] == rank != old_owner[i]],
+                   [(j, i) for j, i in pairs if i is not None and old_owner[i] == rank == new_owner[j]],
+                   [j for j, i in pairs if i is None and new_owner[j] == rank])
 
 
 class Migration:
@@ -154,105 +189,116 @@ class Migration:
                     new_chain: Chain | None, checkpoint: str | None, version: int, iteration: int,
                     budget: int | None) -> Outcome:
         """Move from ``current`` to ``plan``; new layer j takes old layer ``sources[j]``'s state (None: fresh from
-        ``new_chain``). Nothing changes unless the result says ok."""
+        ``new_chain``). Nothing changes unless the result says ok. The steps are the module docstring's."""
         start = time.perf_counter()
-        rank, stage = self.rank, self.stage
-        old_owner, new_owner = (owners(current.boundaries, current.stages, current.placement),
-                                owners(plan.boundaries, plan.stages, plan.placement))
-        sends = [(j, i, new_owner[j]) for j, i in sorted(sources.items())
-                 if i is not None and old_owner[i] == rank and new_owner[j] != rank]
-        recvs = [(j, i, old_owner[i]) for j, i in sorted(sources.items())
-                 if i is not None and new_owner[j] == rank and old_owner[i] != rank]
-        stays = [(j, i) for j, i in sorted(sources.items())
-                 if i is not None and old_owner[i] == rank and new_owner[j] == rank]
-        fresh = [j for j, i in sorted(sources.items()) if i is None and new_owner[j] == rank]
+        routes = Routes.of(self.rank, current, plan, sources)
+
+        def refused(error: str, refusal: Refusal | None = None) -> Outcome:
+            return Outcome(Reconfigured(False, time.perf_counter() - start, error, refusal), chain_now)
+
         problem = self.ties.conflict(plan, new_chain)  # every rank finds the same answer: nothing moves
         if problem is not None:
-            return Outcome({"ok": False, "error": problem, "pause_s": time.perf_counter() - start}, chain_now)
+            return refused(problem)
+        refusal = self._agree_memory(routes, budget, iteration, version)
+        if refusal is not None:
+            return refused("a receiving stage lacks memory for the incoming layers; nothing moved", refusal)
+        problem = self._safety_net(routes, checkpoint)
+        if problem is not None:  # every rank got the same verdict: move nothing without the safety net
+            return refused(f"the checkpoint before the migration failed ({problem}); nothing moved "
+                           "(apply(plan, checkpoint=False) moves without one)")
+        saved_at = time.perf_counter()
+        moved, arrived = self._transfer(routes, new_chain, iteration)
+        chain = self._commit(routes, arrived, chain_now, new_chain, plan)
+        pause = time.perf_counter() - start
+        now = self.clock.now()
+        if self.replica == 0:  # the other replicas moved the same layers at the same boundary
+            self.send(Migrated(self.rank, version, iteration, moved, pause, time.perf_counter() - saved_at,
+                               [j for j, _, _ in routes.recvs], [j for j, _, _ in routes.sends], (now - pause, now)))
+        total = self.peer.all_sum([float(moved), pause])
+        return Outcome(Reconfigured(True, pause, moved_bytes=int(total[0]), version=version, layers=len(chain)), chain)
 
-        # 1. Memory: everyone learns what comes to whom, receivers check their budgets, all agree.
-        def static(i: int) -> int:
-            return unit_static_bytes(stage.unit_state(i))
-
+    def _agree_memory(self, routes: Routes, budget: int | None, iteration: int, version: int) -> Refusal | None:
+        """Step 1: everyone learns what comes to whom, receivers check their budgets, all agree; the refusal (who,
+        needing how much of what budget) when any receiver cannot take its layers."""
+        stage, rank = self.stage, self.rank
         incoming = [0.0] * self.world
-        for _, i, dst in sends:
-            incoming[dst] += static(i)
+        for _, i, dst in routes.sends:
+            incoming[dst] += unit_static_bytes(stage.unit_state(i))
         incoming = [v / self.replicas for v in self.peer.all_sum(incoming)]  # each replica added the same
-        outgoing = sum(static(i) for _, i, _ in sends)
+        outgoing = sum(unit_static_bytes(stage.unit_state(i)) for _, i, _ in routes.sends)
         after = sum(stage.static_bytes().values()) - outgoing + int(incoming[rank])
         refuse = budget is not None and after > budget
         # The verdict carries who refused and by how much, so rank 0's acknowledgement says it (a separate message
         # from the refusing stage could arrive after the acknowledgement).
-        verdict = self.peer.all_max([1.0, float(rank), float(after), float(budget or 0)] if refuse else [0.0, -1.0, 0.0,
-                                                                                                       0.0])
-        if verdict[0] > 0:
-            if refuse:
-                self.send(Failure("migration", rank, replica=self.replica, iteration=iteration, needed=after,
-                                  budget=budget or 0, incoming=int(incoming[rank]), version=version))
-            return Outcome({"ok": False, "error": "a receiving stage lacks memory for the incoming layers; nothing "
-                                  "moved", "refused": Refusal(int(verdict[1]), int(verdict[2]), int(verdict[3])),
-                            "pause_s": time.perf_counter() - start}, chain_now)
-        # 2. The state to fall back on if a worker dies during the move.
-        # Every rank takes part in the same collectives: whether anything moves anywhere is agreed by all of them
-        # (a rank with nothing to move must still join the checkpoint's collectives).
-        if checkpoint and self.peer.all_max([float(bool(sends or recvs))])[0] > 0:
-            problem = self.save(Path(checkpoint))
-            if problem is not None:  # every rank got the same verdict: move nothing without the safety net
-                return Outcome({"ok": False, "error": f"the checkpoint before the migration failed ({problem}); "
-                                      "nothing moved (apply(plan, checkpoint=False) moves without one)",
-                                "pause_s": time.perf_counter() - start}, chain_now)
-        saved_at = time.perf_counter()
+        mine = [1.0, float(rank), float(after), float(budget or 0)] if refuse else [0.0, -1.0, 0.0, 0.0]
+        verdict = self.peer.all_max(mine)
+        if verdict[0] <= 0:
+            return None
+        if refuse:
+            self.send(Failure("migration", rank, replica=self.replica, iteration=iteration, needed=after,
+                              budget=budget or 0, incoming=int(incoming[rank]), version=version))
+        return Refusal(int(verdict[1]), int(verdict[2]), int(verdict[3]))
+
+    def _safety_net(self, routes: Routes, checkpoint: str | None) -> str | None:
+        """Step 2: the state to fall back on if a worker dies during the move; the problem if it was not written.
+        Every rank takes part in the same collectives: whether anything moves anywhere is agreed by all of them (a
+        rank with nothing to move must still join the checkpoint's collectives)."""
+        if checkpoint and self.peer.all_max([float(bool(routes.sends or routes.recvs))])[0] > 0:
+            return self.save(Path(checkpoint))
+        return None
+
+    def _transfer(self, routes: Routes, new_chain: Chain | None, iteration: int
+                  ) -> tuple[int, dict[int, dict[str, Any]]]:
+        """Step 3: sends are asynchronous, receives in the senders' order (ascending layer index per pair); the
+        bytes this rank sent and the states that arrived, by new layer index."""
         fault = faults.parse()
-        # 3. Transfers: sends are asynchronous, receives in the senders' order (ascending layer index per pair).
         moved = 0
-        for j, i, dst in sends:
+        for j, i, dst in routes.sends:
             tensors: list[torch.Tensor] = []
-            state = stage.unit_state(i)
+            state = self.stage.unit_state(i)
             if new_chain is not None:
-                state = renamed(state, stage.layers[i].tensors, new_chain.tensors[j])
+                state = renamed(state, self.stage.layers[i].tensors, new_chain.tensors[j])
             meta = flatten(state, tensors)
             self.peer.send_json({"layer": j, "meta": meta, "count": len(tensors)}, dst, TAG_MIGRATE)
             for t in tensors:
                 self.peer.send(t, dst, TAG_MIGRATE)
                 moved += t.numel() * t.element_size()
-            faults.hit(fault, "migrate", rank, iteration)
+            faults.hit(fault, "migrate", self.rank, iteration)
         arrived: dict[int, dict[str, Any]] = {}
-        for j, _, src in recvs:
+        for j, _, src in routes.recvs:
             head = self.peer.recv_json(src, TAG_MIGRATE)
             if head["layer"] != j:
                 raise RuntimeError(f"migration out of order: expected layer {j} from rank {src}, got {head['layer']}")
             tensors = [self.peer.recv(src, TAG_MIGRATE)[0] for _ in range(head["count"])]
             arrived[j] = unflatten(head["meta"], tensors)
-            faults.hit(fault, "migrate", rank, iteration)  # a receiver dying with a layer half-adopted
+            faults.hit(fault, "migrate", self.rank, iteration)  # a receiver dying with a layer half-adopted
         self.peer.flush()
-        # 4. Commit only once every rank has everything it needs. Layers that stay keep their modules; arriving
-        # ones fill the chain's shells (a new model's chain brings its own fresh layers); a tie arriving where its
-        # weight is already held binds to that one tensor.
+        return moved, arrived
+
+    def _commit(self, routes: Routes, arrived: dict[int, dict[str, Any]], chain_now: Chain, new_chain: Chain | None,
+                plan: Plan) -> Chain:
+        """Step 4, once every rank has everything it needs: layers that stay keep their modules; arriving ones fill
+        the chain's shells (a new model's chain brings its own fresh layers); a tie arriving where its weight is
+        already held binds to that one tensor. Returns the chain in force."""
         self.peer.barrier()
+        stage = self.stage
         chain = new_chain if new_chain is not None else chain_now
-        kept = {j: stage.layers[i] for j, i in stays}
+        kept = {j: stage.layers[i] for j, i in routes.stays}
         # What stays keeps its optimizer state and groups by name across taking the layers apart and back together.
-        held = {j: stage.unit_state(i) for j, i in stays}
+        held = {j: stage.unit_state(i) for j, i in routes.stays}
         if new_chain is not None:  # kept layers' tensors take their names in the new model
-            held = {j: renamed(held[j], stage.layers[i].tensors, new_chain.tensors[j]) for j, i in stays}
+            held = {j: renamed(held[j], stage.layers[i].tensors, new_chain.tensors[j]) for j, i in routes.stays}
         for index in list(stage.owned):
             layer = stage.remove_layer(index)
             if not any(layer is k for k in kept.values()):
                 to_meta(layer.module, layer.tensors)
         for j, layer in sorted(kept.items()):
-            module = layer.module
-            if new_chain is not None and new_chain.graph:  # a captured unit runs the new graph, over its own tensors
-                module = new_chain.units[j]
-                for (local, _), (old, _) in zip(chain.tensors[j].params + chain.tensors[j].buffers,
-                                                layer.tensors.params + layer.tensors.buffers):
-                    set_tensor(module, local, get_tensor(layer.module, old))
-            elif new_chain is not None:  # a kept layer takes its place (and its tensors' names) in the new model
-                new_chain.units[j] = module
-            stage.add_layer(j, module, chain.tensors[j], held[j]["groups"], held[j]["optimizer"])
+            stage.add_layer(j, self._kept_module(j, layer, chain, new_chain), chain.tensors[j], held[j]["groups"],
+                            held[j]["optimizer"])
         for j, state in arrived.items():
             materialise(chain.units[j], chain.tensors[j], state["tensors"], self.device)
             stage.add_layer(j, chain.units[j], chain.tensors[j], state.get("groups"), state["optimizer"])
-        for j in fresh:
+        for j in routes.fresh:
             stage.add_layer(j, chain.units[j], chain.tensors[j])
         stage.set_policies({j: plan.policies[j] for j in stage.owned})
         stage.reset_stats()
@@ -261,11 +307,18 @@ class Migration:
                 if j not in stage.layers:
                     to_meta(unit, new_chain.tensors[j])
         self.ties.refresh(plan, chain)
-        pause = time.perf_counter() - start
-        now = self.clock.now()
-        if self.replica == 0:  # the other replicas moved the same layers at the same boundary
-            self.send(Migrated(rank, version, iteration, moved, pause, time.perf_counter() - saved_at,
-                               [j for j, _, _ in recvs], [j for j, _, _ in sends], (now - pause, now)))
-        total = self.peer.all_sum([float(moved), pause])
-        return Outcome({"ok": True, "moved_bytes": int(total[0]), "pause_s": pause, "version": version,
-                        "layers": len(chain)}, chain)
+        return chain
+
+    @staticmethod
+    def _kept_module(j: int, layer: Any, chain: Chain, new_chain: Chain | None) -> Any:
+        """The module a layer that stays runs as: its own, a new model's captured graph over its tensors, or its own
+        taking its place (and its tensors' names) in the new model."""
+        module = layer.module
+        if new_chain is not None and new_chain.graph:  # a captured unit runs the new graph, over its own tensors
+            module = new_chain.units[j]
+            for (local, _), (old, _) in zip(chain.tensors[j].params + chain.tensors[j].buffers,
+                                            layer.tensors.params + layer.tensors.buffers):
+                set_tensor(module, local, get_tensor(layer.module, old))
+        elif new_chain is not None:  # a kept layer takes its place in the new model
+            new_chain.units[j] = module
+        return module

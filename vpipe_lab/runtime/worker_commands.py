@@ -17,7 +17,7 @@ from vpipe_lab.runtime.engine import profiler
 from vpipe_lab.runtime.engine.comm import Peer
 from vpipe_lab.runtime.engine.executor import Executor
 from vpipe_lab.runtime.engine.stage import Stage
-from vpipe_lab.runtime.migrate import Migration, new_model
+from vpipe_lab.runtime.migrate import Migration, Reconfigured, new_model
 from vpipe_lab.runtime.model.callables import load_data
 from vpipe_lab.runtime.model.capture import Chain
 from vpipe_lab.runtime.progress import Control
@@ -141,9 +141,8 @@ class WorkerCommands:
         self.ack(cmd, path=cmd.path, ok=problem is None, error=problem)
 
     def _apply_plan(self, cmd: C.Apply) -> None:
-        plan = Plan.from_dict(cmd.plan).validate(self.num_layers, self.world)
-        result = self.reconfigure(plan, {j: j for j in range(self.num_layers)}, None, cmd)
-        self.ack(cmd, **result)
+        plan = Plan.from_dict(cmd.plan).validate(self.num_layers, self.world)  # the one check on this rank
+        self.ack_reconfigured(cmd, self.reconfigure(plan, {j: j for j in range(self.num_layers)}, None, cmd))
 
     def _set_model(self, cmd: C.SetModel) -> None:
         factory = load_data(f"file:{cmd.path}")  # written by the controller into the job directory, not a socket
@@ -154,19 +153,30 @@ class WorkerCommands:
         except Exception as exc:
             return self.ack(cmd, ok=False, error=f"{type(exc).__name__}: {exc}")
         result = self.reconfigure(plan, sources, chain, cmd)
-        if result["ok"]:
+        if result.ok:
             self.model_fn, self.model_version = factory, self.model_version + 1
             self.shapes.recaptures.reset(factory)
-        self.ack(cmd, names=self.names, plan=self.plan.to_dict(), mapping={str(j): i for j, i in sources.items()},
-                 units=self.chain.infos(), **result)
+        self.ack_reconfigured(cmd, result, names=self.names, plan=self.plan.to_dict(),
+                              mapping={str(j): i for j, i in sources.items()}, units=self.chain.infos())
+
+    def ack_reconfigured(self, cmd: C.Apply | C.SetModel, result: Reconfigured, names: list[str] | None = None,
+                         plan: dict[str, Any] | None = None, mapping: dict[str, int | None] | None = None,
+                         units: list[dict[str, Any]] | None = None) -> None:
+        """Rank 0 acknowledges a plan or model change with what it did (and, for a model, the new model's unit
+        ``names``, ``plan``, ``mapping`` new -> old and ``units``)."""
+        if self.leader:
+            self.send(E.Ack(cmd.id, cmd.TYPE, self.ctl.iteration, ok=result.ok, error=result.error,
+                            refused=result.refused, moved_bytes=result.moved_bytes, pause_s=result.pause_s,
+                            version=result.version, layers=result.layers, names=names, plan=plan, mapping=mapping,
+                            units=units))
 
     def reconfigure(self, plan: Plan, sources: dict[int, int | None], chain: Any, cmd: C.Apply | C.SetModel
-                    ) -> dict[str, Any]:
+                    ) -> Reconfigured:
         """Live migration to ``plan`` (``runtime/migrate.py``); on success this rank takes the new plan and chain."""
         version = cmd.version if cmd.version is not None else self.ctl.plan_version + 1
         out = self.migration.reconfigure(self.plan, self.chain, plan, sources, chain, cmd.checkpoint, version,
                                          self.ctl.iteration, self.executor.budget)
-        if not out.result["ok"]:
+        if not out.result.ok:
             return out.result
         self.profile_soon()
         self.chain = self.executor.chain = out.chain

@@ -87,6 +87,13 @@ class Metrics:
         with self._lock:
             return self._iterations[-1] if self._iterations else None
 
+    def microbatch_size(self, replicas: int = 1) -> int:
+        """Samples per micro-batch (per replica) in the newest iteration; 0 before the first."""
+        latest = self.latest()
+        if not latest or not latest.get("samples") or not latest.get("microbatches"):
+            return 0
+        return int(latest["samples"]) // (int(latest["microbatches"]) * replicas)
+
     def timeline(self, last: int | None = None) -> Timeline:
         """Measured spans of the last ``last`` iterations kept (all kept ones by default), on one clock."""
         with self._lock:

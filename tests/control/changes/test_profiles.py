@@ -22,6 +22,15 @@ def test_a_layer_without_samples_keeps_its_last_measurement() -> None:
     assert profiles.merge([doc(0, "a", 0.0, 0)], 4).layers[0].forward_s == 0.0
 
 
+def test_the_newest_profile_is_kept_for_previews_until_the_model_changes() -> None:
+    profiles = Profiles()
+    assert profiles.newest is None
+    merged = profiles.merge([doc(0, "a", 0.1, 3)], 4)
+    assert profiles.newest is merged
+    profiles.forget()  # set_model: its layers are other layers
+    assert profiles.newest is None
+
+
 def test_a_weight_step_is_measured_kept_across_unsplit_schedules_or_estimated() -> None:
     """Never split: half the backward times the deferrable share. Split once: the measurement, which stands when a
     later schedule runs the backward whole again."""

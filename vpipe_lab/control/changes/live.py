@@ -20,6 +20,7 @@ from vpipe_lab.control.requests import Requests
 from vpipe_lab.control.state import JobState, infos
 from vpipe_lab.control.workers.monitor import FailureMonitor
 from vpipe_lab.core import checks, schedules
+from vpipe_lab.core.change import Applied, Change
 from vpipe_lab.core.cost import scaling
 from vpipe_lab.core.cost.costmodel import estimate
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
@@ -65,47 +66,28 @@ class Live:
     def __init__(self, spec: JobSpec, job_dir: Path | None, state: JobState, requests: Requests,
                  monitor: FailureMonitor, publish: Callable[[dict[str, Any]], None], check: Callable[[], None],
                  profile: Callable[[], ModelProfile], cluster: Callable[[], Cluster],
-                 forget_profile: Callable[[], None]) -> None:
+                 forget_profile: Callable[[], None], newest_profile: Callable[[], ModelProfile]) -> None:
         self.spec, self.job_dir, self.state, self.requests, self.monitor = spec, job_dir, state, requests, monitor
         self.publish, self.check, self.profile, self.cluster = publish, check, profile, cluster
-        self.forget_profile = forget_profile
+        self.forget_profile, self.newest_profile = forget_profile, newest_profile
         self._lock = threading.Lock()  # one change at a time
 
     # --- plans --------------------------------------------------------------------------------------------------
-    def migrate(self, plan: Plan, *, force: bool = False, checkpoint: bool = True,
-              timeout: float | None = None) -> int:
-        """Run ``plan`` from the next iteration boundary, migrating layers live; returns that iteration.
+    def change(self, change: Change, *, force: bool = False, checkpoint: bool = True,
+               timeout: float | None = None) -> Applied:
+        """Run the plan ``change`` asks for from the next iteration boundary, migrating layers live.
 
-        Raises PlanError (an invalid plan) or InfeasiblePlan (its estimate exceeds a stage's memory budget, unless
-        ``force``) and then changes nothing. With ``checkpoint`` the state before a migration is saved first, so a
-        worker dying during the move loses nothing (``WorkerError.checkpoint`` says where it is).
+        Every door (the editor, the magics, ``Session.apply``/``set_partition``/``set_policy``, the planner) comes
+        here with a typed ``Change``; it is checked once here and once on each worker (only a worker knows its
+        memory). Raises PlanError (an invalid plan) or InfeasiblePlan (its estimate exceeds a stage's memory budget,
+        unless ``force``) and then changes nothing. With ``checkpoint`` the state before a migration is saved first,
+        so a worker dying during the move loses nothing (``WorkerError.checkpoint`` says where it is).
         """
         self.check()
         current = self.state.plan
         assert current is not None
-        plan = plan.validate(len(self.state.names), self.spec.stages)
-        spec = self.spec
-        if problem := plan.kind.training_refusal(spec.clip_grad_norm, spec.precision, spec.replicas):
-            raise PlanError(f"{problem}; nothing changed")
-        if not force and self.spec.memory_budget:
-            profile = self.profile()
-            if plan.microbatches != current.microbatches and profile.microbatch_size:
-                # The same global batch in another number of micro-batches: the profile at that size.
-                batch = profile.microbatch_size * current.microbatches
-                if batch % plan.microbatches:
-                    raise PlanError(f"{plan.microbatches} micro-batches do not divide the batch of {batch}; nothing "
-                                    "changed")
-                profile = scaling.at(profile, batch // plan.microbatches)
-            est = estimate(plan, profile, self.cluster())
-            over = {s: o for s, o in enumerate(est.over_budget) if o > 0}
-            if over:
-                stage = max(over, key=over.__getitem__)
-                raise InfeasiblePlan(
-                    f"the plan's estimate exceeds the memory budget: stage {stage} would need "
-                    f"{human_bytes(est.peak_bytes[stage])} of {human_bytes(est.budget_bytes[stage])}; nothing changed "
-                    f"(apply(plan, force=True) to run it anyway)",
-                    stage=stage, missing_bytes=over[stage],
-                    suggestions=("swap or recompute more of that stage's layers", "move layers off that stage"))
+        plan = change.resolve(current, len(self.state.names), self.spec.stages)
+        self._admit(plan, current, force)
         with self._lock:
             version = self.state.plan_version + 1
             moves = layer_moves(current.boundaries, plan.boundaries, plan.stages,
@@ -131,11 +113,42 @@ class Live:
                                      missing_bytes=refusal.needed - refusal.budget if refusal else 0)
             if path is not None:
                 self._keep_checkpoint(path)
+            done = Applied(plan, version, ack.iteration, len(moves), ack.moved_bytes or 0, ack.pause_s or 0.0,
+                           change.source)
             self.state.plan, self.state.plan_version = plan, version
+            self.state.applied.append(done)
             self.state.last_migration = {"version": version, "iteration": ack.iteration, "moves": len(moves),
-                                         "moved_bytes": ack.moved_bytes or 0, "pause_s": ack.pause_s or 0.0}
-            self.publish({"type": "plan", "plan": plan, "version": version, **self.state.last_migration})
-            return ack.iteration
+                                         "moved_bytes": done.moved_bytes, "pause_s": done.pause_s}
+            self.publish({"type": "plan", "plan": plan, "applied": done, "source": change.source,
+                          **self.state.last_migration})
+            return done
+
+    def _admit(self, plan: Plan, current: Plan, force: bool) -> None:
+        """Refuse a checked plan this job cannot train (its settings) or whose estimate exceeds a stage's budget
+        under the newest measured profile (no request to the workers when one is known)."""
+        spec = self.spec
+        if problem := plan.kind.training_refusal(spec.clip_grad_norm, spec.precision, spec.replicas):
+            raise PlanError(f"{problem}; nothing changed")
+        if force or not spec.memory_budget:
+            return
+        profile = self.newest_profile()
+        if plan.microbatches != current.microbatches and profile.microbatch_size:
+            # The same global batch in another number of micro-batches: the profile at that size.
+            batch = profile.microbatch_size * current.microbatches
+            if batch % plan.microbatches:
+                raise PlanError(f"{plan.microbatches} micro-batches do not divide the batch of {batch}; nothing "
+                                "changed")
+            profile = scaling.at(profile, batch // plan.microbatches)
+        est = estimate(plan, profile, self.cluster())
+        over = {s: o for s, o in enumerate(est.over_budget) if o > 0}
+        if over:
+            stage = max(over, key=over.__getitem__)
+            raise InfeasiblePlan(
+                f"the plan's estimate exceeds the memory budget: stage {stage} would need "
+                f"{human_bytes(est.peak_bytes[stage])} of {human_bytes(est.budget_bytes[stage])}; nothing changed "
+                f"(apply(plan, force=True) to run it anyway)",
+                stage=stage, missing_bytes=over[stage],
+                suggestions=("swap or recompute more of that stage's layers", "move layers off that stage"))
 
     def _keep_checkpoint(self, path: Path) -> None:
         """Only the newest automatic checkpoint is kept."""
@@ -241,7 +254,7 @@ class Live:
         found = Replan(result.plan, now, result.estimate.iteration_s, moves,
                        migration_time_s(moves, profile, cluster), moved_bytes(moves, profile), None, profile)
         if apply and result.plan != current:
-            at = self.migrate(result.plan)
+            at = self.change(Change.to(result.plan, "planner")).iteration
             found = Replan(found.plan, found.current_s, found.predicted_s, found.moves, found.migration_s,
                            found.moved_bytes, at, profile)
         return found

@@ -17,6 +17,7 @@ class Profiles:
 
     def __init__(self) -> None:
         self._last: dict[int, LayerCost] = {}  # last measurement of each layer that had samples
+        self.newest: ModelProfile | None = None  # the last merged profile: what a preview or a check reuses
 
     def merge(self, measures: Iterable[LayerMeasure], microbatch_size: int) -> ModelProfile:
         layers: dict[int, LayerCost] = {}
@@ -37,8 +38,11 @@ class Profiles:
             if cost.weight_grad_s is None:  # never split: half the backward for the share a split would defer
                 cost = replace(cost, weight_grad_s=cost.backward_s / 2 * m.deferrable)
             layers[index] = cost
-        return ModelProfile(tuple(layers[i] for i in sorted(layers)), name="measured", microbatch_size=microbatch_size)
+        self.newest = ModelProfile(tuple(layers[i] for i in sorted(layers)), name="measured",
+                                   microbatch_size=microbatch_size)
+        return self.newest
 
     def forget(self) -> None:
         """The model changed (set_model): earlier measurements describe other layers."""
         self._last.clear()
+        self.newest = None

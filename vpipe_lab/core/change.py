@@ -1,0 +1,130 @@
+"""A live change: one typed edit of the running plan, whichever door it came in by (editor, magic, API, planner)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vpipe_lab.core import checks
+from vpipe_lab.core.errors import PlanError
+from vpipe_lab.core.plan import Plan
+from vpipe_lab.core.policy import Policy
+
+SOURCES = ("api", "editor", "magic", "planner", "cli")  # who asked: shown in the session's record of changes
+
+
+@dataclass(frozen=True)
+class Change:
+    """What to change in the plan in force; fields left None keep what runs.
+
+    ``boundaries`` replaces the partition (stages x virtual stages + 1 entries); ``policies`` sets some layers'
+    policies (``{layer: policy}``; a full sequence from the editor is read as every layer's); ``microbatches``,
+    ``schedule`` and ``virtual_stages`` replace theirs. ``Change.to(plan)`` replaces the whole plan. ``on(current)``
+    is the plan the change asks for; ``resolve`` also checks it, once, against the running job's layers and stages.
+    The same value comes from the editor's message, ``%vpipe partition``/``policy``/``apply`` and
+    ``Session.apply``/``set_partition``/``set_policy``, and goes to ``Session.change``.
+    """
+
+    boundaries: tuple[int, ...] | None = None
+    policies: tuple[tuple[int, Policy], ...] = ()
+    microbatches: int | None = None
+    schedule: str | None = None
+    virtual_stages: int | None = None
+    source: str = field(default="api", compare=False)
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise PlanError(f"a change's source is one of {', '.join(SOURCES)}, not {self.source!r}")
+        if self.boundaries is not None:
+            bounds = tuple(self.boundaries)
+            if not all(isinstance(b, int) and not isinstance(b, bool) for b in bounds):
+                raise PlanError(f"boundaries {list(bounds)} must be whole numbers, e.g. [0, 3, 8]")
+            object.__setattr__(self, "boundaries", bounds)
+        seen: dict[int, Policy] = {}
+        for layer, policy in self.policies:
+            if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+                raise PlanError(f"layer {layer!r} is not a layer index: give whole numbers from 0")
+            seen[layer] = Policy.parse(policy)
+        object.__setattr__(self, "policies", tuple(sorted(seen.items())))
+        checks.count(self.microbatches, "microbatches", optional=True, error=PlanError)
+        checks.count(self.virtual_stages, "virtual_stages", optional=True, error=PlanError)
+        if self.schedule is not None and not isinstance(self.schedule, str):
+            raise PlanError(f"schedule must be a schedule's name, not {self.schedule!r}")
+
+    @classmethod
+    def of(cls, *, boundaries: Sequence[int] | None = None,
+           policies: Mapping[int, Policy | str] | Sequence[Policy | str] | None = None,
+           microbatches: int | None = None, schedule: str | None = None, virtual_stages: int | None = None,
+           source: str = "api") -> Change:
+        """Build a change from what a caller has: ``policies`` as ``{layer: policy}`` or one per layer."""
+        if policies is None:
+            pairs: tuple[tuple[int, Any], ...] = ()
+        elif isinstance(policies, Mapping):
+            pairs = tuple(policies.items())
+        elif isinstance(policies, (str, bytes)):
+            raise PlanError(f"policies {policies!r} must be {{layer: policy}} or one policy per layer, not a string")
+        else:
+            pairs = tuple(enumerate(policies))
+        return cls(None if boundaries is None else tuple(boundaries), pairs, microbatches, schedule, virtual_stages,
+                   source)
+
+    @classmethod
+    def to(cls, plan: Plan, source: str = "api") -> Change:
+        """Run ``plan`` as it is: every field replaced."""
+        return cls(plan.boundaries, tuple(enumerate(plan.policies)), plan.microbatches, plan.schedule,
+                   plan.virtual_stages, source)
+
+    @property
+    def empty(self) -> bool:
+        return (self.boundaries is None and not self.policies and self.microbatches is None and self.schedule is None
+                and self.virtual_stages is None)
+
+    def on(self, current: Plan) -> Plan:
+        """The plan this change asks for, starting from ``current`` (not yet checked: see ``resolve``)."""
+        policies = list(current.policies)
+        for layer, policy in self.policies:
+            if layer >= len(policies):
+                raise PlanError(f"layer {layer} does not exist: the model has layers 0..{len(policies) - 1}")
+            policies[layer] = policy
+        return Plan(current.boundaries if self.boundaries is None else self.boundaries, tuple(policies),
+                    current.microbatches if self.microbatches is None else self.microbatches,
+                    current.schedule if self.schedule is None else self.schedule,
+                    current.virtual_stages if self.virtual_stages is None else self.virtual_stages)
+
+    def resolve(self, current: Plan, layers: int, stages: int) -> Plan:
+        """The plan this change asks for, checked against a job of ``layers`` units on ``stages`` workers."""
+        return self.on(current).validate(layers, stages)
+
+    def describe(self) -> str:
+        """One line, e.g. ``boundaries [0, 3, 8]; layer 3 swap; M=8`` (``no change`` for an empty one)."""
+        parts = []
+        if self.boundaries is not None:
+            parts.append(f"boundaries {list(self.boundaries)}")
+        if self.policies:
+            parts.append(", ".join(f"layer {i} {p.value}" for i, p in self.policies))
+        if self.schedule is not None:
+            parts.append(f"schedule {self.schedule}")
+        if self.virtual_stages is not None:
+            parts.append(f"V={self.virtual_stages}")
+        if self.microbatches is not None:
+            parts.append(f"M={self.microbatches}")
+        return "; ".join(parts) or "no change"
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What a live change did: the plan in force from ``iteration`` as plan version ``version``, the layers it
+    moved between stages, the bytes they took, and how long training paused for it."""
+
+    plan: Plan
+    version: int
+    iteration: int
+    moves: int = 0
+    moved_bytes: int = 0
+    pause_s: float = 0.0
+    source: str = "api"
+
+    def describe(self) -> str:
+        moved = f" ({self.moves} layer(s) moved)" if self.moves else ""
+        return f"plan v{self.version} applied at iteration {self.iteration}{moved}"
