@@ -233,78 +233,103 @@ def run_schedule(
     """Replay ``schedule`` with ``duration(action)`` seconds per action, each transfer arriving ``latency_s`` after
     its send ends (``swaps_on_compute``: swaps run on the compute stream, as on CPU ranks, not on copy lanes);
     raise ScheduleError on deadlock."""
-    k = schedule.num_stages
-    pc = [0] * k
-    clock = [0.0] * k
-    lane_out = [0.0] * k
-    lane_in = [0.0] * k
-    arrivals: dict[tuple[int, Op, int], float] = {}  # (sending chunk, send op, micro-batch) -> when it arrives
-    swapped_out: dict[tuple[int, int, int | None], float] = {}
-    swapped_in: dict[tuple[int, int], float] = {}  # (chunk, micro-batch) -> when its last swap-in ends
-    spans: list[Span] = []
-    local = chunk_indices(schedule)
+    return _Replay(schedule, duration, sends_use_copy_lane, iteration, latency_s, swaps_on_compute).run()
 
-    def add(s: int, a: Action, start: float, end: float) -> None:
+
+class _Replay:
+    """``run_schedule``'s state: each row's position and clocks (compute, outgoing and incoming copy lanes), when
+    each transfer arrives and each swap ends, and the spans so far."""
+
+    def __init__(self, schedule: Schedule, duration: Callable[[Action], float], sends_use_copy_lane: bool,
+                 iteration: int, latency_s: float, swaps_on_compute: bool) -> None:
+        self.schedule, self.duration, self.iteration, self.latency_s = schedule, duration, iteration, latency_s
+        self.copy_sends, self.swaps_on_compute = sends_use_copy_lane, swaps_on_compute
+        k = schedule.num_stages
+        self.pc, self.clock, self.lane_out, self.lane_in = [0] * k, [0.0] * k, [0.0] * k, [0.0] * k
+        self.arrivals: dict[tuple[int, Op, int], float] = {}  # (sending chunk, send op, micro-batch) -> arrival
+        self.swapped_out: dict[tuple[int, int, int | None], float] = {}
+        self.swapped_in: dict[tuple[int, int], float] = {}  # (chunk, micro-batch) -> when its last swap-in ends
+        self.spans: list[Span] = []
+        self.local = chunk_indices(schedule)
+        self.ready: deque[int] = deque(range(k))
+        self.waiting: dict[tuple[int, Op, int], int] = {}  # what a blocked row waits for -> that row
+
+    def run(self) -> Timeline:
+        # Event-driven: a row runs until a receive blocks it, registers what it waits for, and the matching send
+        # wakes it up again, so every action is replayed exactly once (linear in the schedule's length).
+        while self.ready:
+            s = self.ready.popleft()
+            row = self.schedule.stages[s]
+            while self.pc[s] < len(row):
+                a = row[self.pc[s]]
+                if a.op in (Op.RECV_F, Op.RECV_B):
+                    if not self._receive(s, a):
+                        break  # blocked until the neighbour sends
+                elif a.op in (Op.SWAP_OUT, Op.SWAP_IN):
+                    self._swap(s, a)
+                else:
+                    self._compute(s, a)
+                self.pc[s] += 1
+        stuck = [s for s, row in enumerate(self.schedule.stages) if self.pc[s] < len(row)]
+        if stuck:
+            blocked = ", ".join(f"stage {s} waits at {self.schedule.stages[s][self.pc[s]]}" for s in stuck)
+            raise ScheduleError(
+                f"the schedule deadlocks: {blocked}; no stage can move. Reorder the sends and receives so every "
+                f"receive's matching send can happen first.\n" + format_grid(self.schedule, (stuck[0], self.pc[stuck[0]]))
+            )
+        return Timeline(tuple(self.spans))
+
+    def _add(self, s: int, a: Action, start: float, end: float) -> None:
         if end > start or a.op in (Op.F, Op.B, Op.W):
-            spans.append(Span(s, KIND[a.op], a.microbatch, a.layer, start, end, iteration, 0, local[a.stage]))
+            self.spans.append(Span(s, KIND[a.op], a.microbatch, a.layer, start, end, self.iteration, 0,
+                                   self.local[a.stage]))
 
-    # Event-driven: a row runs until a receive blocks it, registers what it waits for, and the matching send wakes
-    # it up again, so every action is replayed exactly once (linear in the schedule's length).
-    ready: deque[int] = deque(range(k))
-    waiting: dict[tuple[int, Op, int], int] = {}
-    while ready:
-        s = ready.popleft()
-        row = schedule.stages[s]
-        while pc[s] < len(row):
-            a = row[pc[s]]
-            op, c = a.op, a.stage
-            if op in (Op.RECV_F, Op.RECV_B):
-                key = (c - 1, Op.SEND_F, a.microbatch) if op is Op.RECV_F else (c + 1, Op.SEND_B, a.microbatch)
-                arrival = arrivals.get(key)
-                if arrival is None:
-                    waiting[key] = s
-                    break  # blocked until the neighbour sends
-                start = clock[s]
-                clock[s] = max(clock[s], arrival) + duration(a)
-                add(s, a, start, clock[s])
-            elif op in (Op.SWAP_OUT, Op.SWAP_IN) and swaps_on_compute:
-                start = clock[s]
-                clock[s] = start + duration(a)
-                if op is Op.SWAP_OUT:
-                    swapped_out[(c, a.microbatch, a.layer)] = clock[s]
-                add(s, a, start, clock[s])
-            elif op is Op.SWAP_OUT:
-                start = max(lane_out[s], clock[s])
-                lane_out[s] = start + duration(a)
-                swapped_out[(c, a.microbatch, a.layer)] = lane_out[s]
-                add(s, a, start, lane_out[s])
-            elif op is Op.SWAP_IN:
-                start = max(lane_in[s], clock[s], swapped_out.get((c, a.microbatch, a.layer), 0.0))
-                lane_in[s] = start + duration(a)
-                swapped_in[(c, a.microbatch)] = max(swapped_in.get((c, a.microbatch), 0.0), lane_in[s])
-                add(s, a, start, lane_in[s])
-            else:
-                start = clock[s]
-                if op is Op.B:
-                    start = max(start, swapped_in.get((c, a.microbatch), 0.0))
-                if op in (Op.SEND_F, Op.SEND_B) and sends_use_copy_lane:
-                    start = max(start, lane_out[s])
-                end = start + duration(a)
-                clock[s] = end
-                if op in (Op.SEND_F, Op.SEND_B):
-                    arrivals[(c, op, a.microbatch)] = end + latency_s
-                    if sends_use_copy_lane:
-                        lane_out[s] = end
-                    woken = waiting.pop((c, op, a.microbatch), None)
-                    if woken is not None:
-                        ready.append(woken)
-                add(s, a, start, end)
-            pc[s] += 1
-    stuck = [s for s in range(k) if pc[s] < len(schedule.stages[s])]
-    if stuck:
-        blocked = ", ".join(f"stage {s} waits at {schedule.stages[s][pc[s]]}" for s in stuck)
-        raise ScheduleError(
-            f"the schedule deadlocks: {blocked}; no stage can move. Reorder the sends and receives so every receive's "
-            f"matching send can happen first.\n" + format_grid(schedule, (stuck[0], pc[stuck[0]]))
-        )
-    return Timeline(tuple(spans))
+    def _receive(self, s: int, a: Action) -> bool:
+        """Run a receive once its transfer has arrived; False (and row ``s`` waits) while it has not."""
+        c = a.stage
+        key = (c - 1, Op.SEND_F, a.microbatch) if a.op is Op.RECV_F else (c + 1, Op.SEND_B, a.microbatch)
+        arrival = self.arrivals.get(key)
+        if arrival is None:
+            self.waiting[key] = s
+            return False
+        start = self.clock[s]
+        self.clock[s] = max(start, arrival) + self.duration(a)
+        self._add(s, a, start, self.clock[s])
+        return True
+
+    def _swap(self, s: int, a: Action) -> None:
+        """A swap on the compute stream (CPU ranks), or on its copy lane; a swap-in waits for its swap-out."""
+        c, key = a.stage, (a.stage, a.microbatch, a.layer)
+        if self.swaps_on_compute:
+            start = self.clock[s]
+            self.clock[s] = end = start + self.duration(a)
+            if a.op is Op.SWAP_OUT:
+                self.swapped_out[key] = end
+        elif a.op is Op.SWAP_OUT:
+            start = max(self.lane_out[s], self.clock[s])
+            self.lane_out[s] = end = start + self.duration(a)
+            self.swapped_out[key] = end
+        else:
+            start = max(self.lane_in[s], self.clock[s], self.swapped_out.get(key, 0.0))
+            self.lane_in[s] = end = start + self.duration(a)
+            self.swapped_in[(c, a.microbatch)] = max(self.swapped_in.get((c, a.microbatch), 0.0), end)
+        self._add(s, a, start, end)
+
+    def _compute(self, s: int, a: Action) -> None:
+        """Forward, backward, weight step, recompute or a send (which wakes the row waiting for it)."""
+        op, c = a.op, a.stage
+        start = self.clock[s]
+        if op is Op.B:
+            start = max(start, self.swapped_in.get((c, a.microbatch), 0.0))
+        sending = op in (Op.SEND_F, Op.SEND_B)
+        if sending and self.copy_sends:
+            start = max(start, self.lane_out[s])
+        self.clock[s] = end = start + self.duration(a)
+        if sending:
+            self.arrivals[(c, op, a.microbatch)] = end + self.latency_s
+            if self.copy_sends:
+                self.lane_out[s] = end
+            woken = self.waiting.pop((c, op, a.microbatch), None)
+            if woken is not None:
+                self.ready.append(woken)
+        self._add(s, a, start, end)

@@ -261,12 +261,7 @@ def torch_pipeline(model: nn.Module, bundle: str | Path | Bundle, rank: int | No
     module names); ``use_csv`` runs ``schedule.csv`` even where a torch class runs the same order; ``schedule``
     names a ``get_schedule_class`` class to run the bundle's split with instead of the lab's order (torch's own
     schedule on the same stages: it must place stages as the plan does)."""
-    from torch.distributed.pipelining import PipelineStage, SplitPoint, pipeline
-    from torch.distributed.pipelining.schedules import (
-        PipelineScheduleSingle,
-        _PipelineScheduleRuntime,
-        get_schedule_class,
-    )
+    from torch.distributed.pipelining.schedules import get_schedule_class
 
     path = None
     if not isinstance(bundle, Bundle):
@@ -287,39 +282,16 @@ def torch_pipeline(model: nn.Module, bundle: str | Path | Bundle, rank: int | No
     total = len(bundle.stages)
     if trace is None:
         trace = not isinstance(model, nn.Sequential)
-    modules: dict[int, nn.Module] = {}
-    stages: list[Any] = []
     if trace:
-        args, kwargs = _example(example)
-        split_spec = {s.split_at: SplitPoint.BEGINNING for s in bundle.stages if s.split_at}
-        pipe = pipeline(model, args, kwargs or None, split_spec=split_spec)
-        if pipe.num_stages != total:
-            raise ValueError(f"torch split the model into {pipe.num_stages} stages, the bundle has {total}: its "
-                             "split points do not all run in the model's forward")
-        passed = skips(pipe.split_gm)
-        late = [p for p in passed if p.startswith("the input")]
-        if late:
-            raise ValueError(f"torch.distributed.pipelining gives the model's inputs to its first stage only, and this "
-                             f"model reads some in a later one ({'; '.join(late[:3])}): pass those as the loss's "
-                             "targets instead (labels: data returns (inputs, labels) and the loss compares the "
-                             "logits), or train it with vpipe_lab's engine")
-        runs = schedule or bundle.schedule
-        if passed and (use_csv or not runs or not issubclass(get_schedule_class(runs), PipelineScheduleSingle)):
-            raise ValueError(f"torch split this model with values that skip a stage ({'; '.join(passed[:3])}), and "
-                             "torch.distributed.pipelining's multi-stage schedules (every CSV schedule among them) "
-                             "run only stage-to-next-stage transfers; export a plan with one stage per rank under GPipe "
-                             "or 1F1B (torch's single-stage schedules pass skipped values on), or train it in the lab")
-        every = {s.stage: pipe.get_stage_module(s.stage) for s in bundle.stages}
-        for spec in mine:
-            modules[spec.stage] = apply_policies(every[spec.stage], spec, dev)
-            stages.append(pipe.build_stage(spec.stage, dev, group))
+        every, modules, stages = _traced_stages(model, bundle, mine, example, dev, group, schedule, use_csv)
     else:
         if not isinstance(model, nn.Sequential):
             raise ValueError("only an nn.Sequential splits by module names alone; trace any other model")
+        from torch.distributed.pipelining import PipelineStage
+
         every = {s.stage: _sequential_stage(model, s) for s in bundle.stages}
-        for spec in mine:
-            modules[spec.stage] = apply_policies(every[spec.stage], spec, dev).to(dev)
-            stages.append(PipelineStage(modules[spec.stage], spec.stage, total, dev, group=group))
+        modules = {spec.stage: apply_policies(every[spec.stage], spec, dev).to(dev) for spec in mine}
+        stages = [PipelineStage(modules[spec.stage], spec.stage, total, dev, group=group) for spec in mine]
     # Every rank sees every stage's module (torch's split builds them all), so every rank makes the same process
     # groups for the tied weights, in the same order.
     ties: list[tuple[tuple[str, ...], Any]] = []
@@ -328,17 +300,61 @@ def torch_pipeline(model: nn.Module, bundle: str | Path | Bundle, rank: int | No
         if rank in ranks:
             ties.append((aliases, pg))
             log.info("rank %d sums the gradients of the tied weight %s (ranks %s)", rank, list(aliases), ranks)
-    ordered = [modules[s.stage] for s in mine]
-    name = schedule or bundle.schedule
+    runner = _runner(bundle, path, stages, schedule or bundle.schedule, use_csv, loss_fn)
+    return TorchPipeline(bundle, rank, stages, [modules[s.stage] for s in mine], runner, ties)
+
+
+def _traced_stages(model: nn.Module, bundle: Bundle, mine: list[StageSpec], example: Any, dev: torch.device,
+                   group: Any, schedule: str | None, use_csv: bool
+                   ) -> tuple[dict[int, nn.Module], dict[int, nn.Module], list[Any]]:
+    """torch's ``pipeline()`` split at the bundle's split points: every stage's module, this rank's (with their
+    policies) and its ``PipelineStage``s. Refuses a split torch's runtime cannot run (inputs read after the first
+    stage; values skipping a stage under a multi-stage schedule)."""
+    from torch.distributed.pipelining import SplitPoint, pipeline
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
+
+    args, kwargs = _example(example)
+    split_spec = {s.split_at: SplitPoint.BEGINNING for s in bundle.stages if s.split_at}
+    pipe = pipeline(model, args, kwargs or None, split_spec=split_spec)
+    if pipe.num_stages != len(bundle.stages):
+        raise ValueError(f"torch split the model into {pipe.num_stages} stages, the bundle has {len(bundle.stages)}: "
+                         "its split points do not all run in the model's forward")
+    passed = skips(pipe.split_gm)
+    late = [p for p in passed if p.startswith("the input")]
+    if late:
+        raise ValueError(f"torch.distributed.pipelining gives the model's inputs to its first stage only, and this "
+                         f"model reads some in a later one ({'; '.join(late[:3])}): pass those as the loss's "
+                         "targets instead (labels: data returns (inputs, labels) and the loss compares the "
+                         "logits), or train it with vpipe_lab's engine")
+    runs = schedule or bundle.schedule
+    if passed and (use_csv or not runs or not issubclass(get_schedule_class(runs), PipelineScheduleSingle)):
+        raise ValueError(f"torch split this model with values that skip a stage ({'; '.join(passed[:3])}), and "
+                         "torch.distributed.pipelining's multi-stage schedules (every CSV schedule among them) "
+                         "run only stage-to-next-stage transfers; export a plan with one stage per rank under GPipe "
+                         "or 1F1B (torch's single-stage schedules pass skipped values on), or train it in the lab")
+    every = {s.stage: pipe.get_stage_module(s.stage) for s in bundle.stages}
+    modules = {spec.stage: apply_policies(every[spec.stage], spec, dev) for spec in mine}
+    return every, modules, [pipe.build_stage(spec.stage, dev, group) for spec in mine]
+
+
+def _runner(bundle: Bundle, path: Path | None, stages: list[Any], name: str | None, use_csv: bool,
+            loss_fn: Callable[..., torch.Tensor] | None) -> Any:
+    """torch's schedule class ``name`` over this rank's stages, or its CSV runtime running the bundle's
+    ``schedule.csv`` (the lab's exact order) when there is no class or ``use_csv``."""
+    from torch.distributed.pipelining.schedules import (
+        PipelineScheduleSingle,
+        _PipelineScheduleRuntime,
+        get_schedule_class,
+    )
+
     if name and not use_csv:
         cls = get_schedule_class(name)
         first = stages[0] if issubclass(cls, PipelineScheduleSingle) else stages
-        runner = cls(first, bundle.microbatches, loss_fn=loss_fn, scale_grads=True)
-    else:
-        runner = _PipelineScheduleRuntime(stages, bundle.microbatches, loss_fn=loss_fn, scale_grads=True)
-        csv = bundle_files.csv_path(path, bundle) if path is not None else None
-        if csv is None or not csv.exists():
-            raise ValueError("the bundle's schedule.csv is not found next to its pipeline.json: give the bundle "
-                             "directory, not a Bundle object, to run its CSV")
-        runner._load_csv(str(csv))
-    return TorchPipeline(bundle, rank, stages, ordered, runner, ties)
+        return cls(first, bundle.microbatches, loss_fn=loss_fn, scale_grads=True)
+    runner = _PipelineScheduleRuntime(stages, bundle.microbatches, loss_fn=loss_fn, scale_grads=True)
+    csv = bundle_files.csv_path(path, bundle) if path is not None else None
+    if csv is None or not csv.exists():
+        raise ValueError("the bundle's schedule.csv is not found next to its pipeline.json: give the bundle "
+                         "directory, not a Bundle object, to run its CSV")
+    runner._load_csv(str(csv))
+    return runner

@@ -111,89 +111,24 @@ def launch(
     usual, and a plan change applies at the next iteration as a reshard (``runtime/torch_engine.py``). It runs one
     pipeline in fp32 without PipeDream; the default ``"lab"`` is vpipe_lab's engine with live layer migration.
     """
-    from vpipe_lab import examples
     from vpipe_lab.telemetry import sinks
 
-    checks.count(stages, "stages")
-    checks.count(microbatches, "microbatches")
-    if schedule not in schedules.names():
-        raise ValueError(f"unknown schedule {schedule!r}: use one of {', '.join(schedules.names())}")
-    if device not in DEVICES:
-        raise ValueError(f"unknown device {device!r}: use one of {', '.join(DEVICES)}")
-    check_training(clip_grad_norm, precision, eval_every, eval_batches)
-    if not isinstance(fused_wgrad, int) or fused_wgrad < 0:  # True and False are meant here: not a count
-        raise ValueError(f"fused_wgrad must be True, False or the smallest weight to fuse (elements, >= 0), got "
-                         f"{fused_wgrad!r}")
-    checks.count(replicas, "replicas")
-    if problem := engine_refusal(engine, replicas, precision, schedule):
-        raise ValueError(problem)
-    if virtual_stages is None:  # the given plan's chunks per stage, else the schedule's default
-        virtual_stages = plan.virtual_stages if plan is not None else default_virtual_stages(schedule)
-    checks.count(virtual_stages, "virtual_stages")
-    if problem := schedules.job_refusal(schedule, stages=stages, microbatches=microbatches,
-                                        virtual_stages=virtual_stages, clip_grad_norm=clip_grad_norm,
-                                        precision=precision, replicas=replicas):
-        raise ValueError(problem)
+    virtual_stages = _check_settings(stages, microbatches, schedule, device, clip_grad_norm, precision, eval_every,
+                                     eval_batches, fused_wgrad, replicas, engine, virtual_stages, plan)
     sinks.check(log)
-    manifest = None
-    if resume is not None and not is_foreign(resume):  # torch's own DCP checkpoint: weights by name, no plan in it
-        manifest = Manifest.read(resume)
-        if plan is None:
-            saved = Plan.from_dict(manifest.plan)
-            # Tensors are saved by name, so a checkpoint resumes onto another partition and stage count too.
-            same = (saved.stages, saved.virtual_stages) == (stages, virtual_stages)
-            plan = saved if same else Plan(uniform(manifest.num_layers, stages * virtual_stages), saved.policies,
-                                           saved.microbatches, schedule, virtual_stages)
-            plan = plan.replace(microbatches=microbatches, schedule=schedule)
-    if plan is not None:
-        plan = plan.validate(stages=stages)
-        if (plan.microbatches, plan.schedule, plan.virtual_stages) != (microbatches, schedule, virtual_stages):
-            raise PlanError(f"the plan is for {plan.schedule} with {plan.microbatches} micro-batches and "
-                            f"{plan.virtual_stages} virtual stages but the session runs {schedule} with {microbatches} "
-                            f"and {virtual_stages}; make them agree")
-    named: dict[str, str] = {}
-    user: dict[str, Any] = {}
-    if isinstance(split, str):
-        split = [split]
-    if split is not None and not callable(split) and (not all(
-            isinstance(n, str) and n for n in split)):
-        raise ValueError(f"split must be a list of module names or a function (name, module) -> bool, got {split!r}")
-    for role, value in (("model", model), ("data", data), ("loss", loss), ("optimizer", optimizer),
-                        ("lr_scheduler", lr_scheduler), ("eval_data", eval_data),
-                        ("split", None if split is None else (split if callable(split) else list(split)))):
-        if isinstance(value, str):
-            if role in ("lr_scheduler", "split"):
-                raise ValueError(f"{role}={value!r}: give a function, not a name")
-            examples.check(value)  # fails early with the list of names (imports nothing: no torch here)
-            named[role] = value
-        elif value is not None:
-            user[role] = value
-    if isinstance(model, str):  # a bundled model brings its own data, loss and optimizer unless given
-        examples.check_stages(model, stages)
-        for role in ("data", "loss", "optimizer"):
-            if role not in named and role not in user:
-                named[role] = model
-    if "data" not in named and "data" not in user:
-        raise ValueError("no data: pass data(iteration) -> (inputs, targets), an iterable of (inputs, targets) such "
-                         "as a DataLoader, or a bundled example name")
+    plan, manifest = _plan_to_run(plan, resume, stages, microbatches, schedule, virtual_stages)
+    named, user = _roles(stages, model=model, data=data, loss=loss, optimizer=optimizer, lr_scheduler=lr_scheduler,
+                         eval_data=eval_data, split=split)
     reap_stale()
     job_dir = Path(tempfile.mkdtemp(prefix="vpipe-lab-"))
     session_id = uuid.uuid4().hex[:12]
-    callables_path = blob = None
-    if added := schedules.added():  # schedules registered in this process: the workers register them too
-        user["schedules"] = added
-    if user:
-        import cloudpickle
-
-        blob = cloudpickle.dumps(user)
-        callables_path = job_dir / "callables.pkl"
-        write_private(callables_path, blob)
-    model_key = units.fingerprint(blob, named)
+    callables_path = _write_callables(job_dir, user)
+    model_key = units.fingerprint(callables_path.read_bytes() if callables_path else None, named)
     seen = units.known(model_key)
     if seen is not None:
         units.check(stages, seen)  # this model was launched before: refused before any worker starts
-    workers = stages * replicas
-    scout = seen is None and workers > units.SCOUT_ABOVE and not isinstance(model, str)
+    # Rank 0 cuts the model alone first when many workers would start: the others start only if it fills them.
+    scout = seen is None and stages * replicas > units.SCOUT_ABOVE and not isinstance(model, str)
     key = P.new_key()
     hub = Hub(key, host, session=session_id)
     spec = JobSpec(
@@ -218,24 +153,129 @@ def launch(
     except Exception:
         session.stop()
         raise
+    _start_workers(session, launcher, spec_path, model_key, start_timeout)
+    if manifest is not None:
+        session.state.plan_version = manifest.plan_version
+    if auto_replan:
+        session.auto_replan(**(auto_replan if isinstance(auto_replan, dict) else {}))
+    return session
+
+
+def _check_settings(stages: int, microbatches: int, schedule: str, device: str, clip_grad_norm: float | None,
+                    precision: str, eval_every: int | None, eval_batches: int, fused_wgrad: bool | int,
+                    replicas: int, engine: str, virtual_stages: int | None, plan: Plan | None) -> int:
+    """Refuse settings no job can run (ValueError naming the value and what would work); returns the chunks per
+    stage: ``virtual_stages``, else the plan's, else the schedule's default."""
+    checks.count(stages, "stages")
+    checks.count(microbatches, "microbatches")
+    if schedule not in schedules.names():
+        raise ValueError(f"unknown schedule {schedule!r}: use one of {', '.join(schedules.names())}")
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}: use one of {', '.join(DEVICES)}")
+    check_training(clip_grad_norm, precision, eval_every, eval_batches)
+    if not isinstance(fused_wgrad, int) or fused_wgrad < 0:  # True and False are meant here: not a count
+        raise ValueError(f"fused_wgrad must be True, False or the smallest weight to fuse (elements, >= 0), got "
+                         f"{fused_wgrad!r}")
+    checks.count(replicas, "replicas")
+    if problem := engine_refusal(engine, replicas, precision, schedule):
+        raise ValueError(problem)
+    if virtual_stages is None:  # the given plan's chunks per stage, else the schedule's default
+        virtual_stages = plan.virtual_stages if plan is not None else default_virtual_stages(schedule)
+    checks.count(virtual_stages, "virtual_stages")
+    if problem := schedules.job_refusal(schedule, stages=stages, microbatches=microbatches,
+                                        virtual_stages=virtual_stages, clip_grad_norm=clip_grad_norm,
+                                        precision=precision, replicas=replicas):
+        raise ValueError(problem)
+    return virtual_stages
+
+
+def _plan_to_run(plan: Plan | None, resume: str | Path | None, stages: int, microbatches: int, schedule: str,
+                 virtual_stages: int) -> tuple[Plan | None, Manifest | None]:
+    """The plan the job starts on (None: the workers split evenly) and the lab checkpoint it resumes, if any."""
+    manifest = None
+    if resume is not None and not is_foreign(resume):  # torch's own DCP checkpoint: weights by name, no plan in it
+        manifest = Manifest.read(resume)
+        if plan is None:
+            saved = Plan.from_dict(manifest.plan)
+            # Tensors are saved by name, so a checkpoint resumes onto another partition and stage count too.
+            same = (saved.stages, saved.virtual_stages) == (stages, virtual_stages)
+            plan = saved if same else Plan(uniform(manifest.num_layers, stages * virtual_stages), saved.policies,
+                                           saved.microbatches, schedule, virtual_stages)
+            plan = plan.replace(microbatches=microbatches, schedule=schedule)
+    if plan is not None:
+        plan = plan.validate(stages=stages)
+        if (plan.microbatches, plan.schedule, plan.virtual_stages) != (microbatches, schedule, virtual_stages):
+            raise PlanError(f"the plan is for {plan.schedule} with {plan.microbatches} micro-batches and "
+                            f"{plan.virtual_stages} virtual stages but the session runs {schedule} with {microbatches} "
+                            f"and {virtual_stages}; make them agree")
+    return plan, manifest
+
+
+def _roles(stages: int, **roles: Any) -> tuple[dict[str, str], dict[str, Any]]:
+    """What the job is made of: bundled example names by role (a bundled model brings its own data, loss and
+    optimizer unless given) and the user's own objects by role (pickled for the workers)."""
+    from vpipe_lab import examples
+
+    split = roles["split"]
+    if isinstance(split, str):
+        split = [split]
+    if split is not None and not callable(split) and (not all(isinstance(n, str) and n for n in split)):
+        raise ValueError(f"split must be a list of module names or a function (name, module) -> bool, got {split!r}")
+    roles["split"] = None if split is None else (split if callable(split) else list(split))
+    named: dict[str, str] = {}
+    user: dict[str, Any] = {}
+    for role, value in roles.items():
+        if isinstance(value, str):
+            if role in ("lr_scheduler", "split"):
+                raise ValueError(f"{role}={value!r}: give a function, not a name")
+            examples.check(value)  # fails early with the list of names (imports nothing: no torch here)
+            named[role] = value
+        elif value is not None:
+            user[role] = value
+    model = roles["model"]
+    if isinstance(model, str):
+        examples.check_stages(model, stages)
+        for role in ("data", "loss", "optimizer"):
+            if role not in named and role not in user:
+                named[role] = model
+    if "data" not in named and "data" not in user:
+        raise ValueError("no data: pass data(iteration) -> (inputs, targets), an iterable of (inputs, targets) such "
+                         "as a DataLoader, or a bundled example name")
+    return named, user
+
+
+def _write_callables(job_dir: Path, user: dict[str, Any]) -> Path | None:
+    """The user's objects (and the schedules registered in this process, which the workers register too), pickled
+    into the job directory for the workers (never sent over a socket)."""
+    if added := schedules.added():
+        user["schedules"] = added
+    if not user:
+        return None
+    import cloudpickle
+
+    path = job_dir / "callables.pkl"
+    write_private(path, cloudpickle.dumps(user))
+    return path
+
+
+def _start_workers(session: Session, launcher: Launcher, spec_path: Path, model_key: str,
+                   start_timeout: float) -> None:
+    """Spawn rank 0 (alone first when it scouts the model's units), then the rest; wait until every rank is
+    ready. A failure stops whatever started and raises."""
+    spec = session.spec
     try:
         launcher.spawn(0, ["--config", str(spec_path), "--rank", "0"])
-        if scout:  # rank 0 cuts the model alone first: the others start only if the model can fill the pipeline
+        if spec.scout:
             names = session.wait_units(start_timeout)
             units.remember(model_key, names)
-            units.check(stages, names)
-        for rank in range(1, workers):
+            units.check(spec.stages, names)
+        for rank in range(1, spec.stages * spec.replicas):
             launcher.spawn(rank, ["--config", str(spec_path), "--rank", str(rank)])
     except Exception:
         session.stop(timeout=2.0)  # nothing trains yet: rank 0 at most waits for the others to join
         raise
     session.wait_ready(start_timeout)
     units.remember(model_key, session.names)
-    if manifest is not None:
-        session.state.plan_version = manifest.plan_version
-    if auto_replan:
-        session.auto_replan(**(auto_replan if isinstance(auto_replan, dict) else {}))
-    return session
 
 
 def attach(address: str, *, key: str | None = None, key_file: str | Path | None = None,

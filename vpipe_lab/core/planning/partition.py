@@ -179,18 +179,7 @@ def pareto_dp(
     suffix_max = [0.0] * (n + 1)
     for i in range(n - 1, -1, -1):
         suffix_max[i] = max(suffix_max[i + 1], per_layer[i])
-    # Band: stage s may end at r only if [0, r) fits in s+1 stages and [r, n) in the remaining ones under the cap.
-    fwd_reach, back_reach = [0] * k, [n] * k
-    pos = 0
-    for s in range(k):
-        pos = bisect_right(compute_prefix, compute_prefix[pos] + cap, pos) - 1 if not math.isinf(cap) else n
-        pos = min(max(pos, s + 1), n - (k - s - 1))
-        fwd_reach[s] = pos
-    pos = n
-    for s in range(k - 1, 0, -1):
-        r = 0 if math.isinf(cap) else bisect_left(compute_prefix, compute_prefix[pos] - cap)
-        pos = max(min(r, pos - 1), s)
-        back_reach[s - 1] = pos
+    fwd_reach, back_reach = _band(n, k, compute_prefix, cap)
     fronts: list[dict[int, _Front]] = [dict() for _ in range(k)]
     origin = _Front()
     origin.insert(objective.start(), objective.start(), (-1, -1))
@@ -216,28 +205,55 @@ def pareto_dp(
                 transitions += 1
                 if times is None or times[0] + times[1] > cap:
                     continue
-                source = prev[l_pos]
-                for idx, key in enumerate(source.keys):
-                    new = objective.extend(key, *times)
-                    if objective.kind == "bottleneck":
-                        if new[0] >= upper:
-                            continue
-                        front.insert((max(new[0], floor),), new, (l_pos, idx))
-                    elif objective.kind != "gpipe":  # 1f1b and eager-1f1b
-                        mx = max(new[0], floor)
-                        value = m1 * mx + new[1]
-                        if value + rest >= upper:
-                            continue
-                        front.insert((new[1], value), new, (l_pos, idx))
-                    else:
-                        if objective.value(new) + m1 * 0.0 + rest >= upper:
-                            continue
-                        front.insert(new, new, (l_pos, idx))
+                _extend(front, prev[l_pos], l_pos, times, objective, floor, rest, upper, m1)
             if front.keys:
                 cur[r] = front
         prev = cur
         if not prev:
             return DPResult(None, math.inf, transitions)
+    return _best(fronts, n, k, objective, transitions)
+
+
+def _band(n: int, k: int, compute_prefix: Sequence[float], cap: float) -> tuple[list[int], list[int]]:
+    """Stage s may end at r only if [0, r) fits in s+1 stages and [r, n) in the remaining ones under ``cap``: the
+    furthest each stage can reach from the left, and the nearest it must reach from the right."""
+    fwd_reach, back_reach = [0] * k, [n] * k
+    pos = 0
+    for s in range(k):
+        pos = bisect_right(compute_prefix, compute_prefix[pos] + cap, pos) - 1 if not math.isinf(cap) else n
+        pos = min(max(pos, s + 1), n - (k - s - 1))
+        fwd_reach[s] = pos
+    pos = n
+    for s in range(k - 1, 0, -1):
+        r = 0 if math.isinf(cap) else bisect_left(compute_prefix, compute_prefix[pos] - cap)
+        pos = max(min(r, pos - 1), s)
+        back_reach[s - 1] = pos
+    return fwd_reach, back_reach
+
+
+def _extend(front: _Front, source: _Front, l_pos: int, times: tuple[float, float], objective: Objective,
+            floor: float, rest: float, upper: float, m1: int) -> None:
+    """Every partial key ending at ``l_pos`` extended by one stage of ``times`` into ``front``, unless it cannot
+    beat ``upper`` even if the ``rest`` of the layers cost nothing more than their compute."""
+    for idx, key in enumerate(source.keys):
+        new = objective.extend(key, *times)
+        if objective.kind == "bottleneck":
+            if new[0] >= upper:
+                continue
+            front.insert((max(new[0], floor),), new, (l_pos, idx))
+        elif objective.kind != "gpipe":  # 1f1b and eager-1f1b
+            value = m1 * max(new[0], floor) + new[1]
+            if value + rest >= upper:
+                continue
+            front.insert((new[1], value), new, (l_pos, idx))
+        else:
+            if objective.value(new) + rest >= upper:
+                continue
+            front.insert(new, new, (l_pos, idx))
+
+
+def _best(fronts: list[dict[int, _Front]], n: int, k: int, objective: Objective, transitions: int) -> DPResult:
+    """The best complete partition in the last stage's front, its boundaries traced back through the links."""
     final = fronts[k - 1].get(n)
     if final is None or not final.keys:
         return DPResult(None, math.inf, transitions)

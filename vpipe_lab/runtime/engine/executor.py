@@ -1,5 +1,8 @@
 """Runs one iteration of a stage: walks its row of the core schedule IR, timing every action onto a span.
 
+The ``Executor`` prepares the stage for an iteration (loss scales, split backward, micro-batches) and assembles the
+result; the walk over the row, one method per action kind, is ``iteration.StageIteration``.
+
 Micro-batches are ``torch.chunk`` of the mini-batch along dim 0; each micro-batch's loss is scaled by 1/M, so the
 gradients are those of the mean of the per-micro-batch losses and a pipelined step equals a plain full-batch step.
 Under PipeDream (an asynchronous schedule kind, ``plan.kind.asynchronous``) each micro-batch is a step of its own
@@ -26,40 +29,28 @@ no autograd, the last stage returning the losses; no gradient, optimizer state o
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import nullcontext
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from vpipe_lab.core.plan import Plan
-from vpipe_lab.core.schedule import KIND, Action, Op, Schedule, chunk_indices
+from vpipe_lab.core.schedule import KIND, Action, Op, Schedule
 from vpipe_lab.core.schedules.builders import for_plan
 from vpipe_lab.runtime.engine import faults
-from vpipe_lab.runtime.engine.comm import TAG_BACKWARD, TAG_EVAL, TAG_FORWARD, Incoming, Peer
+from vpipe_lab.runtime.engine.comm import TAG_EVAL, Peer
 from vpipe_lab.runtime.engine.device import Clock, Placement, Stopwatch
+from vpipe_lab.runtime.engine.iteration import (
+    BudgetViolation,
+    IterationResult,
+    LossFn,
+    StageIteration,
+    Step,
+    chunk_tag,
+)
 from vpipe_lab.runtime.engine.stage import Stage
 from vpipe_lab.runtime.model import counting
 from vpipe_lab.runtime.model.batches import loss_with_check, split, to_device
 from vpipe_lab.runtime.model.capture import Chain, for_inference
-
-LossFn = Callable[[Any, Any], torch.Tensor]
-Step = tuple[int, int]  # (chunk, micro-batch)
-
-
-def chunk_tag(base: int, chunk: int, plan: Plan) -> int:
-    """``base`` (a ``TAG_*``) for transfers into ``chunk``: per chunk with virtual stages, since two ranks then
-    exchange several chunks' tensors and each stream must stay in order."""
-    return base if plan.virtual_stages == 1 else base + 8 * chunk
-
-
-def tag_into(op: Op, chunk: int, plan: Plan) -> int:
-    """The tag of a transfer into ``chunk``: its input for RECV_F, its output's gradient for RECV_B."""
-    return chunk_tag(TAG_FORWARD if op in (Op.RECV_F, Op.SEND_F) else TAG_BACKWARD, chunk, plan)
-
-_COMM = (Op.SEND_F, Op.SEND_B, Op.RECV_F, Op.RECV_B)
-_UNLABELLED = nullcontext()
 
 
 def default_loss(output: Any, target: Any, num_items_in_batch: int | None = None) -> torch.Tensor:
@@ -82,26 +73,6 @@ def default_loss(output: Any, target: Any, num_items_in_batch: int | None = None
             return torch.nn.functional.cross_entropy(logits, labels, reduction="sum") / num_items_in_batch
         return torch.nn.functional.cross_entropy(logits, labels)
     return torch.nn.functional.mse_loss(output, target)
-
-
-@dataclass
-class BudgetViolation:
-    stage: int
-    used_bytes: int
-    budget_bytes: int
-    layers: list[tuple[int, int]]  # (layer, resident bytes) of kept layers, largest first
-
-
-@dataclass
-class IterationResult:
-    iteration: int
-    start_s: float
-    end_s: float
-    losses: list[float] = field(default_factory=list)
-    spans: list[tuple[str, int, int | None, float, float, int]] = field(default_factory=list)  # ..., chunk
-    violation: BudgetViolation | None = None
-    sizes: list[int] | None = None  # samples per micro-batch: the losses' weights in the iteration's loss
-    loss_sum: bool = False  # the losses are the micro-batches' shares of the batch's loss (counted items): sum them
 
 
 class Executor:
@@ -174,160 +145,56 @@ class Executor:
         (a short last batch) each micro-batch's loss counts by its samples, and each transfer says its shapes.
         ``counts`` (the loss stage): each micro-batch's counted items when its labels ignore some positions; the
         losses are then normalised by the batch's count (``runtime/model/counting.py``)."""
-        rank, last = self.rank, self.rank == plan.loss_stage
-        m = plan.microbatches
-        self.in_loss = False
-        stage, peer = self.stage, self.peer
-        stage.stash.on = plan.kind.asynchronous  # PipeDream: an update after every backward (stash.py)
-        stage.stash.reset()
-        # each micro-batch's mean loss is a step of its own under PipeDream; else 1/M of the iteration's step
-        stage.loss_scale = self.loss_multiplier / (1 if stage.stash.on else m)
-        uneven = sizes is not None and len(sizes) == m and len(set(sizes)) > 1
-        stage.scales = [self.loss_multiplier * (n / sum(sizes)) for n in sizes] if (
-            uneven and sizes and not stage.stash.on) else None
-        loss_fn, weights = self._counted(plan, batch, counts)
-        if weights is not None:
-            stage.scales = [self.loss_multiplier * w for w in weights]
-        agreed = not uneven  # shapes agreed once per epoch only when every micro-batch has them
-        stage.iteration = iteration
-        stage.split_backward(plan.kind.split_backward)  # B then W (core/schedules/orders/zero_bubble.py), or one backward
-        stage.ledger.reset_peaks()
-        if self.budget is not None:
-            static = stage.static_bytes()  # not ``sizes``: that name is the micro-batches' samples, reported below
-            self._param_bytes = static["params"]
-            self._static = sum(static.values())
-        inputs = targets = None
-        if batch is not None:
-            if rank == 0:
-                inputs = split(batch[0], m, "inputs")
-            if last:
-                targets = [None] * m if batch[1] is None else split(batch[1], m, "targets")
-        chain = self.chain
-        top, at = plan.chunks - 1, plan.placement  # chunk c (a virtual stage) runs on rank at[c]
-        segments = stage.segments(profile, plan.boundaries[1:-1])  # no segment runs across two chunks
-        segs = {c: [g for g in segments if plan.boundaries[c] <= g[0] < plan.boundaries[c + 1]] for c in
-                plan.chunks_of(rank)}
-        timer = self.watch.exact if profile else None
-        received: dict[Step, Any] = {}
-        outputs: dict[Step, Any] = {}
-        grads_out: dict[Step, tuple[torch.Tensor, ...]] = {}
-        grads_in: dict[Step, tuple[torch.Tensor, ...]] = {}
-        losses: list[torch.Tensor] = []
-        posted: dict[tuple[Op, int, int], Incoming] = {}
-        _, schedule, following, firsts = self._plan(plan)
-        row = schedule.stages[rank]
-
-        def where(op: Op, c: int) -> tuple[int, int]:
-            """Who sends into chunk ``c`` and with which tag: its input from chunk c-1, its gradient from c+1."""
-            return (at[c - 1] if op is Op.RECV_F else at[c + 1]), tag_into(op, c, plan)
-
-        def receive(step: int, op: Op, c: int, mb: int) -> Any:
-            src, tag = where(op, c)
-            inc = posted.pop((op, c, mb), None) or peer.post_recv(src, tag, agreed=agreed)
-            value = peer.wait(inc)
-            nxt = following[step]
-            if nxt is not None and agreed and peer.prepost:  # post the next one ahead, when its shapes are known
-                src, tag = where(op, nxt[0])
-                if peer.knows(src, tag):
-                    posted[(op, *nxt)] = peer.post_recv(src, tag, agreed=True)
-            return value
-
-        if peer.prepost and agreed:  # the first receive of each kind, when this shape epoch knows its shapes
-            for op, first in firsts.items():
-                if first is not None and peer.knows(*(source := where(op, first[0]))):
-                    posted[(op, *first)] = peer.post_recv(*source, agreed=True)
-        mark = self.watch.mark
-        marks: list[tuple[str, int, int | None, float, float, int]] = []
-        local = chunk_indices(schedule)  # a span names the stage's chunk by its index, as the simulator's do
-        # Labels only while a torch profiler records: entering a record_function per action costs ~3% of a small
-        # model's iteration even when nothing listens (gpt-tiny, 2 CPU stages, benchmarks/interleaved.py).
-        labelled = torch._C._autograd._profiler_enabled()
-        result = IterationResult(iteration, self.watch.begin(), 0.0)
-        for step, action in enumerate(row):
-            op, mb, c = action.op, action.microbatch, action.stage
-            self.action = action
-            stage.at_units = None
-            if op not in _COMM:
-                peer.issue()  # transfers queued by the actions before this one leave before it computes
-            if op in (Op.RECV_B, Op.RECOMPUTE, Op.B):
-                stage.ledger.in_backward = True  # from here on, working sets of the backward phase
-            label = _UNLABELLED if not labelled else torch.profiler.record_function(
-                f"vpipe/{KIND[op]} mb{mb}" if action.layer is None else f"vpipe/{KIND[op]} mb{mb} layer{action.layer}")
-            label.__enter__()
-            start = mark()
-            if op is Op.RECV_F:
-                got = receive(step, op, c, mb)
-                received[(c, mb)] = chain.unpack(plan.boundaries[c] - 1, got) if chain is not None else (
-                    got[0] if isinstance(got, tuple) and len(got) == 1 else got)
-            elif op is Op.F:
-                if self.fault is not None:
-                    faults.hit(self.fault, "forward", rank, iteration)
-                if stage.stash.on:
-                    stage.stash.begin(mb, stage.params())
-                if c > 0:  # handed over in place from the chunk before, when it runs here too
-                    x = outputs.pop((c - 1, mb)) if schedule.local(c - 1, c) else received.pop((c, mb))
-                else:
-                    x = to_device(inputs[mb], self.placement.device)  # type: ignore[index]
-                    x = chain.start(x) if chain is not None else x
-                for segment in segs[c]:  # the pipeline's data input needs no gradient
-                    x = stage.forward(mb, segment, x, input_grad=c > 0 or segment[0] > 0, timer=timer)
-                    self._check_budget(result)
-                if c == top:
-                    target = to_device(targets[mb], self.placement.device)  # type: ignore[index]
-                    self.in_loss = True
-                    losses.append(stage.attach_loss(mb, segs[c][-1], x, loss_fn, target, timer))
-                    self.in_loss = False
-                else:
-                    outputs[(c, mb)] = x
-            elif op is Op.SEND_F:
-                out = outputs.pop((c, mb))
-                peer.post_send(chain.pack(out) if chain is not None else out, at[c + 1],
-                               tag_into(Op.RECV_F, c + 1, plan), agreed=agreed)
-            elif op is Op.SWAP_OUT:
-                if action.layer in stage.layers:
-                    stage.swap.swap_out(mb, action.layer)
-            elif op is Op.SWAP_IN:
-                if action.layer in stage.layers:
-                    stage.swap.swap_in(mb, action.layer)
-            elif op is Op.RECV_B:
-                grads_out[(c, mb)] = receive(step, op, c, mb)
-            elif op is Op.RECOMPUTE:
-                label.__exit__(None, None, None)
-                continue  # vPipe's order: each layer is rebuilt in B, right before its own backward (below)
-            elif op is Op.B:
-                grads: tuple[torch.Tensor, ...] | None = None if c == top else grads_out.pop((c, mb)) if (
-                    not schedule.local(c, c + 1)) else grads_in.pop((c + 1, mb))
-                for segment in reversed(segs[c]):
-                    if stage.rebuilds(mb, segment):  # held only until its backward: one recomputed layer at a time
-                        if self.record_spans:
-                            marks.append((KIND[op], mb, None, start, (start := mark()), local[c]))
-                        stage.rematerialise(mb, segment, timer)
-                        self._check_budget(result)
-                        if self.record_spans:
-                            marks.append(("recompute", mb, segment[0], start, (start := mark()), local[c]))
-                    grads = stage.backward(mb, segment, grads, timer, local[c])
-                if c > 0:
-                    grads_in[(c, mb)] = grads  # type: ignore[assignment]
-                if stage.stash.on:
-                    stage.update(mb)
-            elif op is Op.W:
-                stage.weight_step(mb, timer, local[c])
-            elif op is Op.SEND_B:
-                peer.post_send(grads_in.pop((c, mb)), at[c - 1], tag_into(Op.RECV_B, c - 1, plan), agreed=agreed)
-            if self.record_spans:
-                marks.append((KIND[op], mb, action.layer, start, mark(), local[c]))
-            label.__exit__(None, None, None)
-        self.action = None
-        peer.flush()
+        uneven = sizes is not None and len(sizes) == plan.microbatches and len(set(sizes)) > 1
+        loss_fn, weights = self._prepare(iteration, plan, batch, sizes if uneven else None, counts)
+        inputs, targets = self._micro_batches(plan, batch)
+        walk = StageIteration(self, iteration, plan, inputs, targets, loss_fn, profile, agreed=not uneven)
+        result = walk.walk()
         result.end_s = self.watch.end()
         seconds = self.watch.seconds
-        result.spans = [(kind, mb, layer, seconds(a), seconds(b), c) for kind, mb, layer, a, b, c in marks]
-        result.losses = [float(v) for v in losses]
-        if weights is not None and losses:  # each micro-batch's share of the batch's loss: the iteration's is their sum
+        result.spans = [(kind, mb, layer, seconds(a), seconds(b), c) for kind, mb, layer, a, b, c in walk.marks]
+        result.losses = [float(v) for v in walk.losses]
+        if weights is not None and walk.losses:  # each micro-batch's share of the batch's loss: their sum is it
             result.losses = [v * w for v, w in zip(result.losses, weights)]
             result.loss_sum = True
         result.sizes = list(sizes) if sizes is not None else None
         return result
+
+    def _prepare(self, iteration: int, plan: Plan, batch: tuple[Any, Any] | None, uneven: list[int] | None,
+                 counts: list[int] | None) -> tuple[LossFn, list[float] | None]:
+        """Set the stage up for the iteration: PipeDream's stash, each micro-batch's loss scale (by its samples
+        when ``uneven`` gives them, by its counted items when ``counts`` do), B/W split, memory peaks; returns the
+        loss to call and the losses' weights (``_counted``)."""
+        stage = self.stage
+        self.in_loss = False
+        stage.stash.on = plan.kind.asynchronous  # PipeDream: an update after every backward (stash.py)
+        stage.stash.reset()
+        # each micro-batch's mean loss is a step of its own under PipeDream; else 1/M of the iteration's step
+        stage.loss_scale = self.loss_multiplier / (1 if stage.stash.on else plan.microbatches)
+        stage.scales = [self.loss_multiplier * (n / sum(uneven)) for n in uneven] if (
+            uneven and not stage.stash.on) else None
+        loss_fn, weights = self._counted(plan, batch, counts)
+        if weights is not None:
+            stage.scales = [self.loss_multiplier * w for w in weights]
+        stage.iteration = iteration
+        stage.split_backward(plan.kind.split_backward)  # B then W (core/schedules/orders/zero_bubble.py), or one
+        stage.ledger.reset_peaks()
+        if self.budget is not None:
+            static = stage.static_bytes()
+            self._param_bytes = static["params"]
+            self._static = sum(static.values())
+        return loss_fn, weights
+
+    def _micro_batches(self, plan: Plan, batch: tuple[Any, Any] | None) -> tuple[list[Any] | None, list[Any] | None]:
+        """The inputs (first stage) and targets (the loss's stage) split into the plan's micro-batches."""
+        if batch is None:
+            return None, None
+        m = plan.microbatches
+        inputs = split(batch[0], m, "inputs") if self.rank == 0 else None
+        targets = None
+        if self.rank == plan.loss_stage:
+            targets = [None] * m if batch[1] is None else split(batch[1], m, "targets")
+        return inputs, targets
 
     def _counted(self, plan: Plan, batch: tuple[Any, Any] | None, counts: list[int] | None
                  ) -> tuple[LossFn, list[float] | None]:
