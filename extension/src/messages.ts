@@ -8,6 +8,12 @@ const boundaries = { type: "array", items: { type: "integer", minimum: 0 }, minI
 const policies = {
   type: "array", items: { type: "string", enum: POLICIES }, maxItems: 4096,
 } as const;
+// Any schedule the Python process registered (its own names included), so a name, not the built-in list.
+const schedule = {
+  description: "the draft's schedule (one of the editor's `schedules` trait); another one than the draft's re-cuts " +
+    "the boundaries in Python when its chunks differ",
+  type: "string", minLength: 1, maxLength: 100,
+} as const;
 
 export const EDITOR_MESSAGES = {
   $schema: "https://json-schema.org/draft/2020-12/schema",
@@ -16,14 +22,14 @@ export const EDITOR_MESSAGES = {
     {
       description: "the user changed the draft (a boundary dropped after a drag, a policy clicked, Reset)",
       type: "object",
-      properties: { kind: { const: "draft" }, boundaries, policies },
+      properties: { kind: { const: "draft" }, boundaries, policies, schedule },
       required: ["kind", "boundaries", "policies"],
       additionalProperties: false,
     },
     {
       description: "apply this draft to the running session (live migration at the next iteration boundary)",
       type: "object",
-      properties: { kind: { const: "apply" }, boundaries, policies },
+      properties: { kind: { const: "apply" }, boundaries, policies, schedule },
       required: ["kind", "boundaries", "policies"],
       additionalProperties: false,
     },

@@ -51,8 +51,18 @@ export const EDITOR_TRAITS = {
       type: "array", items: { type: "integer", minimum: 0 },
     },
     policies,
+    schedule: { description: "the running plan's schedule", type: "string" },
+    schedules: {
+      description: "the schedules the Python process knows (its registry, user-registered ones included)",
+      type: "array", items: { type: "string" },
+    },
     draft_boundaries: ints,
     draft_policies: policies,
+    draft_schedule: { type: "string" },
+    draft_placement: {
+      description: "the stage of each of the draft's chunks (its schedule's placement)",
+      type: "array", items: { type: "integer", minimum: 0 },
+    },
     preview: {
       type: "object",
       properties: { current: estimate, draft: estimate, error: { type: "string" } },
@@ -69,7 +79,8 @@ export const EDITOR_TRAITS = {
       additionalProperties: false,
     },
   },
-  required: ["layers", "boundaries", "stages", "policies", "draft_boundaries", "draft_policies", "preview", "status"],
+  required: ["layers", "boundaries", "stages", "policies", "schedule", "schedules", "draft_boundaries", "draft_policies",
+    "draft_schedule", "draft_placement", "preview", "status"],
   additionalProperties: false,
 } as const;
 

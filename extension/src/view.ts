@@ -1,5 +1,6 @@
 // The partition editor's view: layers as blocks coloured by stage, draggable boundaries (committed on release),
-// click a layer to cycle keep/swap/recompute, a what-if preview from the simulator, Apply with pending -> applied.
+// click a layer to cycle keep/swap/recompute, choose the schedule (the Python registry's names), a what-if preview
+// from the simulator, Apply with pending -> applied.
 import {
   cyclePolicy, formatBytes, formatSeconds, layerEdges, moveBoundary, nearestEdge, sameList, stageColor, stageOf,
   type Policy,
@@ -36,7 +37,7 @@ const CSS = `
 .vpipe-mem > div { height: 100%; }
 .vpipe-row { display: flex; gap: 8px; align-items: center; margin-top: 6px; }
 .vpipe-status.error { color: #c0392b; } .vpipe-status.applied { color: #2e7d32; } .vpipe-status.pending { color: #b26a00; }
-.vpipe-editor button { padding: 3px 10px; }
+.vpipe-editor button, .vpipe-editor select { padding: 3px 10px; }
 .vpipe-editor.ended .vpipe-bar { opacity: .6; } .vpipe-editor.ended .vpipe-handle { display: none; }
 .vpipe-status.ended { color: #666; font-style: italic; }
 `;
@@ -57,13 +58,14 @@ export class PartitionView {
   private readonly status: HTMLSpanElement;
   private readonly apply: HTMLButtonElement;
   private readonly reset: HTMLButtonElement;
+  private readonly schedule: HTMLSelectElement;
   // While a boundary is dragged the bar keeps the geometry it had when the drag began (``edges``): re-measured sizes
   // arriving meanwhile must not move the handle out from under the pointer. They ease in once it is released.
   private dragging: { index: number; bounds: number[]; edges: number[] } | null = null;
   private readonly blocks: HTMLDivElement[] = [];
   private readonly handles: HTMLDivElement[] = [];
   // The draft just sent to Python, shown until Python's draft traits echo it (no flicker back to the old one).
-  private local: { boundaries: number[]; policies: Policy[] } | null = null;
+  private local: { boundaries: number[]; policies: Policy[]; schedule?: string | undefined } | null = null;
   private pending = false; // Apply clicked; cleared when Python reports a status
   private readonly listeners: [string, () => void][] = [];
 
@@ -86,19 +88,25 @@ export class PartitionView {
     this.reset = document.createElement("button");
     this.reset.textContent = "Reset";
     this.reset.dataset.testid = "reset";
+    this.schedule = document.createElement("select");
+    this.schedule.dataset.testid = "schedule";
+    this.schedule.title = "the draft's schedule: Apply runs it from the next iteration (a schedule with other " +
+      "chunks starts from an even cut)";
     this.status = document.createElement("span");
     this.status.className = "vpipe-status";
     this.status.dataset.testid = "status";
-    row.append(this.apply, this.reset, this.status);
+    row.append(this.schedule, this.apply, this.reset, this.status);
     this.root.append(style, this.bar, this.summary, this.stages, row);
     el.append(this.root);
     this.apply.addEventListener("click", () => this.onApply());
     this.reset.addEventListener("click", () => this.onReset());
+    this.schedule.addEventListener("change", () => this.onSchedule());
     this.bar.addEventListener("pointermove", (e) => this.onMove(e));
     this.bar.addEventListener("pointerup", (e) => this.onUp(e));
     this.bar.addEventListener("pointercancel", () => { this.dragging = null; this.draw(); });
     this.bar.addEventListener("lostpointercapture", () => { if (this.dragging) { this.dragging = null; this.draw(); } });
-    for (const name of ["layers", "boundaries", "policies", "draft_boundaries", "draft_policies", "preview", "status"]) {
+    for (const name of ["layers", "boundaries", "policies", "stages", "placement", "schedule", "schedules",
+      "draft_boundaries", "draft_policies", "draft_schedule", "draft_placement", "preview", "status"]) {
       const cb = (): void => {
         if (name.startsWith("draft_")) this.local = null;
         if (name === "status") this.pending = false;
@@ -131,12 +139,18 @@ export class PartitionView {
     return this.local?.policies ?? list(this.model, "draft_policies");
   }
 
+  private draftSchedule(): string {
+    return this.local?.schedule ?? this.model.get("draft_schedule") ?? this.model.get("schedule") ?? "";
+  }
+
   private ended(): boolean {
     return this.model.get("status")?.state === "ended";
   }
 
   private send(message: EditorMessage): void {
-    if (message.kind === "draft") this.local = { boundaries: message.boundaries, policies: message.policies };
+    if (message.kind === "draft") {
+      this.local = { boundaries: message.boundaries, policies: message.policies, schedule: message.schedule };
+    }
     this.model.send(message);
   }
 
@@ -177,7 +191,8 @@ export class PartitionView {
     // chunk a lighter shade, and dragging moves chunk boundaries.
     const stages = Math.max(1, this.model.get("stages") ?? bounds.length - 1);
     const virtual = bounds.length - 1 > stages;
-    const placement: number[] = this.model.get("placement") ?? [];
+    const drafted: number[] = this.model.get("draft_placement") ?? [];
+    const placement: number[] = drafted.length ? drafted : this.model.get("placement") ?? [];
     const stageOfChunk = (c: number): number => placement[c] ?? c % stages;
     layers.forEach((layer, i) => {
       const block = blocks[i] as HTMLDivElement;
@@ -212,8 +227,24 @@ export class PartitionView {
       handle.style.left = `${edges[bounds[b] ?? 0] ?? 0}px`;
       this.bar.append(handle); // handles stay above the blocks
     });
+    this.drawSchedules();
     this.drawPreview();
     this.drawStatus();
+  }
+
+  private drawSchedules(): void {
+    const names: string[] = this.model.get("schedules") ?? [];
+    const chosen = this.draftSchedule();
+    const offered = names.includes(chosen) || !chosen ? names : [...names, chosen];
+    if (!sameList(offered, Array.from(this.schedule.options, (o) => o.value))) {
+      this.schedule.replaceChildren(...offered.map((name) => {
+        const option = document.createElement("option");
+        option.value = option.textContent = name;
+        return option;
+      }));
+    }
+    this.schedule.value = chosen;
+    this.schedule.classList.toggle("changed", chosen !== (this.model.get("schedule") ?? ""));
   }
 
   private drawPreview(): void {
@@ -262,11 +293,13 @@ export class PartitionView {
     this.status.textContent = status.message;
     this.apply.disabled = ended || !this.isDirty() || status.state === "pending";
     this.reset.disabled = ended || !this.isDirty();
+    this.schedule.disabled = ended;
   }
 
   isDirty(): boolean {
     return !sameList(this.draftBounds(), list(this.model, "boundaries")) ||
-      !sameList(this.draftPolicies(), list(this.model, "policies"));
+      !sameList(this.draftPolicies(), list(this.model, "policies")) ||
+      this.draftSchedule() !== (this.model.get("schedule") ?? this.draftSchedule());
   }
 
   private x(e: PointerEvent): number {
@@ -298,7 +331,9 @@ export class PartitionView {
     const bounds = this.dragging.bounds;
     this.dragging = null;
     // Commit on release only: one message per drag, not one per pixel.
-    if (!sameList(bounds, this.draftBounds())) this.send({ kind: "draft", boundaries: bounds, policies: this.draftPolicies() });
+    if (!sameList(bounds, this.draftBounds())) {
+      this.send({ kind: "draft", boundaries: bounds, policies: this.draftPolicies(), schedule: this.draftSchedule() });
+    }
     this.draw();
   }
 
@@ -306,12 +341,14 @@ export class PartitionView {
     if (this.dragging || this.ended()) return;
     const policies = this.draftPolicies().slice();
     policies[layer] = cyclePolicy(policies[layer] ?? "keep");
-    this.send({ kind: "draft", boundaries: this.draftBounds(), policies });
+    this.send({ kind: "draft", boundaries: this.draftBounds(), policies, schedule: this.draftSchedule() });
     this.draw();
   }
 
   private onApply(): void {
-    this.send({ kind: "apply", boundaries: this.draftBounds(), policies: this.draftPolicies() });
+    this.send({
+      kind: "apply", boundaries: this.draftBounds(), policies: this.draftPolicies(), schedule: this.draftSchedule(),
+    });
     this.pending = true;
     this.draw();
   }
@@ -319,7 +356,16 @@ export class PartitionView {
   private onReset(): void {
     this.send({
       kind: "draft", boundaries: list(this.model, "boundaries").slice(),
-      policies: list(this.model, "policies").slice(),
+      policies: list(this.model, "policies").slice(), schedule: this.model.get("schedule") ?? this.draftSchedule(),
+    });
+    this.draw();
+  }
+
+  /** Another schedule chosen: Python re-cuts the draft when the schedule's chunks differ, and echoes it. */
+  private onSchedule(): void {
+    if (this.ended()) return;
+    this.send({
+      kind: "draft", boundaries: this.draftBounds(), policies: this.draftPolicies(), schedule: this.schedule.value,
     });
     this.draw();
   }

@@ -30,6 +30,7 @@ class FakeModel implements Model {
     if (last?.kind === "draft") {
       this.set("draft_boundaries", last.boundaries);
       this.set("draft_policies", last.policies);
+      if (last.schedule !== undefined) this.set("draft_schedule", last.schedule);
     }
   }
   on(event: string, cb: () => void): void {
@@ -53,6 +54,10 @@ function model(): FakeModel {
     draft_boundaries: [0, 5, 10],
     policies: Array(10).fill("keep"),
     draft_policies: Array(10).fill("keep"),
+    schedule: "1f1b",
+    draft_schedule: "1f1b",
+    schedules: ["gpipe", "1f1b", "interleaved-1f1b", "zbv"],
+    draft_placement: [],
     preview: {
       current: { iteration_s: 0.1, stage_s: [0.02, 0.01], peak_bytes: [3e6, 1e6], budget_bytes: [4e6, 4e6], feasible: true },
     },
@@ -122,7 +127,7 @@ describe("PartitionView", () => {
     expect(q("layer-3").dataset.stage).toBe("1");
     expect(m.sent).toHaveLength(0); // nothing sent while dragging
     pointer("pointerup", el.querySelector(".vpipe-bar") as HTMLElement, 290);
-    expect(m.sent).toEqual([{ kind: "draft", boundaries: [0, 3, 10], policies: Array(10).fill("keep") }]);
+    expect(m.sent).toEqual([{ kind: "draft", boundaries: [0, 3, 10], policies: Array(10).fill("keep"), schedule: "1f1b" }]);
     expect(m.saves).toBe(0); // a message, not a trait write
     // Until Python echoes the draft, the view keeps showing what was dropped (no flicker back).
     expect(q("boundary-1").style.left).toBe("300px");
@@ -161,7 +166,9 @@ describe("PartitionView", () => {
   it("applies: pending, then what Python reports", () => {
     m.set("draft_boundaries", [0, 3, 10]);
     q("apply").click();
-    expect(m.sent).toEqual([{ kind: "apply", boundaries: [0, 3, 10], policies: Array(10).fill("keep") }]);
+    expect(m.sent).toEqual([
+      { kind: "apply", boundaries: [0, 3, 10], policies: Array(10).fill("keep"), schedule: "1f1b" },
+    ]);
     expect(q("status").textContent).toContain("pending");
     expect((q("apply") as HTMLButtonElement).disabled).toBe(true);
     m.set("boundaries", [0, 3, 10]);
@@ -179,8 +186,29 @@ describe("PartitionView", () => {
     expect(q("boundary-1").style.left).toBe("500px");
     const before = m.listeners();
     view.destroy();
-    expect(m.listeners()).toBe(before - 7);
+    expect(m.listeners()).toBe(before - 13);
     expect(el.children).toHaveLength(0);
+  });
+
+  it("offers the registry's schedules and sends a choice as a draft, drawn in the draft's placement", () => {
+    const select = q("schedule") as HTMLSelectElement;
+    expect(Array.from(select.options, (o) => o.value)).toEqual(["gpipe", "1f1b", "interleaved-1f1b", "zbv"]);
+    expect(select.value).toBe("1f1b");
+    select.value = "zbv";
+    select.dispatchEvent(new Event("change"));
+    expect(m.sent).toEqual([{ kind: "draft", boundaries: [0, 5, 10], policies: Array(10).fill("keep"), schedule: "zbv" }]);
+    expect((q("apply") as HTMLButtonElement).disabled).toBe(false); // another schedule is a change
+    // Python re-cuts the draft into the V's four chunks and echoes it with their placement
+    m.set("draft_schedule", "zbv");
+    m.set("draft_placement", [0, 1, 1, 0]);
+    m.set("draft_boundaries", [0, 3, 6, 8, 10]);
+    expect(select.value).toBe("zbv");
+    expect(select.classList.contains("changed")).toBe(true);
+    expect([0, 3, 6, 8].map((i) => q(`layer-${i}`).dataset.stage)).toEqual(["0", "1", "1", "0"]);
+    q("apply").click();
+    expect(m.sent[1]).toMatchObject({ kind: "apply", boundaries: [0, 3, 6, 8, 10], schedule: "zbv" });
+    m.set("schedules", ["gpipe", "1f1b", "interleaved-1f1b", "zbv", "gpipe-lifo"]); // registered meanwhile
+    expect(Array.from(select.options, (o) => o.value)).toContain("gpipe-lifo");
   });
 
   it("freezes when the session ended: no drags, clicks or apply", () => {
@@ -189,6 +217,7 @@ describe("PartitionView", () => {
     expect(el.querySelector(".vpipe-editor")?.classList.contains("ended")).toBe(true);
     expect((q("apply") as HTMLButtonElement).disabled).toBe(true);
     expect((q("reset") as HTMLButtonElement).disabled).toBe(true);
+    expect((q("schedule") as HTMLSelectElement).disabled).toBe(true);
     q("layer-2").click();
     pointer("pointerdown", q("boundary-1"), 300);
     pointer("pointerup", el.querySelector(".vpipe-bar") as HTMLElement, 700);

@@ -101,3 +101,17 @@ def test_a_check_does_not_travel_or_outlive_its_schedule() -> None:
             toy.validate(8, 2)
     finally:
         schedules.unregister("toy-change")
+
+
+def test_a_new_schedule_keeps_what_it_can_and_cuts_evenly_what_it_cannot() -> None:
+    assert Change.of(schedule="gpipe").on(CURRENT).boundaries == CURRENT.boundaries  # same chunks, same places
+    looped = Change.of(schedule="interleaved-1f1b").on(CURRENT)
+    assert (looped.virtual_stages, looped.boundaries, looped.placement) == (2, (0, 2, 4, 6, 8), (0, 1, 0, 1))
+    vee = Change.of(schedule="zbv").on(looped)  # two chunks per stage still, but in a V: cut again
+    assert (vee.virtual_stages, vee.boundaries, vee.placement) == (2, (0, 2, 4, 6, 8), (0, 1, 1, 0))
+    moved = Change.of(boundaries=[0, 1, 4, 7, 8], schedule="interleaved-1f1b").on(vee)
+    assert moved.boundaries == (0, 1, 4, 7, 8) and moved.virtual_stages == 2  # boundaries given are taken
+    back = Change.of(schedule="1f1b").on(looped)
+    assert (back.virtual_stages, back.boundaries) == (1, (0, 4, 8))
+    four = Change.of(schedule="interleaved-1f1b", virtual_stages=4).on(CURRENT)
+    assert four.chunks == 8 and four.validate(8, 2).placement == tuple(c % 2 for c in range(8))

@@ -194,7 +194,7 @@ def test_drag_a_boundary_in_the_quickstart_and_apply_it(lab: Lab) -> None:
         page.locator('[data-testid="apply"]').click()
         status = page.locator('[data-testid="status"]')
         page.wait_for_function("document.querySelector('[data-testid=\"status\"]').textContent"
-                               ".startsWith('applied at iteration')", timeout=180_000)
+                               ".startsWith('plan v1 applied at iteration')", timeout=180_000)
         applied_at = int(status.text_content().split("applied at iteration")[1].split()[0])  # type: ignore[union-attr]
         page.wait_for_timeout(3000)  # the editor re-measures after Apply; its scale must hold steady
         settled = handle.bounding_box()
@@ -202,6 +202,16 @@ def test_drag_a_boundary_in_the_quickstart_and_apply_it(lab: Lab) -> None:
         # with another test file running beside this one (pytest-xdist) a re-measure can be off by ~30%, so the
         # handle may drift ~10%; a scale that jumped to the new measurement would move it by far more.
         assert dropped and settled and abs(settled["x"] - dropped["x"]) <= 0.15 * dropped["x"], (dropped, settled)
+        # Another schedule from the editor's list (the registry's): same chunks, so the partition stays.
+        chooser = page.locator('[data-testid="schedule"]')
+        assert "zbv" in chooser.locator("option").all_text_contents()
+        chooser.select_option("gpipe")
+        page.wait_for_function("!document.querySelector('[data-testid=\"apply\"]').disabled", timeout=60_000)
+        page.locator('[data-testid="apply"]').click()
+        page.wait_for_function("document.querySelector('[data-testid=\"status\"]').textContent"
+                               ".startsWith('plan v2 applied at iteration')", timeout=180_000)
+        switched_at = int(status.text_content().split("applied at iteration")[1].split()[0])  # type: ignore[union-attr]
+        assert chooser.input_value() == "gpipe"
         # The quickstart's dashboard drew too.
         views = live_views(page)
         assert len(views) == 1 and drawn(views[0]) and clipped(views[0]) == []
@@ -212,17 +222,20 @@ def test_drag_a_boundary_in_the_quickstart_and_apply_it(lab: Lab) -> None:
     try:
         result = ask(kc, f"""
 import json
-session.wait({applied_at} + 3, timeout=180)
+session.wait({switched_at} + 3, timeout=180)
 owned = session.layers_by_stage()
 frame = session.metrics.iterations
-print(json.dumps({{"bounds": list(session.plan.boundaries), "owned": owned,
+print(json.dumps({{"bounds": list(session.plan.boundaries), "owned": owned, "schedule": session.plan.schedule,
+                   "sources": [a.source for a in session.applied],
                    "before": sorted(set(frame[frame.iteration < {applied_at}].plan_version)),
-                   "after": sorted(set(frame[frame.iteration >= {applied_at}].plan_version))}}))
+                   "moved": sorted(set(frame[(frame.iteration >= {applied_at}) &
+                                             (frame.iteration < {switched_at})].plan_version)),
+                   "after": sorted(set(frame[frame.iteration >= {switched_at}].plan_version))}}))
 """)
         doc = json.loads(result.strip().splitlines()[-1])
-        assert doc["bounds"] == [0, 3, 8]
+        assert doc["bounds"] == [0, 3, 8] and doc["schedule"] == "gpipe" and doc["sources"] == ["editor", "editor"]
         assert doc["owned"] == [[0, 1, 2], [3, 4, 5, 6, 7]]
-        assert doc["before"] == [0] and doc["after"] == [1]
+        assert doc["before"] == [0] and doc["moved"] in ([1], []) and doc["after"] == [2]
         assert "no worker process is left" in ask(kc, "%vpipe stop")
     finally:
         kc.stop_channels()

@@ -71,3 +71,50 @@ def test_the_planners_the_simulator_and_the_magics_know_it(toy: ScheduleKind) ->
     assert toy.name in [name for name, _ in auto.schedules]
     start = build_parser()._subparsers._group_actions[0].choices["start"]  # type: ignore[union-attr]
     assert toy.name in next(a for a in start._actions if a.dest == "schedule").choices
+
+
+def test_a_schedule_registered_while_the_job_runs_reaches_its_workers_with_the_change() -> None:
+    """Registered after launch: the live change that first runs it hands it to every rank (a file in the job
+    directory), and training goes on equal to plain PyTorch across the switch."""
+    from vpipe_lab.core.change import Change
+
+    with vpipe_lab.launch("mlp", stages=2, microbatches=4, device="cpu", timeout=60) as session:
+        session.run(3)
+        session.wait(timeout=120)
+        kind = schedules.register(LastInFirstOut())
+        try:
+            done = session.change(Change.of(schedule=kind.name, source="editor"))
+            assert done.plan.schedule == kind.name and session.plan.schedule == kind.name
+            session.run(3)
+            session.wait(timeout=120)
+            losses = list(session.metrics.iterations["loss"])
+            state = session.state_dict()
+            backwards = sorted((s for s in session.metrics.timeline(1) if s.kind == "backward" and s.stage == 1),
+                               key=lambda s: s.start_s)
+        finally:
+            schedules.unregister(kind.name)
+    assert [s.microbatch for s in backwards] == [3, 2, 1, 0]
+    model, expected = reference.train(mlp.model, mlp.data, mlp.loss, mlp.optimizer, iterations=6, microbatches=4)
+    assert losses == pytest.approx(expected, rel=1e-5)
+    reference.assert_state_matches(state, model)
+
+
+def test_workers_that_do_not_know_a_schedule_refuse_the_change_and_train_on() -> None:
+    """As an attached job's workers would (they learn schedules from their own script): the change is refused on
+    every rank alike, said once, nothing moves, and training goes on."""
+    from vpipe_lab.core.change import Change
+    from vpipe_lab.core.errors import PlanError
+
+    with vpipe_lab.launch("mlp", stages=2, microbatches=4, device="cpu", timeout=60) as session:
+        session.run(2)
+        session.wait(timeout=120)
+        kind = schedules.register(LastInFirstOut())
+        try:
+            session._live._known.add(kind.name)  # the controller believes the workers know it; they do not
+            with pytest.raises(PlanError, match="unknown schedule 'gpipe-lifo'.*registered in their own script"):
+                session.change(Change.of(schedule=kind.name))
+        finally:
+            schedules.unregister(kind.name)
+        assert session.plan.schedule == "1f1b" and session.status == "idle" and session.applied == []
+        session.run(2)
+        assert session.wait(timeout=120) == 4

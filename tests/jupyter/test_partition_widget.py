@@ -54,6 +54,28 @@ def test_preview_follows_the_draft_and_apply_commits() -> None:
         ed.close()
 
 
+def test_the_schedule_is_chosen_from_the_registry_and_the_draft_cut_to_its_chunks() -> None:
+    ed, applied = editor()
+    try:
+        wait_for(lambda: "current" in ed.preview)
+        assert ed.schedule == ed.draft_schedule == "1f1b" and "zbv" in ed.schedules and "dualpipev" in ed.schedules
+        ed.receive({**draft([0, 4, 8], ["keep"] * 8), "schedule": "interleaved-1f1b"})  # two chunks per stage
+        wait_for(lambda: ed.draft_schedule == "interleaved-1f1b" and ed.preview.get("draft"))
+        assert ed.draft_boundaries == [0, 2, 4, 6, 8] and ed.draft_placement == [0, 1, 0, 1]
+        ed.receive({**draft([0, 1, 4, 6, 8], ["keep"] * 8), "schedule": "interleaved-1f1b"})  # then a drag
+        wait_for(lambda: ed.draft_boundaries == [0, 1, 4, 6, 8])
+        ed.receive({**draft([0, 1, 4, 6, 8], ["keep"] * 8, kind="apply"), "schedule": "interleaved-1f1b"})
+        wait_for(lambda: ed.status.get("state") == "applied")
+        assert applied == [Plan((0, 1, 4, 6, 8), ("keep",) * 8, 4, "interleaved-1f1b", 2)]
+        assert ed.schedule == "interleaved-1f1b" and ed.placement == [0, 1, 0, 1]
+        ed.receive({**draft([0, 1, 4, 6, 8], ["keep"] * 8), "schedule": "no-such-schedule"})
+        wait_for(lambda: "error" in ed.preview)
+        assert "unknown schedule 'no-such-schedule'" in ed.preview["error"] and len(applied) == 1
+        assert ed.draft_schedule == "interleaved-1f1b"  # the draft stays what it was
+    finally:
+        ed.close()
+
+
 def test_edits_from_another_thread_are_safe() -> None:
     """Widget messages may arrive on a subshell thread while a cell runs: observers only queue work."""
     ed, _ = editor()

@@ -8,7 +8,8 @@ from typing import Any
 
 from vpipe_lab.core import checks
 from vpipe_lab.core.errors import PlanError
-from vpipe_lab.core.plan import Plan
+from vpipe_lab.core.plan import Plan, placement, schedule_kind
+from vpipe_lab.core.planning.partition import uniform
 from vpipe_lab.core.policy import Policy
 
 SOURCES = ("api", "editor", "magic", "planner", "cli")  # who asked: shown in the session's record of changes
@@ -81,16 +82,29 @@ class Change:
                 and self.virtual_stages is None)
 
     def on(self, current: Plan) -> Plan:
-        """The plan this change asks for, starting from ``current`` (not yet checked: see ``resolve``)."""
+        """The plan this change asks for, starting from ``current`` (not yet checked: see ``resolve``).
+
+        A new schedule without ``virtual_stages`` keeps the chunks per stage it accepts (else takes its default);
+        without ``boundaries`` it keeps the partition when the chunks and their placement stay as they are, and
+        otherwise cuts the layers evenly into the new chunks (to be dragged from there)."""
         policies = list(current.policies)
         for layer, policy in self.policies:
             if layer >= len(policies):
                 raise PlanError(f"layer {layer} does not exist: the model has layers 0..{len(policies) - 1}")
             policies[layer] = policy
-        return Plan(current.boundaries if self.boundaries is None else self.boundaries, tuple(policies),
-                    current.microbatches if self.microbatches is None else self.microbatches,
-                    current.schedule if self.schedule is None else self.schedule,
-                    current.virtual_stages if self.virtual_stages is None else self.virtual_stages)
+        schedule = current.schedule if self.schedule is None else self.schedule
+        virtual = self.virtual_stages
+        if virtual is None:
+            kind = schedule_kind(schedule)
+            keeps = kind.chunked == current.kind.chunked and kind.check_virtual(current.virtual_stages) is None
+            virtual = current.virtual_stages if keeps else kind.default_virtual
+        boundaries = self.boundaries
+        if boundaries is None:
+            same = (virtual == current.virtual_stages and
+                    placement(schedule, current.stages, current.stages * virtual) == current.placement)
+            boundaries = current.boundaries if same else uniform(current.num_layers, current.stages * virtual)
+        return Plan(boundaries, tuple(policies), current.microbatches if self.microbatches is None else
+                    self.microbatches, schedule, virtual)
 
     def resolve(self, current: Plan, layers: int, stages: int) -> Plan:
         """The plan this change asks for, checked against a job of ``layers`` units on ``stages`` workers."""

@@ -28,6 +28,7 @@ import anywidget
 import jsonschema
 import traitlets
 
+from vpipe_lab.core import schedules
 from vpipe_lab.core.change import Change
 from vpipe_lab.core.cost.costmodel import estimate
 from vpipe_lab.core.cost.simulator import simulate
@@ -69,8 +70,12 @@ class PartitionEditor(anywidget.AnyWidget):
     stages = traitlets.Int(1).tag(sync=True)  # with virtual stages, boundaries cut chunks; chunk c on placement[c]
     placement = traitlets.List(traitlets.Int()).tag(sync=True)  # each chunk's stage (Plan.placement)
     policies = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    schedule = traitlets.Unicode().tag(sync=True)
+    schedules = traitlets.List(traitlets.Unicode()).tag(sync=True)  # the registry's names, when the editor opened
     draft_boundaries = traitlets.List(traitlets.Int()).tag(sync=True)
     draft_policies = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    draft_schedule = traitlets.Unicode().tag(sync=True)
+    draft_placement = traitlets.List(traitlets.Int()).tag(sync=True)  # each draft chunk's stage
     preview = traitlets.Dict().tag(sync=True)
     status = traitlets.Dict({"state": "idle", "message": ""}).tag(sync=True)
 
@@ -103,12 +108,23 @@ class PartitionEditor(anywidget.AnyWidget):
     # --- state --------------------------------------------------------------------------------------------------
     def _load(self, plan: Plan) -> None:
         with self.hold_sync():
-            self.boundaries = list(plan.boundaries)
-            self.stages = plan.stages
-            self.placement = list(plan.placement)
-            self.policies = [p.value for p in plan.policies]
-            self.draft_boundaries = list(plan.boundaries)
-            self.draft_policies = [p.value for p in plan.policies]
+            self._show(plan)
+            self._show_draft(plan)
+
+    def _show(self, plan: Plan) -> None:
+        """``plan`` as the plan in force (the committed traits)."""
+        self.boundaries = list(plan.boundaries)
+        self.stages = plan.stages
+        self.placement = list(plan.placement)
+        self.policies = [p.value for p in plan.policies]
+        self.schedule = plan.schedule
+        self.schedules = list(schedules.names())  # a schedule registered since shows at the next refresh
+
+    def _show_draft(self, plan: Plan) -> None:
+        self.draft_boundaries = list(plan.boundaries)
+        self.draft_policies = [p.value for p in plan.policies]
+        self.draft_schedule = plan.schedule
+        self.draft_placement = list(plan.placement)
 
     def _layer_docs(self, profile: ModelProfile) -> list[dict[str, Any]]:
         measured = [x.forward_s + x.backward_s for x in profile.layers]
@@ -125,7 +141,9 @@ class PartitionEditor(anywidget.AnyWidget):
 
     def draft_change(self) -> Change:
         """The draft as the change it asks of the running plan."""
-        return Change.of(boundaries=self.draft_boundaries, policies=self.draft_policies, source="editor")
+        schedule = self.draft_schedule if self.draft_schedule != self._plan.schedule else None
+        return Change.of(boundaries=self.draft_boundaries, policies=self.draft_policies, schedule=schedule,
+                         source="editor")
 
     # --- messages from the browser: on whatever thread delivers them; they only queue work ------------------------
     def receive(self, message: Any) -> None:
@@ -137,8 +155,12 @@ class PartitionEditor(anywidget.AnyWidget):
             return
         if self.ended:
             return
+        schedule = message.get("schedule") or self.draft_schedule
+        # Another schedule than the draft's: Python cuts the layers into its chunks (Change.on) unless they fit.
+        boundaries = message["boundaries"] if schedule == self.draft_schedule else None
         try:
-            change = Change.of(boundaries=message["boundaries"], policies=message["policies"], source="editor")
+            change = Change.of(boundaries=boundaries, policies=message["policies"], source="editor",
+                               schedule=schedule if schedule != self._plan.schedule else None)
         except VpipeError as exc:  # e.g. an unknown policy: the same words the magics and the API get
             self.status = {"state": "error", "message": f"{type(exc).__name__}: {exc}"}
             return
@@ -189,9 +211,13 @@ class PartitionEditor(anywidget.AnyWidget):
         self._preview()
 
     def _set_draft(self, change: Change) -> None:
+        try:
+            draft = change.on(self._plan)
+        except VpipeError as exc:  # e.g. an unknown schedule: the what-if says so, the draft stays
+            self.preview = {**self.preview, "error": str(exc)}
+            return
         with self.hold_sync():
-            self.draft_boundaries = list(change.boundaries or self._plan.boundaries)
-            self.draft_policies = [p.value for p in change.on(self._plan).policies]
+            self._show_draft(draft)
         self._preview()
 
     def _end(self, event: dict[str, Any]) -> None:
@@ -226,8 +252,8 @@ class PartitionEditor(anywidget.AnyWidget):
 
     def _apply(self, change: Change) -> None:
         self.status = {"state": "pending", "message": "pending: waiting for the next iteration boundary"}
-        plan = change.on(self._plan)
         try:
+            plan = change.on(self._plan)
             if self.session is not None:
                 done = self.session.change(change)
                 plan, iteration, message = done.plan, done.iteration, done.describe()
@@ -240,10 +266,7 @@ class PartitionEditor(anywidget.AnyWidget):
         self._plan = plan
         self.applied.append(int(iteration or 0))
         with self.hold_sync():
-            self.boundaries = list(plan.boundaries)
-            self.stages = plan.stages
-            self.placement = list(plan.placement)
-            self.policies = [p.value for p in plan.policies]
+            self._show(plan)
             self.status = {"state": "applied", "message": message, "iteration": int(iteration or 0)}
         self._work.put(("refresh", True))
 

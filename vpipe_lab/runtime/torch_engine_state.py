@@ -19,6 +19,7 @@ from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import LayerCost
 from vpipe_lab.runtime import dcp_state
 from vpipe_lab.runtime.checkpoints import check_files, write_version
+from vpipe_lab.runtime.model.callables import agreed_plan
 from vpipe_lab.wire import commands as C
 from vpipe_lab.wire import events as E
 from vpipe_lab.wire.checkpoint import Manifest, is_foreign, resolve
@@ -106,7 +107,9 @@ class TorchState:
     # --- a plan change: a reshard -------------------------------------------------------------------------------
     def _apply_plan(self, cmd: C.Apply) -> None:
         """Save, rebuild the new plan's stages from a fresh model, load them back by name (every rank at once)."""
-        plan = Plan.from_dict(cmd.plan).validate(self.num_layers, self.world)
+        plan = agreed_plan(cmd.plan, cmd.schedules, self.num_layers, self.world, self.peer.all_max)
+        if isinstance(plan, str):
+            return self.ack(cmd, ok=False, error=plan)
         version = cmd.version if cmd.version is not None else self.ctl.plan_version + 1
         start = time.perf_counter()
         shared = Path(tempfile.gettempdir()) / f"vpipe-torch-{self.spec.session_id}-reshard-v{version}"

@@ -18,7 +18,7 @@ from vpipe_lab.runtime.engine.comm import Peer
 from vpipe_lab.runtime.engine.executor import Executor
 from vpipe_lab.runtime.engine.stage import Stage
 from vpipe_lab.runtime.migrate import Migration, Reconfigured, new_model
-from vpipe_lab.runtime.model.callables import load_data
+from vpipe_lab.runtime.model.callables import agreed_plan, load_data
 from vpipe_lab.runtime.model.capture import Chain
 from vpipe_lab.runtime.progress import Control
 from vpipe_lab.runtime.shape_epochs import ShapeEpochs
@@ -141,7 +141,9 @@ class WorkerCommands:
         self.ack(cmd, path=cmd.path, ok=problem is None, error=problem)
 
     def _apply_plan(self, cmd: C.Apply) -> None:
-        plan = Plan.from_dict(cmd.plan).validate(self.num_layers, self.world)  # the one check on this rank
+        plan = agreed_plan(cmd.plan, cmd.schedules, self.num_layers, self.world, self.peer.all_max)
+        if isinstance(plan, str):
+            return self.ack(cmd, ok=False, error=plan)
         self.ack_reconfigured(cmd, self.reconfigure(plan, {j: j for j in range(self.num_layers)}, None, cmd))
 
     def _set_model(self, cmd: C.SetModel) -> None:

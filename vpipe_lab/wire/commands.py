@@ -50,13 +50,16 @@ class Ping(Command):
 
 @register
 class Apply(Command):
-    """Migrate to ``plan`` (``Plan.to_dict()``) as plan ``version``, after a checkpoint at ``checkpoint`` if given."""
+    """Migrate to ``plan`` (``Plan.to_dict()``) as plan ``version``, after a checkpoint at ``checkpoint`` if given;
+    ``schedules``: a file in the controller's job directory holding schedule kinds registered after the job started,
+    which every rank registers before it reads the plan (a local file, never a pickle on a socket)."""
 
     TYPE = P.APPLY
     plan: dict[str, Any]
     id: int = 0
     version: int | None = None
     checkpoint: str | None = None
+    schedules: str | None = None
 
 
 @register

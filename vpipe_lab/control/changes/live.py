@@ -71,6 +71,8 @@ class Live:
         self.publish, self.check, self.profile, self.cluster = publish, check, profile, cluster
         self.forget_profile, self.newest_profile = forget_profile, newest_profile
         self._lock = threading.Lock()  # one change at a time
+        # The schedules the workers know: launch() hands them every schedule registered by then.
+        self._known = set(schedules.names()) if job_dir is not None else set(schedules.built_in())
 
     # --- plans --------------------------------------------------------------------------------------------------
     def change(self, change: Change, *, force: bool = False, checkpoint: bool = True,
@@ -98,7 +100,8 @@ class Live:
             self.state.migrating = version if moves else None
             try:
                 ack = self.requests.command(Apply(plan.to_dict(), version=version,
-                                                  checkpoint=str(path) if path else None), timeout=timeout)
+                                                  checkpoint=str(path) if path else None,
+                                                  schedules=self._hand_over(plan, version)), timeout=timeout)
             finally:
                 self.state.migrating = None
             if not ack.ok:
@@ -122,6 +125,19 @@ class Live:
             self.publish({"type": "plan", "plan": plan, "applied": done, "source": change.source,
                           **self.state.last_migration})
             return done
+
+    def _hand_over(self, plan: Plan, version: int) -> str | None:
+        """A schedule registered in this process after the job started goes to the workers with the change that
+        first runs it: pickled into the job directory, which every rank reads (an attached job's workers learn
+        schedules from their own script: they refuse one they do not know, and nothing changes)."""
+        if plan.schedule in self._known or self.job_dir is None:
+            return None
+        import cloudpickle
+
+        path = self.job_dir / f"schedules-v{version}.pkl"
+        write_private(path, cloudpickle.dumps([plan.kind]))
+        self._known.add(plan.schedule)  # a refused change re-sends nothing the workers already registered
+        return str(path)
 
     def _admit(self, plan: Plan, current: Plan, force: bool) -> None:
         """Refuse a checked plan this job cannot train (its settings) or whose estimate exceeds a stage's budget

@@ -11,6 +11,7 @@ from __future__ import annotations
 from vpipe_lab.core.schedules.kind import ScheduleKind, Step, TorchSchedule
 from vpipe_lab.core.schedules.registry import (
     added,
+    built_in,
     get,
     job_refusal,
     kinds,
@@ -20,5 +21,5 @@ from vpipe_lab.core.schedules.registry import (
     virtual_refusal,
 )
 
-__all__ = ["ScheduleKind", "Step", "TorchSchedule", "added", "get", "job_refusal", "kinds", "names", "register",
+__all__ = ["ScheduleKind", "Step", "TorchSchedule", "added", "built_in", "get", "job_refusal", "kinds", "names", "register",
            "unregister", "virtual_refusal"]

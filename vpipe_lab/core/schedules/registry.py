@@ -57,6 +57,11 @@ def kinds() -> tuple[ScheduleKind, ...]:
     return tuple(_KINDS.values())
 
 
+def built_in() -> tuple[str, ...]:
+    """The names of the schedules every lab process knows without being told."""
+    return tuple(k.name for k in BUILT_IN)
+
+
 def added() -> list[ScheduleKind]:
     """The schedules registered beyond the built-in ones (what a session hands its workers)."""
     return [k for k in _KINDS.values() if all(k is not b for b in BUILT_IN)]

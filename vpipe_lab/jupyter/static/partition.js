@@ -85,7 +85,7 @@ var CSS = `
 .vpipe-mem > div { height: 100%; }
 .vpipe-row { display: flex; gap: 8px; align-items: center; margin-top: 6px; }
 .vpipe-status.error { color: #c0392b; } .vpipe-status.applied { color: #2e7d32; } .vpipe-status.pending { color: #b26a00; }
-.vpipe-editor button { padding: 3px 10px; }
+.vpipe-editor button, .vpipe-editor select { padding: 3px 10px; }
 .vpipe-editor.ended .vpipe-bar { opacity: .6; } .vpipe-editor.ended .vpipe-handle { display: none; }
 .vpipe-status.ended { color: #666; font-style: italic; }
 `;
@@ -126,14 +126,18 @@ var PartitionView = class {
     this.reset = document.createElement("button");
     this.reset.textContent = "Reset";
     this.reset.dataset.testid = "reset";
+    this.schedule = document.createElement("select");
+    this.schedule.dataset.testid = "schedule";
+    this.schedule.title = "the draft's schedule: Apply runs it from the next iteration (a schedule with other chunks starts from an even cut)";
     this.status = document.createElement("span");
     this.status.className = "vpipe-status";
     this.status.dataset.testid = "status";
-    row.append(this.apply, this.reset, this.status);
+    row.append(this.schedule, this.apply, this.reset, this.status);
     this.root.append(style, this.bar, this.summary, this.stages, row);
     el.append(this.root);
     this.apply.addEventListener("click", () => this.onApply());
     this.reset.addEventListener("click", () => this.onReset());
+    this.schedule.addEventListener("change", () => this.onSchedule());
     this.bar.addEventListener("pointermove", (e) => this.onMove(e));
     this.bar.addEventListener("pointerup", (e) => this.onUp(e));
     this.bar.addEventListener("pointercancel", () => {
@@ -146,7 +150,21 @@ var PartitionView = class {
         this.draw();
       }
     });
-    for (const name of ["layers", "boundaries", "policies", "draft_boundaries", "draft_policies", "preview", "status"]) {
+    for (const name of [
+      "layers",
+      "boundaries",
+      "policies",
+      "stages",
+      "placement",
+      "schedule",
+      "schedules",
+      "draft_boundaries",
+      "draft_policies",
+      "draft_schedule",
+      "draft_placement",
+      "preview",
+      "status"
+    ]) {
       const cb = () => {
         if (name.startsWith("draft_")) this.local = null;
         if (name === "status") this.pending = false;
@@ -173,11 +191,16 @@ var PartitionView = class {
   draftPolicies() {
     return this.local?.policies ?? list(this.model, "draft_policies");
   }
+  draftSchedule() {
+    return this.local?.schedule ?? this.model.get("draft_schedule") ?? this.model.get("schedule") ?? "";
+  }
   ended() {
     return this.model.get("status")?.state === "ended";
   }
   send(message) {
-    if (message.kind === "draft") this.local = { boundaries: message.boundaries, policies: message.policies };
+    if (message.kind === "draft") {
+      this.local = { boundaries: message.boundaries, policies: message.policies, schedule: message.schedule };
+    }
     this.model.send(message);
   }
   edges() {
@@ -212,7 +235,8 @@ var PartitionView = class {
     });
     const stages = Math.max(1, this.model.get("stages") ?? bounds.length - 1);
     const virtual = bounds.length - 1 > stages;
-    const placement = this.model.get("placement") ?? [];
+    const drafted = this.model.get("draft_placement") ?? [];
+    const placement = drafted.length ? drafted : this.model.get("placement") ?? [];
     const stageOfChunk = (c) => placement[c] ?? c % stages;
     layers.forEach((layer, i) => {
       const block = blocks[i];
@@ -243,8 +267,23 @@ var PartitionView = class {
       handle.style.left = `${edges[bounds[b] ?? 0] ?? 0}px`;
       this.bar.append(handle);
     });
+    this.drawSchedules();
     this.drawPreview();
     this.drawStatus();
+  }
+  drawSchedules() {
+    const names = this.model.get("schedules") ?? [];
+    const chosen = this.draftSchedule();
+    const offered = names.includes(chosen) || !chosen ? names : [...names, chosen];
+    if (!sameList(offered, Array.from(this.schedule.options, (o) => o.value))) {
+      this.schedule.replaceChildren(...offered.map((name) => {
+        const option = document.createElement("option");
+        option.value = option.textContent = name;
+        return option;
+      }));
+    }
+    this.schedule.value = chosen;
+    this.schedule.classList.toggle("changed", chosen !== (this.model.get("schedule") ?? ""));
   }
   drawPreview() {
     const preview = this.model.get("preview") ?? {};
@@ -285,9 +324,10 @@ var PartitionView = class {
     this.status.textContent = status.message;
     this.apply.disabled = ended || !this.isDirty() || status.state === "pending";
     this.reset.disabled = ended || !this.isDirty();
+    this.schedule.disabled = ended;
   }
   isDirty() {
-    return !sameList(this.draftBounds(), list(this.model, "boundaries")) || !sameList(this.draftPolicies(), list(this.model, "policies"));
+    return !sameList(this.draftBounds(), list(this.model, "boundaries")) || !sameList(this.draftPolicies(), list(this.model, "policies")) || this.draftSchedule() !== (this.model.get("schedule") ?? this.draftSchedule());
   }
   x(e) {
     return e.clientX - this.bar.getBoundingClientRect().left;
@@ -317,18 +357,25 @@ var PartitionView = class {
     this.onMove(e);
     const bounds = this.dragging.bounds;
     this.dragging = null;
-    if (!sameList(bounds, this.draftBounds())) this.send({ kind: "draft", boundaries: bounds, policies: this.draftPolicies() });
+    if (!sameList(bounds, this.draftBounds())) {
+      this.send({ kind: "draft", boundaries: bounds, policies: this.draftPolicies(), schedule: this.draftSchedule() });
+    }
     this.draw();
   }
   onClick(layer) {
     if (this.dragging || this.ended()) return;
     const policies = this.draftPolicies().slice();
     policies[layer] = cyclePolicy(policies[layer] ?? "keep");
-    this.send({ kind: "draft", boundaries: this.draftBounds(), policies });
+    this.send({ kind: "draft", boundaries: this.draftBounds(), policies, schedule: this.draftSchedule() });
     this.draw();
   }
   onApply() {
-    this.send({ kind: "apply", boundaries: this.draftBounds(), policies: this.draftPolicies() });
+    this.send({
+      kind: "apply",
+      boundaries: this.draftBounds(),
+      policies: this.draftPolicies(),
+      schedule: this.draftSchedule()
+    });
     this.pending = true;
     this.draw();
   }
@@ -336,7 +383,19 @@ var PartitionView = class {
     this.send({
       kind: "draft",
       boundaries: list(this.model, "boundaries").slice(),
-      policies: list(this.model, "policies").slice()
+      policies: list(this.model, "policies").slice(),
+      schedule: this.model.get("schedule") ?? this.draftSchedule()
+    });
+    this.draw();
+  }
+  /** Another schedule chosen: Python re-cuts the draft when the schedule's chunks differ, and echoes it. */
+  onSchedule() {
+    if (this.ended()) return;
+    this.send({
+      kind: "draft",
+      boundaries: this.draftBounds(),
+      policies: this.draftPolicies(),
+      schedule: this.schedule.value
     });
     this.draw();
   }

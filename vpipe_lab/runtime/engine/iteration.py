@@ -10,18 +10,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from vpipe_lab.core.plan import Plan
-from vpipe_lab.core.schedule import KIND, Action, Op, chunk_indices
+from vpipe_lab.core.schedule import KIND, Action, Op, Schedule, chunk_indices
 from vpipe_lab.runtime.engine import faults
-from vpipe_lab.runtime.engine.comm import TAG_BACKWARD, TAG_FORWARD, Incoming
+from vpipe_lab.runtime.engine.comm import TAG_BACKWARD, TAG_FORWARD, Incoming, Peer
+from vpipe_lab.runtime.engine.device import Placement, Stopwatch
+from vpipe_lab.runtime.engine.stage import Stage
 from vpipe_lab.runtime.model.batches import to_device
-
-if TYPE_CHECKING:
-    from vpipe_lab.runtime.engine.executor import Executor
+from vpipe_lab.runtime.model.capture import Chain
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 Step = tuple[int, int]  # (chunk, micro-batch)
@@ -61,10 +61,29 @@ class IterationResult:
     loss_sum: bool = False  # the losses are the micro-batches' shares of the batch's loss (counted items): sum them
 
 
+class Host(Protocol):
+    """What an iteration needs of the executor that runs it (``executor.Executor``)."""
+
+    rank: int
+    stage: Stage
+    peer: Peer
+    chain: Chain | None
+    watch: Stopwatch
+    placement: Placement
+    record_spans: bool
+    fault: Any
+    action: Action | None  # the action running: a failure names it
+    in_loss: bool
+
+    def _plan(self, plan: Plan) -> tuple[Plan, Schedule, dict[int, Step | None], dict[Op, Step | None]]: ...
+
+    def _check_budget(self, result: IterationResult) -> None: ...
+
+
 class StageIteration:
     """One iteration of ``ex``'s stage under ``plan``: ``walk()`` runs the stage's row of actions."""
 
-    def __init__(self, ex: Executor, iteration: int, plan: Plan, inputs: list[Any] | None,
+    def __init__(self, ex: Host, iteration: int, plan: Plan, inputs: list[Any] | None,
                  targets: list[Any] | None, loss_fn: LossFn, profile: bool, agreed: bool) -> None:
         self.ex, self.stage, self.peer, self.chain = ex, ex.stage, ex.peer, ex.chain
         self.iteration, self.plan, self.inputs, self.targets, self.loss_fn = iteration, plan, inputs, targets, loss_fn

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,9 +12,11 @@ import cloudpickle
 
 from vpipe_lab import examples
 from vpipe_lab.core import schedules
+from vpipe_lab.core.errors import VpipeError
+from vpipe_lab.core.plan import Plan
 from vpipe_lab.wire.jobspec import JobSpec
 
-__all__ = ["Callables", "load_callables"]
+__all__ = ["Callables", "agreed_plan", "load_callables", "load_data", "register_schedules"]
 
 
 @dataclass
@@ -58,6 +61,31 @@ def load_callables(spec: JobSpec) -> Callables:
     if found["model"] is None or found["data"] is None:
         raise ValueError("the job has no model or no data function: give both, or a bundled example name")
     return Callables(**found, split=user.get("split"))
+
+
+def register_schedules(path: str | None) -> None:
+    """Register the schedule kinds the controller pickled into ``path`` (its job directory) for a live change."""
+    if path:
+        for kind in load_data(f"file:{path}"):
+            schedules.register(kind)
+
+
+def agreed_plan(doc: dict[str, Any], schedules_path: str | None, layers: int, world: int,
+                all_max: Callable[[list[float]], list[float]]) -> Plan | str:
+    """The plan a live change names, checked on this rank (after registering the schedules it brings), or why not;
+    every rank agrees (``all_max``), so a plan one rank cannot read changes nothing anywhere instead of ending the
+    job (an attached job's workers do not know a schedule registered only in the client, say)."""
+    problem = ""
+    plan: Plan | None = None
+    try:
+        register_schedules(schedules_path)
+        plan = Plan.from_dict(doc).validate(layers, world)  # the one check on this rank
+    except (VpipeError, ValueError, OSError) as exc:
+        problem = f"{exc}; a schedule the workers do not know must be registered in their own script"
+    if all_max([1.0 if problem else 0.0])[0] > 0:
+        return problem or "another stage could not read the plan"
+    assert plan is not None
+    return plan
 
 
 def load_data(ref: str) -> Any:
