@@ -111,7 +111,7 @@ def test_workers_that_do_not_know_a_schedule_refuse_the_change_and_train_on() ->
         kind = schedules.register(LastInFirstOut())
         try:
             session._live._known.add(kind.name)  # the controller believes the workers know it; they do not
-            with pytest.raises(PlanError, match="unknown schedule 'gpipe-lifo'.*registered in their own script"):
+            with pytest.raises(PlanError, match=r"unknown schedule 'gpipe-lifo'.*registered in their own script"):
                 session.change(Change.of(schedule=kind.name))
         finally:
             schedules.unregister(kind.name)
