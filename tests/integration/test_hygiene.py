@@ -36,6 +36,28 @@ def test_stop_leaves_no_process() -> None:
     s.stop()  # idempotent
 
 
+def test_stop_returns_only_when_every_worker_is_gone_under_load() -> None:
+    """stop() (and %vpipe stop, which says so) returns once the workers have exited and been reaped, with the CPU
+    busy with other work: no process of theirs is left the moment it returns, not even a zombie."""
+    import torch
+
+    from tests.integration.lab import cpu_load
+    from vpipe_lab.examples import mlp
+
+    batches = [mlp.data(i) for i in range(64)]
+    loader = torch.utils.data.DataLoader(batches, batch_size=None, num_workers=2, persistent_workers=True)
+    with cpu_load(4):
+        for _ in range(3):  # a DataLoader's own worker processes are the workers' to stop too
+            s = vpipe_lab.launch(mlp.model, loader, stages=2, microbatches=2, device="cpu", timeout=60)
+            s.run()
+            s.wait(2, timeout=120)
+            started = [c.pid for p in s.pids().values() for c in psutil.Process(p).children(recursive=True)]
+            pids = list(s.pids().values()) + started
+            assert len(started) >= 2  # rank 0's DataLoader workers
+            s.stop()
+            assert s.remaining() == [] and not [p for p in pids if psutil.pid_exists(p)]
+
+
 def test_a_killed_worker_is_reported_and_the_others_stopped() -> None:
     s = vpipe_lab.launch("mlp", stages=2, microbatches=2, device="cpu", timeout=30)
     pids = list(s.pids().values())

@@ -57,3 +57,13 @@ def test_the_micro_batch_size_is_read_from_the_newest_iteration() -> None:
     assert m.microbatch_size() == 0  # nothing ran yet
     m.add({"iteration": 0, "samples": 64, "microbatches": 4}, [], [])
     assert m.microbatch_size() == 16 and m.microbatch_size(replicas=2) == 8
+
+
+def test_per_stage_memory_keeps_a_window_in_memory_and_every_row_on_request() -> None:
+    m = Metrics(window=10)
+    for it in range(50):
+        m.add({"iteration": it, "loss": 1.0, "start_s": float(it), "end_s": it + 0.5}, [],
+              [{"iteration": it, "stage": s, "peak": it * 10 + s} for s in range(2)])
+    assert m._memory.in_memory == 10 and len(m.memory) == 100 and list(m.memory["peak"])[:3] == [0, 1, 10]
+    assert len(m.iterations) == 50 and m.latest_memory()[1]["peak"] == 491
+    assert m.iteration_gap_s() == pytest.approx(0.5)  # from the newest iterations only

@@ -77,9 +77,9 @@ class Session(Outward):
         """Take one message from a worker (the channel's handler; it runs on the channel's thread)."""
         self._intake.receive(msg)
 
-    def _starting(self, done: Callable[[], bool], timeout: float, late: Callable[[], tuple[int, str]]) -> None:
-        """Wait for ``done()`` while workers start; on a failure, or a timeout (``late()`` says which rank missed what),
-        stop the workers and raise."""
+    def starting(self, done: Callable[[], bool], timeout: float, late: Callable[[], tuple[int, str]]) -> None:
+        """Wait for ``done()`` while workers start (``launch``); on a failure, or a timeout (``late()`` says which
+        rank missed what), stop the workers and raise."""
         try:
             self._requests.until(done, timeout, "the workers did not start")
         except TimeoutError:
@@ -91,21 +91,6 @@ class Session(Outward):
             err = self._monitor.fatal
             self.stop(timeout=2.0)  # nothing trains yet
             raise err
-
-    def wait_ready(self, timeout: float) -> None:
-        """Wait until every rank reported READY; on a failure or timeout stop the workers and raise."""
-        def late() -> tuple[int, str]:
-            missing = sorted(set(range(self.workers)) - set(self.state.ready))
-            return (missing or [0])[0], f"ranks {missing} did not start"
-
-        self._starting(lambda: len(self.state.ready) >= self.workers, timeout, late)
-        self.state.adopt([], None)
-
-    def wait_units(self, timeout: float) -> list[str]:
-        """Wait for rank 0's report of the model's units (it was started alone); on a failure stop and raise."""
-        self._starting(lambda: self.state.units is not None, timeout,
-                       lambda: (0, "rank 0 did not report the model's partition units"))
-        return list(self.state.units or [])
 
     # --- state ---------------------------------------------------------------------------------------------------
     @property
@@ -273,6 +258,10 @@ class Session(Outward):
         """Each worker process's id by rank (a launched session's)."""
         return {w.rank: w.pid for w in self._launcher.workers} if self._launcher is not None else {}
 
+    def remaining(self) -> list[int]:
+        """The pids of this session's workers, and of anything they started, that still exist (zombies too)."""
+        return self._launcher.remaining() if self._launcher is not None else []
+
     def exit_codes(self) -> dict[int, int | None]:
         """Each worker process's exit code by rank, None while it runs (a launched session's; not torchrun's)."""
         return {w.rank: w.popen.poll() for w in self._launcher.workers} if self._launcher is not None else {}
@@ -355,7 +344,8 @@ class Session(Outward):
         self._end()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the workers (gracefully, then SIGTERM, then SIGKILL) and release everything. Idempotent."""
+        """Stop the workers (gracefully, then SIGTERM, then SIGKILL) and release everything; returns once every
+        worker and whatever it started has exited (``remaining()`` is empty). Idempotent."""
         if self.closed:
             return
         self._monitor.expect_exits()

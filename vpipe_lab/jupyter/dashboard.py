@@ -113,7 +113,7 @@ class Dashboard:
         s = self.session
         # Only the newest rows are read: a refresh costs the same after hours of training as after a minute.
         records = s.metrics.records(last=self.points)
-        evaluations = s.metrics.evaluation_records()[-self.points:]
+        evaluations = s.metrics.evaluation_records(last=self.points)
         timeline = s.metrics.timeline(self.window).with_idle()
         frame = self.widget.show(
             header=self.header(),

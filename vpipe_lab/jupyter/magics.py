@@ -275,7 +275,9 @@ class VpipeMagics(InteropCommands, Magics):
             return
         self.session.stop()  # the dashboard and editor stay on screen, frozen at their last state
         self.views.clear()
-        print("vpipe: stopped; no worker process is left")
+        left = self.session.remaining()  # said as checked, not assumed
+        print("vpipe: stopped; no worker process is left" if not left else
+              f"vpipe: stopped, but processes {left} have not exited yet")
 
     def cmd_plan(self, args: argparse.Namespace) -> Any:
         s = self._need()

@@ -25,6 +25,7 @@ from vpipe_lab.runtime.engine.comm import TAG_TARGET, Peer
 from vpipe_lab.runtime.engine.device import Clock, select
 from vpipe_lab.runtime.engine.executor import Executor, IterationResult, default_loss
 from vpipe_lab.runtime.engine.stage import Stage
+from vpipe_lab.runtime.heap import Trimmer
 from vpipe_lab.runtime.migrate import Migration
 from vpipe_lab.runtime.model import counting
 from vpipe_lab.runtime.model.batches import Source, batch_size, signature, split
@@ -115,6 +116,7 @@ class Worker(WorkerCommands):
                                  record_spans=spec.telemetry, chain=self.chain)
         self.model_version = 0
         self.phase = "starting"  # what the control loop is doing outside an iteration's actions (``where``)
+        self.heap = Trimmer()
         self.checkpoints = Checkpoints(self.peer, self.stage, index, world, self.replica, self.leader,
                                        self.placement.device, lambda: (self.chain.aliases, self.chain.non_persistent))
         self.migration = Migration(self.peer, self.stage, self.ties, self.clock, self.placement.device, index, world,
@@ -264,6 +266,7 @@ class Worker(WorkerCommands):
                 if self.finish(result, failed, memory, stepped):
                     self.phase = "after the iteration (evaluation, checkpoint)"
                     self.after_iteration()
+                self.heap.maybe()  # return freed memory to the system now and then (runtime/heap.py)
                 result = None
             for cmd in commands:
                 self.phase = f"applying {type(cmd).__name__}"

@@ -1,32 +1,35 @@
-"""What the workers report, kept on the controller: iterations, spans (a rolling window) and memory per stage."""
+"""What the workers report, kept on the controller: iterations, spans (a rolling window) and memory per stage.
+
+Memory stays flat over a run of days: spans are a window of recent iterations; the iteration table is kept whole but
+compact (a tuple per row, ``telemetry/rows.py``); the per-stage memory, replica and evaluation tables keep a recent
+window in memory and write the rest to a file of their own, read back when the whole table is asked for."""
 
 from __future__ import annotations
 
 import threading
 from collections import deque
 from dataclasses import dataclass
-from itertools import islice
 from typing import Any
 
 from vpipe_lab.core.timeline import KINDS, Span, Timeline
+from vpipe_lab.telemetry.rows import Rows
 from vpipe_lab.wire.events import Evaluated, IterationReport
 
 
 class Metrics:
     """Thread-safe store; ``iterations``, ``spans`` and ``memory`` are pandas DataFrames built on access."""
 
-    def __init__(self, span_window: int = 50, max_rows: int = 200_000) -> None:
+    def __init__(self, span_window: int = 50, window: int = 4096) -> None:
         self._lock = threading.Lock()
-        self._iterations: deque[dict[str, Any]] = deque(maxlen=max_rows)
-        self._memory: deque[dict[str, Any]] = deque(maxlen=max_rows)
+        self._iterations = Rows("iterations")  # what users read most: every row, compact
+        self._memory = Rows("memory", window)  # a row per stage per iteration: the newest in memory
         self._spans: deque[tuple[int, list[Span]]] = deque(maxlen=span_window)
         self._latest_memory: list[dict[str, Any]] = []
-        self._evaluations: deque[dict[str, Any]] = deque(maxlen=max_rows)
-        self._replicas: deque[dict[str, Any]] = deque(maxlen=max_rows)
+        self._evaluations = Rows("evaluations", window)
+        self._replicas = Rows("replicas", window)
 
     def add_replicas(self, rows: list[dict[str, Any]]) -> None:
-        with self._lock:
-            self._replicas.extend(rows)
+        self._replicas.extend(rows)
 
     @property
     def replicas(self) -> Any:
@@ -34,30 +37,27 @@ class Metrics:
         the totals)."""
         import pandas as pd
 
-        with self._lock:
-            return pd.DataFrame(list(self._replicas))
+        return pd.DataFrame(self._replicas.all())
 
     def add_evaluation(self, record: dict[str, Any]) -> None:
-        with self._lock:
-            self._evaluations.append(record)
+        self._evaluations.append(record)
 
-    def evaluation_records(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return list(self._evaluations)
+    def evaluation_records(self, last: int | None = None) -> list[dict[str, Any]]:
+        """Evaluation rows, oldest first (``last``: only the newest ones)."""
+        return self._evaluations.all() if last is None else self._evaluations.last(last)
 
     @property
     def evaluations(self) -> Any:
         """Evaluation passes: the iteration they ran at (after that many steps), mean loss, batches, seconds."""
         import pandas as pd
 
-        with self._lock:
-            rows = list(self._evaluations)
+        rows = self._evaluations.all()
         return pd.DataFrame(rows, columns=["iteration", "loss", "batches", "seconds"] if not rows else None)
 
     def add(self, iteration: dict[str, Any], spans: list[Span], memory: list[dict[str, Any]]) -> None:
+        self._iterations.append(iteration)
+        self._memory.extend(memory)
         with self._lock:
-            self._iterations.append(iteration)
-            self._memory.extend(memory)
             self._latest_memory = memory
             if spans:
                 self._spans.append((iteration["iteration"], spans))
@@ -69,14 +69,11 @@ class Metrics:
 
     def records(self, last: int | None = None) -> list[dict[str, Any]]:
         """Iteration records, oldest first; ``last`` takes only the newest ones without copying the rest."""
-        with self._lock:
-            if last is None:
-                return list(self._iterations)
-            return list(islice(reversed(self._iterations), last))[::-1]
+        return self._iterations.all() if last is None else self._iterations.last(last)
 
     def memory_records(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return list(self._memory)
+        """Every per-stage memory row, oldest first (the older ones read back from their file)."""
+        return self._memory.all()
 
     def latest_memory(self) -> list[dict[str, Any]]:
         """The per-stage memory rows of the newest iteration."""
@@ -84,8 +81,7 @@ class Metrics:
             return list(self._latest_memory)
 
     def latest(self) -> dict[str, Any] | None:
-        with self._lock:
-            return self._iterations[-1] if self._iterations else None
+        return self._iterations.newest()
 
     def microbatch_size(self, replicas: int = 1) -> int:
         """Samples per micro-batch (per replica) in the newest iteration; 0 before the first."""
@@ -108,8 +104,7 @@ class Metrics:
         """The median time from one iteration's end to the next one's start over the last ``last`` consecutive pairs:
         the optimizer step and the boundary between iterations, which an iteration's own span leaves out (0 before two
         iterations ran). A pause between two iterations is one long gap, which the median ignores."""
-        with self._lock:
-            spans = {r["iteration"]: (r["start_s"], r["end_s"]) for r in self._iterations}
+        spans = {r["iteration"]: (r["start_s"], r["end_s"]) for r in self._iterations.last(last + 1)}
         gaps = sorted(spans[i + 1][0] - spans[i][1] for i in sorted(spans)[-last - 1:] if i + 1 in spans)
         return max(0.0, gaps[len(gaps) // 2]) if gaps else 0.0
 

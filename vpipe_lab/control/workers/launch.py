@@ -266,7 +266,9 @@ def _start_workers(session: Session, launcher: Launcher, spec_path: Path, model_
     try:
         launcher.spawn(0, ["--config", str(spec_path), "--rank", "0"])
         if spec.scout:
-            names = session.wait_units(start_timeout)
+            session.starting(lambda: session.state.units is not None, start_timeout,
+                             lambda: (0, "rank 0 did not report the model's partition units"))
+            names = list(session.state.units or [])
             units.remember(model_key, names)
             units.check(spec.stages, names)
         for rank in range(1, spec.stages * spec.replicas):
@@ -274,7 +276,12 @@ def _start_workers(session: Session, launcher: Launcher, spec_path: Path, model_
     except Exception:
         session.stop(timeout=2.0)  # nothing trains yet: rank 0 at most waits for the others to join
         raise
-    session.wait_ready(start_timeout)
+    def late() -> tuple[int, str]:
+        missing = sorted(set(range(session.workers)) - set(session.state.ready))
+        return (missing or [0])[0], f"ranks {missing} did not start"
+
+    session.starting(lambda: len(session.state.ready) >= session.workers, start_timeout, late)
+    session.state.adopt([], None)
     units.remember(model_key, session.names)
 
 

@@ -161,8 +161,31 @@ class Launcher:
             time.sleep(0.02)
         return not self.alive()
 
-    def terminate(self, timeout: float = 5.0) -> None:
-        """SIGTERM every worker, SIGKILL what is left after ``timeout``, reap them all, drop the registry entry."""
+    def remaining(self) -> list[int]:
+        """The workers and anything they started that still exist, zombies included (Linux: their process groups,
+        read from /proc; elsewhere the workers alone)."""
+        groups = {w.pid for w in self.workers}
+        left = {w.pid for w in self.alive()}
+        try:
+            entries = os.listdir("/proc")
+        except OSError:
+            return sorted(left)
+        for name in entries:
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()  # after the command: state, ppid, pgrp, ...
+            except OSError:  # gone while we looked
+                continue
+            if int(fields[2]) in groups:
+                left.add(int(name))
+        return sorted(left)
+
+    def terminate(self, timeout: float = 5.0, settle: float = 30.0) -> None:
+        """SIGTERM every worker, SIGKILL what is left after ``timeout``, then return only once every worker and
+        everything it started has exited and been reaped (at most ``settle`` seconds more: a SIGKILLed process
+        only waits for its parent to collect it, which a loaded machine delays), and drop the registry entry."""
         for w in self.alive():
             kill_group(w.pid, signal.SIGTERM)
         if not self.wait(timeout):
@@ -171,11 +194,14 @@ class Launcher:
                 kill_group(w.pid, signal.SIGKILL)
             self.wait(timeout)
         for w in self.workers:
-            try:
-                w.popen.wait(timeout=1)
-            except subprocess.TimeoutExpired:
-                pass
             kill_group(w.pid, signal.SIGKILL)  # anything the worker itself started dies with its group
+        deadline = time.monotonic() + settle
+        while (left := self.remaining()) and time.monotonic() < deadline:
+            for pid in left:  # a straggler the group signal missed (it started after it)
+                kill_group(pid, signal.SIGKILL)
+            time.sleep(0.02)
+        if left:
+            log.warning("processes %s of this session's workers had not exited %.0f s after SIGKILL", left, settle)
         self.close_pipe()
         self._registry.unlink(missing_ok=True)
 
