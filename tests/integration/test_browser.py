@@ -86,6 +86,7 @@ def test_every_dashboard_display_draws_fits_and_survives_stop_on_a_loaded_machin
         views = live_views(page)
         assert len(views) == 3 and all(drawn(v) for v in views), views
         assert all("running" in v["header"] and "iteration" in v["header"] for v in views)
+        assert all("bottleneck: stage" in v["header"] and "pipeline bubble" in v["header"] for v in views), views
         assert all(v["panels"]["timeline"]["ticks"] == ["stage 0", "stage 1"] for v in views), views
         # ... and keeps updating, at most 10 frames a second, drawing the newest frame (no backlog).
         kc = kernel_client(lab, "displays.ipynb")

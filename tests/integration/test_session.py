@@ -67,3 +67,20 @@ def test_background_training_pause_resume_events_profile() -> None:
     with pytest.raises(SessionClosed):
         s.run(1)
     assert "stopped" in repr(s) and s.status == "stopped"
+
+
+def test_where_time_goes_measured_beside_predicted() -> None:
+    """session.breakdown(): each stage's measured split of its recent iterations beside the simulator's split of the
+    running plan, a DataFrame by stage with the bottleneck marked in each."""
+    with vpipe_lab.launch("mlp", stages=2, microbatches=4, device="cpu", timeout=60) as s:
+        s.run(8)
+        s.wait(timeout=120)
+        frame = s.breakdown(last=5)
+    assert list(frame["stage"]) == [0, 1]
+    parts = ["compute", "recompute", "swap", "transfer", "bubble"]
+    for prefix in ("", "predicted_"):
+        assert frame[f"{prefix}bottleneck"].sum() == 1
+        total = sum(frame[f"{prefix}{p}_s"] for p in parts)  # every policy is keep: the parts fill the iteration
+        assert list(total) == pytest.approx(list(frame[f"{prefix}iteration_s"]), rel=1e-6)
+        assert (frame[f"{prefix}compute_share"] > 0.05).all()
+    assert (frame["recompute_s"] == 0).all() and (frame["swap_s"] == 0).all()

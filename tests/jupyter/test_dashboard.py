@@ -74,6 +74,8 @@ def test_refreshes_are_bounded_and_windows_roll() -> None:
         assert loss["x"][-1] == 59 and rate["y"][-1] is None  # NaN drawn as a gap (NaN is not valid JSON)
         assert view.header["state"] == "running" and "iteration 60" in view.header["text"]
         assert "grad norm 0.5, lr 0.01" in view.header["text"]
+        # stage 0 computes 0.8 of each 0.9 s window, stage 1 0.1 (and sends 0.05): stage 0 is what stage 1 waits for
+        assert "bottleneck: stage 0 (compute 89%, bubble 11%; pipeline bubble 47%)" in view.header["text"]
         assert evals["x"] == [10, 20, 30, 40, 50, 60] and norm["y"][-1] == 0.5 and norm["showlegend"]
         memory = view.memory["data"]
         assert memory[0]["x"] == ["stage 0", "stage 1"] and memory[1]["y"][0] == pytest.approx(100 / 2**30)

@@ -67,3 +67,16 @@ def test_per_stage_memory_keeps_a_window_in_memory_and_every_row_on_request() ->
     assert m._memory.in_memory == 10 and len(m.memory) == 100 and list(m.memory["peak"])[:3] == [0, 1, 10]
     assert len(m.iterations) == 50 and m.latest_memory()[1]["peak"] == 491
     assert m.iteration_gap_s() == pytest.approx(0.5)  # from the newest iterations only
+
+
+def test_the_breakdown_splits_each_stage_s_recent_iterations() -> None:
+    m = Metrics()
+    for it in range(3):
+        spans = spans_from_wire(0, it, [[0, 0, -1, it, it + 0.4, 0], [1, 0, -1, it + 0.6, it + 1.0, 0]])
+        spans += spans_from_wire(1, it, [[6, 0, -1, it, it + 0.4, 0], [0, 0, -1, it + 0.4, it + 0.6, 0]])
+        m.add({"iteration": it}, spans, [])
+    frame = m.breakdown(last=2)
+    assert list(frame["stage"]) == [0, 1] and list(frame["bottleneck"]) == [True, False]
+    assert frame.loc[0, "compute_share"] == pytest.approx(0.8) and frame.loc[1, "transfer_s"] == pytest.approx(0.4)
+    assert frame.loc[1, "bubble_share"] == pytest.approx(0.4)
+    assert Metrics().breakdown().empty and "compute_share" in Metrics().breakdown().columns

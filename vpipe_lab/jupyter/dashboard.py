@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from vpipe_lab.charts.figures import figure, finite, gantt_spec, lane_names, memory_spec, memory_values, series_spec
+from vpipe_lab.core.cost.breakdown import bottleneck, breakdown
 from vpipe_lab.core.report import human_time
 from vpipe_lab.core.timeline import Timeline
 from vpipe_lab.jupyter.live_view import LiveView
@@ -73,8 +74,9 @@ class Dashboard:
                 time.sleep(self.period)  # at most rate_hz refreshes a second
 
     # --- what is drawn ----------------------------------------------------------------------------------------------
-    def header(self) -> dict[str, Any]:
-        """The header line: the session's state, why it ended if it failed, and the last iteration."""
+    def header(self, timeline: Timeline | None = None) -> dict[str, Any]:
+        """The header line: the session's state, why it ended if it failed, the last iteration, and the bottleneck
+        stage with its split of the recent iterations in ``timeline`` (``core/cost/breakdown.py``)."""
         s = self.session
         latest = s.metrics.latest()
         state = s.status
@@ -89,6 +91,13 @@ class Dashboard:
                      + (f", grad norm {latest['grad_norm']:.3g}" if finite(latest.get("grad_norm")) else "")
                      + (f", lr {latest['lr']:.3g}" if latest.get("lr") is not None else "")
                      + (" (fp16 overflow: step skipped)" if latest.get("skipped") else ""))
+        times = breakdown(timeline) if timeline is not None else []
+        worst = bottleneck(times)
+        if worst is not None and s.stages > 1:
+            t = times[worst]
+            text += (f" - bottleneck: stage {worst} (compute {t.share('compute') + t.share('recompute'):.0%}, "
+                     f"bubble {t.share('bubble'):.0%}; pipeline bubble "
+                     f"{sum(x.bubble_s for x in times) / max(1e-12, sum(x.iteration_s for x in times)):.0%})")
         if state in ("stopped", "failed"):
             text += " - session ended: this view is frozen at its last state"
         return {"state": state, "detail": detail, "text": text}
@@ -114,9 +123,10 @@ class Dashboard:
         # Only the newest rows are read: a refresh costs the same after hours of training as after a minute.
         records = s.metrics.records(last=self.points)
         evaluations = s.metrics.evaluation_records(last=self.points)
-        timeline = s.metrics.timeline(self.window).with_idle()
+        measured = s.metrics.timeline(self.window)
+        timeline = measured.with_idle()
         frame = self.widget.show(
-            header=self.header(),
+            header=self.header(measured),
             timeline=gantt_spec(timeline, title=LIVE_TITLE, stages=s.stages, replicas=self.replicas),
             memory=self.memory_figure(),
             series=series_spec(records, evaluations))

@@ -11,6 +11,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from vpipe_lab.core.cost.breakdown import PARTS, StageTime, bottleneck, breakdown
 from vpipe_lab.core.timeline import KINDS, Span, Timeline
 from vpipe_lab.telemetry.rows import Rows
 from vpipe_lab.wire.events import Evaluated, IterationReport
@@ -108,6 +109,11 @@ class Metrics:
         gaps = sorted(spans[i + 1][0] - spans[i][1] for i in sorted(spans)[-last - 1:] if i + 1 in spans)
         return max(0.0, gaps[len(gaps) // 2]) if gaps else 0.0
 
+    def breakdown(self, last: int = 10) -> Any:
+        """Where each stage's time went over the last ``last`` iterations with spans (mean seconds per iteration and
+        shares: compute, recompute, swap, transfer, bubble; ``core/cost/breakdown.py``), a DataFrame by stage."""
+        return breakdown_frame(breakdown(self.timeline(last)))
+
     @property
     def iterations(self) -> Any:
         import pandas as pd
@@ -123,6 +129,17 @@ class Metrics:
     @property
     def spans(self) -> Any:
         return self.timeline().to_pandas()
+
+
+def breakdown_frame(times: list[StageTime], prefix: str = "") -> Any:
+    """StageTimes as a DataFrame: a row per stage, each part's seconds and share, the bottleneck marked."""
+    import pandas as pd
+
+    worst = bottleneck(times)
+    columns = ["stage", f"{prefix}iteration_s", *(f"{prefix}{p}_s" for p in PARTS),
+               *(f"{prefix}{p}_share" for p in PARTS), f"{prefix}bottleneck"]
+    return pd.DataFrame([[t.stage, t.iteration_s, *(t.seconds(p) for p in PARTS), *(t.share(p) for p in PARTS),
+                          t.stage == worst] for t in times], columns=columns)
 
 
 def spans_from_wire(stage: int, iteration: int, rows: list[tuple[int, int, int, float, float, int]],
