@@ -213,7 +213,7 @@ class Session(Outward):
         if goal is None:
             raise ValueError("run() was asked to train until stopped: give wait() an iteration to wait for")
         self._check()
-        self._requests.until(lambda: self.state.iteration >= goal or self.closed or self._monitor.budget is not None,
+        self._requests.until(lambda: self.state.iteration >= goal or self.closed or self._monitor.paused_reported(),
                              timeout, f"iteration {goal} not reached (at {self.state.iteration})")
         self._check()
         return self.state.iteration

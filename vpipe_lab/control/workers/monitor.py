@@ -53,6 +53,13 @@ class FailureMonitor:
         """A stop was asked for: workers exiting from now on is no failure."""
         self.stopping = True
 
+    def paused_reported(self) -> bool:
+        """Training paused for a reason not yet raised, and every iteration before it has reported: rank 0 finds a bad
+        batch of iteration N at the boundary, before the other stages' reports of iteration N-1 (other sockets) may
+        have arrived, and ``wait()`` raising then would show the session an iteration short."""
+        err = self.budget
+        return err is not None and (not isinstance(err, DataError) or self.state.iteration >= err.iteration)
+
     def take_budget(self) -> BudgetError | DataError | None:
         """Why the workers paused (an over-budget iteration, a bad batch), not yet raised to the user, once (the
         next call returns None)."""
