@@ -40,19 +40,28 @@ def toy() -> Iterator[ScheduleKind]:
         schedules.unregister(kind.name)
 
 
+def trained(session: vpipe_lab.Session) -> tuple[list[float], dict, list[int]]:  # type: ignore[type-arg]
+    """The losses so far, the trained state and the last iteration's backward order on the last stage."""
+    backwards = sorted((s for s in session.metrics.timeline(1) if s.kind == "backward" and s.stage == 1),
+                       key=lambda s: s.start_s)
+    return list(session.metrics.iterations["loss"]), session.state_dict(), [s.microbatch for s in backwards]
+
+
+def assert_newest_first_and_plain(losses: list[float], state: dict, order: list[int]) -> None:  # type: ignore[type-arg]
+    """The toy's order is the order that ran, and six iterations equal plain PyTorch's (losses, every tensor)."""
+    assert order == [3, 2, 1, 0]
+    model, expected = reference.train(mlp.model, mlp.data, mlp.loss, mlp.optimizer, iterations=6, microbatches=4)
+    assert losses == pytest.approx(expected, rel=1e-5)
+    reference.assert_state_matches(state, model)
+
+
 def test_a_registered_schedule_trains_equal_to_plain_pytorch(toy: ScheduleKind) -> None:
     with vpipe_lab.launch("mlp", stages=2, microbatches=4, schedule=toy.name, device="cpu", timeout=60) as session:
         assert session.plan.schedule == "gpipe-lifo"
         session.run(6)
         session.wait(timeout=120)
-        losses = list(session.metrics.iterations["loss"])
-        state = session.state_dict()
-        backwards = sorted((s for s in session.metrics.timeline(1) if s.kind == "backward" and s.stage == 1),
-                           key=lambda s: s.start_s)
-    assert [s.microbatch for s in backwards] == [3, 2, 1, 0]  # the order it gave is the order that ran
-    model, expected = reference.train(mlp.model, mlp.data, mlp.loss, mlp.optimizer, iterations=6, microbatches=4)
-    assert losses == pytest.approx(expected, rel=1e-5)
-    reference.assert_state_matches(state, model)
+        result = trained(session)
+    assert_newest_first_and_plain(*result)
 
 
 def test_the_planners_the_simulator_and_the_magics_know_it(toy: ScheduleKind) -> None:
@@ -87,16 +96,10 @@ def test_a_schedule_registered_while_the_job_runs_reaches_its_workers_with_the_c
             assert done.plan.schedule == kind.name and session.plan.schedule == kind.name
             session.run(3)
             session.wait(timeout=120)
-            losses = list(session.metrics.iterations["loss"])
-            state = session.state_dict()
-            backwards = sorted((s for s in session.metrics.timeline(1) if s.kind == "backward" and s.stage == 1),
-                               key=lambda s: s.start_s)
+            result = trained(session)
         finally:
             schedules.unregister(kind.name)
-    assert [s.microbatch for s in backwards] == [3, 2, 1, 0]
-    model, expected = reference.train(mlp.model, mlp.data, mlp.loss, mlp.optimizer, iterations=6, microbatches=4)
-    assert losses == pytest.approx(expected, rel=1e-5)
-    reference.assert_state_matches(state, model)
+    assert_newest_first_and_plain(*result)
 
 
 def test_workers_that_do_not_know_a_schedule_refuse_the_change_and_train_on() -> None:

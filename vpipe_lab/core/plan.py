@@ -142,9 +142,10 @@ class Plan:
             done = _CHECKED.get(key)
         kind = _kind_or_none(self.schedule)
         if done is None or done is not kind:
-            self._check(n)
+            self._check(n)  # an unknown schedule (kind None) raises here
+            assert kind is not None
             with _CHECKED_LOCK:
-                _CHECKED[key] = self.kind
+                _CHECKED[key] = kind
                 while len(_CHECKED) > 512:  # the oldest checks go: a long session of drags makes many drafts
                     _CHECKED.pop(next(iter(_CHECKED)))
         if stages is not None and self.stages != stages:

@@ -218,7 +218,7 @@ class PartitionEditor(anywidget.AnyWidget):
             return
         with self.hold_sync():
             self._show_draft(draft)
-        self._preview()
+        self._preview(draft)
 
     def _end(self, event: dict[str, Any]) -> None:
         """The session ended: keep showing the last state, refuse edits, say why."""
@@ -229,12 +229,13 @@ class PartitionEditor(anywidget.AnyWidget):
             self._unsubscribe()
             self._unsubscribe = None
 
-    def _preview(self) -> None:
+    def _preview(self, draft: Plan | None = None) -> None:
+        """The plan in force and ``draft`` (default: the draft traits' plan) under the profile in hand."""
         if self._profile is None or self._cluster is None:
             return
         docs: dict[str, Any] = {}
         try:
-            for key, plan in (("current", self._plan), ("draft", self.draft())):
+            for key, plan in (("current", self._plan), ("draft", draft or self.draft())):
                 docs[key] = self._estimate(plan.validate(len(self._profile), self._cluster.stages))
         except VpipeError as exc:
             docs["error"] = str(exc)

@@ -221,11 +221,12 @@ class Migration:
         """Step 1: everyone learns what comes to whom, receivers check their budgets, all agree; the refusal (who,
         needing how much of what budget) when any receiver cannot take its layers."""
         stage, rank = self.stage, self.rank
+        sizes = {i: unit_static_bytes(stage.unit_state(i)) for _, i, _ in routes.sends}  # each leaving layer once
         incoming = [0.0] * self.world
         for _, i, dst in routes.sends:
-            incoming[dst] += unit_static_bytes(stage.unit_state(i))
+            incoming[dst] += sizes[i]
         incoming = [v / self.replicas for v in self.peer.all_sum(incoming)]  # each replica added the same
-        outgoing = sum(unit_static_bytes(stage.unit_state(i)) for _, i, _ in routes.sends)
+        outgoing = sum(sizes.values())
         after = sum(stage.static_bytes().values()) - outgoing + int(incoming[rank])
         refuse = budget is not None and after > budget
         # The verdict carries who refused and by how much, so rank 0's acknowledgement says it (a separate message

@@ -122,8 +122,8 @@ def launch(
     reap_stale()
     job_dir = Path(tempfile.mkdtemp(prefix="vpipe-lab-"))
     session_id = uuid.uuid4().hex[:12]
-    callables_path = _write_callables(job_dir, user)
-    model_key = units.fingerprint(callables_path.read_bytes() if callables_path else None, named)
+    callables_path, blob = _write_callables(job_dir, user)
+    model_key = units.fingerprint(blob, named)
     seen = units.known(model_key)
     if seen is not None:
         units.check(stages, seen)  # this model was launched before: refused before any worker starts
@@ -244,18 +244,18 @@ def _roles(stages: int, **roles: Any) -> tuple[dict[str, str], dict[str, Any]]:
     return named, user
 
 
-def _write_callables(job_dir: Path, user: dict[str, Any]) -> Path | None:
+def _write_callables(job_dir: Path, user: dict[str, Any]) -> tuple[Path | None, bytes | None]:
     """The user's objects (and the schedules registered in this process, which the workers register too), pickled
-    into the job directory for the workers (never sent over a socket)."""
+    into the job directory for the workers (never sent over a socket): the file and its bytes (None: nothing)."""
     if added := schedules.added():
         user["schedules"] = added
     if not user:
-        return None
+        return None, None
     import cloudpickle
 
-    path = job_dir / "callables.pkl"
-    write_private(path, cloudpickle.dumps(user))
-    return path
+    path, blob = job_dir / "callables.pkl", cloudpickle.dumps(user)
+    write_private(path, blob)
+    return path, blob
 
 
 def _start_workers(session: Session, launcher: Launcher, spec_path: Path, model_key: str,
