@@ -68,3 +68,22 @@ def test_a_malformed_message_is_dropped_with_its_field_named(caplog: Any) -> Non
     assert metrics.latest() is None and seen == [] and state.iteration == 0
     text = caplog.text
     assert "'iteration.stage' should be int, got 'first'" in text
+
+
+def test_after_a_restart_replayed_iterations_are_recorded_once_and_compared() -> None:
+    intake, state, metrics, seen, _ = make()
+    for it in range(3):
+        intake.receive(report(0, it, []))
+        intake.receive(report(1, it, [2.0 + it]))
+    intake.receive(report(0, 3, []))  # iteration 3 was under way when a worker died
+    compared: list[tuple[int, float | None, float | None]] = []
+    intake.on_replay = lambda it, loss, first: compared.append((it, loss, first))
+    with intake.cond:
+        intake.forget_partial()
+    for it in range(1, 4):  # the replacements replay from the snapshot of iteration 1
+        intake.receive(report(1, it, [2.0 + it]))
+        intake.receive(report(0, it, []))
+    assert [r["iteration"] for r in metrics.records()] == [0, 1, 2, 3] and state.iteration == 4
+    assert compared == [(1, 3.0, 3.0), (2, 4.0, 4.0)]
+    intake.events.deliver()
+    assert [e["iteration"] for e in seen if e["type"] == "iteration"] == [0, 1, 2, 3]

@@ -50,6 +50,23 @@ class FakeSession:
             cb({"type": "iteration", "iteration": it})
 
 
+def test_the_header_says_how_often_the_job_restarted() -> None:
+    from vpipe_lab.control.workers.restarts import Restart
+
+    s = FakeSession()
+    board = Dashboard(s)  # type: ignore[arg-type]
+    try:
+        s.step(0)
+        assert "restarts" not in board.header()["text"]
+        s.metrics.add_restart(Restart(1, 0.0, 1, "the worker process was killed by signal 9 (SIGKILL: ...)", 40, 7,
+                                      0.3))
+        s.step(1)
+        assert ("restarts: 1 (last: stage 1, the worker process was killed by signal 9; back to iteration 40, "
+                "7 replayed)") in board.header()["text"]
+    finally:
+        board.close()
+
+
 def trace(panel: dict, name: str) -> dict:  # type: ignore[type-arg]
     return next(t for t in panel["data"] if t["name"] == name)
 

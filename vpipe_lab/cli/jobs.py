@@ -61,7 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"starting {args.stages} stage workers for {args.model!r} ...", file=sys.stderr)
     with vpipe_lab.launch(args.model, stages=args.stages, microbatches=args.microbatches, schedule=args.schedule,
                           virtual_stages=virtual(args), device=args.device, memory_budget=budget, plan=plan,
-                          seed=args.seed, engine=args.engine) as session:
+                          seed=args.seed, engine=args.engine, max_restarts=args.max_restarts) as session:
         bar = _progress(args.iterations)
 
         def on_event(event: dict[str, Any]) -> None:
@@ -70,6 +70,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 rate = event.get("samples_per_s") or float("nan")
                 bar.write(f"iteration {event['iteration']:4d}  loss {event['loss']:.4f}  "
                           f"{1e3 * event['time_s']:8.1f} ms  {rate:9.1f} samples/s")
+            elif event["type"] == "restarted":
+                bar.write(f"restart {event['number']}: stage {event['stage']} failed ({event['cause']}); back at "
+                          f"iteration {event['snapshot']}, {event['replayed']} iteration(s) to replay")
 
         session.on_event(on_event)
         session.run(args.iterations)
@@ -180,6 +183,8 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--plan", default=None, help="'auto' (profile, then plan with vpipe) or a plan JSON file")
     p.add_argument("--memory-budget", type=int, default=None, help="bytes per stage")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-restarts", type=int, default=0,
+                   help="replace a dead or hung worker and replay from the newest snapshot, this many times")
     p.add_argument("--timeout", type=float, default=3600.0, help="give up after this many seconds")
     p.add_argument("--report", help="write an HTML report (timeline, memory, loss) here")
     p.set_defaults(func=cmd_run)

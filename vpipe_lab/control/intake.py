@@ -31,6 +31,22 @@ class Intake:
         self.state, self.metrics, self.requests, self.monitor = state, metrics, requests, monitor
         self.events, self.logger, self.cond = events, logger, cond
         self.parts = IterationParts(stages, replicas)
+        # After a restart (control/workers/restarts.py): a replayed iteration's loss and the first run's
+        self.on_replay: Callable[[int, float | None, float | None], None] | None = None
+        self.recorded = 0  # iterations below this were recorded before the newest restart: they run again
+
+    def forget_partial(self) -> None:
+        """The workers were replaced (under ``cond``): what the ended ones reported of unfinished iterations is
+        dropped, and the iterations recorded so far are not recorded again when the new ones replay them."""
+        self.parts = IterationParts(self.parts.stages, self.parts.replicas)
+        self.recorded = self.state.iteration
+
+    def _replayed(self, iteration: int, loss: float | None) -> None:
+        """An iteration recorded before a restart ran again: recorded once; its loss is compared with the first."""
+        first = next((r for r in self.metrics.records(last=self.state.iteration - iteration)
+                      if r["iteration"] == iteration), None)
+        if self.on_replay is not None:
+            self.on_replay(iteration, loss, first.get("loss") if first else None)
 
     def receive(self, msg: P.Message) -> None:
         try:
@@ -46,7 +62,9 @@ class Intake:
                 self.state.units = list(body.names)
             elif isinstance(body, IterationReport):
                 done = self.parts.add(body)
-                if done is not None:
+                if done is not None and done.iteration < self.recorded:
+                    self._replayed(done.iteration, done.record.get("loss"))
+                elif done is not None:
                     self.metrics.add(done.record, done.spans, done.memory)
                     if done.replicas:
                         self.metrics.add_replicas(done.replicas)

@@ -24,6 +24,7 @@ from vpipe_lab.control.errors import SessionClosed, WorkerError
 from vpipe_lab.control.evaluation import evaluate
 from vpipe_lab.control.events import EventCallback, Events
 from vpipe_lab.control.intake import Intake
+from vpipe_lab.control.lifecycle import Lifecycle
 from vpipe_lab.control.outward import Outward
 from vpipe_lab.control.requests import Requests
 from vpipe_lab.control.sessions import register
@@ -47,7 +48,7 @@ from vpipe_lab.wire.jobspec import JobSpec
 log = logging.getLogger(__name__)
 
 
-class Session(Outward):
+class Session(Outward, Lifecycle):
     """A running pipeline. Every method is safe to call while training goes on in the background."""
 
     def __init__(self, spec: JobSpec, hub: Endpoint, launcher: Launcher | None, job_dir: Path | None,
@@ -61,7 +62,7 @@ class Session(Outward):
         self.logger = Logger(None)  # launch(log=...) sets the sink (telemetry/sinks.py)
         self.state = JobState(iteration=spec.start_iteration, target=spec.start_iteration)
         self._hub, self._launcher, self._job_dir = hub, launcher, job_dir
-        cond = threading.Condition()
+        self._cond = cond = threading.Condition()
         self._events = Events()
         self._monitor = FailureMonitor(launcher, job_dir, self.state, self._events, cond)
         self._requests = Requests(hub, spec.timeout_s, cond, lambda: self._monitor.fatal)
@@ -169,8 +170,10 @@ class Session(Outward):
 
     @property
     def status(self) -> str:
-        """'stopped', 'failed', 'paused', 'running', or 'idle' (the iterations asked for are done)."""
-        return ("stopped" if self.closed else "failed" if self.failure is not None else "paused" if self.paused else
+        """'stopped', 'failed', 'restarting' (max_restarts: a failed worker is being replaced), 'paused', 'running',
+        or 'idle' (the iterations asked for are done)."""
+        return ("stopped" if self.closed else "failed" if self.failure is not None else
+                "restarting" if self._monitor.recovering else "paused" if self.paused else
                 "running" if self.running else "idle")
 
     def _check(self) -> None:
@@ -261,18 +264,6 @@ class Session(Outward):
     def layers_by_stage(self, timeout: float | None = None) -> list[list[int]]:
         """Which layers each stage holds now, as the workers themselves report it (at the next iteration boundary)."""
         return [sorted(m.index for m in answer.layers) for answer in self._layers(False, timeout)]
-
-    def pids(self) -> dict[int, int]:
-        """Each worker process's id by rank (a launched session's)."""
-        return {w.rank: w.pid for w in self._launcher.workers} if self._launcher is not None else {}
-
-    def remaining(self) -> list[int]:
-        """The pids of this session's workers, and of anything they started, that still exist (zombies too)."""
-        return self._launcher.remaining() if self._launcher is not None else []
-
-    def exit_codes(self) -> dict[int, int | None]:
-        """Each worker process's exit code by rank, None while it runs (a launched session's; not torchrun's)."""
-        return {w.rank: w.popen.poll() for w in self._launcher.workers} if self._launcher is not None else {}
 
     def microbatch_size(self) -> int:
         """Samples per micro-batch in the latest iteration (0 before the first): what a profile is measured at."""

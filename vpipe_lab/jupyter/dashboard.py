@@ -54,7 +54,8 @@ class Dashboard:
     def _on_event(self, event: dict[str, Any]) -> None:
         if event.get("type") in ("closed", "failed"):
             self.ended = True  # the refresher draws the final state once more, then stops
-        if event.get("type") in ("iteration", "plan", "model", "migrated", "error", "replan", "closed", "failed"):
+        if event.get("type") in ("iteration", "plan", "model", "migrated", "error", "replan", "closed", "failed",
+                                 "restarting", "restarted"):
             self._dirty.set()  # the data itself is read from session.metrics at the next refresh
 
     def _loop(self) -> None:
@@ -98,6 +99,11 @@ class Dashboard:
             text += (f" - bottleneck: stage {worst} (compute {t.share('compute') + t.share('recompute'):.0%}, "
                      f"bubble {t.share('bubble'):.0%}; pipeline bubble "
                      f"{sum(x.bubble_s for x in times) / max(1e-12, sum(x.iteration_s for x in times)):.0%})")
+        restarts = s.metrics.restart_records()
+        if restarts:  # launch(max_restarts=N): the job carried on; say how often and what the last one cost
+            r = restarts[-1]
+            text += (f" - restarts: {len(restarts)} (last: stage {r['stage']}, {r['cause'].split(' (')[0]}; back to "
+                     f"iteration {r['snapshot']}, {r['replayed']} replayed)")
         if state in ("stopped", "failed"):
             text += " - session ended: this view is frozen at its last state"
         return {"state": state, "detail": detail, "text": text}

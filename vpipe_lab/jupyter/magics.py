@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--budget", type=byte_size, help="memory budget per stage, e.g. 2GiB")
     s.add_argument("--plan", help="notebook variable holding a Plan")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--max-restarts", type=int, default=0,
+                   help="replace a dead or hung worker and replay from the newest snapshot, this many times")
     s.add_argument("--auto-replan", action="store_true", help="let vPipe replan and migrate on its own")
     add_training_options(s, "a notebook variable")
     s.add_argument("--run", default=None, help="start training right away: N iterations or 'forever'")
@@ -212,7 +214,7 @@ class VpipeMagics(InteropCommands, Magics):
                 split=self._split(args.split),
                 lr_scheduler=self._value(args.lr_scheduler, "LR scheduler factory") if args.lr_scheduler else None,
                 clip_grad_norm=args.clip_grad_norm, precision=args.precision, replicas=args.replicas,
-                fused_wgrad=args.fused_wgrad, engine=args.engine,
+                fused_wgrad=args.fused_wgrad, engine=args.engine, max_restarts=args.max_restarts,
                 eval_data=self._data(args.eval_data), eval_every=args.eval_every, eval_batches=args.eval_batches,
                 log=args.log if args.log is None or ":" in args.log else self._value(args.log, "logging function"),
             )

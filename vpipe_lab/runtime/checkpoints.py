@@ -54,8 +54,7 @@ class Checkpoints:
 
     def save(self, version: Path, manifest: Callable[[], Manifest], keep: int | None, iteration: int) -> str | None:
         """Every rank writes its units into the DCP checkpoint ``version``; see ``write_version``."""
-        aliases, non_persistent = self.keys()
-        state = dcp_state.save_state(self.stage, aliases, non_persistent, iteration) if self.replica == 0 else {}
+        state = self.state(iteration) if self.replica == 0 else {}
         return write_version(self.peer, self.rank, self.world, self.replica, self.leader, version, state, manifest,
                              keep, iteration)
 
@@ -75,18 +74,27 @@ class Checkpoints:
             return self._restore_layers(path, manifest)
         check_files(self.peer, self.rank, self.world, self.replica, manifest)
         assert manifest.directory is not None
-        reader = dcp.FileSystemReader(str(manifest.directory))
+        self.load_directory(manifest.directory)
+        log.info("restored units %s from %s at iteration %d", self.stage.owned, manifest.directory, manifest.iteration)
+        return manifest
+
+    def load_directory(self, directory: Path) -> None:
+        """Read this stage's units (in place) and their optimizer state from the DCP directory ``directory``."""
+        reader = dcp.FileSystemReader(str(directory))
         aliases, non_persistent = self.keys()
         template, missing = dcp_state.load_template(self.stage, aliases, non_persistent, reader.read_metadata())
         if missing:
-            raise ValueError(f"checkpoint {manifest.directory} has no {', '.join(missing[:3])}"
+            raise ValueError(f"checkpoint {directory} has no {', '.join(missing[:3])}"
                              f"{f' (and {len(missing) - 3} more)' if len(missing) > 3 else ''}: it was saved from another "
                              "model (the keys are the model's own state_dict() names)")
         with torch.no_grad():
             dcp.load(template, storage_reader=reader, planner=dcp_state.SafeLoadPlanner(), no_dist=True)
         dcp_state.restore_optimizer(self.stage, template)
-        log.info("restored units %s from %s at iteration %d", self.stage.owned, manifest.directory, manifest.iteration)
-        return manifest
+
+    def state(self, iteration: int) -> dict[str, Any]:
+        """This stage's units as a DCP state dict (the live tensors: copy them before training changes them)."""
+        aliases, non_persistent = self.keys()
+        return dcp_state.save_state(self.stage, aliases, non_persistent, iteration)
 
     def _restore_layers(self, path: Path, manifest: Manifest) -> Manifest:
         """A checkpoint of earlier releases: one file per layer, each checked against its checksum."""

@@ -35,6 +35,7 @@ from vpipe_lab.runtime.model.data_checks import BadBatch
 from vpipe_lab.runtime.progress import Control
 from vpipe_lab.runtime.recapture import Recaptures
 from vpipe_lab.runtime.shape_epochs import ShapeEpochs
+from vpipe_lab.runtime.snapshots import BatchBuffer, Snapshots
 from vpipe_lab.runtime.training.evaluate import evaluate
 from vpipe_lab.runtime.training.precision import LossScale, autocast
 from vpipe_lab.runtime.training.replicas import DataParallel, shard
@@ -47,6 +48,7 @@ from vpipe_lab.wire.channel import Link
 from vpipe_lab.wire.checkpoint import Manifest
 from vpipe_lab.wire.codec import Body, from_doc
 from vpipe_lab.wire.jobspec import JobSpec
+from vpipe_lab.wire.snapshot import SnapshotMeta
 
 log = logging.getLogger("vpipe_lab.worker")
 
@@ -89,7 +91,8 @@ class Worker(WorkerCommands):
                          base=self.replica * world, replicas=self.replicas)
         # Rank 0 reads the data: batches whose labels ignore positions are counted (runtime/model/counting.py)
         self.rule = counting.Rule.of(_shell(fns.model, spec.seed)) if index == 0 else counting.Rule()
-        self.source = Source(fns.data, spec.start_iteration) if index == 0 else None
+        buffer = BatchBuffer(Path(spec.snapshot_dir)) if spec.snapshot_dir else None
+        self.source = Source(fns.data, spec.start_iteration, buffer) if index == 0 else None
         self.chain, self.plan = build_chain(spec, self.model_fn, self.split, index, world, self.peer, self._first_inputs)
         self.num_layers, self.names = len(self.chain), list(self.chain.names)
         if fns.optimizer is None and self.leader:
@@ -128,8 +131,13 @@ class Worker(WorkerCommands):
             C.Profile: self._profile, C.State: self._state, C.Telemetry: self._telemetry, C.Evaluate: self._evaluate,
             C.Save: self._save, C.Apply: self._apply_plan, C.SetModel: self._set_model,
         }
+        self.snapshots = Snapshots(spec.snapshot_dir, index, world, self.replica, spec.snapshot_every)
         if spec.resume_path:
             self.restore(Path(spec.resume_path))
+        if spec.restore_snapshot:  # a restarted job (control/workers/restarts.py): back to the newest snapshot
+            meta = self.snapshots.restore(Path(spec.restore_snapshot), self.checkpoints.load_directory)
+            self.scale.load(meta.loss_scale)
+            self.ctl.plan_version, self.model_version = meta.plan_version, meta.model_version
 
     def where(self) -> tuple[int, int, str]:
         """Where a failure happened: (iteration, micro-batch or -1, what this rank was doing)."""
@@ -190,7 +198,9 @@ class Worker(WorkerCommands):
         if self.leader:
             cmds = self._pending(0.0 if self.ctl.active else 0.2)
             blob = json.dumps(cmds).encode() if cmds else b""
-        flag, size, changed = self.peer.all_max([1.0 if violated else 0.0, float(len(blob)), changed])
+        flag, size, changed, busy, ratio = self.peer.all_max([1.0 if violated else 0.0, float(len(blob)), changed,
+                                                              *self.snapshots.wish()])
+        self.snapshots.agree(busy, ratio)
         commands: list[C.Command] = []
         if size > 0:
             docs = self.peer.broadcast_json(json.loads(blob) if self.leader else None)
@@ -222,6 +232,13 @@ class Worker(WorkerCommands):
         manifest = self.checkpoints.restore(path, self.num_layers)
         self.scale.load(manifest.extra.get("loss_scale", {}))
         self.ctl.plan_version, self.model_version = manifest.plan_version, manifest.model_version
+
+    def snapshot(self) -> None:
+        """Every rank, at a boundary where one is due: copy this stage's state for a restart (runtime/snapshots.py)."""
+        it, version = self.ctl.iteration, (self.ctl.plan_version, self.model_version)
+        meta = (lambda: SnapshotMeta(it, self.plan.to_dict(), *version, self.names, self.scale.state())
+                ) if self.leader else None
+        self.snapshots.take(it, version, lambda: self.checkpoints.state(it), meta)
 
     def _save_run(self) -> None:
         """An unattended job's checkpoint in its run directory (the newest three are kept)."""
@@ -273,6 +290,9 @@ class Worker(WorkerCommands):
                 self.dispatch(cmd)
             if self.ctl.stopping:
                 return
+            if self.snapshots.due(self.ctl.iteration, (self.ctl.plan_version, self.model_version)):
+                self.phase = "taking a snapshot"
+                self.snapshot()
             if self.unattended_done():
                 self.finish_unattended()
                 return
@@ -286,6 +306,7 @@ class Worker(WorkerCommands):
                         continue
                 self.executor.loss_multiplier = self.scale.scale
                 result = self.iteration()
+                self.snapshots.observe(result.end_s - result.start_s)
                 memory = self.executor.memory()
                 self.phase = "the optimizer step"
                 # Without memory budgets no stage can veto the step, so each stage steps as soon as its own

@@ -28,6 +28,26 @@ class Metrics:
         self._latest_memory: list[dict[str, Any]] = []
         self._evaluations = Rows("evaluations", window)
         self._replicas = Rows("replicas", window)
+        self._restarts: list[Any] = []  # control/workers/restarts.Restart, read as dicts
+
+    def add_restart(self, restart: Any) -> None:
+        """A restart (an object with ``to_dict()``: it is completed after it is added, with the replay's check)."""
+        with self._lock:
+            self._restarts.append(restart)
+
+    def restart_records(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [r.to_dict() for r in self._restarts]
+
+    @property
+    def restarts(self) -> Any:
+        """Each restart of a job launched with ``max_restarts``: when, which stage failed and why, the iteration it went
+        back to, iterations replayed, seconds lost, and how far the replayed losses were from the first run's."""
+        import pandas as pd
+
+        rows = self.restart_records()
+        return pd.DataFrame(rows, columns=None if rows else ["number", "time", "stage", "cause", "snapshot",
+                                                             "replayed", "seconds", "loss_diff"])
 
     def add_replicas(self, rows: list[dict[str, Any]]) -> None:
         self._replicas.extend(rows)

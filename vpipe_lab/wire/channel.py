@@ -67,6 +67,8 @@ class Hub:
         self._sock = bounded(self._ctx.socket(zmq.ROUTER), MAX_EVENT, "controller")
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # A restarted worker connects under the name of the one it replaces: it takes the name over at once
+        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         if port:
             self._sock.bind(f"tcp://{host}:{port}")
             self.port = port

@@ -104,6 +104,9 @@ class JobSpec:
     log: str | None = None  # unattended: "tensorboard:DIR" | "wandb:PROJECT" | "mlflow:URI" (telemetry/sinks.py)
     scout: bool = False  # rank 0 starts alone and reports the model's units (protocol UNITS) before the others start
     engine: str = "lab"  # "lab": vpipe_lab's runtime; "torch": torch.distributed.pipelining's (runtime/torch_engine.py)
+    snapshot_dir: str | None = None  # restart snapshots and buffered batches (wire/snapshot.py); None: none taken
+    snapshot_every: int | None = None  # iterations between snapshots (None: chosen to cost at most ~5%)
+    restore_snapshot: str | None = None  # a restarted job: the snapshot directory every rank starts from
 
     def save(self, path: Path) -> None:
         write_private(path, json.dumps(asdict(self), indent=1).encode())  # it holds the session key

@@ -41,3 +41,12 @@ def test_pipedream_refuses_what_needs_one_step_of_the_whole_model() -> None:
         launch("mlp", stages=2, microbatches=4, schedule="pipedream", precision="fp16", device="cpu")
     with pytest.raises(ValueError, match="replicas=2 average gradients once per iteration"):
         launch("mlp", stages=2, microbatches=4, schedule="pipedream", replicas=2, device="cpu")
+
+
+def test_restart_settings_are_checked_before_anything_starts() -> None:
+    with pytest.raises(ValueError, match="max_restarts must be a whole number >= 0"):
+        launch("mlp", stages=2, microbatches=4, max_restarts=-1, device="cpu")
+    with pytest.raises(ValueError, match="max_restarts=1 needs engine='lab'"):
+        launch("mlp", stages=2, microbatches=4, max_restarts=1, engine="torch", device="cpu")
+    with pytest.raises(ValueError, match="snapshot_every=5 without max_restarts"):
+        launch("mlp", stages=2, microbatches=4, snapshot_every=5, device="cpu")

@@ -109,3 +109,19 @@ def test_a_bad_batch_pauses_and_is_raised_once() -> None:
     assert isinstance(err, DataError) and err.iteration == 3 and mon.take_budget() is None
     assert str(err).startswith("the batch of iteration 3 is bad data: inputs['input_ids'] is float32. Training is "
                                "paused")
+
+
+def test_with_restarts_a_failure_is_recovered_instead_of_raised() -> None:
+    from vpipe_lab.control.errors import WorkerError
+
+    mon, _, events = monitor({0: None, 1: -9})
+    seen: list[dict[str, Any]] = []
+    events.subscribe(seen.append)
+    asked: list[WorkerError] = []
+    mon.recover = lambda err: asked.append(err)  # type: ignore[func-returns-value]  # None: training goes on
+    mon._failed(mon.root_cause())
+    assert mon.fatal is None and asked[0].stage == 1 and not mon.recovering
+    assert seen[0]["type"] == "restarting" and seen[0]["stage"] == 1
+    mon.recover = lambda err: err  # no restart left: the error ends the job
+    mon._failed(mon.root_cause())
+    assert mon.fatal is not None and mon.fatal.stage == 1

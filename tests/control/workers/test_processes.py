@@ -40,3 +40,22 @@ def test_registry_lists_live_workers(tmp_path: Path) -> None:
     assert json.loads(entry.read_text())["owner"] == os.getpid()
     launcher.terminate(timeout=0.1)
     assert not entry.exists()
+
+
+def test_a_restart_ends_the_workers_and_keeps_the_launcher(tmp_path: Path) -> None:
+    from vpipe_lab.control.workers.processes import WorkerProcess
+
+    launcher = Launcher("t4", tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", SLEEPER], start_new_session=True)
+    (tmp_path / "worker-0.log").write_text("what the dead worker said")
+    launcher.workers.append(WorkerProcess(0, proc, tmp_path / "worker-0.log"))
+    launcher.end_workers(timeout=0.5)
+    assert proc.poll() is not None and launcher.workers == [] and launcher.generation == 1
+    assert (tmp_path / "worker-0.before-restart-1.log").read_text() == "what the dead worker said"
+    assert json.loads((state_dir() / "t4.json").read_text())["pids"] == []  # still registered, for new workers
+    launcher.terminate(timeout=0.5)
+    try:  # a restart that comes after stop() starts nothing
+        launcher.spawn(0, ["--config", "job.json", "--rank", "0"])
+        raise AssertionError("spawned after terminate")
+    except RuntimeError as exc:
+        assert "were stopped" in str(exc)

@@ -73,6 +73,8 @@ def launch(
     fused_wgrad: bool | int = True,
     virtual_stages: int | None = None,
     engine: str = "lab",
+    max_restarts: int = 0,
+    snapshot_every: int | None = None,
 ) -> Session:
     """Start one worker process per stage and return the Session once every stage is ready (training not started).
 
@@ -110,11 +112,16 @@ def launch(
     ``vpipe_lab.export.torch_pipeline`` builds it) with the lab around it: metrics, timeline and memory stream as
     usual, and a plan change applies at the next iteration as a reshard (``runtime/torch_engine.py``). It runs one
     pipeline in fp32 without PipeDream; the default ``"lab"`` is vpipe_lab's engine with live layer migration.
+    ``max_restarts=N`` (torchrun's word): a worker that dies, raises or hangs (no progress within ``timeout``) is
+    replaced, the pipeline goes back to its newest snapshot (taken every ``snapshot_every`` iterations, by default as
+    often as costs at most ~5% of training) and replays the lost iterations on the same batches; ``wait()`` does
+    not raise. The N+1st failure ends the job as without restarts (``control/workers/restarts.py``).
     """
     from vpipe_lab.telemetry import sinks
 
     virtual_stages = _check_settings(stages, microbatches, schedule, device, clip_grad_norm, precision, eval_every,
                                      eval_batches, fused_wgrad, replicas, engine, virtual_stages, plan)
+    _check_restarts(max_restarts, snapshot_every, engine)
     sinks.check(log)
     plan, manifest = _plan_to_run(plan, resume, stages, microbatches, schedule, virtual_stages)
     named, user = _roles(stages, model=model, data=data, loss=loss, optimizer=optimizer, lr_scheduler=lr_scheduler,
@@ -142,6 +149,7 @@ def launch(
         clip_grad_norm=None if clip_grad_norm is None else float(clip_grad_norm), precision=precision,
         eval_every=eval_every, eval_batches=eval_batches, replicas=replicas, fused_wgrad=fused_wgrad, scout=scout,
         virtual_stages=virtual_stages, engine=engine,
+        snapshot_dir=str(job_dir / "snapshots") if max_restarts else None, snapshot_every=snapshot_every,
     )
     spec_path = job_dir / "job.json"
     spec.save(spec_path)
@@ -154,6 +162,8 @@ def launch(
         session.stop()
         raise
     _start_workers(session, launcher, spec_path, model_key, start_timeout)
+    if max_restarts:
+        session.restart_on_failure(max_restarts, start_timeout)
     if manifest is not None:
         session.state.plan_version = manifest.plan_version
     if auto_replan:
@@ -187,6 +197,17 @@ def _check_settings(stages: int, microbatches: int, schedule: str, device: str, 
                                         precision=precision, replicas=replicas):
         raise ValueError(problem)
     return virtual_stages
+
+
+def _check_restarts(max_restarts: int, snapshot_every: int | None, engine: str) -> None:
+    checks.count(max_restarts, "max_restarts", 0)
+    checks.count(snapshot_every, "snapshot_every", optional=True)
+    if max_restarts and engine != "lab":
+        raise ValueError(f"max_restarts={max_restarts} needs engine='lab' (the torch engine takes no snapshots); "
+                         "under torchrun, torchrun's own --max-restarts restarts the job from its checkpoints")
+    if snapshot_every is not None and not max_restarts:
+        raise ValueError(f"snapshot_every={snapshot_every} without max_restarts: snapshots are for restarts; "
+                         "give max_restarts=N too (Session.save writes a checkpoint whenever you like)")
 
 
 def _plan_to_run(plan: Plan | None, resume: str | Path | None, stages: int, microbatches: int, schedule: str,

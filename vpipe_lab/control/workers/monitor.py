@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,9 @@ class FailureMonitor:
         self.refusals: dict[int, Failure] = {}  # plan version -> a stage's refusal to take layers
         self._reports: dict[int, Failure] = {}  # stage -> its error report
         self._trouble_since = 0.0
+        # With max_restarts: replaces the workers and returns None (training goes on), or the error that ends the job
+        self.recover: Callable[[WorkerError], WorkerError | None] | None = None
+        self.recovering = False
         self._thread = threading.Thread(target=self._watch, name="vpipe-monitor", daemon=True)
 
     def start(self) -> None:
@@ -102,14 +106,30 @@ class FailureMonitor:
                 # Gather evidence for a moment: a killed stage makes its neighbours fail too, and the root cause
                 # (the stage that died or raised first-hand) should be what the user reads.
                 if self._trouble_since and time.monotonic() - self._trouble_since > 0.5:
-                    with self.cond:
-                        self.fatal = self.root_cause()
-                        self.cond.notify_all()
+                    self._failed(self.root_cause())
             if self.fatal is not None and self.launcher is not None and self.launcher.alive():
                 log.error("%s; stopping the other workers", str(self.fatal).splitlines()[0])
                 self.launcher.terminate(timeout=2.0)
                 self.events.emit({"type": "failed", "stage": self.fatal.stage, "cause": self.fatal.cause})
             time.sleep(0.05)
+
+    def _failed(self, error: WorkerError) -> None:
+        """The job failed with ``error``: restart it (``recover``) if it may, else end it with the error."""
+        if self.recover is not None:
+            self.recovering = True
+            self.events.emit({"type": "restarting", "stage": error.stage, "cause": error.cause})
+            try:
+                ended = self.recover(error)
+            finally:
+                self.recovering = False
+            self._reports.clear()
+            self._trouble_since = 0.0
+            if ended is None or self.stopping:
+                return
+            error = ended
+        with self.cond:
+            self.fatal = error
+            self.cond.notify_all()
 
     def _checkpoint(self) -> str | None:
         """The state a failure can be recovered from: the checkpoint taken before the migration under way, else the

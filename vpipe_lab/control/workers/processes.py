@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -116,6 +117,10 @@ class Launcher:
         self.workers: list[WorkerProcess] = []
         self._read_fd, self._write_fd = os.pipe()  # non-inheritable; the read end is passed explicitly
         self._registry = state_dir() / f"{session_id}.json"
+        # A restart spawns from the monitor's thread while stop() may end everything from the user's: never both
+        self._lock = threading.RLock()
+        self._closed = False
+        self.generation = 0  # restarts so far (end_workers)
         _LIVE.add(self)
 
     @property
@@ -123,6 +128,12 @@ class Launcher:
         return self._read_fd
 
     def spawn(self, rank: int, args: list[str], env: dict[str, str] | None = None) -> WorkerProcess:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"the session's workers were stopped: worker {rank} is not started")
+            return self._spawn(rank, args, env)
+
+    def _spawn(self, rank: int, args: list[str], env: dict[str, str] | None) -> WorkerProcess:
         log_path = self.job_dir / f"worker-{rank}.log"
         env = {**os.environ, **(env or {})}
         with open(log_path, "wb") as out:
@@ -186,6 +197,26 @@ class Launcher:
         """SIGTERM every worker, SIGKILL what is left after ``timeout``, then return only once every worker and
         everything it started has exited and been reaped (at most ``settle`` seconds more: a SIGKILLed process
         only waits for its parent to collect it, which a loaded machine delays), and drop the registry entry."""
+        with self._lock:
+            self._closed = True
+            self._end(timeout, settle)
+            self.close_pipe()
+            self._registry.unlink(missing_ok=True)
+
+    def end_workers(self, timeout: float = 2.0, settle: float = 30.0) -> None:
+        """End every worker as ``terminate`` does, but keep the launcher for new ones (a restart spawns them)."""
+        with self._lock:
+            self._end(timeout, settle)
+            self.generation += 1
+            for w in self.workers:  # the replacements write worker-R.log afresh: keep what the ended ones said
+                try:
+                    w.log_path.rename(w.log_path.with_name(f"worker-{w.rank}.before-restart-{self.generation}.log"))
+                except OSError:
+                    pass
+            self.workers = []
+            self._write_registry()
+
+    def _end(self, timeout: float, settle: float) -> None:
         for w in self.alive():
             kill_group(w.pid, signal.SIGTERM)
         if not self.wait(timeout):
@@ -202,8 +233,6 @@ class Launcher:
             time.sleep(0.02)
         if left:
             log.warning("processes %s of this session's workers had not exited %.0f s after SIGKILL", left, settle)
-        self.close_pipe()
-        self._registry.unlink(missing_ok=True)
 
     def close_pipe(self) -> None:
         for fd in (self._write_fd, self._read_fd):

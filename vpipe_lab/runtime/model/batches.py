@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.utils import _pytree as pytree
@@ -52,19 +52,30 @@ def to_device(value: Any, device: torch.device) -> Any:
     return pytree.tree_map(lambda v: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v, value)
 
 
+class Buffer(Protocol):
+    """Where batches read from an iterable are kept for a restart to replay (``runtime/snapshots.BatchBuffer``)."""
+
+    def get(self, iteration: int) -> Any | None: ...
+
+    def put(self, iteration: int, item: Any) -> None: ...
+
+
 class Source:
     """Batch ``i`` of the run: ``data(i)`` for a callable, else the next item of an iterable (epochs restart it).
 
     An iterable is read in order, so resuming at iteration ``i`` skips the first ``i`` batches (across epochs): the
-    run continues from the batch it would have read next, given a DataLoader whose order is seeded.
+    run continues from the batch it would have read next, given a DataLoader whose order is seeded. With a
+    ``buffer`` (a job that restarts failed workers), every batch read is kept there, and a batch found there is
+    read from it: a restart replays the very batches the lost iterations read, whatever the iterable.
     """
 
-    def __init__(self, data: Any, start: int) -> None:
+    def __init__(self, data: Any, start: int, buffer: Buffer | None = None) -> None:
         self.data = data
         self.callable = callable(data) and not hasattr(data, "__iter__")
+        self.buffer = buffer
         self._it: Iterator[Any] | None = None
         self._next = start
-        self._skip = start
+        self._pos = 0  # batches pulled from the iterable since it began (across epochs): where it stands
         # Batches read ahead (peek) or to be read again: the running iteration's (a dropped iteration runs again with
         # it) and the next one's (whose shapes the boundary checks before the running one is known to be kept).
         self._held: dict[int, tuple[Any, Any]] = {}
@@ -74,7 +85,9 @@ class Source:
             if self._it is None:
                 self._it = iter(self.data)
             try:
-                return next(self._it)
+                item = next(self._it)
+                self._pos += 1
+                return item
             except StopIteration:
                 self._it = None
         raise ValueError(f"the data iterable ({type(self.data).__name__}) yields no batches")
@@ -98,11 +111,15 @@ class Source:
         if iteration != self._next:
             raise ValueError(f"an iterable data source is read in order: asked for batch {iteration}, next is "
                              f"{self._next}")
-        for _ in range(self._skip):
-            self._pull()
-        self._skip = 0
         self._next += 1
-        return _pair(self._pull())
+        item = self.buffer.get(iteration) if self.buffer is not None else None
+        if item is None:
+            while self._pos < iteration:  # resumed or restarted: another process read the batches before
+                self._pull()
+            item = self._pull()
+            if self.buffer is not None:
+                self.buffer.put(iteration, item)
+        return _pair(item)
 
 
 def _pair(item: Any) -> tuple[Any, Any]:
