@@ -78,3 +78,16 @@ def test_waits_end_at_their_deadline_or_on_a_failure() -> None:
         failing.until(lambda: False, None, "never")
     ready, _, _ = make()
     ready.until(lambda: True, 0.0, "already true")  # no wait when it holds already
+
+
+def test_a_request_the_replaced_workers_never_answered_fails_at_once() -> None:
+    from vpipe_lab.wire.commands import Apply
+
+    cond = threading.Condition()
+    sent: list[object] = []
+    requests = Requests(type("Hub", (), {"send": lambda self, to, msg: sent.append(msg)})(), 30.0, cond, lambda: None)
+    threading.Timer(0.2, lambda: [cond.acquire(), requests.replaced("iteration 40, plan version 2"), cond.release()]).start()
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"replaced before they answered 'apply' .*back to iteration 40, plan "):
+        requests.command(Apply({}, 1))
+    assert time.monotonic() - start < 5 and sent

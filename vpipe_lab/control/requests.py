@@ -31,6 +31,8 @@ class Requests:
         self._ids = itertools.count(1)
         self._acks: dict[int, Ack] = {}
         self._replies: dict[int, list[Layers | Tensors | Evaluated]] = {}
+        self.restarts = 0  # the workers were replaced this many times (max_restarts): their requests die with them
+        self.restarted_to = ""  # where the newest restart went back to, for the error a dropped request raises
 
     # --- the intake thread files what arrives (under ``cond``) ------------------------------------------------------
     def acknowledged(self, ack: Ack) -> None:
@@ -60,10 +62,31 @@ class Requests:
         self.hub.send("rank0", replace(cmd, id=cid).message())  # type: ignore[type-var]
         return cid
 
+    def replaced(self, where: str) -> None:
+        """The workers were replaced (under ``cond``): whoever waits on the old ones' answers hears it now."""
+        self.restarts += 1
+        self.restarted_to = where
+        self.cond.notify_all()
+
+    def _answered_by(self, cmd: Command, done: Callable[[], bool]) -> Callable[[], bool]:
+        """``done``, raising if the workers asked were replaced before it came true."""
+        epoch = self.restarts
+
+        def check() -> bool:
+            if done():
+                return True
+            if self.restarts != epoch:
+                raise RuntimeError(f"the workers were replaced before they answered {cmd.TYPE!r} (a worker failed; "
+                                   f"the pipeline went back to {self.restarted_to}): check the session's state and ask "
+                                   "again")
+            return False
+
+        return check
+
     def command(self, cmd: Command, timeout: float | None = None) -> Ack:
         """Send a command and return rank 0's acknowledgement."""
         cid = self.send(cmd)
-        self.until(lambda: cid in self._acks, self.timeout_s if timeout is None else timeout,
+        self.until(self._answered_by(cmd, lambda: cid in self._acks), self.timeout_s if timeout is None else timeout,
                    f"rank 0 did not acknowledge {cmd.TYPE!r} (it acts at the next iteration boundary, so a long "
                    "iteration delays it)")
         with self.cond:
@@ -73,7 +96,8 @@ class Requests:
                ) -> list[Answer]:
         """A command ``answers`` stages answer with ``answer`` bodies; returns them ordered by stage."""
         cid = self.send(cmd)
-        self.until(lambda: len(self._replies.get(cid, [])) >= answers, self.timeout_s if timeout is None else timeout,
+        self.until(self._answered_by(cmd, lambda: len(self._replies.get(cid, [])) >= answers),
+                   self.timeout_s if timeout is None else timeout,
                    f"not every stage answered {cmd.TYPE!r}")
         with self.cond:
             replies = self._replies.pop(cid)

@@ -44,6 +44,7 @@ class FailureMonitor:
         # With max_restarts: replaces the workers and returns None (training goes on), or the error that ends the job
         self.recover: Callable[[WorkerError], WorkerError | None] | None = None
         self.recovering = False
+        self._quiet_until = 0.0
         self._thread = threading.Thread(target=self._watch, name="vpipe-monitor", daemon=True)
 
     def start(self) -> None:
@@ -87,7 +88,7 @@ class FailureMonitor:
             self.state.paused = True  # every rank paused at this boundary
             self.budget = BudgetError(body.stage, body.used, body.budget, [tuple(x) for x in body.layers],
                                       body.iteration, taken=body.taken)
-        elif not self.stopping:
+        elif not self.stopping and time.monotonic() >= self._quiet_until:
             self._reports[body.stage] = body
             self._trouble_since = self._trouble_since or time.monotonic()
 
@@ -120,10 +121,15 @@ class FailureMonitor:
             self.events.emit({"type": "restarting", "stage": error.stage, "cause": error.cause})
             try:
                 ended = self.recover(error)
+            except Exception:  # a restart that went wrong ends the job with the failure it answered
+                log.exception("the restart failed")
+                ended = error
             finally:
                 self.recovering = False
             self._reports.clear()
             self._trouble_since = 0.0
+            # What the ended workers said as they went may still be on its way: it is not the new workers' failure
+            self._quiet_until = time.monotonic() + 1.0
             if ended is None or self.stopping:
                 return
             error = ended

@@ -102,6 +102,8 @@ class Restarter:
         with self.cond:
             self.state.ready.clear()
             self.forget_partial()
+            self.requests.replaced(f"iteration {spec.start_iteration}, plan version "
+                                  f"{found[1].plan_version if found else 0}")
         try:
             self._start(path)
         except Exception as exc:  # the replacement could not start: the job ends with the first failure's cause
