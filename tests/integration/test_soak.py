@@ -35,12 +35,6 @@ def launch(**kw: object) -> vpipe_lab.Session:
     return vpipe_lab.launch("mlp", stages=2, microbatches=4, device="cpu", timeout=30, **kw)  # type: ignore[arg-type]
 
 
-def slope(xs: list[float], ys: list[float]) -> float:
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else 0.0
-
-
 @pytest.mark.timeout(int(MINUTES * 60 * 2 + 300))
 def test_faults_and_changes_change_nothing_but_time() -> None:
     rng = random.Random(0)
@@ -90,7 +84,7 @@ def test_faults_and_changes_change_nothing_but_time() -> None:
     for key, value in expected.items():
         assert torch.equal(got[key], value), key
     warm = samples[len(samples) // 4:]
-    grown = slope([float(i) for i, _, _ in warm], [float(c) for _, c, _ in warm])
+    grown = statistics.linear_regression([float(i) for i, _, _ in warm], [float(c) for _, c, _ in warm]).slope
     print(f"soak: {MINUTES:g} min, {at} iterations, {changes} changes ({refused} refused), {killed} restarts; "
           f"controller RSS {warm[0][1] / 2**20:.1f} -> {warm[-1][1] / 2**20:.1f} MiB ({grown:.0f} B/iteration), "
           f"workers {warm[0][2] / 2**20:.1f} -> {warm[-1][2] / 2**20:.1f} MiB")

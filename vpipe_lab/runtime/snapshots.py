@@ -103,7 +103,7 @@ class Snapshots:
         def write() -> None:
             begun = time.perf_counter()
             try:
-                writer = dcp.FileSystemWriter(str(where / f"stage-{self.stage}"), sync_files=False, thread_count=1,
+                writer = dcp.FileSystemWriter(str(layout.stage_dir(where, self.stage)), sync_files=False, thread_count=1,
                                               overwrite=True)
                 dcp.save(staged, storage_writer=writer, no_dist=True)
                 layout.mark_done(root, key, self.stage)
@@ -123,7 +123,7 @@ class Snapshots:
     def restore(self, directory: Path, load: Callable[[Path], None]) -> SnapshotMeta:
         """Read this stage's part of the snapshot in ``directory`` (``load`` reads a DCP directory into the stage)."""
         meta = SnapshotMeta.read(directory)
-        load(directory / f"stage-{self.stage}")
+        load(layout.stage_dir(directory, self.stage))
         self.last, self._version = meta.iteration, (meta.plan_version, meta.model_version)
         log.info("restarted from the snapshot of iteration %d (%s)", meta.iteration, directory)
         return meta

@@ -56,8 +56,17 @@ def directory(root: Path, key: Key) -> Path:
     return root / f"it-{iteration:010d}-v{plan_version}-m{model_version}"
 
 
+def stage_dir(where: Path, stage: int) -> Path:
+    """The DCP directory ``stage`` writes into the snapshot directory ``where``."""
+    return where / f"stage-{stage}"
+
+
+def _done(where: Path, stage: int) -> Path:
+    return where / f"stage-{stage}.done"
+
+
 def mark_done(root: Path, key: Key, stage: int) -> None:
-    (directory(root, key) / f"stage-{stage}.done").touch()
+    _done(directory(root, key), stage).touch()
 
 
 def batch_file(root: Path, iteration: int) -> Path:
@@ -76,7 +85,7 @@ def keys(root: Path) -> list[Key]:
 
 def is_complete(root: Path, key: Key, stages: int) -> bool:
     where = directory(root, key)
-    return (where / "meta.json").exists() and all((where / f"stage-{s}.done").exists() for s in range(stages))
+    return (where / "meta.json").exists() and all(_done(where, s).exists() for s in range(stages))
 
 
 def newest(root: Path, stages: int) -> tuple[Path, SnapshotMeta] | None:

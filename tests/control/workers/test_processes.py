@@ -55,7 +55,7 @@ def test_a_restart_ends_the_workers_and_keeps_the_launcher(tmp_path: Path) -> No
     assert json.loads((state_dir() / "t4.json").read_text())["pids"] == []  # still registered, for new workers
     launcher.terminate(timeout=0.5)
     try:  # a restart that comes after stop() starts nothing
-        launcher.spawn(0, ["--config", "job.json", "--rank", "0"])
+        launcher.start_rank(0, tmp_path / "job.json")
         raise AssertionError("spawned after terminate")
     except RuntimeError as exc:
         assert "were stopped" in str(exc)

@@ -285,7 +285,7 @@ def _start_workers(session: Session, launcher: Launcher, spec_path: Path, model_
     ready. A failure stops whatever started and raises."""
     spec = session.spec
     try:
-        launcher.spawn(0, ["--config", str(spec_path), "--rank", "0"])
+        launcher.start_rank(0, spec_path)
         if spec.scout:
             session.starting(lambda: session.state.units is not None, start_timeout,
                              lambda: (0, "rank 0 did not report the model's partition units"))
@@ -293,7 +293,7 @@ def _start_workers(session: Session, launcher: Launcher, spec_path: Path, model_
             units.remember(model_key, names)
             units.check(spec.stages, names)
         for rank in range(1, spec.stages * spec.replicas):
-            launcher.spawn(rank, ["--config", str(spec_path), "--rank", str(rank)])
+            launcher.start_rank(rank, spec_path)
     except Exception:
         session.stop(timeout=2.0)  # nothing trains yet: rank 0 at most waits for the others to join
         raise

@@ -133,6 +133,10 @@ class Launcher:
                 raise RuntimeError(f"the session's workers were stopped: worker {rank} is not started")
             return self._spawn(rank, args, env)
 
+    def start_rank(self, rank: int, spec_path: Path) -> WorkerProcess:
+        """Start worker ``rank`` of the job described by ``spec_path`` (``python -m vpipe_lab.runtime.process``)."""
+        return self.spawn(rank, ["--config", str(spec_path), "--rank", str(rank)])
+
     def _spawn(self, rank: int, args: list[str], env: dict[str, str] | None) -> WorkerProcess:
         log_path = self.job_dir / f"worker-{rank}.log"
         env = {**os.environ, **(env or {})}

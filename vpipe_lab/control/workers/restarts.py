@@ -128,7 +128,7 @@ class Restarter:
         """Spawn every rank on ``spec_path`` and wait until each is ready (raises if one fails or is late)."""
         workers = self.spec.stages * self.spec.replicas
         for rank in range(workers):
-            self.launcher.spawn(rank, ["--config", str(spec_path), "--rank", str(rank)])
+            self.launcher.start_rank(rank, spec_path)
 
         def ready() -> bool:
             if any(rc != 0 for _, rc in self.launcher.exited()):
