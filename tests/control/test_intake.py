@@ -87,3 +87,14 @@ def test_after_a_restart_replayed_iterations_are_recorded_once_and_compared() ->
     assert compared == [(1, 3.0, 3.0), (2, 4.0, 4.0)]
     intake.events.deliver()
     assert [e["iteration"] for e in seen if e["type"] == "iteration"] == [0, 1, 2, 3]
+
+
+def test_after_going_on_with_fewer_stages_an_iteration_is_whole_with_their_reports() -> None:
+    intake, state, metrics, _, _ = make()
+    intake.receive(report(0, 0, []))
+    intake.receive(report(1, 0, [2.0]))
+    with intake.cond:
+        intake.forget_partial(1)  # stage 1 could not come back: one stage holds every layer and reports the loss
+    intake.receive(report(0, 1, [3.0]))
+    assert [r["iteration"] for r in metrics.records()] == [0, 1] and state.iteration == 2
+    assert metrics.records()[-1]["loss"] == 3.0

@@ -153,3 +153,34 @@ def test_a_live_change_survives_a_restart(undisturbed: Any) -> None:
     assert losses == pytest.approx(undisturbed[1], abs=1e-6)
     for key, value in undisturbed[0].items():
         assert torch.allclose(state[key], value, atol=1e-6), key
+
+
+def test_a_stage_that_cannot_come_back_is_planned_away(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stage 1 of 3 is killed and its replacement dies as it starts (its device is gone): the job goes on with two
+    stages holding all ten layers, read from the snapshot the three took, and ends equal to a three-stage run."""
+    with vpipe_lab.launch("mlp", stages=3, microbatches=3, device="cpu", timeout=30) as s:
+        expected = train(s)
+    with vpipe_lab.launch("mlp", stages=3, microbatches=3, device="cpu", timeout=30, max_restarts=2,
+                          snapshot_every=10) as s:
+
+        def lose_stage_1(session: vpipe_lab.Session) -> None:
+            monkeypatch.setenv("VPIPE_LAB_FAULT", "start:1:exit@1")  # a worker started from now on on device 1 dies
+            os.kill(session.pids()[1], signal.SIGKILL)
+
+        state, losses = train(s, fault=lose_stage_1)
+        monkeypatch.delenv("VPIPE_LAB_FAULT")
+        row = s.metrics.restarts.iloc[0]
+        assert s.stages == 2 and s.plan.stages == 2 and len(s.pids()) == 2 and s.status == "idle"
+        assert s.spec.devices == [0, 2]  # on a GPU machine the new rank 1 takes the third GPU, not the lost one
+        assert sorted(i for layers in s.layers_by_stage() for i in layers) == list(range(10))
+        s.set_partition((0, 4, 10))  # the session is a two-stage session now: live changes work on it
+        s.run(2)
+        s.wait(timeout=60)
+        assert s.layers_by_stage() == [[0, 1, 2, 3], list(range(4, 10))]
+    assert len(losses) == ITERATIONS and row["stages"] == 2 and len(s.restarts) == 1
+    assert "stage 1 could not come back: its replacement died as it started (exit code 17)" in row["note"]
+    assert "1f1b on 2 stages, balanced by the measured layer times" in row["note"]
+    assert losses == pytest.approx(expected[1], abs=1e-6)
+    for key, value in expected[0].items():
+        assert torch.allclose(state[key], value, atol=1e-6), key
+    assert worker_processes() == []

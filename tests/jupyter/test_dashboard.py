@@ -63,6 +63,11 @@ def test_the_header_says_how_often_the_job_restarted() -> None:
         s.step(1)
         assert ("restarts: 1 (last: stage 1, the worker process was killed by signal 9; back to iteration 40, "
                 "7 replayed)") in board.header()["text"]
+        s.metrics.add_restart(Restart(2, 0.0, 2, "the worker process exited with code 1", 60, 3, 0.3, stages=2,
+                                      note="stage 2 could not come back: ..."))
+        s.step(2)
+        assert ("restarts: 2 (last: stage 2, the worker process exited with code 1; back to iteration 60, 3 replayed; "
+                "stage 2 could not come back: 2 stages now)") in board.header()["text"]
     finally:
         board.close()
 

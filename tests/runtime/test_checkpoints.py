@@ -68,3 +68,32 @@ def test_a_failed_write_is_reported_and_a_wrong_model_refused(tmp_path: Path) ->
     assert saver.save(tmp_path / "ok" / "ckpt-1", manifest, keep=None, iteration=5) is None
     with pytest.raises(ValueError, match="holds 2 layers but the model has 3"):
         saver.restore(tmp_path / "ok", 3)
+
+
+def test_units_written_by_two_stages_load_into_one_from_both_directories(tmp_path: Path) -> None:
+    """A job going on with fewer stages: each unit, and its optimizer state, is read from the stage that held it."""
+    whole = trained_stage()
+    dirs = []
+    for index in (0, 1):  # two stages, one layer each, write their own DCP directory (as restart snapshots are)
+        part = Stage(torch.device("cpu"), lambda p: torch.optim.Adam(p, lr=0.1), 0)
+        part.add_layer(index, whole.layers[index].module)
+        part.load_optimizer(whole.optimizer_state(list(part.layers[index].names)), [])
+        where = tmp_path / f"stage-{index}"
+        torch.distributed.checkpoint.save(Checkpoints(OnePeer(), part, index, 2, 0, True,  # type: ignore[arg-type]
+                                                      torch.device("cpu")).state(7), checkpoint_id=str(where),
+                                          no_dist=True)
+        dirs.append(where)
+    torch.manual_seed(3)
+    fresh = Stage(torch.device("cpu"), lambda p: torch.optim.Adam(p, lr=0.1), 0)
+    for i in range(2):
+        fresh.add_layer(i, torch.nn.Linear(3, 3))
+    reader = Checkpoints(OnePeer(), fresh, 0, 1, 0, True, torch.device("cpu"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"has no 1\.weight, 1\.bias"):  # one directory lacks layer 1: nothing read
+        reader.load_directory([dirs[0]])
+    assert not torch.equal(fresh.tensors["0.weight"], whole.tensors["0.weight"])
+    reader.load_directory(dirs)
+    for name, value in whole.tensors.items():
+        assert torch.equal(value, fresh.tensors[name]), name
+    for name, state in whole.optimizer_state(list(whole.tensors)).items():
+        got = fresh.optimizer_state([name])[name]
+        assert all(torch.equal(v, got[k]) for k, v in state.items() if isinstance(v, torch.Tensor)), name

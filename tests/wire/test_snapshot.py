@@ -19,18 +19,18 @@ def make(root: Path, key: tuple[int, int, int], stages: int, done: int | None = 
 
 
 def test_newest_and_prune(tmp_path: Path) -> None:
-    assert snapshot.newest(tmp_path, 2) is None
+    assert snapshot.newest(tmp_path) is None
     make(tmp_path, (10, 0, 0), 2)
     make(tmp_path, (20, 0, 0), 2, done=1)  # a stage died while writing it
-    where, meta = snapshot.newest(tmp_path, 2)  # type: ignore[misc]
+    where, meta = snapshot.newest(tmp_path)  # type: ignore[misc]
     assert meta.iteration == 10 and where.name == "it-0000000010-v0-m0"
     make(tmp_path, (20, 1, 0), 2)  # a change while paused: the same iteration, a newer plan version
-    assert snapshot.newest(tmp_path, 2)[1].plan_version == 1  # type: ignore[index]
+    assert snapshot.newest(tmp_path)[1].plan_version == 1  # type: ignore[index]
     for it in (9, 15, 21):
         path = snapshot.batch_file(tmp_path, it)
         path.parent.mkdir(exist_ok=True)
         path.write_bytes(b"x")
-    snapshot.prune(tmp_path, 2)
+    snapshot.prune(tmp_path)
     assert snapshot.keys(tmp_path) == [(20, 1, 0)]  # older ones, complete or not, are gone
     assert snapshot.buffered(tmp_path) == [21]  # the batches a restart from iteration 20 replays
 

@@ -72,7 +72,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                           f"{1e3 * event['time_s']:8.1f} ms  {rate:9.1f} samples/s")
             elif event["type"] == "restarted":
                 bar.write(f"restart {event['number']}: stage {event['stage']} failed ({event['cause']}); back at "
-                          f"iteration {event['snapshot']}, {event['replayed']} iteration(s) to replay")
+                          f"iteration {event['snapshot']}, {event['replayed']} iteration(s) to replay"
+                          + (f"; {event['note']}" if event.get("note") else ""))
 
         session.on_event(on_event)
         session.run(args.iterations)

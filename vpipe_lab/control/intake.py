@@ -35,10 +35,11 @@ class Intake:
         self.on_replay: Callable[[int, float | None, float | None], None] | None = None
         self.recorded = 0  # iterations below this were recorded before the newest restart: they run again
 
-    def forget_partial(self) -> None:
-        """The workers were replaced (under ``cond``): what the ended ones reported of unfinished iterations is
-        dropped, and the iterations recorded so far are not recorded again when the new ones replay them."""
-        self.parts = IterationParts(self.parts.stages, self.parts.replicas)
+    def forget_partial(self, stages: int | None = None) -> None:
+        """The workers were replaced (under ``cond``), by ``stages`` stages when the job went on with fewer: what the
+        ended ones reported of unfinished iterations is dropped, and the iterations recorded so far are not recorded
+        again when the new ones replay them."""
+        self.parts = IterationParts(stages or self.parts.stages, self.parts.replicas)
         self.recorded = self.state.iteration
 
     def _replayed(self, iteration: int, loss: float | None) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from vpipe_lab.control.workers.restarts import Restart, Restarter
+from vpipe_lab.core.cost.breakdown import breakdown
+from vpipe_lab.core.planning.fewer import spread
 
 
 class Lifecycle:
@@ -23,6 +25,11 @@ class Lifecycle:
     _requests: Any
     _events: Any
     _cond: Any
+    _profiles: Any
+    plan: Any
+    stages: int
+    workers: int
+    replicas: int
 
     def pids(self) -> dict[int, int]:
         """Each worker process's id by rank (a launched session's; after a restart, the replacements')."""
@@ -48,12 +55,26 @@ class Lifecycle:
             raise RuntimeError("only a session that started its workers restarts them; a torchrun job restarts "
                                "through torchrun's own --max-restarts")
         restarter = Restarter(limit, self.spec, self._job_dir, self._launcher, self.state, self._requests, self._cond,
-                              start_timeout, self._intake.forget_partial, self._restarted)
+                              start_timeout, self._intake.forget_partial, self._restarted, self._layer_times)
         self._intake.on_replay = restarter.replayed
         self._monitor.recover = restarter.recover
 
+    def _layer_times(self) -> list[float] | None:
+        """What each layer costs, for re-planning onto fewer stages: the newest profile's, else each stage's measured
+        compute over the last iterations shared by its layers, else None (an even split)."""
+        newest = self._profiles.newest
+        if newest is not None and len(newest) == self.plan.num_layers:
+            return [layer.compute_s for layer in newest.layers]
+        times = {t.stage: t.seconds("compute") for t in breakdown(self.metrics.timeline(10))}
+        if sorted(times) != list(range(self.plan.stages)):
+            return None
+        return spread(self.plan, [times[s] for s in range(self.plan.stages)])
+
     def _restarted(self, restart: Restart) -> None:
+        if restart.stages and restart.stages != self.stages:  # it went on without a stage that could not come back
+            self.stages, self.workers = restart.stages, restart.stages * self.replicas
         self.metrics.add_restart(restart)
         self.logger.event(restart.snapshot, "restart", f"restart {restart.number}: stage {restart.stage} failed "
-                          f"({restart.cause}); back to iteration {restart.snapshot}, {restart.replayed} replayed")
+                          f"({restart.cause}); back to iteration {restart.snapshot}, {restart.replayed} replayed"
+                          + (f"; {restart.note}" if restart.note else ""))
         self._events.publish({"type": "restarted", **restart.to_dict()})

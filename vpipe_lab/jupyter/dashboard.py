@@ -103,7 +103,8 @@ class Dashboard:
         if restarts:  # launch(max_restarts=N): the job carried on; say how often and what the last one cost
             r = restarts[-1]
             text += (f" - restarts: {len(restarts)} (last: stage {r['stage']}, {r['cause'].split(' (')[0]}; back to "
-                     f"iteration {r['snapshot']}, {r['replayed']} replayed)")
+                     f"iteration {r['snapshot']}, {r['replayed']} replayed"
+                     + (f"; stage {r['stage']} could not come back: {r['stages']} stages now)" if r.get("note") else ")"))
         if state in ("stopped", "failed"):
             text += " - session ended: this view is frozen at its last state"
         return {"state": state, "detail": detail, "text": text}

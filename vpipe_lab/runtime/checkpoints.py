@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,18 +78,30 @@ class Checkpoints:
         log.info("restored units %s from %s at iteration %d", self.stage.owned, manifest.directory, manifest.iteration)
         return manifest
 
-    def load_directory(self, directory: Path) -> None:
-        """Read this stage's units (in place) and their optimizer state from the DCP directory ``directory``."""
-        reader = dcp.FileSystemReader(str(directory))
+    def load_directory(self, directory: Path | Sequence[Path]) -> None:
+        """Read this stage's units (in place) and their optimizer state from the DCP directory ``directory``, or from
+        several, each key from the one that has it (a restart snapshot: one directory per stage that wrote it, read
+        under another partition when the job goes on with fewer stages). Nothing is read unless every key is found."""
+        directories = [directory] if isinstance(directory, Path) else list(directory)
         aliases, non_persistent = self.keys()
-        template, missing = dcp_state.load_template(self.stage, aliases, non_persistent, reader.read_metadata())
+        reads = []
+        missing: list[str] | None = None
+        for where in directories:
+            reader = dcp.FileSystemReader(str(where))
+            template, lacks = dcp_state.load_template(self.stage, aliases, non_persistent, reader.read_metadata())
+            missing = lacks if missing is None else [k for k in missing if k in lacks]
+            reads.append((reader, template))
         if missing:
-            raise ValueError(f"checkpoint {directory} has no {', '.join(missing[:3])}"
+            shown = " or ".join(str(d) for d in directories)
+            raise ValueError(f"checkpoint {shown} has no {', '.join(missing[:3])}"
                              f"{f' (and {len(missing) - 3} more)' if len(missing) > 3 else ''}: it was saved from another "
                              "model (the keys are the model's own state_dict() names)")
-        with torch.no_grad():
-            dcp.load(template, storage_reader=reader, planner=dcp_state.SafeLoadPlanner(), no_dist=True)
-        dcp_state.restore_optimizer(self.stage, template)
+        for reader, template in reads:
+            if not template:
+                continue
+            with torch.no_grad():
+                dcp.load(template, storage_reader=reader, planner=dcp_state.SafeLoadPlanner(), no_dist=True)
+            dcp_state.restore_optimizer(self.stage, template)
 
     def state(self, iteration: int) -> dict[str, Any]:
         """This stage's units as a DCP state dict (the live tensors: copy them before training changes them)."""

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from vpipe_lab.runtime.build import unit_names
+from vpipe_lab.runtime.engine import faults
 from vpipe_lab.runtime.engine.device import pin_cores, select
 from vpipe_lab.runtime.model.batches import Source, split
 from vpipe_lab.runtime.model.callables import load_callables
@@ -76,8 +77,10 @@ def run(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: int,
     link.send(Hello(rank, os.getpid(), socket.gethostname()).message())
 
     def join() -> None:
+        # a device that is gone takes down whichever rank is given it: the fault names the device, not the rank
+        faults.hit(faults.parse(), "start", spec.devices[local_rank] if spec.devices else local_rank, spec.start_iteration)
         log.info("joining the process group at %s:%d as rank %d of %d", spec.master_addr, spec.master_port, rank, world)
-        placement = select(spec.device, local_rank, local_world)
+        placement = select(spec.device, local_rank, local_world, spec.devices)
         dist.init_process_group(placement.backend, init_method=f"tcp://{spec.master_addr}:{spec.master_port}",
                                 rank=rank, world_size=world, timeout=timedelta(seconds=spec.timeout_s))
 

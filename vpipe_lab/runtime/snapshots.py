@@ -24,6 +24,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.utils import _pytree as pytree
 
+from vpipe_lab.core.plan import Plan
 from vpipe_lab.wire import snapshot as layout
 from vpipe_lab.wire.snapshot import SnapshotMeta
 
@@ -108,7 +109,7 @@ class Snapshots:
                 dcp.save(staged, storage_writer=writer, no_dist=True)
                 layout.mark_done(root, key, self.stage)
                 if meta is not None:
-                    layout.prune(root, self.stages)
+                    layout.prune(root)
             except Exception:  # training goes on; the previous snapshot stays the one a restart uses
                 log.exception("the snapshot of iteration %d on stage %d failed", iteration, self.stage)
             self.cost_s = copied + time.perf_counter() - begun
@@ -120,10 +121,13 @@ class Snapshots:
         if self._writer is not None:
             self._writer.join(timeout)
 
-    def restore(self, directory: Path, load: Callable[[Path], None]) -> SnapshotMeta:
-        """Read this stage's part of the snapshot in ``directory`` (``load`` reads a DCP directory into the stage)."""
+    def restore(self, directory: Path, load: Callable[[list[Path]], None]) -> SnapshotMeta:
+        """Read this stage's part of the snapshot in ``directory`` (``load`` reads DCP directories into the stage):
+        its own stage's directory, or every stage's when the snapshot was taken on another number of stages (a job
+        going on without a lost stage: each unit is read from whichever stage held it)."""
         meta = SnapshotMeta.read(directory)
-        load(layout.stage_dir(directory, self.stage))
+        taken_on = Plan.from_dict(meta.plan).stages
+        load([layout.stage_dir(directory, s) for s in (range(taken_on) if taken_on != self.stages else [self.stage])])
         self.last, self._version = meta.iteration, (meta.plan_version, meta.model_version)
         log.info("restarted from the snapshot of iteration %d (%s)", meta.iteration, directory)
         return meta

@@ -96,7 +96,7 @@ class TorchWorker(TorchState, WorkerCommands):
         self.spec, self.link, self.global_rank, self.leader = spec, link, rank, rank == 0
         self.phase, self._in_loss = "starting", False  # what a failure names (``where``)
         self.index, self.world, self.replica = rank, world, 0
-        self.placement = select(spec.device, local_rank, local_world)
+        self.placement = select(spec.device, local_rank, local_world, spec.devices)
         self.ctl = Control(iteration=spec.start_iteration, target=spec.iterations or 0)
         fns = load_callables(spec)
         self.model_fn, self.split, self.train_data, self.eval_data = fns.model, fns.split, fns.data, None

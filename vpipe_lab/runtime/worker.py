@@ -78,7 +78,7 @@ class Worker(WorkerCommands):
         self.replica, self.replicas = divmod(rank, stages)[0], spec.replicas
         index, world = rank % stages, stages
         self.spec, self.index, self.world, self.link = spec, index, world, link
-        self.placement = select(spec.device, local_rank, local_world)
+        self.placement = select(spec.device, local_rank, local_world, spec.devices)
         self.clock = Clock(0.0)
         # Unattended (``vpipe-lab worker --iterations N``): train until iteration N without waiting for a client.
         self.ctl = Control(iteration=spec.start_iteration, target=spec.iterations or 0)

@@ -107,6 +107,7 @@ class JobSpec:
     snapshot_dir: str | None = None  # restart snapshots and buffered batches (wire/snapshot.py); None: none taken
     snapshot_every: int | None = None  # iterations between snapshots (None: chosen to cost at most ~5%)
     restore_snapshot: str | None = None  # a restarted job: the snapshot directory every rank starts from
+    devices: list[int] | None = None  # each rank's GPU index (None: rank r takes GPU r); a job that lost one skips it
 
     def save(self, path: Path) -> None:
         write_private(path, json.dumps(asdict(self), indent=1).encode())  # it holds the session key

@@ -41,6 +41,11 @@ class SnapshotMeta:
     names: list[str] = field(default_factory=list)
     loss_scale: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def stages(self) -> int:
+        """The stages that took it (each wrote a directory): the plan's chunks over its chunks per stage."""
+        return max(1, (len(self.plan.get("boundaries", [0, 0])) - 1) // int(self.plan.get("virtual_stages", 1)))
+
     @classmethod
     def read(cls, directory: Path) -> SnapshotMeta:
         return cls(**json.loads((directory / "meta.json").read_text()))
@@ -83,23 +88,29 @@ def keys(root: Path) -> list[Key]:
     return sorted((int(m[1]), int(m[2]), int(m[3])) for m in found if m)
 
 
-def is_complete(root: Path, key: Key, stages: int) -> bool:
+def is_complete(root: Path, key: Key) -> bool:
+    """Rank 0's ``meta.json`` and a ``.done`` of every stage its plan had (a job that went on with fewer stages still
+    restarts from a snapshot the larger pipeline took)."""
     where = directory(root, key)
-    return (where / "meta.json").exists() and all(_done(where, s).exists() for s in range(stages))
+    try:
+        stages = SnapshotMeta.read(where).stages
+    except (OSError, ValueError, TypeError):  # absent, or not written by this release
+        return False
+    return all(_done(where, s).exists() for s in range(stages))
 
 
-def newest(root: Path, stages: int) -> tuple[Path, SnapshotMeta] | None:
+def newest(root: Path) -> tuple[Path, SnapshotMeta] | None:
     """The newest complete snapshot (its directory and what rank 0 recorded), or None."""
     for key in reversed(keys(root)):
-        if is_complete(root, key, stages):
+        if is_complete(root, key):
             where = directory(root, key)
             return where, SnapshotMeta.read(where)
     return None
 
 
-def prune(root: Path, stages: int) -> None:
+def prune(root: Path) -> None:
     """Drop every snapshot older than the newest complete one, and the buffered batches before it."""
-    complete = [k for k in keys(root) if is_complete(root, k, stages)]
+    complete = [k for k in keys(root) if is_complete(root, k)]
     if not complete:
         return
     for key in keys(root):

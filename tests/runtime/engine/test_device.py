@@ -55,3 +55,14 @@ def test_pin_cores_really_sets_this_threads_mask() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     second = sorted(os.sched_getaffinity(0))[1]
     assert out.stdout.split() == [f"[{second}]", f"[{second}]"]
+
+
+def test_a_job_that_lost_a_gpu_gives_its_ranks_the_gpus_named_in_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No GPU here: torch.cuda's count and set_device stand in, so only the index choice is checked."""
+    chosen: list[int] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    assert select("auto", 1, 2, [0, 2]).device == torch.device("cuda", 2)  # rank 1 of 2 skips the lost GPU 1
+    assert select("cuda", 1, 2).device == torch.device("cuda", 1)
+    assert chosen == [2, 1]

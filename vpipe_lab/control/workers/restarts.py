@@ -9,6 +9,12 @@ on the same batches (``data(i)``, or the batches rank 0 buffered from an iterabl
 parameters end equal to an undisturbed run; the session records each iteration once and checks the replayed
 losses against the ones it recorded the first time. After ``max_restarts`` restarts a failure ends the job, as
 without them.
+
+When a stage cannot come back (its replacement dies or does not start: its device is gone), the job goes on with
+the stages that remain, as vPipe's layer migration would: the same layers re-partitioned onto K-1 stages, balanced by
+what they were measured to cost (``core/planning/fewer.py``), each new stage reading its units from whichever stage
+held them in the snapshot, the lost GPU skipped. The session's stage count, memory budgets and plan follow, and the
+restart's record says so.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from vpipe_lab.control.requests import Requests
 from vpipe_lab.control.state import JobState
 from vpipe_lab.control.workers.processes import Launcher
 from vpipe_lab.core.plan import Plan
+from vpipe_lab.core.planning.fewer import fewer_stages
 from vpipe_lab.wire import snapshot
 from vpipe_lab.wire.commands import Run
 from vpipe_lab.wire.jobspec import JobSpec
@@ -45,9 +52,19 @@ class Restart:
     replayed: int  # iterations that had completed and ran again
     seconds: float  # from the failure being named to training again
     loss_diff: float | None = None  # the largest difference of a replayed iteration's loss from the first run's
+    stages: int = 0  # the stages the job went on with (fewer than before when one could not come back)
+    note: str = ""  # how the job went on without a stage, in words
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class NotBack(RuntimeError):
+    """A replacement worker that died or did not start: its stage cannot come back (its device is gone)."""
+
+    def __init__(self, rank: int, why: str) -> None:
+        super().__init__(f"worker {rank}: {why}")
+        self.rank, self.why = rank, why
 
 
 class Restarter:
@@ -55,10 +72,11 @@ class Restarter:
 
     def __init__(self, limit: int, spec: JobSpec, job_dir: Path, launcher: Launcher, state: JobState,
                  requests: Requests, cond: threading.Condition, start_timeout: float,
-                 forget_partial: Callable[[], None], restarted: Callable[[Restart], None]) -> None:
+                 forget_partial: Callable[[int], None], restarted: Callable[[Restart], None],
+                 layer_times: Callable[[], list[float] | None] = lambda: None) -> None:
         self.limit, self.spec, self.job_dir, self.launcher = limit, spec, job_dir, launcher
         self.state, self.requests, self.cond, self.start_timeout = state, requests, cond, start_timeout
-        self.forget_partial, self.restarted = forget_partial, restarted
+        self.forget_partial, self.restarted, self.layer_times = forget_partial, restarted, layer_times
         self.done: list[Restart] = []
 
     @property
@@ -81,7 +99,7 @@ class Restarter:
             if self.limit:
                 log.error("no restart left (max_restarts=%d): the job ends", self.limit)
             return error
-        found = snapshot.newest(self.root, self.spec.stages)
+        found = snapshot.newest(self.root)
         if found is not None and found[1].model_version != 0:
             log.error("not restarting: the model was changed with set_model, which a restarted worker cannot rebuild")
             return error
@@ -97,45 +115,84 @@ class Restarter:
         else:
             spec = replace(spec, scout=False)
         number = len(self.done) + 1
-        path = self.job_dir / f"job-restart-{number}.json"
-        spec.save(path)
         with self.cond:
-            self.state.ready.clear()
-            self.forget_partial()
             self.requests.replaced(f"iteration {spec.start_iteration}, plan version "
                                   f"{found[1].plan_version if found else 0}")
+        note = ""
         try:
-            self._start(path)
-        except Exception as exc:  # the replacement could not start: the job ends with the first failure's cause
+            try:
+                self._start(spec, f"job-restart-{number}.json")
+            except NotBack as exc:  # that stage cannot come back: go on without it, if the job has stages to spare
+                self.launcher.end_workers(timeout=2.0)
+                spec, note = self._without(spec, exc)
+                self._start(spec, f"job-restart-{number}-fewer.json")
+        except Exception as exc:  # no replacement started: the job ends with the first failure's cause
             log.error("the restart failed: %s", exc)
             self.launcher.end_workers(timeout=2.0)
             return error
         start = spec.start_iteration
         restart = Restart(number, time.time(), error.stage, error.cause.splitlines()[0] if error.cause else "", start,
-                          max(0, self.state.iteration - start), time.monotonic() - began)
+                          max(0, self.state.iteration - start), time.monotonic() - began, stages=spec.stages,
+                          note=note)
         self.done.append(restart)
         with self.cond:
-            if found is not None:
+            if note:  # the session's spec from now on: its stage count, budgets, devices and plan
+                for key in ("stages", "plan", "memory_budget", "devices"):
+                    setattr(self.spec, key, getattr(spec, key))
+                self.state.plan = Plan.from_dict(spec.plan)
+            elif found is not None:
                 self.state.plan, self.state.plan_version = Plan.from_dict(found[1].plan), found[1].plan_version
         self._resume_training(start)
         restart.seconds = time.monotonic() - began
         self.restarted(restart)
-        log.warning("restart %d of %d: stage %d replaced, back at iteration %d, %d iteration(s) to replay, %.1f s",
-                    number, self.limit, restart.stage, start, restart.replayed, restart.seconds)
+        log.warning("restart %d of %d: stage %d %s, back at iteration %d, %d iteration(s) to replay, %.1f s",
+                    number, self.limit, restart.stage, f"planned away ({spec.stages} stages now)" if note else "replaced",
+                    start, restart.replayed, restart.seconds)
         return None
 
-    def _start(self, spec_path: Path) -> None:
-        """Spawn every rank on ``spec_path`` and wait until each is ready (raises if one fails or is late)."""
-        workers = self.spec.stages * self.spec.replicas
+    def _start(self, spec: JobSpec, name: str) -> None:
+        """Spawn every rank of ``spec`` and wait until each is ready; NotBack names the first that died or was late."""
+        path = self.job_dir / name
+        spec.save(path)
+        workers = spec.stages * spec.replicas
+        with self.cond:
+            self.state.ready.clear()
+            self.forget_partial(spec.stages)
         for rank in range(workers):
-            self.launcher.start_rank(rank, spec_path)
+            self.launcher.start_rank(rank, path)
 
         def ready() -> bool:
-            if any(rc != 0 for _, rc in self.launcher.exited()):
-                raise RuntimeError("a replacement worker exited while starting")
+            for worker, rc in self.launcher.exited():
+                if rc != 0:
+                    how = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
+                    raise NotBack(worker.rank, f"its replacement died as it started ({how})")
             return len(self.state.ready) >= workers
 
-        self.requests.until(ready, self.start_timeout, "the replacement workers did not start")
+        try:
+            self.requests.until(ready, self.start_timeout, "the replacement workers did not start")
+        except TimeoutError:
+            late = [r for r in range(workers) if r not in self.state.ready]
+            raise NotBack(late[0], f"its replacement did not start within {self.start_timeout:g} s") from None
+
+    def _without(self, spec: JobSpec, lost: NotBack) -> tuple[JobSpec, str]:
+        """``spec`` for the stages that remain when ``lost``'s stage cannot come back (raises when the job cannot go
+        on without it), and the words for what was done."""
+        stage = lost.rank % spec.stages
+        if spec.replicas > 1:
+            raise RuntimeError(f"stage {stage} cannot come back ({lost.why}), and a job of {spec.replicas} pipeline "
+                               "replicas is not re-planned onto fewer stages")
+        current = Plan.from_dict(spec.plan) if spec.plan else self.state.plan
+        if current is None:
+            raise RuntimeError(f"stage {stage} cannot come back ({lost.why}) and no plan is known to re-partition")
+        fewer = fewer_stages(current, stage, self.layer_times())  # PlanError when one stage is all there was
+        keep = [s for s in range(spec.stages) if s != stage]
+        changes: dict[str, Any] = {
+            "stages": spec.stages - 1, "plan": fewer.plan.to_dict(),
+            "memory_budget": [spec.memory_budget[s] for s in keep] if spec.memory_budget else None,
+            "devices": [(spec.devices or list(range(spec.stages)))[s] for s in keep]}
+        note = f"stage {stage} could not come back: {lost.why}; going on with {fewer.how}"
+        log.warning("%s", note)
+        return replace(spec, **changes), note
 
     def _resume_training(self, start: int) -> None:
         """Ask the new workers for what the session had asked of the old ones: its target (paused: only the

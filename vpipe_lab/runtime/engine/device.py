@@ -44,14 +44,15 @@ def pin_cores(device: str, local_rank: int, local_world: int, threads: int) -> l
     return mine
 
 
-def select(device: str, local_rank: int, local_world: int) -> Placement:
-    """``auto``: one GPU per stage when this node has enough (NCCL), else CPU (gloo); ``cpu`` / ``cuda`` force it."""
+def select(device: str, local_rank: int, local_world: int, devices: list[int] | None = None) -> Placement:
+    """``auto``: one GPU per stage when this node has enough (NCCL), else CPU (gloo); ``cpu`` / ``cuda`` force it.
+    ``devices`` names each local rank's GPU (a job that went on without a lost one skips its index)."""
     if device == "cpu":
         return Placement(torch.device("cpu"), "gloo")
     if device == "cuda" or (device == "auto" and _gpus_for(local_world)):
         if not torch.cuda.is_available():
             raise RuntimeError("device='cuda' was asked for but torch sees no CUDA device; use device='cpu' or 'auto'")
-        index = local_rank % torch.cuda.device_count()
+        index = devices[local_rank] if devices else local_rank % torch.cuda.device_count()
         torch.cuda.set_device(index)
         return Placement(torch.device("cuda", index), "nccl")
     if device != "auto":

@@ -1,7 +1,9 @@
 """Fault injection for the fault tests: ``VPIPE_LAB_FAULT=<point>:<rank>[:<how>][@<iteration>]``.
 
 Points: ``forward`` (inside a stage's forward pass), ``save`` (after a rank wrote its layer files, before the
-checkpoint is complete), ``migrate`` (halfway through sending layers). How: ``exit`` (the default: exit at once with
+checkpoint is complete), ``migrate`` (halfway through sending layers), ``start`` (a worker starting on a job that begins
+at that iteration, before it joins the process group; its number is the device the worker takes, not its rank: a
+replacement whose device is gone). How: ``exit`` (the default: exit at once with
 code 17), ``kill`` (SIGKILL itself), ``hang`` (sleep forever), ``slow`` (sleep 3 s, then go on). ``@N`` fires only from
 iteration N on. Unset, nothing here runs on the hot path but a None check.
 """
