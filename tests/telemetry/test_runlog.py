@@ -31,10 +31,11 @@ def test_iterations_are_written_when_every_rank_reported_and_a_restart_drops_red
                                   {"stage": 1, "time_s": 1.0, "peak_bytes": 20}]
     with open(tmp_path / runlog.METRICS, "a") as fh:
         fh.write('{"kind": "iteration", "itera')  # a line cut short by a kill
-    again = runlog.RunLog(tmp_path, stages=2, start=1)  # resumed from the checkpoint after iteration 0
+    again = runlog.RunLog(tmp_path, stages=1, start=1, note="a node left")  # resumed after iteration 0, on one stage
     again.close()
     assert list(runlog.read(tmp_path)["iteration"]) == [0]
-    assert list(runlog.read(tmp_path, "start")["iteration"]) == [0, 1]
+    starts = runlog.read(tmp_path, "start")
+    assert list(starts["iteration"]) == [0, 1] and list(starts["stages"]) == [2, 1] and starts["note"].iloc[1] == "a node left"
     assert runlog.read(tmp_path, "evaluation").empty  # it ran after iteration 2, which is redone
 
 

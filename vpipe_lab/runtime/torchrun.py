@@ -93,7 +93,7 @@ def _resume_point(run_dir: Path, stages: int) -> dict[str, Any] | None:
     """Rank 0: the newest complete checkpoint in the run directory, if any (a restarted job continues from it)."""
     from vpipe_lab.core.errors import ProfileError
     from vpipe_lab.core.plan import Plan
-    from vpipe_lab.core.planning.partition import uniform
+    from vpipe_lab.core.planning.fewer import onto
     from vpipe_lab.wire.checkpoint import Manifest
 
     root = run_dir / "checkpoints"
@@ -105,11 +105,15 @@ def _resume_point(run_dir: Path, stages: int) -> dict[str, Any] | None:
         log.warning("not resuming from %s: %s", root, exc)
         return None
     plan = Plan.from_dict(manifest.plan)
-    if plan.stages != stages:  # layers are saved one file each: another stage count resumes on an even split
-        plan = Plan(uniform(manifest.num_layers, stages * plan.virtual_stages), plan.policies, plan.microbatches,
-                    plan.schedule, plan.virtual_stages)
+    note = ""
+    if plan.stages != stages:  # torchrun's elastic membership changed (a node left or came back): re-partition
+        moved = onto(plan, stages)  # DCP keys are the model's own names: every stage reads its units, whoever wrote them
+        note = (f"torchrun started {stages} stage(s) where the checkpoint of iteration {manifest.iteration} was taken on "
+                f"{plan.stages} (a node left or joined): going on with {moved.how}")
+        log.warning("%s", note)
+        plan = moved.plan
     log.info("resuming from %s at iteration %d", manifest.directory, manifest.iteration)
-    return {"path": str(root.absolute()), "iteration": manifest.iteration, "plan": plan.to_dict()}
+    return {"path": str(root.absolute()), "iteration": manifest.iteration, "plan": plan.to_dict(), "note": note}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -147,7 +151,7 @@ def main(args: argparse.Namespace) -> int:
             from vpipe_lab.telemetry.sinks import open_sink
 
             runlog = runlogs.RunLog(run_dir, stages, resume["iteration"] if resume else 0, open_sink(args.log),
-                                    replicas=args.replicas)
+                                    replicas=args.replicas, note=resume["note"] if resume else "")
             broker.observer = runlog.observe
             key_file = None if (args.key or os.environ.get("VPIPE_LAB_KEY")) else str(Path(args.key_file).absolute())
             where = runlogs.write_attach(run_dir, broker.frontend, socket.gethostname(), key_file)

@@ -30,7 +30,8 @@ ATTACH = "attach.json"
 class RunLog:
     """Collects every stage's reports of an iteration and appends the iteration's line once all are in."""
 
-    def __init__(self, run_dir: Path, stages: int, start: int, sink: Sink | None = None, replicas: int = 1) -> None:
+    def __init__(self, run_dir: Path, stages: int, start: int, sink: Sink | None = None, replicas: int = 1,
+                 note: str = "") -> None:
         self.path = run_dir / METRICS
         self.stages, self.workers = stages, stages * replicas
         self.logger = Logger(sink)
@@ -38,7 +39,10 @@ class RunLog:
         run_dir.mkdir(parents=True, exist_ok=True)
         self._truncate(start)
         self._file = open(self.path, "a", encoding="utf-8")
-        self._write({"kind": "start", "iteration": start})
+        # the stages it (re)started with, and how it went on when torchrun gave it another number of them
+        self._write({"kind": "start", "iteration": start, "stages": stages, **({"note": note} if note else {})})
+        if note:
+            self.logger.event(start, "restart", note)
 
     def _truncate(self, start: int) -> None:
         """Keep only what happened before iteration ``start`` (the restart trains the rest again)."""

@@ -6,7 +6,7 @@ import pytest
 
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.plan import Plan
-from vpipe_lab.core.planning.fewer import fewer_stages, spread
+from vpipe_lab.core.planning.fewer import fewer_stages, onto, spread
 
 
 def test_the_layers_and_policies_go_onto_one_stage_fewer_balanced_by_cost() -> None:
@@ -56,3 +56,12 @@ def test_refusals_name_the_problem(plan: Plan, lost: int, match: str) -> None:
 def test_layer_times_must_match_the_layers() -> None:
     with pytest.raises(PlanError, match="2 layer times for a plan of 4 layers"):
         fewer_stages(Plan.from_counts([2, 2], 2), 0, [1.0, 1.0])
+
+
+def test_onto_more_stages_when_a_node_comes_back() -> None:
+    got = onto(Plan.from_counts([10], 4), 2, [1.0] * 8 + [4.0, 4.0])
+    assert got.plan.boundaries == (0, 8, 10) and got.how == "1f1b on 2 stages, balanced by the measured layer times"
+    with pytest.raises(PlanError, match="stages must be a whole number >= 1, got 0"):
+        onto(Plan.from_counts([10], 4), 0)
+    with pytest.raises(PlanError, match="cannot split 10 layers into 11 stages"):
+        onto(Plan.from_counts([10], 4), 11)

@@ -1,0 +1,114 @@
+"""torchrun's elastic membership: a node of a two-node ``vpipe-lab worker`` job dies, torchrun (``--nnodes 1:2``,
+c10d rendezvous, ``--max-restarts``) restarts the job on the node that is left, and the lab re-plans the same layers
+onto one stage from the newest checkpoint and trains on, saying so, to the losses and weights of a job that lost
+nothing. Two torchrun agents on this machine stand for the two nodes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from vpipe_lab.examples import mlp
+from vpipe_lab.telemetry import runlog
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+KEY = "0123456789abcdef" * 4
+ROOT = Path(__file__).resolve().parents[2]
+ITERATIONS = 16
+
+
+def worker_args(run_dir: Path) -> list[str]:
+    return ["-m", "vpipe_lab.cli", "worker", "--model", "mlp", "--data", "tests.integration.slow_data:data",
+            "--microbatches", "4", "--device", "cpu", "--control-port", "0", "--iterations", str(ITERATIONS),
+            "--save-every", "4", "--run-dir", str(run_dir), "--timeout", "20"]
+
+
+def torchrun(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "VPIPE_LAB_KEY": KEY, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args], env=env, cwd=ROOT,
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def node(run_dir: Path, port: int, host: bool, log: Path) -> subprocess.Popen[bytes]:
+    """One node's torchrun agent; ``host`` serves the c10d rendezvous store (the node that must stay)."""
+    return torchrun(["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                     "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "elastic-test",
+                     "--rdzv-conf", f"is_host={int(host)},last_call_timeout=2,join_timeout=120",
+                     "--max-restarts", "2", "--monitor-interval", "0.5", *worker_args(run_dir)], log)
+
+
+def kill(proc: subprocess.Popen[bytes]) -> None:
+    """The whole node: its agent and its worker."""
+    if proc.poll() is None:
+        family = psutil.Process(proc.pid).children(recursive=True)
+        os.killpg(proc.pid, signal.SIGKILL)
+        for child in family:
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
+    proc.wait(timeout=30)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def latest(run_dir: Path) -> int:
+    pointer = run_dir / "checkpoints" / "latest"
+    return int(pointer.read_text().split("-")[1]) if pointer.exists() else -1
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The last checkpoint read by DCP itself into a plain model (the checkpoint holds the model's own names)."""
+    state = mlp.model().state_dict()
+    dcp.load(state, checkpoint_id=str(run_dir / "checkpoints" / f"ckpt-{ITERATIONS:08d}-0-0"), no_dist=True)
+    return state
+
+
+def test_a_node_that_leaves_is_planned_away_and_training_ends_equal(tmp_path: Path) -> None:
+    whole, elastic = tmp_path / "whole", tmp_path / "elastic"
+    proc = torchrun(["--standalone", "--nproc-per-node", "2", *worker_args(whole)], tmp_path / "whole.log")
+    try:
+        assert proc.wait(timeout=300) == 0, (tmp_path / "whole.log").read_text()[-3000:]
+    finally:
+        kill(proc)
+    port = free_port()
+    first = node(elastic, port, True, tmp_path / "first.log")
+    second = None
+    try:
+        time.sleep(1.0)  # the host's store is up before the other node joins it
+        second = node(elastic, port, False, tmp_path / "second.log")
+        deadline = time.monotonic() + 240
+        while latest(elastic) < 4:
+            assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "first.log").read_text()[-3000:]
+            time.sleep(0.05)
+        kill(second)  # the node is gone: torchrun restarts the job with the one that is left
+        assert first.wait(timeout=300) == 0, (tmp_path / "first.log").read_text()[-3000:]
+    finally:
+        kill(first)
+        if second is not None:
+            kill(second)
+    starts = runlog.read(elastic, "start")
+    assert list(starts["stages"]) == [2, 1] and starts["iteration"].iloc[1] >= 4
+    note = starts["note"].iloc[1]
+    assert "torchrun started 1 stage(s) where the checkpoint of iteration" in note and "was taken on 2" in note
+    assert "1f1b on 1 stage" in note
+    got, expected = runlog.read(elastic), runlog.read(whole)
+    assert list(got["iteration"]) == list(range(ITERATIONS))  # each iteration once: the replay replaced the lost ones
+    assert list(got["loss"]) == pytest.approx(list(expected["loss"]), abs=1e-6)
+    reference = final_weights(whole)
+    for key, value in final_weights(elastic).items():
+        assert torch.allclose(value, reference[key], atol=1e-6), key
