@@ -23,9 +23,11 @@ from vpipe_lab.control.changes.profiles import Profiles
 from vpipe_lab.control.errors import SessionClosed, WorkerError
 from vpipe_lab.control.evaluation import evaluate
 from vpipe_lab.control.events import EventCallback, Events
+from vpipe_lab.control.history import History
 from vpipe_lab.control.intake import Intake
 from vpipe_lab.control.lifecycle import Lifecycle
 from vpipe_lab.control.outward import Outward
+from vpipe_lab.control.record import Record
 from vpipe_lab.control.requests import Requests
 from vpipe_lab.control.sessions import register
 from vpipe_lab.control.state import JobState
@@ -48,7 +50,7 @@ from vpipe_lab.wire.jobspec import JobSpec
 log = logging.getLogger(__name__)
 
 
-class Session(Outward, Lifecycle):
+class Session(Outward, Lifecycle, Record):
     """A running pipeline. Every method is safe to call while training goes on in the background."""
 
     def __init__(self, spec: JobSpec, hub: Endpoint, launcher: Launcher | None, job_dir: Path | None,
@@ -70,8 +72,11 @@ class Session(Outward, Lifecycle):
                               self._events, self.logger, cond)
         self._profiles = Profiles()
         self._live = Live(spec, job_dir, self.state, self._requests, self._monitor, self._events.publish, self._check,
-                          self.profile, self.cluster, self._profiles.forget, self.newest_profile)
+                          self.profile, self.cluster, self._profiles.forget, self.newest_profile,
+                          lambda: self._profiles.newest)
         self._autoplan: AutoReplanner | None = None
+        self._history = History(self.state, self.metrics, cond)  # session.history, revert, compare (control/record.py)
+        self._events.subscribe(self._history.observe)
         self._monitor.start()
         register(self)  # the %vpipe magics act on the newest session, however it was started
 
@@ -285,9 +290,11 @@ class Session(Outward, Lifecycle):
         ``checkpoint`` saves the state before layers move (``Live.change``). Every door to a live change comes here."""
         return self._live.change(change, force=force, checkpoint=checkpoint, timeout=timeout)
 
-    def apply(self, plan: Plan, *, force: bool = False, checkpoint: bool = True, timeout: float | None = None) -> int:
-        """Run ``plan`` from the next iteration boundary (``change(Change.to(plan))``); returns that iteration."""
-        return self.change(Change.to(plan), force=force, checkpoint=checkpoint, timeout=timeout).iteration
+    def apply(self, plan: Plan, *, force: bool = False, checkpoint: bool = True, timeout: float | None = None,
+              source: str = "api") -> int:
+        """Run ``plan`` from the next iteration boundary (``change(Change.to(plan, source))``); returns that
+        iteration. ``source`` is who asked, as ``history`` shows it."""
+        return self.change(Change.to(plan, source), force=force, checkpoint=checkpoint, timeout=timeout).iteration
 
     def set_partition(self, boundaries: Sequence[int], **kw: Any) -> int:
         """Move the stage boundaries (layers migrate live); returns the iteration it takes effect."""

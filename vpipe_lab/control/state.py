@@ -36,6 +36,7 @@ class JobState:
     migrating: int | None = None  # the plan version being moved to (its checkpoint is the fallback)
     last_checkpoint: Path | None = None
     applied: list[Applied] = field(default_factory=list)  # every live change in force so far, oldest first
+    first: Applied | None = None  # the plan in force when the session began (launched or attached), as a record
     last_migration: dict[str, Any] | None = None  # the newest of ``applied`` as a dict (what events carry)
     last_mapping: dict[int, int | None] | None = None
 
@@ -48,10 +49,12 @@ class JobState:
             self.plan, self.names, self.iteration = Plan.from_dict(first.plan), list(first.names), first.iteration
             self.unit_info = infos(first.units, self.names)
             self.target = self.iteration
+            self.first = Applied(self.plan, self.plan_version, self.iteration, source="launch")
             return
         self.plan, self.names = Plan.from_dict(current.plan), list(current.names)
         self.unit_info = infos(current.units, self.names)
         self.plan_version, self.iteration = current.plan_version, current.iteration
+        self.first = Applied(self.plan, self.plan_version, self.iteration, source="attach")
         self.target = None if current.running else self.iteration
         self.paused = current.paused
 

@@ -12,7 +12,9 @@ from vpipe_lab.core.plan import Plan, placement, schedule_kind
 from vpipe_lab.core.planning.partition import uniform
 from vpipe_lab.core.policy import Policy
 
-SOURCES = ("api", "editor", "magic", "planner", "cli")  # who asked: shown in the session's record of changes
+# who asked: shown in the session's record (``session.history``); "auto" is the auto-replanner, "revert" a return to
+# an earlier plan of the record
+SOURCES = ("api", "editor", "magic", "planner", "cli", "auto", "revert")
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,9 @@ class Applied:
     moves: int = 0
     moved_bytes: int = 0
     pause_s: float = 0.0
-    source: str = "api"
+    source: str = "api"  # a Change's source; "launch"/"attach" for the plan a session began with, "restart" for a
+    # re-plan onto the stages left after one could not come back
+    predicted_s: float | None = None  # the cost model's iteration time for it when applied (None: no profile yet)
 
     def describe(self) -> str:
         moved = f" ({self.moves} layer(s) moved)" if self.moves else ""

@@ -26,6 +26,7 @@ from vpipe_lab.core.errors import VpipeError
 from vpipe_lab.core.plan import AUTO, VIRTUAL_HELP, Policy, default_virtual_stages
 from vpipe_lab.core.planning.planner import METHODS
 from vpipe_lab.core.report import human_time, plan_table
+from vpipe_lab.jupyter import record_commands
 from vpipe_lab.jupyter.interop_commands import InteropCommands, add_commands
 from vpipe_lab.wire.jobspec import DEVICES, ENGINES, add_training_options, byte_size
 
@@ -108,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("file")
     t.add_argument("--iterations", type=int, default=3)
     add_commands(sub)
+    record_commands.add_commands(sub)
     sub.add_parser("dashboard", help="live timeline, memory and loss")
     sub.add_parser("editor", help="the partition editor: drag boundaries, toggle policies, preview, apply")
     sub.add_parser("help", help="this help")
@@ -126,7 +128,7 @@ COMMANDS = tuple(subcommands(build_parser()))
 
 
 @magics_class
-class VpipeMagics(InteropCommands, Magics):
+class VpipeMagics(InteropCommands, record_commands.RecordCommands, Magics):
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
         self.parser = build_parser()

@@ -44,7 +44,7 @@ class Replannable(Protocol):
 
     def replan(self, method: str = ...) -> Any: ...
 
-    def apply(self, plan: Plan) -> int: ...
+    def apply(self, plan: Plan, *, source: str = ...) -> int: ...
 
     def cluster(self) -> Cluster: ...
 
@@ -106,7 +106,7 @@ class AutoReplanner:
             self._last = it
             cost = found.migration_s
             worth = found.gain > self.min_gain and found.gain_s * self.horizon > cost and found.plan != s.plan
-            applied = s.apply(found.plan) if worth else None
+            applied = s.apply(found.plan, source="auto") if worth else None
             note = "applied" if worth else (
                 "no better plan" if found.gain <= self.min_gain else "gain does not pay for the migration")
             decision = Decision(it, reason, found.current_s, found.predicted_s, cost, len(found.moves), applied, note)

@@ -66,10 +66,11 @@ class Live:
     def __init__(self, spec: JobSpec, job_dir: Path | None, state: JobState, requests: Requests,
                  monitor: FailureMonitor, publish: Callable[[dict[str, Any]], None], check: Callable[[], None],
                  profile: Callable[[], ModelProfile], cluster: Callable[[], Cluster],
-                 forget_profile: Callable[[], None], newest_profile: Callable[[], ModelProfile]) -> None:
+                 forget_profile: Callable[[], None], newest_profile: Callable[[], ModelProfile],
+                 known_profile: Callable[[], ModelProfile | None] = lambda: None) -> None:
         self.spec, self.job_dir, self.state, self.requests, self.monitor = spec, job_dir, state, requests, monitor
         self.publish, self.check, self.profile, self.cluster = publish, check, profile, cluster
-        self.forget_profile, self.newest_profile = forget_profile, newest_profile
+        self.forget_profile, self.newest_profile, self.known_profile = forget_profile, newest_profile, known_profile
         self._lock = threading.Lock()  # one change at a time
         # The schedules the workers know: launch() hands them every schedule registered by then.
         self._known = set(schedules.names()) if job_dir is not None else set(schedules.built_in())
@@ -90,6 +91,7 @@ class Live:
         assert current is not None
         plan = change.resolve(current, len(self.state.names), self.spec.stages)
         self._admit(plan, current, force)
+        predicted = self.predicted_s(plan, current)
         with self._lock:
             version = self.state.plan_version + 1
             moves = layer_moves(current.boundaries, plan.boundaries, plan.stages,
@@ -117,7 +119,7 @@ class Live:
             if path is not None:
                 self._keep_checkpoint(path)
             done = Applied(plan, version, ack.iteration, len(moves), ack.moved_bytes or 0, ack.pause_s or 0.0,
-                           change.source)
+                           change.source, predicted)
             self.state.plan, self.state.plan_version = plan, version
             self.state.applied.append(done)
             self.state.last_migration = {"version": version, "iteration": ack.iteration, "moves": len(moves),
@@ -147,15 +149,7 @@ class Live:
             raise PlanError(f"{problem}; nothing changed")
         if force or not spec.memory_budget:
             return
-        profile = self.newest_profile()
-        if plan.microbatches != current.microbatches and profile.microbatch_size:
-            # The same global batch in another number of micro-batches: the profile at that size.
-            batch = profile.microbatch_size * current.microbatches
-            if batch % plan.microbatches:
-                raise PlanError(f"{plan.microbatches} micro-batches do not divide the batch of {batch}; nothing "
-                                "changed")
-            profile = scaling.at(profile, batch // plan.microbatches)
-        est = estimate(plan, profile, self.cluster())
+        est = estimate(plan, self._sized(self.newest_profile(), plan, current), self.cluster())
         over = {s: o for s, o in enumerate(est.over_budget) if o > 0}
         if over:
             stage = max(over, key=over.__getitem__)
@@ -165,6 +159,28 @@ class Live:
                 f"(apply(plan, force=True) to run it anyway)",
                 stage=stage, missing_bytes=over[stage],
                 suggestions=("swap or recompute more of that stage's layers", "move layers off that stage"))
+
+    @staticmethod
+    def _sized(profile: ModelProfile, plan: Plan, current: Plan) -> ModelProfile:
+        """``profile`` at ``plan``'s micro-batch size: the same global batch in another number of micro-batches."""
+        if plan.microbatches == current.microbatches or not profile.microbatch_size:
+            return profile
+        batch = profile.microbatch_size * current.microbatches
+        if batch % plan.microbatches:
+            raise PlanError(f"{plan.microbatches} micro-batches do not divide the batch of {batch}; nothing changed")
+        return scaling.at(profile, batch // plan.microbatches)
+
+    def predicted_s(self, plan: Plan, current: Plan) -> float | None:
+        """The cost model's iteration time for ``plan`` under the newest profile, if one was measured (the record of
+        the session keeps it beside what the plan then measured); None without one: nothing is asked of the workers."""
+        profile = self.known_profile()
+        if profile is None or len(profile) != plan.num_layers:
+            return None
+        try:
+            return estimate(plan, self._sized(profile, plan, current), self.cluster()).iteration_s
+        except Exception as exc:  # a prediction is a nicety: the change goes ahead without one
+            log.info("no prediction for %s: %s", plan.describe(), exc)
+            return None
 
     def _keep_checkpoint(self, path: Path) -> None:
         """Only the newest automatic checkpoint is kept."""

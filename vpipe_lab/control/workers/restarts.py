@@ -31,6 +31,7 @@ from vpipe_lab.control.errors import WorkerError
 from vpipe_lab.control.requests import Requests
 from vpipe_lab.control.state import JobState
 from vpipe_lab.control.workers.processes import Launcher
+from vpipe_lab.core.change import Applied
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.planning.fewer import fewer_stages
 from vpipe_lab.wire import snapshot
@@ -140,6 +141,9 @@ class Restarter:
                 for key in ("stages", "plan", "memory_budget", "devices"):
                     setattr(self.spec, key, getattr(spec, key))
                 self.state.plan = Plan.from_dict(spec.plan)
+                # in the record from the first iteration it records (the replayed ones were recorded under the old)
+                self.state.applied.append(Applied(self.state.plan, self.state.plan_version, self.state.iteration,
+                                                  source="restart"))
             elif found is not None:
                 self.state.plan, self.state.plan_version = Plan.from_dict(found[1].plan), found[1].plan_version
         self._resume_training(start)

@@ -1,0 +1,65 @@
+"""``%vpipe history``, ``revert`` and ``compare`` on a real session: every plan that ran is in the record with what it
+measured and (once a profile exists) what was predicted; a revert brings an entry's plan back by live migration; two
+entries compare stage by stage; bad entries are usage errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.testing import globalipapp
+
+from vpipe_lab.jupyter.history_panel import HistoryPanel
+from vpipe_lab.jupyter.magics import build_parser
+
+
+def test_the_parser_takes_the_commands() -> None:
+    assert build_parser().parse_args(["revert", "2"]).entry == 2
+    args = build_parser().parse_args(["compare", "0", "3"])
+    assert (args.a, args.b) == (0, 3)
+
+
+@pytest.mark.slow
+def test_history_revert_and_compare_on_a_session(capsys: pytest.CaptureFixture[str]) -> None:
+    ip = globalipapp.start_ipython() or globalipapp.get_ipython()  # one shell, whichever module came first
+    ip.run_line_magic("load_ext", "vpipe_lab")
+    try:
+        ip.run_line_magic("vpipe", "start mlp --stages 2 --microbatches 4 --device cpu --run 12 --name pipe")
+        pipe = ip.user_ns["pipe"]
+        ip.run_line_magic("vpipe", "wait 12 --timeout 120")
+        pipe.profile()  # from now on each change is recorded with the cost model's prediction
+        ip.run_line_magic("vpipe", "partition 0 3 10")
+        ip.run_line_magic("vpipe", "run 12")
+        ip.run_line_magic("vpipe", "wait --timeout 120")
+        panel = ip.run_line_magic("vpipe", "history")
+        assert isinstance(panel, HistoryPanel) and "<td>magic</td>" in panel.table.value
+        ip.run_line_magic("vpipe", "revert 0")
+        assert pipe.plan.boundaries == (0, 5, 10) and pipe.layers_by_stage() == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+        ip.run_line_magic("vpipe", "run 12")
+        ip.run_line_magic("vpipe", "wait --timeout 120")
+        frame = pipe.history
+        assert list(frame["source"]) == ["launch", "magic", "revert"]
+        assert list(frame["from_iteration"]) == [0, 12, 24] and list(frame["iterations"]) == [12, 12, 12]
+        plans = list(frame["plan"])
+        assert plans[0] == plans[2] != plans[1]
+        assert (frame["median_s"] > 0).all() and (frame["samples_per_s"] > 0).all()
+        assert math.isnan(frame["predicted_s"][0]) and (frame["predicted_s"][1:] > 0).all()
+        assert frame["error"][1:].abs().lt(10).all() and set(frame["bottleneck"]) <= {0, 1}
+        both = pipe.compare(0, 1)
+        assert list(both["stage"]) == [0, 1]
+        for entry in (0, 1):  # each entry's split, entry 0's kept since iteration 12 rolled it out of the window
+            shares = both[[f"{p}_share_{entry}" for p in ("compute", "recompute", "swap", "transfer", "bubble")]]
+            assert ((shares.sum(axis=1) - 1).abs() < 0.05).all()
+        assert pipe.entry_split(0)[1] is not None and {s.iteration for s in pipe.entry_split(0)[1]} == {11}
+        view = ip.run_line_magic("vpipe", "compare 0 1")
+        assert view.view.header["text"].startswith("entry 0 (launch)")
+        with pytest.raises(UsageError, match="no entry 7"):
+            ip.run_line_magic("vpipe", "revert 7")
+        with pytest.raises(UsageError, match="no entry 9"):
+            ip.run_line_magic("vpipe", "compare 0 9")
+        panel.close()
+        view.close()
+    finally:
+        ip.run_line_magic("vpipe", "stop")
+    assert "entry 0's plan" in capsys.readouterr().out

@@ -1,0 +1,75 @@
+"""Figures of the session's record: two plans' measured iterations on one time scale, their splits side by side, and
+every plan's measured against its predicted iteration time (plain figure dicts, as ``figures.py`` makes them)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from vpipe_lab.charts.figures import _LEGEND, COLORS, Fig, finite, gantt_data
+from vpipe_lab.core.cost.breakdown import PARTS, StageTime
+from vpipe_lab.core.timeline import KINDS, Timeline
+
+PART_COLORS = {"compute": COLORS["forward"], "recompute": COLORS["recompute"], "swap": COLORS["swap_out"],
+               "transfer": COLORS["send"], "bubble": COLORS["idle"]}
+
+
+def pair_spec(a: Timeline | None, b: Timeline | None, labels: tuple[str, str]) -> Fig:
+    """Two measured iterations, one above the other, each from its own start on the same millisecond axis and in the
+    same colours: what one plan does that the other does not is where their bars differ."""
+    stages = [max(t.stages, 1) if t is not None else 1 for t in (a, b)]
+    gap = 1.0  # an empty lane between the two
+    traces: list[dict[str, Any]] = []
+    tickvals: list[float] = []
+    ticktext: list[str] = []
+    offset = 0.0
+    for index, (timeline, label, n) in enumerate(zip((a, b), labels, stages)):
+        if timeline is not None and len(timeline):
+            data = gantt_data(timeline, stages=n)
+            for kind in KINDS:
+                d = data[kind]
+                traces.append({"type": "scatter", "mode": "lines", "x": d["x"],
+                               "y": [None if y is None else y + offset for y in d["y"]], "text": d["text"],
+                               "name": kind, "legendgroup": kind, "showlegend": index == 0 or kind not in
+                               {t["name"] for t in traces}, "line": {"color": COLORS[kind], "width": 12},
+                               "hoverinfo": "text", "connectgaps": False})
+        tickvals += [offset + s for s in range(n)]
+        ticktext += [f"{label} · stage {s}" for s in range(n)]
+        offset += n + gap
+    lanes = offset - gap
+    layout = {"title": {"text": f"{labels[0]} and {labels[1]}: their last measured iterations"},
+              "height": 160 + 40 * lanes, "autosize": True, "margin": {"l": 150, "r": 16, "t": 40, "b": 40},
+              "xaxis": {"ticksuffix": " ms", "zeroline": False, "rangemode": "tozero"},
+              "yaxis": {"tickvals": tickvals, "ticktext": ticktext, "range": [lanes - 0.5, -0.5], "zeroline": False},
+              "legend": _LEGEND, "uirevision": "pair", "hovermode": "closest"}
+    return {"data": traces, "layout": layout}
+
+
+def split_spec(a: Sequence[StageTime], b: Sequence[StageTime], labels: tuple[str, str]) -> Fig:
+    """Each stage's iteration split into compute, recompute, swap, transfer and bubble (ms), the two plans' bars
+    beside each other per stage."""
+    xs = [f"stage {t.stage} · {label}" for split, label in ((a, labels[0]), (b, labels[1])) for t in split]
+    order = sorted(range(len(xs)), key=lambda i: (int(xs[i].split()[1]), i))  # stage by stage, A then B
+    rows = [*a, *b]
+    traces = [{"type": "bar", "x": [xs[i] for i in order], "y": [finite(1e3 * rows[i].seconds(part)) for i in order],
+               "name": part, "marker": {"color": PART_COLORS[part]}} for part in PARTS]
+    layout = {"barmode": "stack", "title": {"text": "where each stage's iteration went"}, "height": 330,
+              "autosize": True, "yaxis": {"ticksuffix": " ms", "rangemode": "tozero"},
+              "margin": {"l": 64, "r": 16, "t": 40, "b": 40}, "legend": _LEGEND, "uirevision": "split"}
+    return {"data": traces, "layout": layout}
+
+
+def record_spec(rows: Sequence[Mapping[str, Any]]) -> Fig:
+    """Every entry of the record: its median measured iteration time beside the cost model's prediction (ms)."""
+    xs = [f"{r['entry']} {r['source']}" for r in rows]
+    bar = {"type": "bar", "x": xs}
+    traces = [
+        {**bar, "y": [finite(1e3 * r["median_s"]) if r.get("median_s") else None for r in rows], "name": "measured",
+         "marker": {"color": COLORS["forward"]}, "text": [r["plan"] for r in rows], "hoverinfo": "text+y"},
+        {**bar, "y": [finite(1e3 * r["predicted_s"]) if r.get("predicted_s") else None for r in rows],
+         "name": "predicted when applied", "marker": {"color": COLORS["idle"]}},
+    ]
+    layout = {"barmode": "group", "title": {"text": "each plan: median iteration, measured and predicted"},
+              "height": 330, "autosize": True, "yaxis": {"ticksuffix": " ms", "rangemode": "tozero"},
+              "margin": {"l": 64, "r": 16, "t": 40, "b": 40}, "legend": _LEGEND, "uirevision": "record"}
+    return {"data": traces, "layout": layout}

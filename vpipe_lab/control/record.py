@@ -1,0 +1,55 @@
+"""The Session's record of plans as the user sees it: ``history``, ``revert(N)`` and ``compare(A, B)`` (mixed into
+``control/session.py``'s ``Session``; the record itself is ``control/history.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vpipe_lab.control.history import History
+from vpipe_lab.core.change import Applied, Change
+from vpipe_lab.core.cost.breakdown import StageTime
+from vpipe_lab.core.errors import PlanError
+from vpipe_lab.core.timeline import Timeline
+
+
+class Record:
+    """History, revert and compare. A mixin: a revert is a live change, which only the Session makes."""
+
+    _history: History
+    stages: int
+
+    def change(self, change: Change, **kw: Any) -> Applied:
+        raise NotImplementedError
+
+    @property
+    def history(self) -> Any:
+        """Every plan that ran, a row each (a DataFrame): ``entry`` (what ``revert`` and ``compare`` take), plan version,
+        who applied it (``launch``, ``editor``, ``magic``, ``api``, ``planner``, ``auto``, ``revert``, ``restart``), the
+        plan, the iterations it ran (``from_iteration`` up to ``to_iteration``), their median time and throughput, the
+        cost model's prediction when it was applied and the measured time's ``error`` against it, its bottleneck
+        stage, the layers it moved and the pause it took."""
+        return self._history.frame()
+
+    def revert(self, entry: int, *, force: bool = False, timeout: float | None = None) -> Applied:
+        """Run entry ``entry``'s plan of the ``history`` again from the next iteration boundary (layers migrate
+        live); it is recorded as a new entry of source ``revert``."""
+        plan = self._history.entry(entry).applied.plan
+        if plan.stages != self.stages:
+            raise PlanError(f"entry {entry} ran on {plan.stages} stages and the pipeline has {self.stages} now (a stage "
+                            f"could not come back): apply a plan for {self.stages} stages; nothing changed")
+        return self.change(Change.to(plan, "revert"), force=force, timeout=timeout)
+
+    def compare(self, a: int, b: int) -> Any:
+        """Entries ``a`` and ``b`` of the ``history`` side by side, a row per stage: where each one's iteration went
+        (compute, recompute, swap, transfer, bubble: seconds and shares, measured over its last iterations), its
+        bottleneck and its median iteration time; columns suffixed ``_a`` and ``_b`` by entry number."""
+        return self._history.compare(a, b)
+
+    def history_rows(self) -> list[dict[str, Any]]:
+        """``history`` as a list of dicts (what the history panel draws)."""
+        return self._history.rows()
+
+    def entry_split(self, entry: int) -> tuple[list[StageTime] | None, Timeline | None]:
+        """Where entry ``entry``'s iterations went per stage (its last ones) and its last measured iteration's spans,
+        None where none was kept (to draw two entries side by side)."""
+        return self._history.split(self._history.entry(entry))

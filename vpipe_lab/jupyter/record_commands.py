@@ -1,0 +1,57 @@
+"""``%vpipe history``, ``%vpipe revert N`` and ``%vpipe compare A B``: the session's record of plans in a notebook
+(mixed into ``magics.VpipeMagics``; the parser's sub-commands are added by ``add_commands``)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from IPython.core.error import UsageError
+
+
+def add_commands(sub: Any) -> None:
+    """The three sub-commands, on ``%vpipe``'s parser."""
+    sub.add_parser("history", help="every plan that ran: measured and predicted time, who applied it; revert, compare")
+    r = sub.add_parser("revert", help="run entry N of the history's plan again from the next iteration")
+    r.add_argument("entry", type=int)
+    c = sub.add_parser("compare", help="two entries of the history side by side: timelines and where time went")
+    c.add_argument("a", type=int)
+    c.add_argument("b", type=int)
+
+
+class RecordCommands:
+    """The handlers; ``VpipeMagics`` provides ``views`` and ``_need``."""
+
+    views: list[Any]
+
+    def _need(self) -> Any:
+        raise NotImplementedError
+
+    def cmd_history(self, args: argparse.Namespace) -> Any:
+        from vpipe_lab.jupyter.history_panel import HistoryPanel
+
+        panel = HistoryPanel(self._need())
+        self.views.append(panel)
+        return panel
+
+    def cmd_revert(self, args: argparse.Namespace) -> None:
+        try:
+            done = self._need().revert(args.entry)
+        except ValueError as exc:  # no such entry
+            raise UsageError(str(exc)) from None
+        print(f"vpipe: entry {args.entry}'s plan ({done.plan.describe()}) in force from iteration {done.iteration} "
+              f"({done.moves} layer(s) moved)")
+
+    def cmd_compare(self, args: argparse.Namespace) -> Any:
+        from vpipe_lab.jupyter.history_panel import HistoryPanel
+
+        session = self._need()
+        try:
+            session.compare(args.a, args.b)  # an entry that does not exist is refused here, by name
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        panel = HistoryPanel(session)
+        panel.a.value, panel.b.value = args.a, args.b
+        panel._compare_chosen()
+        self.views.append(panel)
+        return panel
