@@ -13,6 +13,9 @@ const estimate = {
   properties: {
     iteration_s: { type: "number" }, stage_s: numbers, peak_bytes: numbers, budget_bytes: numbers,
     feasible: { type: "boolean" },
+    grid: { description: "the schedule grid as torch's _format_pipeline_order prints it (core/interop/torch_grid.py)",
+      type: "string" },
+    grid_csv: { description: "the same grid as CSV: a step column, a column per rank", type: "string" },
   },
   required: ["iteration_s", "stage_s", "peak_bytes", "budget_bytes", "feasible"],
   additionalProperties: false,

@@ -163,6 +163,21 @@ describe("PartitionView", () => {
     expect(el.querySelectorAll(".vpipe-stage")[0]?.textContent).toContain("4.77 MiB of 3.81 MiB");
   });
 
+  it("shows the running plan's schedule grid, and the draft's beside it, each with its CSV", () => {
+    const est = { iteration_s: 0.1, stage_s: [0.02, 0.01], peak_bytes: [3e6, 1e6], budget_bytes: [4e6, 4e6],
+      feasible: true };
+    m.set("preview", { current: { ...est, grid: "        Rank 0 Rank 1\nStep 0: 0F0         \n", grid_csv: "step,rank 0,rank 1\n0,0F0,\n" } });
+    expect(q("grid-running").querySelector("pre")?.textContent).toContain("Step 0: 0F0");
+    expect(el.querySelector('[data-testid="grid-draft"]')).toBeNull(); // no draft yet
+    const csv = q("grid-running-csv") as HTMLAnchorElement;
+    expect(csv.download).toBe("schedule-running.csv");
+    expect(decodeURIComponent(csv.href.split(",").slice(1).join(","))).toBe("step,rank 0,rank 1\n0,0F0,\n");
+    m.set("draft_boundaries", [0, 8, 10]);
+    m.set("preview", { current: { ...est, grid: "a", grid_csv: "a" }, draft: { ...est, grid: "b", grid_csv: "b" } });
+    expect(q("grid-draft").querySelector("pre")?.textContent).toBe("b");
+    expect(q("grid-running").querySelector("pre")?.textContent).toBe("a");
+  });
+
   it("applies: pending, then what Python reports", () => {
     m.set("draft_boundaries", [0, 3, 10]);
     q("apply").click();

@@ -44,6 +44,10 @@ def test_preview_follows_the_draft_and_apply_commits() -> None:
         wait_for(lambda: ed.preview.get("draft", {}).get("stage_s") and
                  ed.preview["draft"]["stage_s"] != ed.preview["current"]["stage_s"])
         assert ed.draft_boundaries == [0, 2, 8]  # Python owns the draft; the front end reads it back
+        # both plans' schedule grids, as torch prints a schedule, and as CSV (1F1B on 2 ranks, 4 micro-batches)
+        assert ed.preview["current"]["grid"] == ed.preview["draft"]["grid"]  # the partition moves no action
+        assert ed.preview["current"]["grid"].splitlines()[1].split() == ["Step", "0:", "0F0"]
+        assert ed.preview["draft"]["grid_csv"].splitlines()[0] == "step,rank 0,rank 1"
         ed.receive(draft([0, 2, 8], ["keep"] * 7 + ["swap"], kind="apply"))
         wait_for(lambda: ed.status.get("state") == "applied")
         assert applied == [Plan((0, 2, 8), ("keep",) * 7 + ("swap",), 4)] and ed.boundaries == [0, 2, 8]

@@ -5,6 +5,7 @@ entries compare stage by stage; bad entries are usage errors."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from IPython.core.error import UsageError
@@ -21,7 +22,7 @@ def test_the_parser_takes_the_commands() -> None:
 
 
 @pytest.mark.slow
-def test_history_revert_and_compare_on_a_session(capsys: pytest.CaptureFixture[str]) -> None:
+def test_history_revert_and_compare_on_a_session(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     ip = globalipapp.start_ipython() or globalipapp.get_ipython()  # one shell, whichever module came first
     ip.run_line_magic("load_ext", "vpipe_lab")
     try:
@@ -58,6 +59,12 @@ def test_history_revert_and_compare_on_a_session(capsys: pytest.CaptureFixture[s
             ip.run_line_magic("vpipe", "revert 7")
         with pytest.raises(UsageError, match="no entry 9"):
             ip.run_line_magic("vpipe", "compare 0 9")
+        text = ip.run_line_magic("vpipe", f"grid --csv {tmp_path / 'grid.csv'}")
+        assert text.splitlines()[1].startswith("Step 0: 0F0")
+        assert (tmp_path / "grid.csv").read_text().splitlines()[1] == "0,0F0,"
+        ip.user_ns["gp"] = pipe.plan.replace(schedule="gpipe")
+        gpipe = ip.run_line_magic("vpipe", "grid --plan gp")  # a draft held in a variable: every forward, then backwards
+        assert len(gpipe.splitlines()) == 1 + 2 * (4 + 2 - 1) and gpipe.splitlines()[5].split()[2:] == ["1F3"]
         panel.close()
         view.close()
     finally:

@@ -33,6 +33,7 @@ from vpipe_lab.core.change import Change
 from vpipe_lab.core.cost.costmodel import estimate
 from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.core.errors import VpipeError
+from vpipe_lab.core.interop import torch_grid
 from vpipe_lab.core.plan import Estimate, Plan
 from vpipe_lab.core.profile import Cluster, ModelProfile
 
@@ -56,9 +57,15 @@ def steady_weights(previous: list[float] | None, measured: list[float]) -> list[
     return [p + EASE * (s - p) for p, s in zip(previous, shares)]
 
 
-def _estimate_doc(est: Estimate, iteration_s: float) -> dict[str, Any]:
-    return {"iteration_s": iteration_s, "stage_s": list(est.stage_s), "peak_bytes": list(est.peak_bytes),
-            "budget_bytes": list(est.budget_bytes), "feasible": est.feasible}
+def _estimate_doc(est: Estimate, iteration_s: float, plan: Plan) -> dict[str, Any]:
+    doc = {"iteration_s": iteration_s, "stage_s": list(est.stage_s), "peak_bytes": list(est.peak_bytes),
+           "budget_bytes": list(est.budget_bytes), "feasible": est.feasible}
+    try:  # the schedule grid: each rank's actions by time step, in torch's action strings
+        steps = torch_grid.grid(plan)
+        doc.update(grid=torch_grid.format_grid(steps), grid_csv=torch_grid.grid_csv(steps))
+    except VpipeError as exc:  # a schedule torch's strings cannot say (none registered today): no grid
+        log.info("no schedule grid for %s: %s", plan.describe(), exc)
+    return doc
 
 
 class PartitionEditor(anywidget.AnyWidget):
@@ -248,7 +255,7 @@ class PartitionEditor(anywidget.AnyWidget):
             if len(self._previews) > 64:  # a long session of drags: the oldest go
                 self._previews.pop(next(iter(self._previews)))
             self._previews[plan] = _estimate_doc(estimate(plan, self._profile, self._cluster),
-                                                 simulate(plan, self._profile, self._cluster).iteration_s)
+                                                 simulate(plan, self._profile, self._cluster).iteration_s, plan)
         return self._previews[plan]
 
     def _apply(self, change: Change) -> None:

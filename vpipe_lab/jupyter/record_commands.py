@@ -1,12 +1,17 @@
-"""``%vpipe history``, ``%vpipe revert N`` and ``%vpipe compare A B``: the session's record of plans in a notebook
-(mixed into ``magics.VpipeMagics``; the parser's sub-commands are added by ``add_commands``)."""
+"""``%vpipe history``, ``%vpipe revert N`` and ``%vpipe compare A B``: the session's record of plans in a notebook;
+``%vpipe grid``: a plan's schedule as each rank's actions by step (mixed into ``magics.VpipeMagics``; the parser's
+sub-commands are added by ``add_commands``)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from IPython.core.error import UsageError
+
+from vpipe_lab.core.errors import VpipeError
+from vpipe_lab.core.interop import torch_grid
 
 
 def add_commands(sub: Any) -> None:
@@ -17,6 +22,9 @@ def add_commands(sub: Any) -> None:
     c = sub.add_parser("compare", help="two entries of the history side by side: timelines and where time went")
     c.add_argument("a", type=int)
     c.add_argument("b", type=int)
+    g = sub.add_parser("grid", help="the schedule as each rank's actions by time step, as torch prints a schedule")
+    g.add_argument("--plan", help="notebook variable holding another Plan (default: the plan in force)")
+    g.add_argument("--csv", help="also write the grid to this CSV file (a step column, a column per rank)")
 
 
 class RecordCommands:
@@ -26,6 +34,22 @@ class RecordCommands:
 
     def _need(self) -> Any:
         raise NotImplementedError
+
+    def _value(self, name: str, what: str) -> Any:
+        raise NotImplementedError
+
+    def cmd_grid(self, args: argparse.Namespace) -> str:
+        plan = self._value(args.plan, "plan") if args.plan else self._need().plan
+        try:
+            steps = torch_grid.grid(plan)
+        except VpipeError as exc:
+            raise UsageError(f"no grid for {plan.describe()}: {exc}") from None
+        text = torch_grid.format_grid(steps)
+        print(f"{plan.describe()}: {len(steps)} steps, {torch_grid.busy(steps):.0%} of the cells busy\n{text}", end="")
+        if args.csv:
+            Path(args.csv).write_text(torch_grid.grid_csv(steps), encoding="utf-8")
+            print(f"vpipe: the grid written to {args.csv}")
+        return text
 
     def cmd_history(self, args: argparse.Namespace) -> Any:
         from vpipe_lab.jupyter.history_panel import HistoryPanel

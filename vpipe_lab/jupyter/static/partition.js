@@ -88,6 +88,11 @@ var CSS = `
 .vpipe-editor button, .vpipe-editor select { padding: 3px 10px; }
 .vpipe-editor.ended .vpipe-bar { opacity: .6; } .vpipe-editor.ended .vpipe-handle { display: none; }
 .vpipe-status.ended { color: #666; font-style: italic; }
+.vpipe-grids { margin-top: 6px; } .vpipe-grids summary { cursor: pointer; color: #444; }
+.vpipe-gridrow { display: flex; gap: 16px; flex-wrap: wrap; align-items: flex-start; }
+.vpipe-grid pre { font: 11px/1.3 ui-monospace, monospace; margin: 2px 0; max-height: 320px; overflow: auto;
+  background: #f7f7f7; padding: 4px 6px; border-radius: 3px; }
+.vpipe-grid a { font-size: 11px; margin-left: 8px; }
 `;
 function list(model, name) {
   const v = model.get(name);
@@ -133,7 +138,15 @@ var PartitionView = class {
     this.status.className = "vpipe-status";
     this.status.dataset.testid = "status";
     row.append(this.schedule, this.apply, this.reset, this.status);
-    this.root.append(style, this.bar, this.summary, this.stages, row);
+    this.grids = document.createElement("details");
+    this.grids.className = "vpipe-grids";
+    this.grids.dataset.testid = "grids";
+    const title = document.createElement("summary");
+    title.textContent = "schedule grid (each rank's actions by step, as torch prints a schedule)";
+    this.gridRow = document.createElement("div");
+    this.gridRow.className = "vpipe-gridrow";
+    this.grids.append(title, this.gridRow);
+    this.root.append(style, this.bar, this.summary, this.stages, row, this.grids);
     el.append(this.root);
     this.apply.addEventListener("click", () => this.onApply());
     this.reset.addEventListener("click", () => this.onReset());
@@ -291,6 +304,7 @@ var PartitionView = class {
     const shown = (dirty ? preview.draft : preview.current) ?? preview.current;
     this.summary.replaceChildren();
     this.stages.replaceChildren();
+    this.drawGrids(preview, dirty);
     if (preview.error) {
       this.summary.textContent = `what-if: ${preview.error}`;
       return;
@@ -314,6 +328,28 @@ var PartitionView = class {
       cell.append(track);
       this.stages.append(cell);
     });
+  }
+  /** The running plan's grid, and the draft's beside it while there is one: text to read, CSV to download. */
+  drawGrids(preview, dirty) {
+    const shown = [["running", preview.current]];
+    if (dirty) shown.push(["draft", preview.draft]);
+    this.gridRow.replaceChildren(...shown.filter(([, est]) => est?.grid).map(([name, est]) => {
+      const box = document.createElement("div");
+      box.className = "vpipe-grid";
+      box.dataset.testid = `grid-${name}`;
+      const head = document.createElement("div");
+      head.textContent = `${name} plan`;
+      const link = document.createElement("a");
+      link.textContent = "CSV";
+      link.download = `schedule-${name}.csv`;
+      link.href = `data:text/csv;charset=utf-8,${encodeURIComponent(est?.grid_csv ?? "")}`;
+      link.dataset.testid = `grid-${name}-csv`;
+      head.append(link);
+      const pre = document.createElement("pre");
+      pre.textContent = est?.grid ?? "";
+      box.append(head, pre);
+      return box;
+    }));
   }
   drawStatus() {
     const reported = this.model.get("status") ?? { state: "idle", message: "" };
