@@ -167,3 +167,26 @@ def test_the_synced_traits_are_the_declared_ones_and_hold_what_they_declare() ->
         jsonschema.validate({name: getattr(ed, name) for name in schema["properties"]}, schema)
     finally:
         ed.close()
+
+
+def test_the_what_if_view_draws_the_draft_beside_the_running_plan_against_the_users_budget() -> None:
+    ed, _ = editor()
+    try:
+        wait_for(lambda: "current" in ed.preview and ed.what_if.view.timeline)
+        assert ed.what_if.view.timeline["layout"]["yaxis"]["ticktext"][0] == "running (simulated) · stage 0"
+        ed.receive(draft([0, 1, 8], ["keep"] * 8))
+        wait_for(lambda: "draft" in ed.preview and "draft (simulated) · stage 1" in
+                 ed.what_if.view.timeline["layout"]["yaxis"]["ticktext"])
+        peaks = ed.what_if.view.memory["data"]
+        assert peaks[1]["visible"] and len(peaks[1]["y"]) == 2
+        assert peaks[2]["y"] == [10**12 / 2**30] * 2  # the line: the cluster's budget, until the user sets one
+        assert "draft:" in ed.what_if.view.header["text"]
+        ed.what_if.budget.value = 0.001  # about 1 MiB per stage: the draft no longer fits, and the line shows it
+        wait_for(lambda: ed.preview.get("draft", {}).get("budget_bytes") == [int(0.001 * 2**30)] * 2)
+        assert ed.preview["draft"]["feasible"] is False
+        wait_for(lambda: ed.what_if.view.memory["data"][2]["y"] == [int(0.001 * 2**30) / 2**30] * 2)
+        bundle = ed._repr_mimebundle_()
+        view = bundle[0] if isinstance(bundle, tuple) else bundle
+        assert view["application/vnd.jupyter.widget-view+json"]["model_id"] == ed.panel.model_id
+    finally:
+        ed.close()

@@ -73,3 +73,23 @@ def record_spec(rows: Sequence[Mapping[str, Any]]) -> Fig:
               "height": 330, "autosize": True, "yaxis": {"ticksuffix": " ms", "rangemode": "tozero"},
               "margin": {"l": 64, "r": 16, "t": 40, "b": 40}, "legend": _LEGEND, "uirevision": "record"}
     return {"data": traces, "layout": layout}
+
+
+def peak_spec(current: Sequence[float], draft: Sequence[float] | None, budgets: Sequence[int | None]) -> Fig:
+    """Each stage's predicted peak memory (GiB) under the running plan and the draft, the budget a line per stage."""
+    gib = float(2**30)
+    names = [f"stage {s}" for s in range(max(len(current), len(draft or [])))]
+    bar = {"type": "bar", "x": names}
+    marks = [b / gib if b else None for b in budgets] + [None] * (len(names) - len(budgets))
+    traces = [
+        {**bar, "y": [finite(p / gib) for p in current], "name": "running plan", "marker": {"color": COLORS["idle"]}},
+        {**bar, "y": [finite(p / gib) for p in draft or []], "name": "draft", "marker": {"color": COLORS["forward"]},
+         "visible": draft is not None},
+        {"type": "scatter", "x": names, "y": marks, "name": "budget", "mode": "markers",
+         "visible": any(m is not None for m in marks),
+         "marker": {"symbol": "line-ew-open", "size": 40, "color": "#E45756", "line": {"width": 3}}},
+    ]
+    layout = {"barmode": "group", "title": {"text": "predicted peak memory per stage"}, "height": 300,
+              "autosize": True, "yaxis": {"title": {"text": "GiB"}, "rangemode": "tozero"},
+              "margin": {"l": 56, "r": 16, "t": 40, "b": 40}, "legend": _LEGEND, "uirevision": "peaks"}
+    return {"data": traces, "layout": layout}

@@ -17,6 +17,7 @@ re-measured once after each Apply.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import queue
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anywidget
+import ipywidgets as widgets
 import jsonschema
 import traitlets
 
@@ -36,6 +38,8 @@ from vpipe_lab.core.errors import VpipeError
 from vpipe_lab.core.interop import torch_grid
 from vpipe_lab.core.plan import Estimate, Plan
 from vpipe_lab.core.profile import Cluster, ModelProfile
+from vpipe_lab.core.timeline import Timeline
+from vpipe_lab.jupyter.what_if import WhatIf
 
 if TYPE_CHECKING:
     from vpipe_lab.control.session import Session
@@ -97,9 +101,13 @@ class PartitionEditor(anywidget.AnyWidget):
         self.applied: list[int] = []
         self._plan = plan if plan is not None else session.plan  # type: ignore[union-attr]
         self._profile = profile
-        self._cluster = cluster
+        self._cluster = self._base_cluster = cluster
         self._work: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._previews: dict[Plan, dict[str, Any]] = {}  # each plan's estimate under the profile in hand
+        self._simulated: dict[Plan, Timeline] = {}  # and its simulated iteration (the what-if view draws it)
+        self._budget: int | None = None  # the user's budget per stage (the what-if's box); None: the cluster's
+        self.what_if = WhatIf(lambda budget: self._work.put(("budget", budget)))
+        self.panel = widgets.VBox([self, self.what_if.widget])  # what a cell shows: the editor above its what-if
         self._weights: list[float] | None = None  # the blocks' shares of the bar, as last drawn
         self._names: list[str] = []
         self._closed = False
@@ -198,6 +206,9 @@ class PartitionEditor(anywidget.AnyWidget):
                     self._follow(payload)
                 elif kind == "ended":
                     self._end(payload)
+                elif kind == "budget":
+                    self._budget = payload
+                    self._refresh()
             except Exception as exc:  # shown in the widget; the thread keeps serving
                 log.exception("partition editor: %s failed", kind)
                 self.status = {"state": "error", "message": f"{type(exc).__name__}: {exc}"}
@@ -208,9 +219,17 @@ class PartitionEditor(anywidget.AnyWidget):
         if self.session is not None:
             profile = self.session.profile() if measure else self.session.newest_profile()
             cluster = self.session.cluster()
+        else:
+            profile, cluster = self._profile, self._base_cluster
+        if self._budget is not None and cluster is not None:  # the user's budget, for every stage
+            cluster = dataclasses.replace(cluster, memory_bytes=self._budget)
+        if profile is not None and cluster is not None:
             if profile is not self._profile or cluster != self._cluster:
                 self._previews.clear()  # estimates under the old costs
-            self._profile, self._cluster, self._plan = profile, cluster, self.session.plan
+                self._simulated.clear()
+            self._profile, self._cluster = profile, cluster
+            if self.session is not None:
+                self._plan = self.session.plan
         assert self._profile is not None
         with self.hold_sync():
             self.layers = self._layer_docs(self._profile)
@@ -241,12 +260,28 @@ class PartitionEditor(anywidget.AnyWidget):
         if self._profile is None or self._cluster is None:
             return
         docs: dict[str, Any] = {}
+        shown = draft or self.draft()
         try:
-            for key, plan in (("current", self._plan), ("draft", draft or self.draft())):
+            for key, plan in (("current", self._plan), ("draft", shown)):
                 docs[key] = self._estimate(plan.validate(len(self._profile), self._cluster.stages))
         except VpipeError as exc:
             docs["error"] = str(exc)
         self.preview = docs
+        self._draw_what_if(shown if "draft" in docs else None)
+
+    def _draw_what_if(self, draft: Plan | None) -> None:
+        """The what-if view: the last measured iteration (or the running plan simulated) beside the draft simulated,
+        both plans' predicted peaks against the budget, the session's record of measured against predicted."""
+        assert self._cluster is not None
+        running = self._simulated.get(self._plan)
+        if running is None:
+            return
+        measured = self.session.metrics.timeline(1) if self.session is not None else None
+        now = self.preview.get("current", {}).get("peak_bytes", [])
+        drafted = self.preview["draft"]["peak_bytes"] if draft is not None else None
+        record = self.session.history_rows() if self.session is not None else []
+        self.what_if.draw(measured, running, self._simulated.get(draft) if draft is not None else None,
+                          (now, drafted), list(self._cluster.budgets), record)
 
     def _estimate(self, plan: Plan) -> dict[str, Any]:
         """The cost model's and the simulator's verdict on ``plan`` under the profile in hand, once per pair."""
@@ -254,8 +289,12 @@ class PartitionEditor(anywidget.AnyWidget):
         if plan not in self._previews:
             if len(self._previews) > 64:  # a long session of drags: the oldest go
                 self._previews.pop(next(iter(self._previews)))
-            self._previews[plan] = _estimate_doc(estimate(plan, self._profile, self._cluster),
-                                                 simulate(plan, self._profile, self._cluster).iteration_s, plan)
+            timeline = simulate(plan, self._profile, self._cluster)
+            self._previews[plan] = _estimate_doc(estimate(plan, self._profile, self._cluster), timeline.iteration_s,
+                                                 plan)
+            self._simulated[plan] = timeline
+            while len(self._simulated) > 64:
+                self._simulated.pop(next(iter(self._simulated)))
         return self._previews[plan]
 
     def _apply(self, change: Change) -> None:
@@ -290,4 +329,10 @@ class PartitionEditor(anywidget.AnyWidget):
         self._closed = True
         if self._unsubscribe is not None:
             self._unsubscribe()
+        self.what_if.close()
+        self.panel.close()
         super().close()
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        """A cell shows the editor with its what-if view under it (``panel``)."""
+        return self.panel._repr_mimebundle_(**kwargs)
