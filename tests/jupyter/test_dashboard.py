@@ -98,6 +98,11 @@ def test_refreshes_are_bounded_and_windows_roll() -> None:
         assert "grad norm 0.5, lr 0.01" in view.header["text"]
         # stage 0 computes 0.8 of each 0.9 s window, stage 1 0.1 (and sends 0.05): stage 0 is what stage 1 waits for
         assert "bottleneck: stage 0 (compute 89%, bubble 11%; pipeline bubble 47%)" in view.header["text"]
+        # the newest iteration's critical path: stage 0's forward then its backward (stage 1's send came too late)
+        assert "critical path 900.00 ms through stages 0, 89% of it on stage 0" in view.header["text"]
+        path = trace(view.timeline, "critical path")
+        x = path["x"]
+        assert path["y"] == [0.0] * 4 and [x[1] - x[0], x[2] - x[1], x[3] - x[2]] == pytest.approx([400, 100, 400])
         assert evals["x"] == [10, 20, 30, 40, 50, 60] and norm["y"][-1] == 0.5 and norm["showlegend"]
         memory = view.memory["data"]
         assert memory[0]["x"] == ["stage 0", "stage 1"] and memory[1]["y"][0] == pytest.approx(100 / 2**30)

@@ -14,6 +14,10 @@ def test_rolling_spans_and_frames() -> None:
     assert len(m.memory) == 4 and m.latest()["iteration"] == 3
     assert [r["iteration"] for r in m.records(last=2)] == [2, 3] and m.latest_memory()[0]["iteration"] == 3
     assert set(m.spans["kind"]) == {"forward", "swap_out"}
+    # the newest iteration's critical path: its forward (the swap runs beside compute, off the path)
+    path = m.critical_path()
+    assert [(s.iteration, s.kind) for s in path.spans] == [(3, "forward")] and path.seconds == 0.5
+    assert m.critical_path(2).spans[0].iteration == 2
 
 
 def test_every_replica_s_spans_and_memory_are_kept_and_the_first_replica_s_ranks_reported() -> None:

@@ -18,7 +18,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from vpipe_lab.core.timeline import ASYNC_KINDS, KINDS, Timeline
+from vpipe_lab.core.timeline import ASYNC_KINDS, KINDS, Span, Timeline
 
 COLORS = {
     "forward": "#4C78A8", "backward": "#F58518", "wgrad": "#EECA3B", "recompute": "#E45756", "swap_out": "#72B7B2",
@@ -78,9 +78,10 @@ def gantt_data(timeline: Timeline, *, origin: float | None = None, unit: float =
 
 
 def gantt_spec(timeline: Timeline, *, title: str = "pipeline timeline", stages: int | None = None,
-               replicas: int | None = None) -> Fig:
+               replicas: int | None = None, path: Sequence[Span] = ()) -> Fig:
     """A per-stage Gantt chart (per replica and stage with several replicas): a compute lane per stage (per chunk of
-    the stage with virtual stages), a copy lane (swaps) below it, as a plain figure dict."""
+    the stage with virtual stages), a copy lane (swaps) below it, as a plain figure dict. ``path`` (an iteration's
+    critical path, ``core/cost/critical_path.py``) is drawn over it as one thin dark line through its spans."""
     n = max(stages or 0, timeline.stages, 1)
     r = max(replicas or 0, timeline.replicas, 1)
     v = timeline.chunks
@@ -92,6 +93,8 @@ def gantt_spec(timeline: Timeline, *, title: str = "pipeline timeline", stages: 
          "connectgaps": False}  # plotly leaves a trace without points out of the legend
         for k in KINDS
     ]
+    if path:
+        traces.append(_path_trace(path, timeline.start_s, n, v))
     lanes = r * n
     tickvals, ticktext = _ticks(n, r, v)
     layout = {
@@ -102,6 +105,18 @@ def gantt_spec(timeline: Timeline, *, title: str = "pipeline timeline", stages: 
         "legend": _LEGEND, "uirevision": "gantt", "hovermode": "closest",
     }
     return {"data": traces, "layout": layout}
+
+
+def _path_trace(path: Sequence[Span], origin: float, stages: int, chunks: int) -> dict[str, Any]:
+    """The critical path: along each of its spans on the span's lane, and across to the next span's lane."""
+    xs: list[float | None] = []
+    ys: list[float | None] = []
+    for s in path:
+        y = lane(s.stage, s.kind, s.replica, stages, s.chunk, chunks)
+        xs += [(s.start_s - origin) * 1e3, (s.end_s - origin) * 1e3]
+        ys += [y, y]
+    return {"type": "scatter", "mode": "lines", "x": xs, "y": ys, "name": "critical path", "hoverinfo": "name",
+            "line": {"color": "#222222", "width": 2}}
 
 
 def memory_values(static: Sequence[float], activations: Sequence[float], peak: Sequence[float],

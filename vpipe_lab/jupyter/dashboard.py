@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from vpipe_lab.charts.figures import figure, finite, gantt_spec, lane_names, memory_spec, memory_values, series_spec
 from vpipe_lab.core.cost.breakdown import bottleneck, breakdown
+from vpipe_lab.core.cost.critical_path import critical_path
 from vpipe_lab.core.report import human_time
 from vpipe_lab.core.timeline import Timeline
 from vpipe_lab.jupyter.live_view import LiveView
@@ -76,8 +77,9 @@ class Dashboard:
 
     # --- what is drawn ----------------------------------------------------------------------------------------------
     def header(self, timeline: Timeline | None = None) -> dict[str, Any]:
-        """The header line: the session's state, why it ended if it failed, the last iteration, and the bottleneck
-        stage with its split of the recent iterations in ``timeline`` (``core/cost/breakdown.py``)."""
+        """The header line: the session's state, why it ended if it failed, the last iteration, the bottleneck
+        stage with its split of the recent iterations in ``timeline`` (``core/cost/breakdown.py``), and the newest
+        iteration's critical path (``core/cost/critical_path.py``; drawn on the timeline too)."""
         s = self.session
         latest = s.metrics.latest()
         state = s.status
@@ -99,6 +101,11 @@ class Dashboard:
             text += (f" - bottleneck: stage {worst} (compute {t.share('compute') + t.share('recompute'):.0%}, "
                      f"bubble {t.share('bubble'):.0%}; pipeline bubble "
                      f"{sum(x.bubble_s for x in times) / max(1e-12, sum(x.iteration_s for x in times)):.0%})")
+            path = critical_path(timeline)
+            if path.spans:
+                most = max(set(path.stages()), key=lambda st: path.share(stage=st))
+                text += (f" - critical path {human_time(path.seconds)} through stages "
+                         f"{'>'.join(map(str, path.stages()))}, {path.share(stage=most):.0%} of it on stage {most}")
         restarts = s.metrics.restart_records()
         if restarts:  # launch(max_restarts=N): the job carried on; say how often and what the last one cost
             r = restarts[-1]
@@ -134,7 +141,8 @@ class Dashboard:
         timeline = measured.with_idle()
         frame = self.widget.show(
             header=self.header(measured),
-            timeline=gantt_spec(timeline, title=LIVE_TITLE, stages=s.stages, replicas=self.replicas),
+            timeline=gantt_spec(timeline, title=LIVE_TITLE, stages=s.stages, replicas=self.replicas,
+                                path=critical_path(measured).spans),
             memory=self.memory_figure(),
             series=series_spec(records, evaluations))
         self.refreshes += 1

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vpipe_lab.core.cost.breakdown import PARTS, StageTime, bottleneck, breakdown
+from vpipe_lab.core.cost.critical_path import CriticalPath, critical_path
 from vpipe_lab.core.timeline import KINDS, Span, Timeline
 from vpipe_lab.telemetry.rows import Rows
 from vpipe_lab.wire.events import Evaluated, IterationReport
@@ -133,6 +134,11 @@ class Metrics:
         """Where each stage's time went over the last ``last`` iterations with spans (mean seconds per iteration and
         shares: compute, recompute, swap, transfer, bubble; ``core/cost/breakdown.py``), a DataFrame by stage."""
         return breakdown_frame(breakdown(self.timeline(last)))
+
+    def critical_path(self, iteration: int | None = None) -> CriticalPath:
+        """The chain of spans that decided when ``iteration`` (default: the newest kept) ended, walked back from its
+        last span (``core/cost/critical_path.py``): ``.spans``, ``.seconds``, ``.stages()``, ``.share(stage=...)``."""
+        return critical_path(self.timeline(), iteration)
 
     @property
     def iterations(self) -> Any:
