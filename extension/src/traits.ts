@@ -38,6 +38,7 @@ export const EDITOR_TRAITS = {
         properties: {
           name: { type: "string" }, weight: { type: "number" }, forward_ms: { type: "number" },
           backward_ms: { type: "number" },
+          activation_bytes: { description: "what the layer keeps for its backward, per micro-batch", type: "number" },
         },
         required: ["name", "weight"],
         additionalProperties: false,

@@ -28,6 +28,7 @@ const CSS = `
   overflow: hidden; transition: left .6s ease, width .6s ease, background-color .3s; }
 .vpipe-bar.dragging .vpipe-layer, .vpipe-bar.dragging .vpipe-handle { transition: none; }
 .vpipe-layer.changed { outline: 2px dashed #222; outline-offset: -3px; }
+.vpipe-layer .vpipe-label { font-weight: 400; font-size: 11px; white-space: nowrap; }
 .vpipe-handle { position: absolute; top: -4px; width: 10px; height: 42px; margin-left: -5px; cursor: col-resize;
   background: #222; border-radius: 3px; opacity: .75; touch-action: none; transition: left .6s ease; }
 .vpipe-handle.dragging { opacity: 1; background: #E45756; }
@@ -53,6 +54,26 @@ type ListTrait = "layers" | "boundaries" | "policies" | "draft_boundaries" | "dr
 function list<K extends ListTrait>(model: Model, name: K): EditorTraits[K] {
   const v: unknown = model.get(name);
   return (Array.isArray(v) ? v : []) as EditorTraits[K];
+}
+
+/** A block's text, as much as its width holds: the policy's letter (S, R) always, then the layer's name, then its
+ * measured forward/backward time; the rest (and all of it) is in the block's hover title. */
+export function blockLabel(layer: LayerInfo, policy: Policy, width: number): HTMLSpanElement[] {
+  const letter = policy === "keep" ? "" : policy === "swap" ? "S" : "R";
+  const px = 6.5; // about one character at the block's font
+  const parts: string[] = [];
+  if (width >= 40) parts.push(layer.name);
+  if (width >= 110 && layer.forward_ms !== undefined && layer.backward_ms !== undefined) {
+    parts.push(`${layer.forward_ms.toFixed(1)}/${layer.backward_ms.toFixed(1)} ms`);
+  }
+  const room = Math.max(0, Math.floor((width - 8) / px) - (letter ? 2 : 0));
+  const text = parts.join(" ").slice(0, room);
+  return [letter, text].filter((t) => t).map((t, k) => {
+    const span = document.createElement("span");
+    span.className = k === 0 && letter ? "vpipe-policy" : "vpipe-label";
+    span.textContent = k === 0 && letter ? `${t}${text ? " " : ""}` : t;
+    return span;
+  });
 }
 
 export class PartitionView {
@@ -222,9 +243,12 @@ export class PartitionView {
       block.style.width = `${(edges[i + 1] ?? 0) - (edges[i] ?? 0)}px`;
       block.style.background = stageColor(stage);
       block.style.opacity = virtual && Math.floor(chunk / stages) % 2 === 1 ? "0.7" : ""; // a stage's later chunk
-      block.textContent = policy === "keep" ? "" : policy === "swap" ? "S" : "R";
+      const width = (edges[i + 1] ?? 0) - (edges[i] ?? 0);
+      block.replaceChildren(...blockLabel(layer, policy, width));
       block.title = `${layer.name}: stage ${stage}${virtual ? ` (chunk ${chunk})` : ""}, ${policy}` +
-        (layer.forward_ms !== undefined ? `, fwd ${layer.forward_ms.toFixed(2)} ms` : "") +
+        (layer.forward_ms !== undefined ? `, forward ${layer.forward_ms.toFixed(2)} ms` : "") +
+        (layer.backward_ms !== undefined ? `, backward ${layer.backward_ms.toFixed(2)} ms` : "") +
+        (layer.activation_bytes !== undefined ? `, activations ${formatBytes(layer.activation_bytes)}/mb` : "") +
         " (click to change keep/swap/recompute)";
     });
     const handles = this.reuse(this.handles, Math.max(0, bounds.length - 2), (h) => {

@@ -1,7 +1,7 @@
 import { beforeEach, describe, expect, it } from "vitest";
 import type { EditorTraits } from "../src/traits";
 import type { EditorMessage } from "../src/messages";
-import { PartitionView, type Model } from "../src/view";
+import { PartitionView, blockLabel, type Model } from "../src/view";
 
 class FakeModel implements Model {
   data: Record<string, unknown>;
@@ -149,7 +149,20 @@ describe("PartitionView", () => {
     m.echo();
     q("layer-2").click();
     expect(m.sent[1]?.policies[2]).toBe("recompute");
-    expect(q("layer-2").textContent).toBe("R");
+    expect(q("layer-2").textContent).toBe("R 2:Linear"); // the policy's letter, then the name where it fits
+  });
+
+  it("labels blocks with what their width holds, everything on hover", () => {
+    const layer = { name: "transformer.h.0", weight: 1, forward_ms: 1.234, backward_ms: 2.5, activation_bytes: 3 * 2 ** 20 };
+    const text = (w: number, p: "keep" | "swap" = "keep"): string =>
+      blockLabel(layer, p, w).map((s) => s.textContent).join("");
+    expect(text(20)).toBe("");
+    expect(text(20, "swap")).toBe("S");
+    expect(text(80)).toBe("transformer"); // as many characters as fit
+    expect(text(300)).toBe("transformer.h.0 1.2/2.5 ms");
+    m.set("layers", LAYERS.map((l, i) => (i === 0 ? layer : l)));
+    expect(q("layer-0").title).toContain("transformer.h.0: stage 0, keep, forward 1.23 ms, backward 2.50 ms, " +
+      "activations 3.00 MiB/mb");
   });
 
   it("shows the what-if preview and the over-budget stages", () => {

@@ -148,8 +148,8 @@ class PartitionEditor(anywidget.AnyWidget):
         names = [x.name for x in profile.layers]
         previous = self._weights if names == self._names else None  # another model (set_model): start over
         self._weights, self._names = steady_weights(previous, measured), names
-        return [{"name": x.name, "weight": w, "forward_ms": 1e3 * x.forward_s, "backward_ms": 1e3 * x.backward_s}
-                for x, w in zip(profile.layers, self._weights)]
+        return [{"name": x.name, "weight": w, "forward_ms": 1e3 * x.forward_s, "backward_ms": 1e3 * x.backward_s,
+                 "activation_bytes": float(x.activation_bytes)} for x, w in zip(profile.layers, self._weights)]
 
     def draft(self) -> Plan:
         return self.draft_change().on(self._plan)

@@ -76,6 +76,7 @@ var CSS = `
   overflow: hidden; transition: left .6s ease, width .6s ease, background-color .3s; }
 .vpipe-bar.dragging .vpipe-layer, .vpipe-bar.dragging .vpipe-handle { transition: none; }
 .vpipe-layer.changed { outline: 2px dashed #222; outline-offset: -3px; }
+.vpipe-layer .vpipe-label { font-weight: 400; font-size: 11px; white-space: nowrap; }
 .vpipe-handle { position: absolute; top: -4px; width: 10px; height: 42px; margin-left: -5px; cursor: col-resize;
   background: #222; border-radius: 3px; opacity: .75; touch-action: none; transition: left .6s ease; }
 .vpipe-handle.dragging { opacity: 1; background: #E45756; }
@@ -97,6 +98,23 @@ var CSS = `
 function list(model, name) {
   const v = model.get(name);
   return Array.isArray(v) ? v : [];
+}
+function blockLabel(layer, policy, width) {
+  const letter = policy === "keep" ? "" : policy === "swap" ? "S" : "R";
+  const px = 6.5;
+  const parts = [];
+  if (width >= 40) parts.push(layer.name);
+  if (width >= 110 && layer.forward_ms !== void 0 && layer.backward_ms !== void 0) {
+    parts.push(`${layer.forward_ms.toFixed(1)}/${layer.backward_ms.toFixed(1)} ms`);
+  }
+  const room = Math.max(0, Math.floor((width - 8) / px) - (letter ? 2 : 0));
+  const text = parts.join(" ").slice(0, room);
+  return [letter, text].filter((t) => t).map((t, k) => {
+    const span = document.createElement("span");
+    span.className = k === 0 && letter ? "vpipe-policy" : "vpipe-label";
+    span.textContent = k === 0 && letter ? `${t}${text ? " " : ""}` : t;
+    return span;
+  });
 }
 var PartitionView = class {
   constructor(model, el, width = 0) {
@@ -264,8 +282,9 @@ var PartitionView = class {
       block.style.width = `${(edges[i + 1] ?? 0) - (edges[i] ?? 0)}px`;
       block.style.background = stageColor(stage);
       block.style.opacity = virtual && Math.floor(chunk / stages) % 2 === 1 ? "0.7" : "";
-      block.textContent = policy === "keep" ? "" : policy === "swap" ? "S" : "R";
-      block.title = `${layer.name}: stage ${stage}${virtual ? ` (chunk ${chunk})` : ""}, ${policy}` + (layer.forward_ms !== void 0 ? `, fwd ${layer.forward_ms.toFixed(2)} ms` : "") + " (click to change keep/swap/recompute)";
+      const width = (edges[i + 1] ?? 0) - (edges[i] ?? 0);
+      block.replaceChildren(...blockLabel(layer, policy, width));
+      block.title = `${layer.name}: stage ${stage}${virtual ? ` (chunk ${chunk})` : ""}, ${policy}` + (layer.forward_ms !== void 0 ? `, forward ${layer.forward_ms.toFixed(2)} ms` : "") + (layer.backward_ms !== void 0 ? `, backward ${layer.backward_ms.toFixed(2)} ms` : "") + (layer.activation_bytes !== void 0 ? `, activations ${formatBytes(layer.activation_bytes)}/mb` : "") + " (click to change keep/swap/recompute)";
     });
     const handles = this.reuse(this.handles, Math.max(0, bounds.length - 2), (h) => {
       const handle = document.createElement("div");
