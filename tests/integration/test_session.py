@@ -76,6 +76,7 @@ def test_where_time_goes_measured_beside_predicted() -> None:
         s.run(8)
         s.wait(timeout=120)
         frame = s.breakdown(last=5)
+        chunks = s.breakdown(last=5, chunks=True)
     assert list(frame["stage"]) == [0, 1]
     parts = ["compute", "recompute", "swap", "transfer", "bubble"]
     for prefix in ("", "predicted_"):
@@ -84,3 +85,6 @@ def test_where_time_goes_measured_beside_predicted() -> None:
         assert list(total) == pytest.approx(list(frame[f"{prefix}iteration_s"]), rel=1e-6)
         assert (frame[f"{prefix}compute_share"] > 0.05).all()
     assert (frame["recompute_s"] == 0).all() and (frame["swap_s"] == 0).all()
+    # one chunk per stage: each chunk's row is its stage's work
+    assert list(chunks["chunk"]) == [0, 0] and list(chunks["compute_s"]) == pytest.approx(list(frame["compute_s"]))
+    assert (chunks["predicted_compute_share"] > 0.05).all()

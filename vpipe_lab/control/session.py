@@ -39,7 +39,7 @@ from vpipe_lab.core.cost.breakdown import breakdown
 from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.core.plan import Plan, Policy
 from vpipe_lab.core.profile import Cluster, ModelProfile
-from vpipe_lab.telemetry.metrics import Metrics, breakdown_frame
+from vpipe_lab.telemetry.metrics import Metrics, breakdown_frame, chunk_frame
 from vpipe_lab.telemetry.sinks import Logger
 from vpipe_lab.wire import protocol as P
 from vpipe_lab.wire.channel import Endpoint
@@ -256,11 +256,14 @@ class Session(Outward, Lifecycle, Record):
         measures = [m for answer in self._layers(reset) for m in answer.layers]
         return self._profiles.merge(measures, self.microbatch_size())
 
-    def breakdown(self, last: int = 10) -> Any:
-        """Where each stage's time went over the last ``last`` iterations, measured (``metrics.breakdown``), beside
-        the same split of the running plan's simulated iteration under the newest profile (``predicted_*``)."""
-        predicted = breakdown_frame(breakdown(simulate(self.plan, self.newest_profile(), self.cluster())), "predicted_")
-        return self.metrics.breakdown(last).merge(predicted, on="stage", how="outer")
+    def breakdown(self, last: int = 10, chunks: bool = False) -> Any:
+        """Where each stage's (``chunks``: each chunk's) time went over the last ``last`` iterations, measured
+        (``metrics.breakdown``), beside the same split of the running plan's simulated iteration (``predicted_*``)."""
+        sim = simulate(self.plan, self.newest_profile(), self.cluster())
+        predicted = (chunk_frame(sim, breakdown(sim), "predicted_") if chunks else
+                     breakdown_frame(breakdown(sim), "predicted_"))
+        keys = ["stage", "chunk"] if chunks else "stage"
+        return self.metrics.breakdown(last, chunks).merge(predicted, on=keys, how="outer")
 
     def newest_profile(self) -> ModelProfile:
         """The last profile measured (``profile()``, a replan), without asking the workers unless none was."""

@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from vpipe_lab.core.cost.breakdown import PARTS, StageTime, bottleneck, breakdown
+from vpipe_lab.core.cost.breakdown import PARTS, StageTime, bottleneck, breakdown, by_chunk
 from vpipe_lab.core.cost.critical_path import CriticalPath, critical_path
 from vpipe_lab.core.timeline import KINDS, Span, Timeline
 from vpipe_lab.telemetry.rows import Rows
@@ -130,10 +130,13 @@ class Metrics:
         gaps = sorted(spans[i + 1][0] - spans[i][1] for i in sorted(spans)[-last - 1:] if i + 1 in spans)
         return max(0.0, gaps[len(gaps) // 2]) if gaps else 0.0
 
-    def breakdown(self, last: int = 10) -> Any:
+    def breakdown(self, last: int = 10, chunks: bool = False) -> Any:
         """Where each stage's time went over the last ``last`` iterations with spans (mean seconds per iteration and
-        shares: compute, recompute, swap, transfer, bubble; ``core/cost/breakdown.py``), a DataFrame by stage."""
-        return breakdown_frame(breakdown(self.timeline(last)))
+        shares: compute, recompute, swap, transfer, bubble; ``core/cost/breakdown.py``), a DataFrame by stage; with
+        ``chunks``, a row per (stage, chunk) of the work each chunk takes (virtual stages: interleaved, ZBV)."""
+        timeline = self.timeline(last)
+        times = breakdown(timeline)
+        return chunk_frame(timeline, times) if chunks else breakdown_frame(times)
 
     def critical_path(self, iteration: int | None = None) -> CriticalPath:
         """The chain of spans that decided when ``iteration`` (default: the newest kept) ended, walked back from its
@@ -166,6 +169,20 @@ def breakdown_frame(times: list[StageTime], prefix: str = "") -> Any:
                *(f"{prefix}{p}_share" for p in PARTS), f"{prefix}bottleneck"]
     return pd.DataFrame([[t.stage, t.iteration_s, *(t.seconds(p) for p in PARTS), *(t.share(p) for p in PARTS),
                           t.stage == worst] for t in times], columns=columns)
+
+
+def chunk_frame(timeline: Timeline, stages: list[StageTime], prefix: str = "") -> Any:
+    """Each chunk's work per iteration (``core/cost/breakdown.by_chunk``) as a DataFrame, a row per (stage, chunk):
+    each part's seconds and its share of the stage's iteration (``stages``: the same timeline's ``breakdown``)."""
+    import pandas as pd
+
+    window = {t.stage: t.iteration_s for t in stages}
+    work = [p for p in PARTS if p != "bubble"]
+    return pd.DataFrame([[c.stage, c.chunk, *(c.seconds(p) for p in work),
+                          *(c.seconds(p) / window[c.stage] if window.get(c.stage) else 0.0 for p in work)]
+                         for c in by_chunk(timeline)],
+                        columns=["stage", "chunk", *(f"{prefix}{p}_s" for p in work),
+                                 *(f"{prefix}{p}_share" for p in work)])
 
 
 def spans_from_wire(stage: int, iteration: int, rows: list[tuple[int, int, int, float, float, int]],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vpipe_lab.core.cost.breakdown import PARTS, bottleneck, breakdown
+from vpipe_lab.core.cost.breakdown import PARTS, bottleneck, breakdown, by_chunk
 from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.planning.partition import uniform
@@ -46,3 +46,15 @@ def test_the_simulated_split_accounts_for_the_whole_iteration(schedule: str, vir
         assert sum(t.seconds(p) for p in PARTS) == pytest.approx(t.iteration_s, rel=1e-9)
         assert t.bubble_s >= 0
     assert bottleneck(times) in range(4)
+
+
+def test_each_chunk_s_share_of_its_stage() -> None:
+    profile, hw = workload("bert-48"), cluster("rtx2080ti", 4)
+    plan = Plan(uniform(len(profile), 8), ("keep",) * len(profile), 8, "interleaved-1f1b", 2)
+    sim = simulate(plan, profile, hw)
+    chunks = by_chunk(sim)
+    assert [(c.stage, c.chunk) for c in chunks if c.stage == 1] == [(1, 0), (1, 1)]  # its first and second chunk
+    for t in breakdown(sim):  # a stage's chunks share its compute: their compute adds up to the stage's
+        assert sum(c.compute_s for c in chunks if c.stage == t.stage) == pytest.approx(t.compute_s)
+    with pytest.raises(ValueError, match="a chunk's parts are compute, recompute, swap, transfer, not 'bubble'"):
+        chunks[0].seconds("bubble")

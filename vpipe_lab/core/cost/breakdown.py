@@ -71,6 +71,41 @@ def breakdown(timeline: Timeline, replica: int = 0) -> list[StageTime]:
                       len(by_iteration)) for stage, row in enumerate(totals)]
 
 
+@dataclass(frozen=True)
+class ChunkTime:
+    """One chunk's (virtual stage's) mean work per iteration: what of its stage's time it takes. The bubble belongs
+    to the stage, whose chunks share one compute stream, so it has none of its own."""
+
+    stage: int
+    chunk: int  # the stage's own chunk number, as spans carry it (0: its first; the timeline's "stage s · c1")
+    compute_s: float
+    recompute_s: float
+    swap_s: float
+    transfer_s: float
+    iterations: int = 1
+
+    def seconds(self, part: str) -> float:
+        if part not in PARTS or part == "bubble":
+            raise ValueError(f"a chunk's parts are {', '.join(p for p in PARTS if p != 'bubble')}, not {part!r}")
+        return float(getattr(self, f"{part}_s"))
+
+
+def by_chunk(timeline: Timeline, replica: int = 0) -> list[ChunkTime]:
+    """Each chunk's mean work per iteration in ``timeline`` (pipeline ``replica``), by stage then chunk: with virtual
+    stages (interleaved 1F1B, ZBV) which of a stage's chunks its time goes to."""
+    sums: dict[tuple[int, int], list[float]] = {}
+    iterations = set()
+    for s in timeline:
+        if s.replica != replica or s.kind in ("idle", "migrate"):
+            continue
+        iterations.add(s.iteration)
+        row = sums.setdefault((s.stage, s.chunk), [0.0] * 4)
+        row[PARTS.index(_KIND_PART[s.kind])] += s.duration_s
+    n = max(1, len(iterations))
+    return [ChunkTime(stage, chunk, row[0] / n, row[1] / n, row[2] / n, row[3] / n, len(iterations))
+            for (stage, chunk), row in sorted(sums.items())]
+
+
 def bottleneck(times: list[StageTime]) -> int | None:
     """The stage with the least bubble (None without stages)."""
     return min(times, key=lambda t: (t.bubble_s, -t.compute_s)).stage if times else None
