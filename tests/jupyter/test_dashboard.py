@@ -185,3 +185,19 @@ def test_a_failed_session_says_why() -> None:
         assert board.widget.header["detail"] == "stage 1: CUDA out of memory"
     finally:
         board.close()
+
+
+def test_a_wide_pipeline_draws_fewer_iterations_not_more_spans() -> None:
+    s = FakeSession()
+    board = Dashboard(s, window=3)  # type: ignore[arg-type]
+    try:
+        for it in range(5):  # 2 stages x 200 micro-batches x 2 kinds: 800 spans an iteration
+            rows = [[k, mb, -1, it + mb * 1e-3, it + mb * 1e-3 + 5e-4, 0] for mb in range(200) for k in (0, 1)]
+            spans = spans_from_wire(0, it, rows) + spans_from_wire(1, it, rows)
+            s.metrics.add({"iteration": it, "loss": 1.0, "time_s": 1.0}, spans, [])
+        board.refresh()
+        drawn = sum(len([x for x in t["x"] if x is not None]) // 2 for t in board.widget.timeline["data"]
+                    if t["name"] in ("forward", "backward"))
+        assert drawn == 800  # one iteration (the newest); three would be 2,400
+    finally:
+        board.close()

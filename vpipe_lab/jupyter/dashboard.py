@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 LIVE_TITLE = "measured timeline (latest iterations)"
+MAX_SPANS = 1000  # spans a frame draws at most (whole iterations; one iteration of a very wide pipeline may exceed)
 
 
 class Dashboard:
@@ -138,6 +139,10 @@ class Dashboard:
         records = s.metrics.records(last=self.points)
         evaluations = s.metrics.evaluation_records(last=self.points)
         measured = s.metrics.timeline(self.window)
+        window = self.window
+        while window > 1 and len(measured) > MAX_SPANS:  # a wide pipeline: fewer iterations, the page stays light
+            window -= 1
+            measured = s.metrics.timeline(window)
         timeline = measured.with_idle()
         frame = self.widget.show(
             header=self.header(measured),
