@@ -104,8 +104,12 @@ export const LIVE_TRAITS = {
     memory: figure,
     series: figure,
     frame: { type: "integer", minimum: 0 },
+    role: {
+      description: "what the view is: the dashboard, the editor's what-if, or the history panel's comparison",
+      type: "string", enum: ["dashboard", "what-if", "history"],
+    },
   },
-  required: ["_plotly", "_plotly_key", "header", "timeline", "memory", "series", "frame"],
+  required: ["_plotly", "_plotly_key", "header", "timeline", "memory", "series", "frame", "role"],
   additionalProperties: false,
 } as const;
 

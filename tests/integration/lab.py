@@ -156,7 +156,7 @@ def cell_finished(page: Any, index: int) -> bool:
 LIVE_REPORT_JS = """() => [...document.querySelectorAll('[data-testid="live"]')].map(root => {
   const rect = (el) => { const r = el.getBoundingClientRect(); return {x: r.left, y: r.top, w: r.width, h: r.height}; };
   const area = root.closest('.jp-OutputArea-output') || root.parentElement;
-  const out = {frame: Number(root.dataset.frame || 0), draws: Number(root.dataset.draws || 0),
+  const out = {frame: Number(root.dataset.frame || 0), draws: Number(root.dataset.draws || 0), role: root.dataset.role,
                header: root.querySelector('[data-testid="live-header"]')?.textContent || '',
                area: rect(area), panels: {}};
   for (const name of ['timeline', 'memory', 'series']) {
@@ -187,8 +187,10 @@ LIVE_REPORT_JS = """() => [...document.querySelectorAll('[data-testid="live"]')]
 })"""
 
 
-def live_views(page: Any) -> list[dict[str, Any]]:
-    return list(page.evaluate(LIVE_REPORT_JS))
+def live_views(page: Any, role: str | None = "dashboard") -> list[dict[str, Any]]:
+    """What each live view on the page drew: the dashboards (``role``: "what-if" the editors' views, "history" the
+    history panels' comparisons, None all of them)."""
+    return [v for v in page.evaluate(LIVE_REPORT_JS) if role is None or v["role"] == role]
 
 
 def inside(inner: dict[str, float] | None, outer: dict[str, float] | None, slack: float = 1.0) -> bool:

@@ -146,7 +146,7 @@ def test_interleaved_stages_draw_a_lane_per_chunk(lab: Lab, schedule: str) -> No
     with chromium(1400, 1000) as page:
         open_notebook(page, lab, name)
         run_cells(page, "notebook:run-all-above", below=len(cells) - 1)
-        page.wait_for_function(f"""() => {{ const views = ({LIVE_REPORT_JS})();
+        page.wait_for_function(f"""() => {{ const views = ({LIVE_REPORT_JS})().filter(v => v.role === 'dashboard');
             return views.length === 1 && views[0].panels.timeline.count >= 16
                    && views[0].panels.timeline.ticks.length === 4; }}""", timeout=180_000)
         page.locator('[data-testid="layer-7"]').wait_for(state="attached", timeout=60_000)
@@ -237,6 +237,51 @@ print(json.dumps({{"bounds": list(session.plan.boundaries), "owned": owned, "sch
         assert doc["bounds"] == [0, 3, 8] and doc["schedule"] == "gpipe" and doc["sources"] == ["editor", "editor"]
         assert doc["owned"] == [[0, 1, 2], [3, 4, 5, 6, 7]]
         assert doc["before"] == [0] and doc["moved"] in ([1], []) and doc["after"] == [2]
+        assert "no worker process is left" in ask(kc, "%vpipe stop")
+    finally:
+        kc.stop_channels()
+
+
+def test_the_history_panel_reverts_and_compares(lab: Lab) -> None:
+    """%vpipe history in a notebook: the table lists the plans that ran, choosing entry 0 and clicking Revert brings
+    its plan back (a new "revert" row; the workers hold its layers), and the comparison draws both entries' last
+    iterations, their splits and the record, inside the output area; the editor's what-if view draws beside it."""
+    cells = ["%load_ext vpipe_lab",
+             "%vpipe start mlp --stages 2 --microbatches 4 --device cpu --run forever",
+             "_ = session.wait(session.iteration + 5, timeout=300)",
+             "%vpipe partition 0 3 10",
+             "_ = session.wait(session.iteration + 5, timeout=300)",
+             "%vpipe history",
+             "%vpipe editor"]
+    name = "history.ipynb"
+    write_notebook(lab.root / name, cells)
+    with chromium(1400, 1000) as page:
+        open_notebook(page, lab, name)
+        run_cells(page)
+        table = page.locator("table.vpipe-history")
+        table.wait_for(state="visible", timeout=240_000)
+        assert [c.strip() for c in table.locator("tbody tr td:nth-child(2)").all_text_contents()] == ["launch", "magic"]
+        page.wait_for_function(f"""() => ({LIVE_REPORT_JS})().some(v => v.role === 'history'
+            && v.panels.timeline.count >= 8 && v.panels.memory.count >= 4)""", timeout=120_000)
+        page.locator(".widget-dropdown", has_text="entry").locator("select").select_option(index=0)
+        page.locator("button", has_text="Revert").click()
+        page.wait_for_function("""() => [...document.querySelectorAll('table.vpipe-history tbody tr td:nth-child(2)')]
+            .map(td => td.textContent.trim()).join(',') === 'launch,magic,revert'""", timeout=180_000)
+        status = page.locator(".widget-html", has_text="plan in force from iteration")
+        assert "entry 0's plan in force from iteration" in (status.first.text_content() or "")
+        page.wait_for_function(f"""() => ({LIVE_REPORT_JS})().some(v => v.role === 'what-if'
+            && v.panels.timeline.count >= 8 && v.panels.memory.count >= 2)""", timeout=120_000)
+        history = live_views(page, "history")[0]
+        what_if = live_views(page, "what-if")[0]
+        assert history["header"].startswith("entry ") and "draft:" in what_if["header"]
+        assert clipped(history) == [] and clipped(what_if) == []
+        assert history["panels"]["timeline"]["ticks"][0].startswith("entry ")
+        assert what_if["panels"]["timeline"]["ticks"][0] == "measured · stage 0"
+        page.screenshot(path=str(ARTIFACTS / "history.png"), full_page=True)
+    kc = kernel_client(lab, name)
+    try:
+        owned = ask(kc, "print(session.layers_by_stage(), list(session.history['source']))")
+        assert "[[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]] ['launch', 'magic', 'revert']" in owned
         assert "no worker process is left" in ask(kc, "%vpipe stop")
     finally:
         kc.stop_channels()

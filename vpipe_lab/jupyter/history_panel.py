@@ -63,7 +63,7 @@ class HistoryPanel:
         self.b = widgets.Dropdown(description="with", layout=layout)
         self.compare_button = widgets.Button(description="Compare")
         self.status = widgets.HTML()
-        self.view = LiveView()
+        self.view = LiveView(role="history")
         self.widget = widgets.VBox([self.table, widgets.HBox([self.pick, self.revert_button]),
                                     widgets.HBox([self.a, self.b, self.compare_button]), self.status, self.view])
         self.revert_button.on_click(lambda _: self._revert())

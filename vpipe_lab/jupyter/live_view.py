@@ -43,6 +43,7 @@ class LiveView(anywidget.AnyWidget):
     memory = traitlets.Dict().tag(sync=True)
     series = traitlets.Dict().tag(sync=True)
     frame = traitlets.Int(0).tag(sync=True)
+    role = traitlets.Unicode("dashboard").tag(sync=True)  # dashboard | what-if | history (the page tells them apart)
 
     def __init__(self, **kwargs: Any) -> None:
         data, key = plotly_bundle()

@@ -21,7 +21,7 @@ class WhatIf:
     """A budget box and a LiveView; ``draw`` replaces what it shows (from the editor's thread)."""
 
     def __init__(self, on_budget: Callable[[int | None], None]) -> None:
-        self.view = LiveView()
+        self.view = LiveView(role="what-if")
         self.budget = widgets.BoundedFloatText(
             value=0.0, min=0.0, max=1e6, step=0.25, description="budget (GiB)",
             tooltip="each stage's memory budget for the what-if and the plan check; 0: what the devices have",

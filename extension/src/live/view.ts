@@ -75,6 +75,7 @@ export class LiveView {
     this.root = document.createElement("div");
     this.root.className = "vpipe-live";
     this.root.dataset.testid = "live";
+    this.root.dataset.role = model.get("role") ?? "dashboard";
     this.header = document.createElement("div");
     this.header.className = "vpipe-live-header";
     this.header.dataset.testid = "live-header";

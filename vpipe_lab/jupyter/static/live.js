@@ -91,6 +91,7 @@ var LiveView = class {
     this.root = document.createElement("div");
     this.root.className = "vpipe-live";
     this.root.dataset.testid = "live";
+    this.root.dataset.role = model.get("role") ?? "dashboard";
     this.header = document.createElement("div");
     this.header.className = "vpipe-live-header";
     this.header.dataset.testid = "live-header";

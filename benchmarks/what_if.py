@@ -1,0 +1,63 @@
+"""How far to trust the what-if: the cost model's prediction for a live change against the iteration time measured
+after applying it, per schedule, read from the session's own record (``session.history``).
+
+    python benchmarks/what_if.py [--model gpt-tiny] [--iterations 30]
+
+For each schedule a 2-stage session trains ``--iterations``, is profiled (the profile the editor's what-if uses),
+and gets a partition change one layer off the even split; the change is recorded with the prediction made when it
+was applied (``predicted_s``), and after ``--iterations`` more the record's median measured time gives the error.
+The plan the session started with is predicted from the same profile, for the error of an unchanged plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import vpipe_lab
+from vpipe_lab.core.cost.simulator import simulate
+
+SCHEDULES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv"]  # interleaved and ZBV: 2 chunks a stage
+
+
+def one(model: str, schedule: str, iterations: int) -> dict[str, float]:
+    with vpipe_lab.launch(model, stages=2, microbatches=4, schedule=schedule, device="cpu", timeout=120) as s:
+        s.run(iterations)
+        s.wait(timeout=600)
+        profile = s.profile(reset=True)  # what the editor's what-if is computed from
+        s.run(iterations)
+        s.wait(timeout=600)
+        profile = s.profile()
+        start = simulate(s.plan, profile, s.cluster()).iteration_s
+        bounds = list(s.plan.boundaries)
+        bounds[1] += 1 if bounds[2] - bounds[1] > 1 else -1  # one layer off the first cut
+        s.set_partition(tuple(bounds))
+        s.run(iterations)
+        s.wait(timeout=600)
+        rows = s.history_rows()
+    first, changed = rows[0], rows[-1]
+    return {"start_measured_s": first["median_s"], "start_predicted_s": start,
+            "changed_measured_s": changed["median_s"], "changed_predicted_s": changed["predicted_s"],
+            "changed_error": changed["error"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="gpt-tiny")
+    ap.add_argument("--iterations", type=int, default=30)
+    args = ap.parse_args()
+    print("| schedule | unchanged plan: measured / predicted (ms) | error | after the change: measured / predicted "
+          "(ms) | error |\n|---|---:|---:|---:|---:|")
+    errors = []
+    for schedule in SCHEDULES:
+        r = one(args.model, schedule, args.iterations)
+        before = r["start_measured_s"] / r["start_predicted_s"] - 1
+        errors.append(abs(r["changed_error"]))
+        print(f"| {schedule} | {1e3 * r['start_measured_s']:.1f} / {1e3 * r['start_predicted_s']:.1f} | {before:+.1%} "
+              f"| {1e3 * r['changed_measured_s']:.1f} / {1e3 * r['changed_predicted_s']:.1f} | "
+              f"{r['changed_error']:+.1%} |", flush=True)
+    print(f"\nmedian |error| after a change: {statistics.median(errors):.1%}; largest {max(errors):.1%}")
+
+
+if __name__ == "__main__":
+    main()
