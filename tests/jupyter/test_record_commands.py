@@ -5,6 +5,7 @@ entries compare stage by stage; bad entries are usage errors."""
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -37,8 +38,16 @@ def test_history_revert_and_compare_on_a_session(capsys: pytest.CaptureFixture[s
         assert isinstance(panel, HistoryPanel) and "<td>magic</td>" in panel.table.value
         ip.run_line_magic("vpipe", "revert 0")
         assert pipe.plan.boundaries == (0, 5, 10) and pipe.layers_by_stage() == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+        editor = ip.run_line_magic("vpipe", "editor")
+        deadline = time.monotonic() + 30
+        while not editor.layers and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first = editor._profiled
+        editor.reprofile_s = 0.5  # while training goes on, the editor measures its profile again by itself
         ip.run_line_magic("vpipe", "run 12")
         ip.run_line_magic("vpipe", "wait --timeout 120")
+        assert editor._profiled > first
+        editor.close()
         frame = pipe.history
         assert list(frame["source"]) == ["launch", "magic", "revert"]
         assert list(frame["from_iteration"]) == [0, 12, 24] and list(frame["iterations"]) == [12, 12, 12]

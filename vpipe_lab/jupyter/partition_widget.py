@@ -22,6 +22,7 @@ import json
 import logging
 import queue
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -106,6 +107,8 @@ class PartitionEditor(anywidget.AnyWidget):
         self._previews: dict[Plan, dict[str, Any]] = {}  # each plan's estimate under the profile in hand
         self._simulated: dict[Plan, Timeline] = {}  # and its simulated iteration (the what-if view draws it)
         self._budget: int | None = None  # the user's budget per stage (the what-if's box); None: the cluster's
+        self.reprofile_s = 30.0  # while training, measure the profile again this often (0: only after an Apply)
+        self._profiled = time.monotonic()
         self.what_if = WhatIf(lambda budget: self._work.put(("budget", budget)))
         self.panel = widgets.VBox([self, self.what_if.widget])  # what a cell shows: the editor above its what-if
         self._weights: list[float] | None = None  # the blocks' shares of the bar, as last drawn
@@ -193,7 +196,10 @@ class PartitionEditor(anywidget.AnyWidget):
             try:
                 kind, payload = self._work.get(timeout=0.5)
             except queue.Empty:
-                continue
+                if self._stale():
+                    kind, payload = "refresh", True  # training went on: the what-if takes the newest costs
+                else:
+                    continue
             try:
                 if kind == "refresh":
                     self._refresh(payload)
@@ -213,12 +219,20 @@ class PartitionEditor(anywidget.AnyWidget):
                 log.exception("partition editor: %s failed", kind)
                 self.status = {"state": "error", "message": f"{type(exc).__name__}: {exc}"}
 
+    def _stale(self) -> bool:
+        """The profile in hand is older than ``reprofile_s`` while the session trains: time to measure again (the
+        workers' per-layer times are medians over their profiling iterations, so one noisy iteration moves nothing)."""
+        return (self.session is not None and not self.ended and self.reprofile_s > 0
+                and time.monotonic() - self._profiled >= self.reprofile_s and self.session.running)
+
     def _refresh(self, measure: bool = False) -> None:
         """Take the session's plan, cluster and profile: the newest one measured, or (``measure``, after an Apply)
         a new measurement, so the blocks show what the moved layers cost where they now run."""
         if self.session is not None:
             profile = self.session.profile() if measure else self.session.newest_profile()
             cluster = self.session.cluster()
+            if measure:
+                self._profiled = time.monotonic()
         else:
             profile, cluster = self._profile, self._base_cluster
         if self._budget is not None and cluster is not None:  # the user's budget, for every stage
