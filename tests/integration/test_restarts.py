@@ -184,3 +184,18 @@ def test_a_stage_that_cannot_come_back_is_planned_away(monkeypatch: pytest.Monke
     for key, value in expected[0].items():
         assert torch.allclose(state[key], value, atol=1e-6), key
     assert worker_processes() == []
+
+
+def test_a_single_stage_that_cannot_come_back_ends_the_job_saying_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    with vpipe_lab.launch("mlp", stages=1, microbatches=2, device="cpu", timeout=30, max_restarts=2,
+                          snapshot_every=5) as s:
+        s.run(10**6)
+        s.wait(10, timeout=60)
+        monkeypatch.setenv("VPIPE_LAB_FAULT", "start:0:exit@1")  # device 0 is gone
+        os.kill(s.pids()[0], signal.SIGKILL)
+        with pytest.raises(WorkerError) as err:
+            s.wait(10**6, timeout=120)
+        monkeypatch.delenv("VPIPE_LAB_FAULT")
+    text = str(err.value)
+    assert "signal 9" in text and "it was not restarted" in text and "no stage to fall back on" in text
+    assert worker_processes() == []

@@ -127,10 +127,12 @@ class Restarter:
                 self.launcher.end_workers(timeout=2.0)
                 spec, note = self._without(spec, exc)
                 self._start(spec, f"job-restart-{number}-fewer.json")
-        except Exception as exc:  # no replacement started: the job ends with the first failure's cause
+        except Exception as exc:  # no replacement started: the job ends with the first failure's cause, and why
             log.error("the restart failed: %s", exc)
             self.launcher.end_workers(timeout=2.0)
-            return error
+            return WorkerError(error.stage, f"{error.cause}; it was not restarted: {exc}", traceback=error.traceback,
+                               log_tail=error.log_tail, exit_code=error.exit_code, checkpoint=error.checkpoint,
+                               iteration=error.iteration, microbatch=error.microbatch, action=error.action)
         start = spec.start_iteration
         restart = Restart(number, time.time(), error.stage, error.cause.splitlines()[0] if error.cause else "", start,
                           max(0, self.state.iteration - start), time.monotonic() - began, stages=spec.stages,
