@@ -116,6 +116,8 @@ class PartitionEditor(anywidget.AnyWidget):
         self._closed = False
         self._lock = threading.Lock()
         self._load(self._plan)
+        if session is not None and not self.layers:  # blocks at once, of equal size, until the profile sizes them
+            self.layers = [{"name": name, "weight": 1.0} for name in session.names]
         self.ended = False
         self.on_msg(lambda _widget, content, _buffers: self.receive(content))
         self._worker = threading.Thread(target=self._run, name="vpipe-editor", daemon=True)
