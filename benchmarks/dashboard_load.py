@@ -1,5 +1,6 @@
 """What one `%vpipe dashboard` display costs a browser: bytes on the wire and seconds from the cell finishing to the
-first complete draw, with the machine otherwise idle and under load (busy processes beside the training job).
+first complete draw, with the machine otherwise idle and under load (busy processes beside the training job); and
+the same for `%vpipe editor` (its blocks on screen; the what-if view under it counted in its bytes).
 
 Side by side in one JupyterLab page, turns alternating: vpipe_lab's live view, and the same three figures as plotly
 `FigureWidget`s in an ipywidgets box (what the dashboard was before: one 5 MB plotly.js per panel). Each display is
@@ -51,11 +52,13 @@ FIGURES = ("_figs = [go.FigureWidget(gantt_spec(session.metrics.timeline(3).with
            "_box")
 CLOSE = {"live": "for _v in _MAGICS[-1].views: _v.close()\n_MAGICS[-1].views.clear()",
          "figures": "_box.close()\nfor _f in _figs: _f.close()"}
+CLOSE["editor"] = CLOSE["live"]
+CODE = {"live": LIVE, "figures": FIGURES, "editor": "%vpipe editor"}
 
 
 def trial(page, kc, wire: WireBytes, kind: str) -> dict[str, float | None]:  # type: ignore[no-untyped-def]
     before = wire.total
-    timing = run_and_time(page, LIVE if kind == "live" else FIGURES, "live" if kind == "live" else "figures")
+    timing = run_and_time(page, CODE[kind], kind)
     sent = wire.total - before
     ask(kc, CLOSE[kind])
     time.sleep(1.0)
@@ -99,7 +102,7 @@ def main() -> None:
                     with cpu_load(args.load if condition == "loaded" else 0):
                         time.sleep(2)
                         for t in range(args.trials):
-                            kinds = ("live", "figures") if t % 2 == 0 else ("figures", "live")
+                            kinds = ("live", "figures", "editor") if t % 2 == 0 else ("editor", "figures", "live")
                             for kind in kinds:
                                 row = trial(page, kc, wire, kind)
                                 results.setdefault((condition, kind), []).append(row)
@@ -111,7 +114,7 @@ def main() -> None:
     print("| condition | display | bytes on the wire | cell runs | cell finished -> first complete draw | "
           "cell started -> first complete draw |")
     print("|---|---|---|---|---|---|")
-    names = {"live": "vpipe_lab live view", "figures": "3 plotly FigureWidgets"}
+    names = {"live": "vpipe_lab live view", "figures": "3 plotly FigureWidgets", "editor": "partition editor"}
     for (condition, kind), rows in sorted(results.items()):
         print(f"| {condition} | {names[kind]} | " + " | ".join(summary(rows)) + " |")
 
