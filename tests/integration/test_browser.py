@@ -80,7 +80,7 @@ def test_every_dashboard_display_draws_fits_and_survives_stop_on_a_loaded_machin
         while not cell_finished(page, len(DISPLAYS) - 2) and time.monotonic() < deadline:
             time.sleep(1)
         # Every display of the session draws every panel, while training runs and the CPU is busy.
-        page.wait_for_function(f"""() => {{ const views = ({LIVE_REPORT_JS})();
+        page.wait_for_function(f"""() => {{ const views = ({LIVE_REPORT_JS})().filter(v => v.role === "dashboard");
             return views.length === 3 && views.every(v => v.panels.timeline.count >= 8 && v.panels.memory.count >= 2
                                                          && v.panels.series.count >= 2); }}""", timeout=120_000)
         views = live_views(page)
@@ -120,7 +120,7 @@ def test_every_dashboard_display_draws_fits_and_survives_stop_on_a_loaded_machin
             # Both views survive %vpipe stop: the dashboards keep their last frame and say the session ended.
             run_cells(page, "notebook:run-cell", below=len(DISPLAYS) - 1)
             wait_cells_done(page, 120)
-            page.wait_for_function("""() => [...document.querySelectorAll('[data-testid="live-state"]')]
+            page.wait_for_function("""() => [...document.querySelectorAll('[data-role="dashboard"] [data-testid="live-state"]')]
                                           .every(e => e.textContent === 'stopped')""", timeout=60_000)
             page.wait_for_timeout(1000)
             views = live_views(page)
@@ -273,7 +273,7 @@ def test_the_history_panel_reverts_and_compares(lab: Lab) -> None:
             && v.panels.timeline.count >= 8 && v.panels.memory.count >= 2)""", timeout=120_000)
         history = live_views(page, "history")[0]
         what_if = live_views(page, "what-if")[0]
-        assert history["header"].startswith("entry ") and "draft:" in what_if["header"]
+        assert "entry 1 (magic)" in history["header"] and "draft:" in what_if["header"]
         assert clipped(history) == [] and clipped(what_if) == []
         assert history["panels"]["timeline"]["ticks"][0].startswith("entry ")
         assert what_if["panels"]["timeline"]["ticks"][0] == "measured · stage 0"

@@ -21,6 +21,8 @@ from vpipe_lab.telemetry.metrics import Metrics
 class Recorded(Record):
     """A two-stage session's record, trained by hand; a change comes into force at the next iteration."""
 
+    status = "running"
+
     def __init__(self) -> None:
         self.state, self.metrics, self.stages, self.callbacks = JobState(), Metrics(), 2, []  # type: ignore[var-annotated]
         self._history = History(self.state, self.metrics, threading.Condition())

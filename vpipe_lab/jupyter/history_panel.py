@@ -24,8 +24,9 @@ if TYPE_CHECKING:
     from vpipe_lab.control.session import Session
 
 log = logging.getLogger(__name__)
-SHOWN = ("entry", "source", "plan", "from_iteration", "iterations", "median_s", "samples_per_s", "predicted_s", "error",
-         "bottleneck")
+SHOWN = {"entry": "entry", "source": "applied by", "plan": "plan", "from_iteration": "from iteration",
+         "iterations": "iterations", "median_s": "median iteration", "samples_per_s": "samples/s",
+         "predicted_s": "predicted when applied", "error": "measured vs predicted", "bottleneck": "bottleneck stage"}
 
 
 def table_html(rows: list[dict[str, Any]]) -> str:
@@ -42,7 +43,7 @@ def table_html(rows: list[dict[str, Any]]) -> str:
             return f"{float(value):,.1f}"
         return html.escape(str(value), quote=False)
 
-    head = "".join(f"<th>{k.replace('_', ' ')}</th>" for k in SHOWN)
+    head = "".join(f"<th>{label}</th>" for label in SHOWN.values())
     body = "".join(
         "<tr" + (" style='font-weight:bold'" if r["to_iteration"] is None else "") + ">"
         + "".join(f"<td>{cell(k, r.get(k))}</td>" for k in SHOWN) + "</tr>" for r in rows)
@@ -107,7 +108,7 @@ class HistoryPanel:
 
     def _draw(self, rows: list[dict[str, Any]]) -> None:
         if len(rows) < 2 or self.a.value is None or self.b.value is None:
-            self.view.show(header={"state": "", "text": "one plan so far: apply a change to compare two"},
+            self.view.show(header={"state": self.session.status, "text": "one plan so far: apply a change to compare two"},
                            series=record_spec(rows))
             return
         a, b = int(self.a.value), int(self.b.value)
@@ -116,7 +117,7 @@ class HistoryPanel:
         by = {r["entry"]: r for r in rows}
         text = "; ".join(f"entry {n} ({by[n]['source']}): {by[n]['plan']}, median "
                          f"{human_time(by[n]['median_s']) if by[n]['median_s'] else '–'}" for n in (a, b))
-        self.view.show(header={"state": "", "text": text}, timeline=pair_spec(last_a, last_b, labels),
+        self.view.show(header={"state": self.session.status, "text": text}, timeline=pair_spec(last_a, last_b, labels),
                        memory=split_spec(split_a or [], split_b or [], labels), series=record_spec(rows))
 
     def _compare_chosen(self) -> None:

@@ -41,7 +41,7 @@ class WhatIf:
         shown = draft if draft is not None else running
         text = (f"draft: {human_time(shown.iteration_s)} per iteration (simulated); "
                 f"{'last measured' if seen else 'running plan (simulated)'}: {human_time(left.iteration_s)}")
-        self.view.show(header={"state": "", "text": text},
+        self.view.show(header={"state": "what-if", "text": text},
                        timeline=pair_spec(left, shown, (first, "draft (simulated)")),
                        memory=peak_spec(peaks[0], peaks[1], budgets), series=record_spec(record))
 
