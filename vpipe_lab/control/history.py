@@ -24,6 +24,7 @@ from vpipe_lab.telemetry.metrics import Metrics
 
 KEEP = 64  # entries whose split and spans are kept once they ended (older ones keep their row in the table)
 SPLIT_ITERATIONS = 10  # an entry's split is its last iterations' mean
+LOOK_BACK = 20_000  # an entry's median time and samples/s are over at most its newest this many iterations
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Entry:
     split: list[StageTime] | None = None  # kept once it ended
     last: Timeline | None = None  # its last iteration's spans, kept once it ended
     kept: bool = False  # split and last were taken (None when no span of it was in the window)
+    measured: dict[str, Any] | None = None  # its iterations, median time and samples/s, once it ended
 
 
 class History:
@@ -93,24 +95,36 @@ class History:
         """An entry's split and last iteration's spans: kept, or measured now for the plan in force."""
         return (entry.split, entry.last) if entry.kept else self._measure(entry)
 
+    def _measured(self, entry: Entry) -> dict[str, Any]:
+        """An entry's iterations, median time and samples/s (over its newest ``LOOK_BACK`` iterations), from the
+        iteration table's newest rows only; an ended entry's once, then kept (a refresh stays cheap after hours)."""
+        if entry.measured is not None:
+            return entry.measured
+        start = entry.applied.iteration
+        end = entry.until if entry.until is not None else self.state.iteration
+        lo = max(start, end - LOOK_BACK)
+        ran = [r for r in self.metrics.records(last=max(0, self.state.iteration - lo)) if lo <= r["iteration"] < end]
+        times = [r["time_s"] for r in ran if r.get("time_s")]
+        rates = [r["samples_per_s"] for r in ran if r.get("samples_per_s")]
+        done = {"iterations": max(0, end - start) if ran or end == start else 0,
+                "median_s": statistics.median(times) if times else None,
+                "samples_per_s": statistics.median(rates) if rates else None}
+        if entry.kept:  # ended and every iteration of it reported
+            entry.measured = done
+        return done
+
     def rows(self) -> list[dict[str, Any]]:
         """The table's rows (``frame``)."""
-        records = self.metrics.records()
         rows = []
         for entry in self.entries():
             a = entry.applied
-            end = entry.until if entry.until is not None else self.state.iteration
-            ran = [r for r in records if a.iteration <= r["iteration"] < end]
-            times = [r["time_s"] for r in ran if r.get("time_s")]
-            rates = [r["samples_per_s"] for r in ran if r.get("samples_per_s")]
-            median = statistics.median(times) if times else None
+            measured = self._measured(entry)
+            median = measured["median_s"]
             split = self.split(entry)[0]
             rows.append({
                 "entry": entry.number, "version": a.version, "source": a.source, "plan": a.plan.describe(),
-                "stages": a.plan.stages, "from_iteration": a.iteration, "to_iteration": entry.until,
-                "iterations": len(ran), "median_s": median,
-                "samples_per_s": statistics.median(rates) if rates else None, "predicted_s": a.predicted_s,
-                "error": median / a.predicted_s - 1 if median and a.predicted_s else None,
+                "stages": a.plan.stages, "from_iteration": a.iteration, "to_iteration": entry.until, **measured,
+                "predicted_s": a.predicted_s, "error": median / a.predicted_s - 1 if median and a.predicted_s else None,
                 "bottleneck": bottleneck(split) if split else None, "moves": a.moves, "pause_s": a.pause_s,
             })
         return rows
