@@ -26,8 +26,8 @@ class Record:
         """Every plan that ran, a row each (a DataFrame): ``entry`` (what ``revert`` and ``compare`` take), plan version,
         who applied it (``launch``, ``editor``, ``magic``, ``api``, ``planner``, ``auto``, ``revert``, ``restart``), the
         plan, the iterations it ran (``from_iteration`` up to ``to_iteration``), their median time and throughput, the
-        cost model's prediction when it was applied and the measured time's ``error`` against it, its bottleneck
-        stage, the layers it moved and the pause it took."""
+        simulator's prediction when it was applied (the editor's what-if) and the measured time's ``error`` against
+        it, its bottleneck stage, the layers it moved and the pause it took."""
         return self._history.frame()
 
     def revert(self, entry: int, *, force: bool = False, timeout: float | None = None) -> Applied:

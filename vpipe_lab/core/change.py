@@ -141,7 +141,7 @@ class Applied:
     pause_s: float = 0.0
     source: str = "api"  # a Change's source; "launch"/"attach" for the plan a session began with, "restart" for a
     # re-plan onto the stages left after one could not come back
-    predicted_s: float | None = None  # the cost model's iteration time for it when applied (None: no profile yet)
+    predicted_s: float | None = None  # its simulated iteration time when applied (None: no profile measured yet)
 
     def describe(self) -> str:
         moved = f" ({self.moves} layer(s) moved)" if self.moves else ""

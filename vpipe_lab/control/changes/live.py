@@ -23,6 +23,7 @@ from vpipe_lab.core import checks, schedules
 from vpipe_lab.core.change import Applied, Change
 from vpipe_lab.core.cost import scaling
 from vpipe_lab.core.cost.costmodel import estimate
+from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
 from vpipe_lab.core.plan import AUTO, Plan, default_virtual_stages
 from vpipe_lab.core.planning.migration import LayerMove, layer_moves, migration_time_s, moved_bytes
@@ -171,13 +172,14 @@ class Live:
         return scaling.at(profile, batch // plan.microbatches)
 
     def predicted_s(self, plan: Plan, current: Plan) -> float | None:
-        """The cost model's iteration time for ``plan`` under the newest profile, if one was measured (the record of
-        the session keeps it beside what the plan then measured); None without one: nothing is asked of the workers."""
+        """The simulated iteration time of ``plan`` under the newest profile (what the editor's what-if shows), if one
+        was measured (the record of the session keeps it beside what the plan then measured); None without one:
+        nothing is asked of the workers."""
         profile = self.known_profile()
         if profile is None or len(profile) != plan.num_layers:
             return None
         try:
-            return estimate(plan, self._sized(profile, plan, current), self.cluster()).iteration_s
+            return simulate(plan, self._sized(profile, plan, current), self.cluster()).iteration_s
         except Exception as exc:  # a prediction is a nicety: the change goes ahead without one
             log.info("no prediction for %s: %s", plan.describe(), exc)
             return None
