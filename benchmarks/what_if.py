@@ -1,5 +1,5 @@
-"""How far to trust the what-if: the cost model's prediction for a live change against the iteration time measured
-after applying it, per schedule, read from the session's own record (``session.history``).
+"""How far to trust the what-if: the simulator's prediction for a live change (what the editor shows) against the
+iteration time measured after applying it, per schedule, read from the session's own record (``session.history``).
 
     python benchmarks/what_if.py [--model gpt-tiny] [--iterations 30]
 
