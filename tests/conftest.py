@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import time
 from collections.abc import Iterator
 
@@ -12,6 +14,20 @@ import pytest
 # The workers of the HuggingFace tests fork with transformers imported (runtime/zygote.py's preload): 1.5 s less per
 # GPT-2 launch. Set before any test starts a zygote, so all of them share one environment.
 os.environ.setdefault("VPIPE_LAB_PRELOAD", "transformers")
+
+
+def kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a process started with ``start_new_session`` and everything it started (a torchrun agent and its
+    workers: a whole node gone), then reap it."""
+    if proc.poll() is None:
+        family = psutil.Process(proc.pid).children(recursive=True)
+        os.killpg(proc.pid, signal.SIGKILL)
+        for child in family:
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
+    proc.wait(timeout=30)
 
 
 def worker_processes() -> list[psutil.Process]:

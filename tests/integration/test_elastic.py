@@ -6,18 +6,17 @@ nothing. Two torchrun agents on this machine stand for the two nodes."""
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from tests.conftest import kill_tree
 from vpipe_lab.examples import mlp
 from vpipe_lab.telemetry import runlog
 
@@ -47,19 +46,6 @@ def node(run_dir: Path, port: int, host: bool, log: Path) -> subprocess.Popen[by
                      "--max-restarts", "2", "--monitor-interval", "0.5", *worker_args(run_dir)], log)
 
 
-def kill(proc: subprocess.Popen[bytes]) -> None:
-    """The whole node: its agent and its worker."""
-    if proc.poll() is None:
-        family = psutil.Process(proc.pid).children(recursive=True)
-        os.killpg(proc.pid, signal.SIGKILL)
-        for child in family:
-            try:
-                child.kill()
-            except psutil.NoSuchProcess:
-                pass
-    proc.wait(timeout=30)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -84,7 +70,7 @@ def test_a_node_that_leaves_is_planned_away_and_training_ends_equal(tmp_path: Pa
     try:
         assert proc.wait(timeout=300) == 0, (tmp_path / "whole.log").read_text()[-3000:]
     finally:
-        kill(proc)
+        kill_tree(proc)
     port = free_port()
     first = node(elastic, port, True, tmp_path / "first.log")
     second = None
@@ -95,12 +81,12 @@ def test_a_node_that_leaves_is_planned_away_and_training_ends_equal(tmp_path: Pa
         while latest(elastic) < 4:
             assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "first.log").read_text()[-3000:]
             time.sleep(0.05)
-        kill(second)  # the node is gone: torchrun restarts the job with the one that is left
+        kill_tree(second)  # the node is gone: torchrun restarts the job with the one that is left
         assert first.wait(timeout=300) == 0, (tmp_path / "first.log").read_text()[-3000:]
     finally:
-        kill(first)
+        kill_tree(first)
         if second is not None:
-            kill(second)
+            kill_tree(second)
     starts = runlog.read(elastic, "start")
     assert list(starts["stages"]) == [2, 1] and starts["iteration"].iloc[1] >= 4
     note = starts["note"].iloc[1]

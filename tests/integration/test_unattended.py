@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 import vpipe_lab
+from tests.conftest import kill_tree
 from vpipe_lab.telemetry import runlog
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -35,18 +34,6 @@ def start(run_dir: Path, iterations: int, log: Path) -> subprocess.Popen[bytes]:
                             start_new_session=True)
 
 
-def kill(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        family = psutil.Process(proc.pid).children(recursive=True)
-        os.killpg(proc.pid, signal.SIGKILL)
-        for child in family:
-            try:
-                child.kill()
-            except psutil.NoSuchProcess:
-                pass
-        proc.wait(timeout=30)
-
-
 def latest_iteration(run_dir: Path) -> int:
     pointer = run_dir / "checkpoints" / "latest"
     return int(pointer.read_text().split("-")[1]) if pointer.exists() else -1
@@ -58,7 +45,7 @@ def test_killed_job_resumes_with_the_same_losses_and_can_be_attached(tmp_path: P
     try:
         assert proc.wait(timeout=300) == 0, (tmp_path / "whole.log").read_text()[-3000:]
     finally:
-        kill(proc)
+        kill_tree(proc)
     expected = runlog.read(whole)
     assert list(expected["iteration"]) == list(range(12))
     assert expected["grad_norm"].notna().all()
@@ -75,16 +62,16 @@ def test_killed_job_resumes_with_the_same_losses_and_can_be_attached(tmp_path: P
         session = vpipe_lab.attach(where["address"], key=KEY, timeout=10)  # a client comes and goes
         assert session.stages == 2
         session.detach()
-        kill(proc)  # mid-run, after the checkpoint at 4 (and maybe 8)
+        kill_tree(proc)  # mid-run, after the checkpoint at 4 (and maybe 8)
     finally:
-        kill(proc)
+        kill_tree(proc)
     resumed_from = latest_iteration(broken)
     assert 4 <= resumed_from < 12
     proc = start(broken, 12, tmp_path / "broken.log")
     try:
         assert proc.wait(timeout=300) == 0, (tmp_path / "broken.log").read_text()[-3000:]
     finally:
-        kill(proc)
+        kill_tree(proc)
     got = runlog.read(broken)
     assert list(got["iteration"]) == list(range(12))  # the restart replaced what the kill cut off
     assert list(got["loss"]) == list(expected["loss"])
