@@ -18,9 +18,9 @@ from typing import Any
 
 from vpipe_lab.control.state import JobState
 from vpipe_lab.core.change import Applied
-from vpipe_lab.core.cost.breakdown import PARTS, StageTime, bottleneck, breakdown
+from vpipe_lab.core.cost.breakdown import StageTime, bottleneck, breakdown
 from vpipe_lab.core.timeline import Timeline
-from vpipe_lab.telemetry.metrics import Metrics
+from vpipe_lab.telemetry.metrics import Metrics, breakdown_frame
 
 KEEP = 64  # entries whose split and spans are kept once they ended (older ones keep their row in the table)
 SPLIT_ITERATIONS = 10  # an entry's split is its last iterations' mean
@@ -137,20 +137,11 @@ class History:
     def compare(self, a: int, b: int) -> Any:
         """Entries ``a`` and ``b`` side by side, a row per stage: each one's measured seconds and shares per part of
         the iteration (``core/cost/breakdown.py``), the bottleneck marked, and its median iteration time."""
-        import pandas as pd
-
-        rows = {r["entry"]: r for r in self.rows()}
         frames = []
         for number in (a, b):
             entry = self.entry(number)
-            split = self.split(entry)[0] or []
-            worst = bottleneck(split) if split else None
-            frame = pd.DataFrame([{"stage": t.stage, "iteration_s": t.iteration_s,
-                                   **{f"{p}_s": t.seconds(p) for p in PARTS},
-                                   **{f"{p}_share": t.share(p) for p in PARTS}, "bottleneck": t.stage == worst}
-                                  for t in split], columns=["stage", "iteration_s", *(f"{p}_s" for p in PARTS),
-                                                            *(f"{p}_share" for p in PARTS), "bottleneck"])
-            frame["median_s"] = rows[number]["median_s"]
+            frame = breakdown_frame(self.split(entry)[0] or [])
+            frame["median_s"] = self._measured(entry)["median_s"]
             frames.append(frame.set_index("stage").add_suffix(f"_{number}"))
         return frames[0].join(frames[1], how="outer").reset_index()
 
