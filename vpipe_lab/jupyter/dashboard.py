@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from vpipe_lab.charts.figures import figure, finite, gantt_spec, lane_names, memory_spec, memory_values, series_spec
 from vpipe_lab.core.cost.breakdown import bottleneck, breakdown
-from vpipe_lab.core.cost.critical_path import critical_path
+from vpipe_lab.core.cost.critical_path import CriticalPath, critical_path
 from vpipe_lab.core.report import human_time
 from vpipe_lab.core.timeline import Timeline
 from vpipe_lab.jupyter.live_view import LiveView
@@ -77,10 +77,11 @@ class Dashboard:
                 time.sleep(self.period)  # at most rate_hz refreshes a second
 
     # --- what is drawn ----------------------------------------------------------------------------------------------
-    def header(self, timeline: Timeline | None = None) -> dict[str, Any]:
+    def header(self, timeline: Timeline | None = None, path: CriticalPath | None = None) -> dict[str, Any]:
         """The header line: the session's state, why it ended if it failed, the last iteration, the bottleneck
         stage with its split of the recent iterations in ``timeline`` (``core/cost/breakdown.py``), and the newest
-        iteration's critical path (``core/cost/critical_path.py``; drawn on the timeline too)."""
+        iteration's critical path (``path``, else walked from ``timeline``: ``core/cost/critical_path.py``; drawn on
+        the timeline too)."""
         s = self.session
         latest = s.metrics.latest()
         state = s.status
@@ -102,7 +103,7 @@ class Dashboard:
             text += (f" - bottleneck: stage {worst} (compute {t.share('compute') + t.share('recompute'):.0%}, "
                      f"bubble {t.share('bubble'):.0%}; pipeline bubble "
                      f"{sum(x.bubble_s for x in times) / max(1e-12, sum(x.iteration_s for x in times)):.0%})")
-            path = critical_path(timeline)
+            path = path if path is not None else critical_path(timeline)
             if path.spans:
                 most = max(set(path.stages()), key=lambda st: path.share(stage=st))
                 text += (f" - critical path {human_time(path.seconds)} through stages "
@@ -144,10 +145,11 @@ class Dashboard:
             window -= 1
             measured = s.metrics.timeline(window)
         timeline = measured.with_idle()
+        path = critical_path(measured)  # one walk for the header and the line on the timeline
         frame = self.widget.show(
-            header=self.header(measured),
+            header=self.header(measured, path),
             timeline=gantt_spec(timeline, title=LIVE_TITLE, stages=s.stages, replicas=self.replicas,
-                                path=critical_path(measured).spans),
+                                path=path.spans),
             memory=self.memory_figure(),
             series=series_spec(records, evaluations))
         self.refreshes += 1
