@@ -104,8 +104,8 @@ class PartitionEditor(anywidget.AnyWidget):
         self._profile = profile
         self._cluster = self._base_cluster = cluster
         self._work: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self._previews: dict[Plan, dict[str, Any]] = {}  # each plan's estimate under the profile in hand
-        self._simulated: dict[Plan, Timeline] = {}  # and its simulated iteration (the what-if view draws it)
+        # each plan's estimate under the profile in hand, and its simulated iteration (the what-if view draws it)
+        self._previews: dict[Plan, tuple[dict[str, Any], Timeline]] = {}
         self._budget: int | None = None  # the user's budget per stage (the what-if's box); None: the cluster's
         self.reprofile_s = 30.0  # while training, measure the profile again this often (0: only after an Apply)
         self._profiled = time.monotonic()
@@ -242,7 +242,6 @@ class PartitionEditor(anywidget.AnyWidget):
         if profile is not None and cluster is not None:
             if profile is not self._profile or cluster != self._cluster:
                 self._previews.clear()  # estimates under the old costs
-                self._simulated.clear()
             self._profile, self._cluster = profile, cluster
             if self.session is not None:
                 self._plan = self.session.plan
@@ -289,14 +288,14 @@ class PartitionEditor(anywidget.AnyWidget):
         """The what-if view: the last measured iteration (or the running plan simulated) beside the draft simulated,
         both plans' predicted peaks against the budget, the session's record of measured against predicted."""
         assert self._cluster is not None
-        running = self._simulated.get(self._plan)
-        if running is None:
+        if self._plan not in self._previews:
             return
+        running = self._previews[self._plan][1]
         measured = self.session.metrics.timeline(1) if self.session is not None else None
         now = self.preview.get("current", {}).get("peak_bytes", [])
         drafted = self.preview["draft"]["peak_bytes"] if draft is not None else None
         record = self.session.history_rows() if self.session is not None else []
-        self.what_if.draw(measured, running, self._simulated.get(draft) if draft is not None else None,
+        self.what_if.draw(measured, running, self._previews[draft][1] if draft in self._previews else None,
                           (now, drafted), list(self._cluster.budgets), record)
 
     def _estimate(self, plan: Plan) -> dict[str, Any]:
@@ -306,12 +305,9 @@ class PartitionEditor(anywidget.AnyWidget):
             if len(self._previews) > 64:  # a long session of drags: the oldest go
                 self._previews.pop(next(iter(self._previews)))
             timeline = simulate(plan, self._profile, self._cluster)
-            self._previews[plan] = _estimate_doc(estimate(plan, self._profile, self._cluster), timeline.iteration_s,
-                                                 plan)
-            self._simulated[plan] = timeline
-            while len(self._simulated) > 64:
-                self._simulated.pop(next(iter(self._simulated)))
-        return self._previews[plan]
+            self._previews[plan] = (_estimate_doc(estimate(plan, self._profile, self._cluster), timeline.iteration_s,
+                                                  plan), timeline)
+        return self._previews[plan][0]
 
     def _apply(self, change: Change) -> None:
         self.status = {"state": "pending", "message": "pending: waiting for the next iteration boundary"}
