@@ -5,7 +5,6 @@ nothing survives."""
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import pytest
 import torch
 
 import vpipe_lab
+from tests.conftest import kill_tree
 from vpipe_lab.control.errors import SessionClosed
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -54,16 +54,8 @@ def _start(tmp_path: Path, extra: list[str]) -> Iterator[tuple[str, list[subproc
     try:
         yield f"127.0.0.1:{control}", procs
     finally:
-        family = []
         for p in procs:
-            if p.poll() is None:
-                family += psutil.Process(p.pid).children(recursive=True)
-                os.killpg(p.pid, signal.SIGKILL)
-        for child in family:
-            try:
-                child.kill()
-            except psutil.NoSuchProcess:
-                pass
+            kill_tree(p)
 
 
 def attach_when_up(address: str, deadline_s: float = 120) -> vpipe_lab.Session:
