@@ -14,9 +14,9 @@ PART_COLORS = {"compute": COLORS["forward"], "recompute": COLORS["recompute"], "
                "transfer": COLORS["send"], "bubble": COLORS["idle"]}
 
 
-def pair_spec(a: Timeline | None, b: Timeline | None, labels: tuple[str, str]) -> Fig:
-    """Two measured iterations, one above the other, each from its own start on the same millisecond axis and in the
-    same colours: what one plan does that the other does not is where their bars differ."""
+def pair_spec(a: Timeline | None, b: Timeline | None, labels: tuple[str, str], title: str | None = None) -> Fig:
+    """Two iterations (measured or simulated), one above the other, each from its own start on the same millisecond
+    axis and in the same colours: what one plan does that the other does not is where their bars differ."""
     stages = [max(t.stages, 1) if t is not None else 1 for t in (a, b)]
     gap = 1.0  # an empty lane between the two
     traces: list[dict[str, Any]] = []
@@ -37,7 +37,7 @@ def pair_spec(a: Timeline | None, b: Timeline | None, labels: tuple[str, str]) -
         ticktext += [f"{label} · stage {s}" for s in range(n)]
         offset += n + gap
     lanes = offset - gap
-    layout = {"title": {"text": f"{labels[0]} and {labels[1]}: their last measured iterations"},
+    layout = {"title": {"text": title or f"{labels[0]} and {labels[1]}: their last measured iterations"},
               "height": 160 + 40 * lanes, "autosize": True, "margin": {"l": 150, "r": 16, "t": 40, "b": 40},
               "xaxis": {"ticksuffix": " ms", "zeroline": False, "rangemode": "tozero"},
               "yaxis": {"tickvals": tickvals, "ticktext": ticktext, "range": [lanes - 0.5, -0.5], "zeroline": False},
@@ -65,7 +65,8 @@ def record_spec(rows: Sequence[Mapping[str, Any]]) -> Fig:
     bar = {"type": "bar", "x": xs}
     traces = [
         {**bar, "y": [finite(1e3 * r["median_s"]) if r.get("median_s") else None for r in rows], "name": "measured",
-         "marker": {"color": COLORS["forward"]}, "text": [r["plan"] for r in rows], "hoverinfo": "text+y"},
+         "marker": {"color": COLORS["forward"]}, "text": [r["plan"] for r in rows], "textposition": "none",
+         "hoverinfo": "text+y"},  # the plan on hover only: written in the bar it runs sideways
         {**bar, "y": [finite(1e3 * r["predicted_s"]) if r.get("predicted_s") else None for r in rows],
          "name": "predicted when applied", "marker": {"color": COLORS["idle"]}},
     ]

@@ -42,7 +42,9 @@ class WhatIf:
         text = (f"draft: {human_time(shown.iteration_s)} per iteration (simulated); "
                 f"{'last measured' if seen else 'running plan (simulated)'}: {human_time(left.iteration_s)}")
         self.view.show(header={"state": "what-if", "text": text},
-                       timeline=pair_spec(left, shown, (first, "draft (simulated)")),
+                       timeline=pair_spec(left, shown, (first, "draft (simulated)"),
+                                          f"the {'last measured' if seen else 'running plan'} iteration above the "
+                                          "draft's simulated one, on one time axis"),
                        memory=peak_spec(peaks[0], peaks[1], budgets), series=record_spec(record))
 
     def close(self) -> None:
