@@ -41,3 +41,47 @@ def test_glibc_returns_freed_memory() -> None:
     after = me.memory_info().rss
     assert after < before - 20 * 2**20, (before, after)
     assert len(keep) == 50
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
+def test_census_sees_memory_kept_apart_from_memory_freed() -> None:
+    """What malloc has handed out grows by what is kept and falls back when it is freed; RSS is reported beside it."""
+    from vpipe_lab.runtime.heap import census
+
+    before = census()
+    assert before["rss"] > 0 and before["malloc_used"] > 0 and before["threads"] >= 1 and before["py_objects"] > 0
+    kept = [bytearray(4000) for _ in range(10_000)]  # ~40 MB from malloc, not mmapped one by one
+    during = census()
+    assert during["malloc_used"] - before["malloc_used"] > 35 * 2**20, (before, during)
+    del kept
+    after = census()
+    assert after["malloc_used"] - before["malloc_used"] < 5 * 2**20, (before, after)
+    assert after["traced"] == -1  # tracemalloc is off unless asked for
+
+
+class Kept:
+    """An object a leak would keep."""
+
+
+def test_census_is_logged_only_when_asked_and_at_most_once_per_interval(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [100.0]
+    monkeypatch.setenv("VPIPE_LAB_HEAP_LOG", "30")
+    trimmer = Trimmer(10.0, clock=lambda: now[0])
+    trimmer.trim = lambda pad: 1
+    assert trimmer.census_s == 30.0
+    with caplog.at_level("INFO", logger="vpipe_lab.runtime.heap"):
+        kept = []
+        for t, it in ((110.0, 5), (120.0, 9), (140.0, 17)):
+            now[0] = t
+            assert trimmer.maybe(it)
+            kept += [Kept() for _ in range(500)]  # what a leak looks like: objects of one type, more each time
+    lines = [r.getMessage() for r in caplog.records if "heap census: iteration" in r.getMessage()]
+    assert len(lines) == 2 and lines[0].startswith("heap census: iteration=5 garbage=") and "iteration=17" in lines[1]
+    assert " rss=" in lines[0] and " malloc_used=" in lines[0] and " py_objects=" in lines[0]
+    grown = [r.getMessage() for r in caplog.records if "objects grown by type" in r.getMessage()]
+    assert len(grown) == 1 and "Kept +1000" in grown[0], grown  # 500 after census 1 and 500 after the dropped one
+    monkeypatch.setenv("VPIPE_LAB_HEAP_LOG", "soon")
+    assert Trimmer(10.0).census_s == 0.0  # not a number: a warning, no census
+    monkeypatch.delenv("VPIPE_LAB_HEAP_LOG")
+    assert Trimmer(10.0).census_s == 0.0

@@ -5,15 +5,25 @@ Each iteration allocates and frees many short-lived buffers (activations, gradie
 memory creep up by a few KiB per iteration although nothing is kept (``benchmarks/flat_memory.py``: 1.3-2.9 KiB per
 iteration on gpt-tiny, nearly all of it returned by ``malloc_trim``). At an iteration boundary, at most once every
 ``every_s`` seconds, ``Trimmer.maybe`` asks glibc to return what is free. Elsewhere (macOS, musl) it does nothing.
+With ``VPIPE_LAB_HEAP_LOG=S`` in its environment a worker also logs a ``census`` every S seconds after a trim: resident
+memory beside what malloc has handed out and still holds free, so growth can be told apart as kept (a leak) or
+fragmentation (``benchmarks/flat_memory.py --heap``).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
+import os
+import threading
 import time
+import tracemalloc
+from collections import Counter
 from collections.abc import Callable
+
+import psutil
 
 log = logging.getLogger(__name__)
 
@@ -29,20 +39,93 @@ def _malloc_trim() -> Callable[[int], int] | None:
     return trim  # type: ignore[no-any-return]
 
 
-class Trimmer:
-    """Calls glibc's ``malloc_trim(0)`` at most once every ``every_s`` seconds (0 or less: never)."""
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
 
-    def __init__(self, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+
+def _mallinfo2() -> Callable[[], _Mallinfo2] | None:
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c")).mallinfo2  # glibc 2.33+; sums every arena
+    except (OSError, AttributeError, TypeError):
+        return None
+    fn.argtypes, fn.restype = [], _Mallinfo2
+    return fn  # type: ignore[no-any-return]
+
+
+def census(collect: bool = False) -> dict[str, int]:
+    """This process's memory in parts, bytes: ``rss``; what malloc has handed out (``malloc_used``, mmapped blocks
+    included) and holds free (``malloc_free``); Python's tracked objects and threads; what tracemalloc traces (when
+    on). Growing ``malloc_used`` is memory kept; ``rss`` growing alone is fragmentation. -1 where glibc is absent.
+    ``collect`` first runs a full garbage collection and counts what it found unreachable (``garbage``): without it
+    the objects count includes cycles waiting for the next full collection, which Python runs only once a quarter
+    more objects than the long-lived ones have piled up."""
+    garbage = gc.collect() if collect else -1
+    info = _mallinfo2()
+    m = info() if info is not None else None
+    return {
+        "garbage": garbage,
+        "rss": psutil.Process().memory_info().rss,
+        "malloc_used": m.uordblks + m.hblkhd if m is not None else -1,
+        "malloc_free": m.fordblks if m is not None else -1,
+        "py_objects": len(gc.get_objects()),
+        "threads": threading.active_count(),
+        "traced": tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else -1,
+    }
+
+
+def census_every() -> float:
+    """Seconds between census lines from ``VPIPE_LAB_HEAP_LOG`` (unset, empty or not a positive number: never)."""
+    raw = os.environ.get("VPIPE_LAB_HEAP_LOG", "")
+    try:
+        return max(float(raw), 0.0) if raw else 0.0
+    except ValueError:
+        log.warning("VPIPE_LAB_HEAP_LOG=%r is not a number of seconds; no heap census", raw)
+        return 0.0
+
+
+class Trimmer:
+    """Calls glibc's ``malloc_trim(0)`` at most once every ``every_s`` seconds (0 or less: never), and logs a
+    ``census`` after it at most once every ``census_s`` seconds (0: never)."""
+
+    def __init__(self, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic,
+                 census_s: float | None = None) -> None:
         self.every_s, self.clock = every_s, clock
         self.trim = _malloc_trim() if every_s > 0 else None
         self.last = clock()
         self.count = 0
+        self.census_s = census_every() if census_s is None else census_s
+        self.last_census = -float("inf")
+        self.types: Counter[str] | None = None  # Python objects by type at the previous census
+        self.traces: tracemalloc.Snapshot | None = None  # with PYTHONTRACEMALLOC set: the first census's
 
-    def maybe(self) -> bool:
+    def maybe(self, iteration: int = -1) -> bool:
         """Trim if it is time; True when it did."""
         if self.trim is None or self.clock() - self.last < self.every_s:
             return False
         self.trim(0)
         self.last = self.clock()
         self.count += 1
+        if self.census_s > 0 and self.last - self.last_census >= self.census_s:
+            self.last_census = self.last
+            parts = " ".join(f"{k}={v}" for k, v in census(collect=True).items())
+            log.info("heap census: iteration=%d %s", iteration, parts)
+            self._types_grown()
         return True
+
+    def _types_grown(self) -> None:
+        """Log the object types whose count grew most since the previous census (what a Python leak is made of)."""
+        types = Counter(type(o).__qualname__ for o in gc.get_objects())
+        if self.types is not None:
+            grown = [(name, n) for name, n in (types - self.types).most_common(8)]
+            if grown:
+                log.info("heap census: objects grown by type: %s", ", ".join(f"{k} +{n}" for k, n in grown))
+        self.types = types
+        if tracemalloc.is_tracing():  # PYTHONTRACEMALLOC=N: where Python's allocations grew since the first census
+            traces = tracemalloc.take_snapshot()
+            if self.traces is None:
+                self.traces = traces  # the baseline: what keeps growing past it is kept, what comes and goes is not
+            else:
+                for stat in traces.compare_to(self.traces, "traceback")[:6]:
+                    log.info("heap census: %+d B in %+d blocks since the first census, at %s", stat.size_diff,
+                             stat.count_diff, " <- ".join(str(f) for f in stat.traceback))

@@ -283,7 +283,7 @@ class Worker(WorkerCommands):
                 if self.finish(result, failed, memory, stepped):
                     self.phase = "after the iteration (evaluation, checkpoint)"
                     self.after_iteration()
-                self.heap.maybe()  # return freed memory to the system now and then (runtime/heap.py)
+                self.heap.maybe(self.ctl.iteration)  # return freed memory to the system now and then (runtime/heap.py)
                 result = None
             for cmd in commands:
                 self.phase = f"applying {type(cmd).__name__}"
