@@ -2,11 +2,14 @@
 shows, Apply, and compare with the iteration time the change then measured.
 
     python benchmarks/what_if_browser.py [--schedules gpipe 1f1b interleaved-1f1b zb-h1 zbv] [--iterations 30]
+                                         [--settle 15]
 
 One JupyterLab in headless Chromium; per schedule a notebook starts gpt-tiny on 2 CPU stages training without end,
-waits ``--iterations``, measures a profile, opens ``%vpipe editor``. The first boundary is dragged one layer to the
-left with the mouse; the editor's "what-if: X ms per iteration" is read off the page; Apply; after ``--iterations``
-more, the session's record gives the median measured from the iteration the change came into force.
+waits ``--iterations``, measures a profile, opens ``%vpipe editor``. ``--settle`` seconds after the editor's first
+draw (a user reading it; the page's load over) the first boundary is dragged one layer to the left with the mouse;
+the editor's "what-if: X ms per iteration" is read off the page (and its calibration off the summary's hover); Apply;
+after ``--iterations`` more, the session's record gives the median measured from the iteration the change came into
+force. The table gives the plain simulation's error beside the calibrated what-if's.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ def drag_first_boundary_left(page: Any) -> None:
     page.mouse.up()
 
 
-def one(lab: Any, schedule: str, iterations: int) -> dict[str, Any]:
+def one(lab: Any, schedule: str, iterations: int, settle: float) -> dict[str, Any]:
     name = f"what-if-{schedule}.ipynb"
     write_notebook(lab.root / name, [
         "%load_ext vpipe_lab",
@@ -54,12 +57,14 @@ def one(lab: Any, schedule: str, iterations: int) -> dict[str, Any]:
         page.locator('[data-testid="boundary-1"]').wait_for(state="visible", timeout=300_000)
         page.wait_for_function("document.querySelector('[data-testid=\"summary\"]')?.textContent.length > 0",
                                timeout=120_000)
+        page.wait_for_timeout(settle * 1000)  # a user reads the editor before dragging; the page's load is over
         drag_first_boundary_left(page)
         page.wait_for_function("document.querySelector('[data-testid=\"summary\"]').textContent.includes('what-if:')",
                                timeout=60_000)
         shown = page.locator('[data-testid="summary"]').text_content() or ""
         found = re.search(r"what-if: ([\d.]+) ms per iteration", shown)
         assert found, shown
+        calibration = page.locator('[data-testid="summary"]').get_attribute("title") or ""  # how it was scaled
         page.locator('[data-testid="apply"]').click()
         page.wait_for_function("document.querySelector('[data-testid=\"status\"]').textContent.includes('applied at')",
                                timeout=180_000)
@@ -72,25 +77,29 @@ def one(lab: Any, schedule: str, iterations: int) -> dict[str, Any]:
     finally:
         kc.stop_channels()
     row = json.loads([line for line in text.splitlines() if line.startswith("{")][-1])
-    return {"schedule": schedule, "shown_ms": float(found[1]), **row}
+    return {"schedule": schedule, "shown_ms": float(found[1]), "calibration": calibration, **row}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--schedules", nargs="+", default=SCHEDULES)
     ap.add_argument("--iterations", type=int, default=30)
+    ap.add_argument("--settle", type=float, default=15.0, help="seconds between the editor's first draw and the drag")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp, jupyterlab(Path(tmp)) as lab:
         for schedule in args.schedules:
-            rows.append(one(lab, schedule, args.iterations))
+            rows.append(one(lab, schedule, args.iterations, args.settle))
             print(rows[-1], flush=True)
-    print("\n| schedule | plan after the drag | editor's what-if (ms) | measured after Apply (ms) | error |")
-    print("|---|---|---:|---:|---:|")
+    print("\n| schedule | plan after the drag | measured after Apply (ms) | simulated (ms) | error | "
+          "editor's what-if, calibrated (ms) | error |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
         measured = 1e3 * r["median_s"]
-        print(f"| {r['schedule']} | {r['plan']} | {r['shown_ms']:.2f} | {measured:.2f} | "
-              f"{measured / r['shown_ms'] - 1:+.1%} |")
+        factor = re.match(r"calibrated x([\d.]+)", r["calibration"])
+        simulated = r["shown_ms"] / float(factor[1]) if factor else r["shown_ms"]  # the what-if before calibration
+        print(f"| {r['schedule']} | {r['plan']} | {measured:.2f} | {simulated:.2f} | {measured / simulated - 1:+.1%} | "
+              f"{r['shown_ms']:.2f} | {measured / r['shown_ms'] - 1:+.1%} |")
 
 
 if __name__ == "__main__":

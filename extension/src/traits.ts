@@ -11,7 +11,10 @@ const policies = { type: "array", items: { type: "string", enum: POLICIES } } as
 const estimate = {
   type: "object",
   properties: {
-    iteration_s: { type: "number" }, stage_s: numbers, peak_bytes: numbers, budget_bytes: numbers,
+    iteration_s: { description: "the what-if: the simulated iteration, calibrated when the running plan was measured",
+      type: "number" },
+    simulated_s: { description: "the simulator's iteration under the profile, before calibration", type: "number" },
+    stage_s: numbers, peak_bytes: numbers, budget_bytes: numbers,
     feasible: { type: "boolean" },
     grid: { description: "the schedule grid as torch's _format_pipeline_order prints it (core/interop/torch_grid.py)",
       type: "string" },
@@ -69,7 +72,11 @@ export const EDITOR_TRAITS = {
     },
     preview: {
       type: "object",
-      properties: { current: estimate, draft: estimate, error: { type: "string" } },
+      properties: {
+        current: estimate, draft: estimate, error: { type: "string" },
+        calibration: { description: "how the simulation was scaled to the running plan's recent measured iterations",
+          type: "string" },
+      },
       additionalProperties: false,
     },
     status: {

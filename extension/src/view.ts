@@ -304,6 +304,9 @@ export class PartitionView {
         `${(((preview.draft.iteration_s - now) / now) * 100).toFixed(1)}%)` +
         (preview.draft.feasible ? "" : " - does NOT fit in memory")
       : `predicted: ${formatSeconds(now)} per iteration`;
+    // the calibration behind the numbers, on hover: what the simulation said and how it was scaled to the measured
+    this.summary.title = preview.calibration
+      ? `calibrated ${preview.calibration}` : "simulated from the profile (not calibrated: too few measured iterations)";
     this.summary.dataset.testid = "summary";
     shown.peak_bytes.forEach((peak, s) => {
       const budget = shown.budget_bytes[s] ?? 0;

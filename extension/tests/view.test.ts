@@ -174,6 +174,9 @@ describe("PartitionView", () => {
     expect(q("summary").textContent).toContain("what-if: 120.00 ms per iteration (now 100.00 ms, 20.0%)");
     expect(q("summary").textContent).toContain("does NOT fit");
     expect(el.querySelectorAll(".vpipe-stage")[0]?.textContent).toContain("4.77 MiB of 3.81 MiB");
+    expect(q("summary").title).toContain("not calibrated");
+    m.set("preview", { ...m.get("preview"), calibration: "x0.950: the running plan measured 95.00 ms" });
+    expect(q("summary").title).toBe("calibrated x0.950: the running plan measured 95.00 ms");
   });
 
   it("shows the running plan's schedule grid, and the draft's beside it, each with its CSV", () => {

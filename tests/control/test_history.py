@@ -66,3 +66,16 @@ def test_only_the_newest_entries_keep_their_spans() -> None:
     entries = history.entries()
     assert all(e.last is None and e.split is not None for e in entries[:3])  # rows and splits stay, spans go
     assert all(e.last is not None for e in entries[-KEEP:-1])
+
+
+def test_recent_times_are_the_plan_in_force_newest_iterations_after_it_settled() -> None:
+    state, metrics = JobState(), Metrics(span_window=5)
+    history = History(state, metrics, threading.Condition())
+    assert history.recent_times(20, 2) == []
+    state.first = Applied(FIRST, 0, 0, source="launch")
+    run(state, metrics, history, range(0, 30), stage1_s=0.75)
+    assert history.recent_times(5, 2) == pytest.approx([1.0 + 0.01 * it for it in range(25, 30)])
+    state.applied.append(Applied(SECOND, 1, 30, source="editor"))
+    run(state, metrics, history, range(30, 34), stage1_s=0.5)
+    # the old plan's iterations are not the running plan's, and its first two (the migration's) are left out
+    assert history.recent_times(20, 2) == pytest.approx([1.32, 1.33])

@@ -6,6 +6,7 @@ partition from the next iteration. Keeps screenshots in artifacts/browser/."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -191,6 +192,9 @@ def test_drag_a_boundary_in_the_quickstart_and_apply_it(lab: Lab) -> None:
         assert page.locator('[data-testid="layer-3"]').get_attribute("data-stage") == "1"
         page.wait_for_function("document.querySelector('[data-testid=\"summary\"]').textContent"
                                ".includes('what-if')", timeout=60_000)
+        what_if = re.search(r"what-if: ([\d.]+) ms per iteration", page.locator('[data-testid="summary"]').text_content()
+                            or "")
+        assert what_if, page.locator('[data-testid="summary"]').text_content()
         dropped = handle.bounding_box()
         page.locator('[data-testid="apply"]').click()
         status = page.locator('[data-testid="status"]')
@@ -227,7 +231,7 @@ session.wait({switched_at} + 3, timeout=180)
 owned = session.layers_by_stage()
 frame = session.metrics.iterations
 print(json.dumps({{"bounds": list(session.plan.boundaries), "owned": owned, "schedule": session.plan.schedule,
-                   "sources": [a.source for a in session.applied],
+                   "sources": [a.source for a in session.applied], "record": session.history_rows()[1],
                    "before": sorted(set(frame[frame.iteration < {applied_at}].plan_version)),
                    "moved": sorted(set(frame[(frame.iteration >= {applied_at}) &
                                              (frame.iteration < {switched_at})].plan_version)),
@@ -237,6 +241,12 @@ print(json.dumps({{"bounds": list(session.plan.boundaries), "owned": owned, "sch
         assert doc["bounds"] == [0, 3, 8] and doc["schedule"] == "gpipe" and doc["sources"] == ["editor", "editor"]
         assert doc["owned"] == [[0, 1, 2], [3, 4, 5, 6, 7]]
         assert doc["before"] == [0] and doc["moved"] in ([1], []) and doc["after"] == [2]
+        # The record compares the iterations the dragged plan ran with the what-if the page showed for it (the
+        # same calibrated simulation; the running plan's median may have moved by a few iterations before Apply).
+        record = doc["record"]
+        assert record["source"] == "editor" and "[0:3]" in record["plan"]
+        assert record["predicted_s"] * 1e3 == pytest.approx(float(what_if[1]), rel=0.05), (record, what_if[1])
+        assert record["error"] == pytest.approx(record["median_s"] / record["predicted_s"] - 1)
         assert "no worker process is left" in ask(kc, "%vpipe stop")
     finally:
         kc.stop_channels()

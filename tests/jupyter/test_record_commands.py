@@ -5,6 +5,7 @@ entries compare stage by stage; bad entries are usage errors."""
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.testing import globalipapp
 
+from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.jupyter.history_panel import HistoryPanel
 from vpipe_lab.jupyter.magics import build_parser
 
@@ -30,7 +32,12 @@ def test_history_revert_and_compare_on_a_session(capsys: pytest.CaptureFixture[s
         ip.run_line_magic("vpipe", "start mlp --stages 2 --microbatches 4 --device cpu --run 12 --name pipe")
         pipe = ip.user_ns["pipe"]
         ip.run_line_magic("vpipe", "wait 12 --timeout 120")
-        pipe.profile()  # from now on each change is recorded with the cost model's prediction
+        profile = pipe.profile()  # from now on each change is recorded with the cost model's prediction
+        # calibrated by the running plan: its median over iterations 2..11 against its own simulation
+        found = pipe.calibration(simulate(pipe.plan, profile, pipe.cluster()).iteration_s)
+        assert found is not None and found.samples == 10
+        assert found.measured_s == pytest.approx(statistics.median(r["time_s"] for r in pipe.metrics.records()[2:]))
+        expected = found.apply(simulate(pipe.plan.with_boundaries((0, 3, 10)), profile, pipe.cluster()).iteration_s)
         ip.run_line_magic("vpipe", "partition 0 3 10")
         ip.run_line_magic("vpipe", "run 12")
         ip.run_line_magic("vpipe", "wait --timeout 120")
@@ -48,6 +55,14 @@ def test_history_revert_and_compare_on_a_session(capsys: pytest.CaptureFixture[s
         ip.run_line_magic("vpipe", "run 12")
         ip.run_line_magic("vpipe", "wait --timeout 120")
         assert editor._profiled > first
+        # the editor's what-if is calibrated by the running plan's measured iterations, like the record's prediction
+        wait = time.monotonic() + 30
+        while "calibration" not in editor.preview and time.monotonic() < wait:
+            time.sleep(0.05)
+        shown = editor.preview
+        assert shown["calibration"].startswith("x") and "the running plan measured" in shown["calibration"]
+        factor = float(shown["calibration"][1:].split(":")[0])
+        assert shown["current"]["iteration_s"] == pytest.approx(shown["current"]["simulated_s"] * factor, rel=1e-3)
         editor.close()
         frame = pipe.history
         assert list(frame["source"]) == ["launch", "magic", "revert"]
@@ -56,6 +71,7 @@ def test_history_revert_and_compare_on_a_session(capsys: pytest.CaptureFixture[s
         assert plans[0] == plans[2] != plans[1]
         assert (frame["median_s"] > 0).all() and (frame["samples_per_s"] > 0).all()
         assert math.isnan(frame["predicted_s"][0]) and (frame["predicted_s"][1:] > 0).all()
+        assert frame["predicted_s"][1] == pytest.approx(expected)
         assert frame["error"][1:].abs().lt(10).all() and set(frame["bottleneck"]) <= {0, 1}
         both = pipe.compare(0, 1)
         assert list(both["stage"]) == [0, 1]

@@ -7,7 +7,9 @@ from typing import Any
 
 from vpipe_lab.control.history import History
 from vpipe_lab.core.change import Applied, Change
+from vpipe_lab.core.cost import calibration
 from vpipe_lab.core.cost.breakdown import StageTime
+from vpipe_lab.core.cost.calibration import Calibration
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.timeline import Timeline
 
@@ -53,3 +55,9 @@ class Record:
         """Where entry ``entry``'s iterations went per stage (its last ones) and its last measured iteration's spans,
         None where none was kept (to draw two entries side by side)."""
         return self._history.split(self._history.entry(entry))
+
+    def calibration(self, simulated_s: float) -> Calibration | None:
+        """How the plan in force's recent iterations (the median of its newest ``calibration.RECENT``, its first
+        ``SETTLE`` after it came into force left out) compare with ``simulated_s``, its simulated iteration under the
+        profile in hand: the factor the what-if scales a draft's simulation by; None before enough iterations."""
+        return calibration.calibrate(self._history.recent_times(calibration.RECENT, calibration.SETTLE), simulated_s)

@@ -73,7 +73,7 @@ class Session(Outward, Lifecycle, Record):
         self._profiles = Profiles()
         self._live = Live(spec, job_dir, self.state, self._requests, self._monitor, self._events.publish, self._check,
                           self.profile, self.cluster, self._profiles.forget, self.newest_profile,
-                          lambda: self._profiles.newest)
+                          lambda: self._profiles.newest, self.calibration)
         self._autoplan: AutoReplanner | None = None
         self._history = History(self.state, self.metrics, cond)  # session.history, revert, compare (control/record.py)
         self._events.subscribe(self._history.observe)

@@ -107,6 +107,7 @@ class PartitionEditor(anywidget.AnyWidget):
         # each plan's estimate under the profile in hand, and its simulated iteration (the what-if view draws it)
         self._previews: dict[Plan, tuple[dict[str, Any], Timeline]] = {}
         self._budget: int | None = None  # the user's budget per stage (the what-if's box); None: the cluster's
+        self._factor: float | None = None  # the calibration the what-if shows (core/cost/calibration.py)
         self.reprofile_s = 30.0  # while training, measure the profile again this often (0: only after an Apply)
         self._profiled = time.monotonic()
         self.what_if = WhatIf(lambda budget: self._work.put(("budget", budget)))
@@ -200,6 +201,8 @@ class PartitionEditor(anywidget.AnyWidget):
             except queue.Empty:
                 if self._stale():
                     kind, payload = "refresh", True  # training went on: the what-if takes the newest costs
+                elif self._drifted():
+                    kind, payload = "preview", None  # the running plan's recent iterations moved the calibration
                 else:
                     continue
             try:
@@ -207,6 +210,8 @@ class PartitionEditor(anywidget.AnyWidget):
                     self._refresh(payload)
                 elif kind == "draft":
                     self._set_draft(payload)
+                elif kind == "preview":
+                    self._preview()
                 elif kind == "apply":
                     self._set_draft(payload)
                     self._apply(payload)
@@ -226,6 +231,15 @@ class PartitionEditor(anywidget.AnyWidget):
         workers' per-layer times are medians over their profiling iterations, so one noisy iteration moves nothing)."""
         return (self.session is not None and not self.ended and self.reprofile_s > 0
                 and time.monotonic() - self._profiled >= self.reprofile_s and self.session.running)
+
+    def _drifted(self) -> bool:
+        """The running plan's newest iterations would calibrate the what-if over 1% off what it shows (or could
+        calibrate an uncalibrated one): cheap, no profile is asked for, checked whenever the editor is idle."""
+        current = self.preview.get("current")
+        if self.session is None or self.ended or not current:
+            return False
+        found = self.session.calibration(current.get("simulated_s", current["iteration_s"]))
+        return found is not None and (self._factor is None or abs(found.factor / self._factor - 1) > 0.01)
 
     def _refresh(self, measure: bool = False) -> None:
         """Take the session's plan, cluster and profile: the newest one measured, or (``measure``, after an Apply)
@@ -281,7 +295,7 @@ class PartitionEditor(anywidget.AnyWidget):
                 docs[key] = self._estimate(plan.validate(len(self._profile), self._cluster.stages))
         except VpipeError as exc:
             docs["error"] = str(exc)
-        self.preview = docs
+        self.preview = self._calibrated(docs)
         self._draw_what_if(shown if "draft" in docs else None)
 
     def _draw_what_if(self, draft: Plan | None) -> None:
@@ -296,7 +310,22 @@ class PartitionEditor(anywidget.AnyWidget):
         drafted = self.preview["draft"]["peak_bytes"] if draft is not None else None
         record = self.session.history_rows() if self.session is not None else []
         self.what_if.draw(measured, running, self._previews[draft][1] if draft in self._previews else None,
-                          (now, drafted), list(self._cluster.budgets), record)
+                          (now, drafted), list(self._cluster.budgets), record, self._factor)
+
+    def _calibrated(self, docs: dict[str, Any]) -> dict[str, Any]:
+        """Both plans' simulated iterations scaled by the running plan's recent measured median against its own
+        simulation (``core/cost/calibration.py``), the session's ``predicted_s`` for the same change; the raw
+        simulation kept as ``simulated_s``. Unchanged without a session or before enough iterations."""
+        found = (self.session.calibration(docs["current"]["iteration_s"])
+                 if self.session is not None and "current" in docs else None)
+        self._factor = found.factor if found is not None else None
+        if found is None:
+            return docs
+        out: dict[str, Any] = {"calibration": found.describe()}
+        for key, doc in docs.items():
+            out[key] = ({**doc, "simulated_s": doc["iteration_s"], "iteration_s": found.apply(doc["iteration_s"])}
+                        if isinstance(doc, dict) else doc)
+        return out
 
     def _estimate(self, plan: Plan) -> dict[str, Any]:
         """The cost model's and the simulator's verdict on ``plan`` under the profile in hand, once per pair."""

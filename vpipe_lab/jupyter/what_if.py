@@ -32,14 +32,19 @@ class WhatIf:
 
     def draw(self, measured: Timeline | None, running: Timeline, draft: Timeline | None,
              peaks: tuple[Sequence[float], Sequence[float] | None], budgets: Sequence[int | None],
-             record: Sequence[Mapping[str, Any]] = ()) -> None:
+             record: Sequence[Mapping[str, Any]] = (), factor: float | None = None) -> None:
         """The last measured iteration (else the running plan simulated) above the draft simulated, the peaks, and
-        the session's record (each plan's measured against predicted time: how far to trust the what-if)."""
+        the session's record (each plan's measured against predicted time: how far to trust the what-if). With
+        ``factor`` (the calibration, ``core/cost/calibration.py``) the header gives the draft's calibrated time, the
+        editor's what-if, beside its plain simulation."""
         seen = measured is not None and len(measured) > 0
         left = measured if seen and measured is not None else running
         first = "measured" if seen else "running (simulated)"
         shown = draft if draft is not None else running
-        text = (f"draft: {human_time(shown.iteration_s)} per iteration (simulated); "
+        draft_text = (f"{human_time(shown.iteration_s * factor)} per iteration (simulated "
+                      f"{human_time(shown.iteration_s)}, calibrated x{factor:.3f} by the running plan's iterations)"
+                      if factor is not None else f"{human_time(shown.iteration_s)} per iteration (simulated)")
+        text = (f"draft: {draft_text}; "
                 f"{'last measured' if seen else 'running plan (simulated)'}: {human_time(left.iteration_s)}")
         self.view.show(header={"state": "what-if", "text": text},
                        timeline=pair_spec(left, shown, (first, "draft (simulated)"),

@@ -22,6 +22,7 @@ from vpipe_lab.control.workers.monitor import FailureMonitor
 from vpipe_lab.core import checks, schedules
 from vpipe_lab.core.change import Applied, Change
 from vpipe_lab.core.cost import scaling
+from vpipe_lab.core.cost.calibration import Calibration
 from vpipe_lab.core.cost.costmodel import estimate
 from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
@@ -68,10 +69,12 @@ class Live:
                  monitor: FailureMonitor, publish: Callable[[dict[str, Any]], None], check: Callable[[], None],
                  profile: Callable[[], ModelProfile], cluster: Callable[[], Cluster],
                  forget_profile: Callable[[], None], newest_profile: Callable[[], ModelProfile],
-                 known_profile: Callable[[], ModelProfile | None] = lambda: None) -> None:
+                 known_profile: Callable[[], ModelProfile | None] = lambda: None,
+                 calibration: Callable[[float], Calibration | None] = lambda simulated_s: None) -> None:
         self.spec, self.job_dir, self.state, self.requests, self.monitor = spec, job_dir, state, requests, monitor
         self.publish, self.check, self.profile, self.cluster = publish, check, profile, cluster
         self.forget_profile, self.newest_profile, self.known_profile = forget_profile, newest_profile, known_profile
+        self.calibration = calibration
         self._lock = threading.Lock()  # one change at a time
         # The schedules the workers know: launch() hands them every schedule registered by then.
         self._known = set(schedules.names()) if job_dir is not None else set(schedules.built_in())
@@ -172,14 +175,20 @@ class Live:
         return scaling.at(profile, batch // plan.microbatches)
 
     def predicted_s(self, plan: Plan, current: Plan) -> float | None:
-        """The simulated iteration time of ``plan`` under the newest profile (what the editor's what-if shows), if one
-        was measured (the record of the session keeps it beside what the plan then measured); None without one:
-        nothing is asked of the workers."""
+        """The simulated iteration time of ``plan`` under the newest profile, calibrated by the running plan's recent
+        iterations against its own simulation (``core/cost/calibration.py``; what the editor's what-if shows), if a
+        profile was measured (the record of the session keeps it beside what the plan then measured); None without
+        one: nothing is asked of the workers."""
         profile = self.known_profile()
         if profile is None or len(profile) != plan.num_layers:
             return None
         try:
-            return simulate(plan, self._sized(profile, plan, current), self.cluster()).iteration_s
+            cluster = self.cluster()
+            simulated = simulate(plan, self._sized(profile, plan, current), cluster).iteration_s
+            if len(profile) != current.num_layers:
+                return simulated
+            found = self.calibration(simulate(current, profile, cluster).iteration_s)
+            return found.apply(simulated) if found is not None else simulated
         except Exception as exc:  # a prediction is a nicety: the change goes ahead without one
             log.info("no prediction for %s: %s", plan.describe(), exc)
             return None

@@ -331,6 +331,7 @@ var PartitionView = class {
     if (!shown) return;
     const now = preview.current?.iteration_s ?? NaN;
     this.summary.textContent = dirty && preview.draft ? `what-if: ${formatSeconds(preview.draft.iteration_s)} per iteration (now ${formatSeconds(now)}, ${((preview.draft.iteration_s - now) / now * 100).toFixed(1)}%)` + (preview.draft.feasible ? "" : " - does NOT fit in memory") : `predicted: ${formatSeconds(now)} per iteration`;
+    this.summary.title = preview.calibration ? `calibrated ${preview.calibration}` : "simulated from the profile (not calibrated: too few measured iterations)";
     this.summary.dataset.testid = "summary";
     shown.peak_bytes.forEach((peak, s) => {
       const budget = shown.budget_bytes[s] ?? 0;

@@ -1,0 +1,31 @@
+"""The what-if made relative (core/cost/calibration.py): a simulation scaled by how the running plan's recent measured
+iterations compare with its own simulation; robust to one noisy iteration, refused when it cannot be trusted."""
+
+from __future__ import annotations
+
+import pytest
+
+from vpipe_lab.core.cost.calibration import BOUNDS, MIN_SAMPLES, calibrate
+
+
+def test_scales_a_draft_by_the_running_plans_measured_against_simulated() -> None:
+    found = calibrate([0.056, 0.057, 0.055, 0.056, 0.058], 0.0583)
+    assert found is not None and found.measured_s == 0.056 and found.samples == 5
+    assert found.factor == pytest.approx(0.056 / 0.0583)
+    assert found.apply(0.0663) == pytest.approx(0.0663 * 0.056 / 0.0583)
+    assert found.apply(0.0583) == pytest.approx(0.056)  # the running plan predicts what it measures
+    assert "x0.961" in found.describe() and "56.00 ms" in found.describe() and "newest 5" in found.describe()
+
+
+def test_one_noisy_iteration_moves_nothing() -> None:
+    steady = [0.05] * 9
+    assert calibrate([*steady, 0.05], 0.05).factor == calibrate([*steady, 0.9], 0.05).factor == 1.0  # type: ignore[union-attr]
+
+
+def test_no_calibration_from_too_few_samples_an_empty_simulation_or_a_profile_that_no_longer_fits() -> None:
+    assert calibrate([0.05] * (MIN_SAMPLES - 1), 0.05) is None
+    assert calibrate([0.05, 0.0, -1.0, 0.05, 0.05, 0.05], 0.05) is None  # non-positive times are not samples
+    assert calibrate([0.05] * 10, 0.0) is None
+    assert calibrate([0.05] * 10, 0.05 / (BOUNDS[1] * 1.01)) is None
+    assert calibrate([0.05] * 10, 0.05 / (BOUNDS[0] * 0.99)) is None
+    assert calibrate([0.05] * 10, 0.05 / BOUNDS[1]) is not None
