@@ -112,6 +112,30 @@ def test_refreshes_are_bounded_and_windows_roll() -> None:
         board.close()
 
 
+def test_a_display_sends_at_most_its_bytes_per_second() -> None:
+    """However fast iterations come, a display's frames and the waits after them keep it within ``bytes_per_s``
+    (over any stretch: what it sent is at most the budget's worth plus one frame)."""
+    s = FakeSession()
+    budget = 20_000.0
+    board = Dashboard(s, window=3, rate_hz=10, bytes_per_s=budget)  # type: ignore[arg-type]
+    try:
+        start = time.monotonic()
+        it = 0
+        while time.monotonic() - start < 3.0:
+            s.step(it)
+            it += 1
+            time.sleep(0.005)
+        elapsed = time.monotonic() - start
+        frame = board.widget.sent_bytes / max(1, board.refreshes)
+        assert board.refreshes >= 2 and frame > budget / 10  # frames big enough that the byte bound, not the rate, binds
+        assert board.widget.sent_bytes <= budget * elapsed + 2 * frame, (board.widget.sent_bytes, elapsed, frame)
+        assert board.refreshes < 10 * elapsed / 2  # well under rate_hz: it waited for its bytes
+    finally:
+        board.close()
+    with pytest.raises(ValueError, match="bytes_per_s must be positive"):
+        Dashboard(FakeSession(), bytes_per_s=0)  # type: ignore[arg-type]
+
+
 def test_simulated_timelines_use_the_same_drawing() -> None:
     s = FakeSession()
     board = Dashboard(s)  # type: ignore[arg-type]

@@ -36,9 +36,14 @@ def test_show_replaces_whole_panels_in_one_message_and_counts_frames() -> None:
         assert len(updates) == 2 and set(updates[0]) == {"header", "timeline", "memory", "frame"}
         assert set(updates[1]) == {"series", "frame"}  # unchanged panels are not sent again
         json.dumps(updates, allow_nan=False)
+        # sent_bytes counts what changed, about as many bytes as the updates carried (the frame counter aside)
+        carried = sum(len(json.dumps(v, separators=(",", ":"))) for u in updates for k, v in u.items() if k != "frame")
+        assert view.sent_bytes == carried
+        view.show(timeline=fig)  # the same figure again: nothing goes, nothing counted
+        assert view.sent_bytes == carried
         with pytest.raises(ValueError, match="no panel named"):
             view.show(loss=fig)
-        assert view.frame == 2
+        assert view.frame == 3
     finally:
         view.close()
 

@@ -28,16 +28,23 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 LIVE_TITLE = "measured timeline (latest iterations)"
 MAX_SPANS = 1000  # spans a frame draws at most (whole iterations; one iteration of a very wide pipeline may exceed)
+# What one display sends the browser a second at most, averaged over a frame and the wait after it: three dashboards
+# stay under a megabyte a second (a remote notebook's link), whatever the pipeline's width.
+MAX_BYTES_PER_S = 250_000
 
 
 class Dashboard:
     """Live view of a Session; display it in a notebook cell (``%vpipe dashboard`` does)."""
 
-    def __init__(self, session: Session, *, window: int = 3, rate_hz: float = 8.0, points: int = 500) -> None:
+    def __init__(self, session: Session, *, window: int = 3, rate_hz: float = 8.0, points: int = 500,
+                 bytes_per_s: float = MAX_BYTES_PER_S) -> None:
         if not 0 < rate_hz <= 10:
             raise ValueError(f"rate_hz must be in (0, 10] (the Jupyter server drops bursts of messages), got {rate_hz}")
+        if not bytes_per_s > 0:
+            raise ValueError(f"bytes_per_s must be positive (what one display may send the browser a second), got "
+                             f"{bytes_per_s!r}")
         self.session = session
-        self.window, self.points, self.period = window, points, 1.0 / rate_hz
+        self.window, self.points, self.period, self.bytes_per_s = window, points, 1.0 / rate_hz, bytes_per_s
         self.replicas = int(getattr(session, "replicas", 1) or 1)
         self.widget = LiveView()
         self._dirty = threading.Event()
@@ -65,6 +72,7 @@ class Dashboard:
             if self._dirty.wait(timeout=0.5) and not self._closed:
                 self._dirty.clear()
                 ended = self.ended
+                sent = self.widget.sent_bytes
                 try:
                     self.refresh()
                 except Exception:
@@ -74,7 +82,8 @@ class Dashboard:
                 if ended:
                     self._stop_listening()
                     return
-                time.sleep(self.period)  # at most rate_hz refreshes a second
+                # at most rate_hz refreshes a second, and a big frame waits until the display is within its bytes
+                time.sleep(max(self.period, (self.widget.sent_bytes - sent) / self.bytes_per_s))
 
     # --- what is drawn ----------------------------------------------------------------------------------------------
     def header(self, timeline: Timeline | None = None, path: CriticalPath | None = None) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,11 @@ def plotly_bundle() -> tuple[bytes, str]:
     """The gzipped plotly.js ES module the front end draws with, and a key that names its version."""
     data = (STATIC / "plotly.js.gz").read_bytes()
     return data, hashlib.sha256(data).hexdigest()[:16]
+
+
+def _size(value: Any) -> int:
+    """Bytes of ``value`` as JSON, about what its trait's update message carries."""
+    return len(json.dumps(value, default=str, separators=(",", ":")))
 
 
 class LiveView(anywidget.AnyWidget):
@@ -49,6 +55,7 @@ class LiveView(anywidget.AnyWidget):
         data, key = plotly_bundle()
         super().__init__(_plotly=data, _plotly_key=key, **kwargs)
         self._lock = threading.Lock()  # show() is called from the dashboard's refresher thread and from user code
+        self.sent_bytes = 0  # JSON bytes of the header and panels show() changed, all told (plotly.js not counted)
 
     def show(self, *, header: dict[str, Any] | None = None, **panels: dict[str, Any]) -> int:
         """Replace the header and any of the panels (figure dicts) in one message; returns the frame number."""
@@ -57,8 +64,11 @@ class LiveView(anywidget.AnyWidget):
             raise ValueError(f"no panel named {sorted(unknown)}: the panels are {', '.join(PANELS)}")
         with self._lock, self.hold_sync():
             if header is not None:
+                self.sent_bytes += _size(header) if header != self.header else 0
                 self.header = header
             for name, figure in panels.items():
+                # what goes to the browser: only what changed (an equal figure is not sent again)
+                self.sent_bytes += _size(figure) if figure != getattr(self, name) else 0
                 setattr(self, name, figure)
             self.frame += 1
             return self.frame
