@@ -46,3 +46,18 @@ def test_splits_stand_stage_by_stage_and_the_record_beside_its_predictions() -> 
     json.dumps(record, allow_nan=False)
     assert record["data"][0]["x"] == ["0 launch", "1 editor"] and record["data"][0]["y"] == [120.0, 100.0]
     assert record["data"][1]["y"] == [None, 95.0]
+
+
+def test_peaks_stand_against_the_budget_and_a_budget_far_above_them_leaves_the_scale() -> None:
+    from vpipe_lab.charts.compare import peak_spec
+
+    gib = 2**30
+    near = peak_spec([1 * gib, 2 * gib], [3 * gib, 1 * gib], [4 * gib, 4 * gib])
+    running, draft, budget = near["data"]
+    assert running["y"] == [1.0, 2.0] and draft["y"] == [3.0, 1.0] and draft["visible"] and budget["y"] == [4.0, 4.0]
+    assert "range" not in near["layout"]["yaxis"] and near["layout"]["title"]["text"] == "predicted peak memory per stage"
+    far = peak_spec([10 * 2**20, 20 * 2**20], None, [12 * gib, 12 * gib])  # MiB peaks against a whole host's memory
+    assert far["layout"]["yaxis"]["range"] == pytest.approx([0.0, 1.25 * 20 / 1024])
+    assert far["layout"]["title"]["text"].endswith("(budget 12 GiB a stage, off the scale: the largest peak is 0.2% of it)")
+    assert not far["data"][1]["visible"]
+    assert "range" not in peak_spec([gib], None, [None])["layout"]["yaxis"]  # no budget: nothing to leave off

@@ -3,6 +3,7 @@ every plan's measured against its predicted iteration time (plain figure dicts, 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -76,6 +77,9 @@ def record_spec(rows: Sequence[Mapping[str, Any]]) -> Fig:
     return {"data": traces, "layout": layout}
 
 
+FAR = 20.0  # a budget this many times the largest peak is left off the peak chart's scale (and named in its title)
+
+
 def peak_spec(current: Sequence[float], draft: Sequence[float] | None, budgets: Sequence[int | None]) -> Fig:
     """Each stage's predicted peak memory (GiB) under the running plan and the draft, the budget a line per stage."""
     gib = float(2**30)
@@ -90,7 +94,14 @@ def peak_spec(current: Sequence[float], draft: Sequence[float] | None, budgets: 
          "visible": any(m is not None for m in marks),
          "marker": {"symbol": "line-ew-open", "size": 40, "color": "#E45756", "line": {"width": 3}}},
     ]
-    layout = {"barmode": "group", "title": {"text": "predicted peak memory per stage"}, "height": 300,
-              "autosize": True, "yaxis": {"title": {"text": "GiB"}, "rangemode": "tozero"},
+    title, yaxis = "predicted peak memory per stage", {"title": {"text": "GiB"}, "rangemode": "tozero"}
+    top = max([p / gib for p in [*current, *(draft or [])] if math.isfinite(p)] or [0.0])
+    lowest = min((m for m in marks if m is not None), default=None)
+    if lowest is not None and 0 < top and lowest > FAR * top:
+        # a budget far above every peak (a whole device's memory) would flatten the bars to nothing: scale to the
+        # bars and say where the budget is instead
+        yaxis["range"] = [0.0, 1.25 * top]
+        title += f" (budget {lowest:.3g} GiB a stage, off the scale: the largest peak is {top / lowest:.1%} of it)"
+    layout = {"barmode": "group", "title": {"text": title}, "height": 300, "autosize": True, "yaxis": yaxis,
               "margin": {"l": 56, "r": 16, "t": 40, "b": 40}, "legend": _LEGEND, "uirevision": "peaks"}
     return {"data": traces, "layout": layout}

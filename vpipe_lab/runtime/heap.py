@@ -117,7 +117,7 @@ class Trimmer:
         """Log the object types whose count grew most since the previous census (what a Python leak is made of)."""
         types = Counter(type(o).__qualname__ for o in gc.get_objects())
         if self.types is not None:
-            grown = [(name, n) for name, n in (types - self.types).most_common(8)]
+            grown = (types - self.types).most_common(8)
             if grown:
                 log.info("heap census: objects grown by type: %s", ", ".join(f"{k} +{n}" for k, n in grown))
         self.types = types
