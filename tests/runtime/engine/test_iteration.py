@@ -25,3 +25,36 @@ def test_chunk_streams_have_tags_of_their_own_only_with_virtual_stages() -> None
     assert [tag_into(Op.RECV_F, c, looped) for c in range(4)] == [TAG_FORWARD + 8 * c for c in range(4)]
     assert len({chunk_tag(TAG_FORWARD, c, looped) for c in range(4)} | {chunk_tag(TAG_BACKWARD, c, looped)
                                                                         for c in range(4)}) == 8
+
+
+def test_an_iteration_leaves_no_reference_cycle_holding_its_tensors() -> None:
+    """Whatever an iteration held (inputs, activations, the walk itself) is freed when it ends, by reference counts:
+    a cycle would keep it, tensors included, until Python's next full collection, minutes later in a big process."""
+    import gc
+
+    import torch
+
+    from tests.runtime.engine.test_executor import executor
+    from vpipe_lab.examples import mlp
+
+    ex, plan = executor("ksrksrksrk", "1f1b")
+    ex.run(0, plan, mlp.data(0))  # warm: whatever is made once and kept
+    ex.stage.step()
+    gc.collect()
+    gc.disable()  # nothing collected behind the test's back
+    try:
+        flags = gc.get_debug()
+        gc.set_debug(flags | gc.DEBUG_SAVEALL)
+        try:
+            ex.run(1, plan, mlp.data(1))
+            ex.stage.step()
+            gc.collect()
+            held = [type(o).__qualname__ for o in gc.garbage
+                    if isinstance(o, (torch.Tensor, StageIteration)) or type(o).__name__ == "IterationResult"]
+        finally:
+            gc.garbage.clear()
+            gc.set_debug(flags)
+    finally:
+        gc.enable()
+        gc.collect()
+    assert held == [], held

@@ -104,10 +104,6 @@ class StageIteration:
         self.row = self.schedule.stages[ex.rank]
         self.local = chunk_indices(self.schedule)  # a span names the stage's chunk by its index, as the simulator's
         self.result = IterationResult(iteration, ex.watch.begin(), 0.0)
-        self.actions: dict[Op, Callable[[int, Action, float], float]] = {
-            Op.RECV_F: self.receive_input, Op.F: self.forward, Op.SEND_F: self.send_output,
-            Op.SWAP_OUT: self.swap_out, Op.SWAP_IN: self.swap_in, Op.RECV_B: self.receive_gradient,
-            Op.B: self.backward, Op.W: self.weight_step, Op.SEND_B: self.send_gradient}
         if self.peer.prepost and agreed:  # the first receive of each kind, when this shape epoch knows its shapes
             for op, first in firsts.items():
                 if first is not None and self.peer.knows(*(source := self._source(op, first[0]))):
@@ -134,7 +130,7 @@ class StageIteration:
             with label:  # a recompute's label only marks its place: its layer is rebuilt in B (``backward``)
                 if op is Op.RECOMPUTE:
                     continue  # vPipe's order: each layer is rebuilt right before its own backward
-                start = self.actions[op](step, action, mark())
+                start = ACTIONS[op](self, step, action, mark())
                 if ex.record_spans:
                     self.marks.append((KIND[op], action.microbatch, action.layer, start, mark(),
                                        self.local[action.stage]))
@@ -243,3 +239,13 @@ class StageIteration:
         if action.layer in self.stage.layers:
             self.stage.swap.swap_in(action.microbatch, action.layer)
         return start
+
+
+# What each action does, as plain functions of the iteration: a table of its bound methods kept on the iteration
+# would make a reference cycle per iteration, and the iteration's tensors would wait for a full garbage collection
+# (``benchmarks/flat_memory.py --heap`` found them there).
+ACTIONS: dict[Op, Callable[[StageIteration, int, Action, float], float]] = {
+    Op.RECV_F: StageIteration.receive_input, Op.F: StageIteration.forward, Op.SEND_F: StageIteration.send_output,
+    Op.SWAP_OUT: StageIteration.swap_out, Op.SWAP_IN: StageIteration.swap_in,
+    Op.RECV_B: StageIteration.receive_gradient, Op.B: StageIteration.backward, Op.W: StageIteration.weight_step,
+    Op.SEND_B: StageIteration.send_gradient}
