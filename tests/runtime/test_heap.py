@@ -85,3 +85,28 @@ def test_census_is_logged_only_when_asked_and_at_most_once_per_interval(
     assert Trimmer(10.0).census_s == 0.0  # not a number: a warning, no census
     monkeypatch.delenv("VPIPE_LAB_HEAP_LOG")
     assert Trimmer(10.0).census_s == 0.0
+
+
+def test_collecting_garbage_counts_the_cycles_by_type_and_frees_them() -> None:
+    import gc
+    import weakref
+
+    from vpipe_lab.runtime.heap import collect_garbage
+
+    gc.collect()
+    first, second = Kept(), Kept()
+    first.other, second.other = second, first  # type: ignore[attr-defined]  # a reference cycle
+    gone = weakref.ref(first)
+
+    def make() -> None:
+        def again() -> object:  # a closure that refers to itself: a function and its cell, a cycle once make returns
+            return again
+
+    make()
+    del first, second
+    found, kinds = collect_garbage()
+    assert found >= 2 and kinds["Kept"] == 2 and gone() is None  # counted, then freed
+    named = f"function {__name__}.test_collecting_garbage_counts_the_cycles_by_type_and_frees_them.<locals>.make"
+    named += ".<locals>.again"
+    assert kinds[named] == 1 and kinds["cell"] >= 1  # a function is named by where it was defined
+    assert gc.garbage == [] and not gc.get_debug() & gc.DEBUG_SAVEALL

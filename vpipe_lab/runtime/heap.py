@@ -20,6 +20,7 @@ import os
 import threading
 import time
 import tracemalloc
+import types
 from collections import Counter
 from collections.abc import Callable
 
@@ -53,6 +54,28 @@ def _mallinfo2() -> Callable[[], _Mallinfo2] | None:
     return fn  # type: ignore[no-any-return]
 
 
+def _kind(obj: object) -> str:
+    """An object's type; a function's or method's own name too (closures and bound methods are what cycles hold)."""
+    func = getattr(obj, "__func__", obj)
+    if isinstance(func, types.FunctionType):
+        return f"{type(obj).__qualname__} {func.__module__}.{func.__qualname__}"
+    return type(obj).__qualname__
+
+
+def collect_garbage() -> tuple[int, Counter[str]]:
+    """A full garbage collection that counts what it found unreachable, by type (what makes reference cycles)."""
+    flags = gc.get_debug()
+    gc.set_debug(flags | gc.DEBUG_SAVEALL)  # the unreachable go to gc.garbage instead of being freed, to be counted
+    try:
+        found = gc.collect()
+        kinds = Counter(_kind(o) for o in gc.garbage)
+    finally:
+        gc.garbage.clear()
+        gc.set_debug(flags)
+    gc.collect()  # and now freed
+    return found, kinds
+
+
 def census(collect: bool = False) -> dict[str, int]:
     """This process's memory in parts, bytes: ``rss``; what malloc has handed out (``malloc_used``, mmapped blocks
     included) and holds free (``malloc_free``); Python's tracked objects and threads; what tracemalloc traces (when
@@ -60,11 +83,14 @@ def census(collect: bool = False) -> dict[str, int]:
     ``collect`` first runs a full garbage collection and counts what it found unreachable (``garbage``): without it
     the objects count includes cycles waiting for the next full collection, which Python runs only once a quarter
     more objects than the long-lived ones have piled up."""
-    garbage = gc.collect() if collect else -1
+    garbage = collect_garbage()[0] if collect else -1
+    return {"garbage": garbage, **_parts()}
+
+
+def _parts() -> dict[str, int]:
     info = _mallinfo2()
     m = info() if info is not None else None
     return {
-        "garbage": garbage,
         "rss": psutil.Process().memory_info().rss,
         "malloc_used": m.uordblks + m.hblkhd if m is not None else -1,
         "malloc_free": m.fordblks if m is not None else -1,
@@ -108,19 +134,23 @@ class Trimmer:
         self.count += 1
         if self.census_s > 0 and self.last - self.last_census >= self.census_s:
             self.last_census = self.last
-            parts = " ".join(f"{k}={v}" for k, v in census(collect=True).items())
+            found, kinds = collect_garbage()
+            parts = " ".join(f"{k}={v}" for k, v in {"garbage": found, **_parts()}.items())
             log.info("heap census: iteration=%d %s", iteration, parts)
+            if kinds:  # cycles that waited for a full collection, and whatever they held (tensors too)
+                log.info("heap census: garbage by type: %s",
+                         ", ".join(f"{k} {n}" for k, n in kinds.most_common(12)))
             self._types_grown()
         return True
 
     def _types_grown(self) -> None:
         """Log the object types whose count grew most since the previous census (what a Python leak is made of)."""
-        types = Counter(type(o).__qualname__ for o in gc.get_objects())
+        counts = Counter(type(o).__qualname__ for o in gc.get_objects())
         if self.types is not None:
-            grown = (types - self.types).most_common(8)
+            grown = (counts - self.types).most_common(8)
             if grown:
                 log.info("heap census: objects grown by type: %s", ", ".join(f"{k} +{n}" for k, n in grown))
-        self.types = types
+        self.types = counts
         if tracemalloc.is_tracing():  # PYTHONTRACEMALLOC=N: where Python's allocations grew since the first census
             traces = tracemalloc.take_snapshot()
             if self.traces is None:
