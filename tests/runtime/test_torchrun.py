@@ -55,3 +55,49 @@ def test_pipedream_with_what_needs_one_step_of_the_whole_model_is_refused_before
         with pytest.raises(ValueError, match=f"--schedule pipedream: .*{match}"):
             _check(parser.parse_args(["--model", "mlp", "--schedule", "pipedream", *extra]))
     _check(parser.parse_args(["--model", "mlp", "--clip-grad-norm", "1.0"]))  # a synchronous schedule clips
+
+
+def test_snapshots_go_in_the_run_directory_unless_turned_off_and_bad_values_are_refused(tmp_path: Path) -> None:
+    from vpipe_lab.runtime.torchrun import _snapshots
+
+    parser = argparse.ArgumentParser()
+    add_worker_arguments(parser)
+    args = parser.parse_args(["--model", "mlp", "--run-dir", str(tmp_path)])
+    assert _snapshots(args, tmp_path) == (str(tmp_path / "snapshots"), None)  # on, K chosen by cost
+    assert _snapshots(parser.parse_args(["--model", "mlp", "--snapshot-every", "3"]), tmp_path)[1] == 3
+    assert _snapshots(parser.parse_args(["--model", "mlp", "--snapshot-every", "0"]), tmp_path) == (None, None)
+    assert _snapshots(args, None) == (None, None)
+    for argv, match in ((["--snapshot-every", "-1"], "must be >= 0"), (["--snapshot-every", "2"], "needs --run-dir"),
+                        (["--snapshot-every", "2", "--run-dir", "r", "--engine", "torch"], "needs --engine lab")):
+        with pytest.raises(ValueError, match=match):
+            _check(parser.parse_args(["--model", "mlp", *argv]))
+
+
+def test_a_restart_resumes_from_the_newest_of_its_snapshots_and_checkpoints(tmp_path: Path) -> None:
+    from vpipe_lab.core.plan import Plan
+    from vpipe_lab.runtime.torchrun import _resume_point
+    from vpipe_lab.wire import snapshot
+    from vpipe_lab.wire.snapshot import SnapshotMeta
+
+    snaps = tmp_path / "snapshots"
+    assert _resume_point(tmp_path, 2, str(snaps)) is None  # a first start
+    plan = Plan.from_counts([5, 5], 4)
+
+    def take(iteration: int, stages_done: int, model_version: int = 0) -> None:
+        key = (iteration, 0, model_version)
+        where = snapshot.directory(snaps, key)
+        where.mkdir(parents=True)
+        SnapshotMeta(iteration, plan.to_dict(), 0, model_version).write(where)
+        for stage in range(stages_done):
+            snapshot.mark_done(snaps, key, stage)
+
+    take(6, 2)
+    take(9, 1)  # stage 1 had not written its part: not complete
+    found = _resume_point(tmp_path, 2, str(snaps))
+    assert found is not None and found["snapshot"].endswith(snapshot.directory(snaps, (6, 0, 0)).name)
+    assert found["iteration"] == 6 and found["note"] == "resumed from the snapshot of iteration 6" and "path" not in found
+    shrunk = _resume_point(tmp_path, 1, str(snaps))  # a node left: the same layers on one stage
+    assert shrunk is not None and Plan.from_dict(shrunk["plan"]).stages == 1
+    assert "torchrun started 1 stage(s) where the snapshot of iteration 6 was taken on 2" in shrunk["note"]
+    take(12, 2, model_version=1)  # after set_model a restarted worker cannot rebuild the model: not from that one
+    assert _resume_point(tmp_path, 2, str(snaps)) is None

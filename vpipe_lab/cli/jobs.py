@@ -155,8 +155,10 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     u.add_argument("--iterations", type=int, help="train until this iteration, then save and exit (default: wait "
                    "for a client's run command)")
     u.add_argument("--save-every", type=int, help="checkpoint into --run-dir every this many iterations")
-    u.add_argument("--run-dir", help="checkpoints, metrics.jsonl and attach.json; a restart resumes from the newest "
-                   "complete checkpoint here")
+    u.add_argument("--run-dir", help="checkpoints, snapshots, metrics.jsonl and attach.json; a restart (torchrun's "
+                   "--max-restarts) resumes from the newest complete snapshot or checkpoint here, whichever is newer")
+    u.add_argument("--snapshot-every", type=int, help="with --run-dir: snapshot every stage's state for a restart "
+                   "every this many iterations (default: as often as costs at most ~5%%; 0: no snapshots)")
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

@@ -87,33 +87,76 @@ def _check(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.save_every and not args.run_dir:
         raise ValueError("--save-every needs --run-dir: where the checkpoints go")
+    every = getattr(args, "snapshot_every", None)
+    if every is not None and every < 0:
+        raise ValueError(f"--snapshot-every must be >= 0 (0: no snapshots), got {every}")
+    if every and not args.run_dir:
+        raise ValueError(f"--snapshot-every {every} needs --run-dir: where the snapshots go")
+    if every and args.engine != "lab":
+        raise ValueError(f"--snapshot-every {every} needs --engine lab (the torch engine takes no snapshots)")
 
 
-def _resume_point(run_dir: Path, stages: int) -> dict[str, Any] | None:
-    """Rank 0: the newest complete checkpoint in the run directory, if any (a restarted job continues from it)."""
+def _snapshots(args: argparse.Namespace, run_dir: Path | None) -> tuple[str | None, int | None]:
+    """Where this job's restart snapshots go and how often (None: chosen to cost at most ~5%): in the run directory
+    unless ``--snapshot-every 0``, no run directory, or the torch engine."""
+    every = getattr(args, "snapshot_every", None)
+    if run_dir is None or every == 0 or args.engine != "lab":
+        return None, None
+    return str(run_dir / "snapshots"), every
+
+
+def _resume_point(run_dir: Path, stages: int, snapshots: str | None = None) -> dict[str, Any] | None:
+    """Rank 0: where a restarted job continues: the newest complete snapshot (``snapshots``) or checkpoint in the run
+    directory, whichever is newer; None for a first start."""
     from vpipe_lab.core.errors import ProfileError
     from vpipe_lab.core.plan import Plan
     from vpipe_lab.core.planning.fewer import onto
+    from vpipe_lab.wire import snapshot
     from vpipe_lab.wire.checkpoint import Manifest
 
+    found: dict[str, Any] | None = None
     root = run_dir / "checkpoints"
-    if not root.exists():
+    if root.exists():
+        try:
+            manifest = Manifest.read(root)
+            found = {"path": str(root.absolute()), "iteration": manifest.iteration, "plan": manifest.plan,
+                     "what": f"the checkpoint of iteration {manifest.iteration}", "from": str(manifest.directory)}
+        except ProfileError as exc:
+            log.warning("not resuming from %s: %s", root, exc)
+    newest = snapshot.newest(Path(snapshots)) if snapshots else None
+    if newest is not None and newest[1].model_version != 0:
+        log.warning("not resuming from %s: the model was changed with set_model, which a restarted worker cannot "
+                    "rebuild", newest[0])
+    elif newest is not None and newest[1].iteration > (found or {}).get("iteration", -1):
+        where, meta = newest
+        found = {"snapshot": str(where), "iteration": meta.iteration, "plan": meta.plan,
+                 "what": f"the snapshot of iteration {meta.iteration}", "from": str(where)}
+    if found is None:
         return None
-    try:
-        manifest = Manifest.read(root)
-    except ProfileError as exc:
-        log.warning("not resuming from %s: %s", root, exc)
-        return None
-    plan = Plan.from_dict(manifest.plan)
+    plan = Plan.from_dict(found["plan"])
     note = ""
     if plan.stages != stages:  # torchrun's elastic membership changed (a node left or came back): re-partition
         moved = onto(plan, stages)  # DCP keys are the model's own names: every stage reads its units, whoever wrote them
-        note = (f"torchrun started {stages} stage(s) where the checkpoint of iteration {manifest.iteration} was taken on "
-                f"{plan.stages} (a node left or joined): going on with {moved.how}")
+        note = (f"torchrun started {stages} stage(s) where {found['what']} was taken on {plan.stages} (a node left or "
+                f"joined): going on with {moved.how}")
         log.warning("%s", note)
         plan = moved.plan
-    log.info("resuming from %s at iteration %d", manifest.directory, manifest.iteration)
-    return {"path": str(root.absolute()), "iteration": manifest.iteration, "plan": plan.to_dict(), "note": note}
+    log.info("resuming from %s at iteration %d", found.pop("from"), found["iteration"])
+    what = found.pop("what")
+    return {**found, "plan": plan.to_dict(), "note": note or f"resumed from {what}"}
+
+
+def _join(backend: str, rank: int, world: int, timeout: timedelta) -> None:
+    """Join torchrun's process group through its store, under a prefix of this attempt's own.
+
+    torchrun's agent keeps one store for every attempt of a job (TCPStore sharing), and nothing takes the keys a
+    process group wrote out of it: after a restart, a new rank could read a dead rank's address from the attempt before
+    and fail with "Connection refused" (seen in one of two restarts here). ``TORCHELASTIC_RESTART_COUNT`` names the
+    attempt."""
+    store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timeout))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group(backend, store=dist.PrefixStore(f"vpipe_lab/attempt-{attempt}", store), rank=rank,
+                            world_size=world, timeout=timeout)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -124,7 +167,7 @@ def main(args: argparse.Namespace) -> int:
     pin_cores(args.device, local_rank, local_world, args.threads)
     torch.set_num_threads(args.threads)
     placement = select(args.device, local_rank, local_world)
-    dist.init_process_group(placement.backend, init_method="env://", timeout=timedelta(seconds=args.timeout))
+    _join(placement.backend, rank, world, timedelta(seconds=args.timeout))
     peer = Peer(rank, world, placement.device if placement.is_cuda else torch.device("cpu"), args.timeout)
     if args.replicas < 1 or world % args.replicas:
         raise ValueError(f"--replicas {args.replicas} does not divide the {world} ranks torchrun started: the job "
@@ -137,8 +180,9 @@ def main(args: argparse.Namespace) -> int:
     broker = runlog = None
     shared: dict[str, Any] | None = None
     run_dir = Path(args.run_dir).absolute() if args.run_dir else None
+    snapshot_dir, snapshot_every = _snapshots(args, run_dir)
     if rank == 0:
-        resume = _resume_point(run_dir, stages) if run_dir is not None else None
+        resume = _resume_point(run_dir, stages, snapshot_dir) if run_dir is not None else None
         key = _key(args, rank)
         master = socket.gethostbyname(os.environ.get("MASTER_ADDR", "127.0.0.1"))
         backend = f"tcp://{master}:{args.backend_port}" if args.backend_port else f"tcp://{master}:0"
@@ -167,10 +211,12 @@ def main(args: argparse.Namespace) -> int:
                    clip_grad_norm=args.clip_grad_norm, precision=args.precision, eval_every=args.eval_every,
                    eval_batches=args.eval_batches, iterations=args.iterations, save_every=args.save_every,
                    fused_wgrad=args.fused_wgrad, engine=args.engine,
-                   run_dir=str(run_dir) if run_dir is not None else None)
+                   run_dir=str(run_dir) if run_dir is not None else None, snapshot_dir=snapshot_dir,
+                   snapshot_every=snapshot_every)
     resume = shared.get("resume")
     if resume is not None:
-        spec.resume_path, spec.start_iteration, spec.plan = resume["path"], resume["iteration"], resume["plan"]
+        spec.resume_path, spec.restore_snapshot = resume.get("path"), resume.get("snapshot")
+        spec.start_iteration, spec.plan = resume["iteration"], resume["plan"]
     _role(args.model, "model", spec)
     _role(args.data, "data", spec)
     _role(args.loss, "loss", spec)

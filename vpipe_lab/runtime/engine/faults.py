@@ -5,7 +5,8 @@ checkpoint is complete), ``migrate`` (halfway through sending layers), ``start``
 at that iteration, before it joins the process group; its number is the device the worker takes, not its rank: a
 replacement whose device is gone). How: ``exit`` (the default: exit at once with
 code 17), ``kill`` (SIGKILL itself), ``hang`` (sleep forever), ``slow`` (sleep 3 s, then go on). ``@N`` fires only from
-iteration N on. Unset, nothing here runs on the hot path but a None check.
+iteration N on. Unset, nothing here runs on the hot path but a None check. Under torchrun a fault fires in the job's
+first attempt only (``TORCHELASTIC_RESTART_COUNT`` 0): a crash that happened once, which its restart then survives.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class Fault:
 
 def parse(text: str | None = None) -> Fault | None:
     text = os.environ.get("VPIPE_LAB_FAULT", "") if text is None else text
-    if not text:
+    if not text or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return None
     spec, _, at = text.partition("@")
     parts = spec.split(":")
