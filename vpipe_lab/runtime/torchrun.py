@@ -151,7 +151,7 @@ def _join(backend: str, rank: int, world: int, timeout: timedelta) -> None:
 
     torchrun's agent keeps one store for every attempt of a job (TCPStore sharing), and nothing takes the keys a
     process group wrote out of it: after a restart, a new rank could read a dead rank's address from the attempt before
-    and fail with "Connection refused" (seen in one of two restarts here). ``TORCHELASTIC_RESTART_COUNT`` names the
+    and fail with "Connection refused" (2 of 3 restarts by hand here). ``TORCHELASTIC_RESTART_COUNT`` names the
     attempt."""
     store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timeout))
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
