@@ -58,6 +58,7 @@ def test_peaks_stand_against_the_budget_and_a_budget_far_above_them_leaves_the_s
     assert "range" not in near["layout"]["yaxis"] and near["layout"]["title"]["text"] == "predicted peak memory per stage"
     far = peak_spec([10 * 2**20, 20 * 2**20], None, [12 * gib, 12 * gib])  # MiB peaks against a whole host's memory
     assert far["layout"]["yaxis"]["range"] == pytest.approx([0.0, 1.25 * 20 / 1024])
-    assert far["layout"]["title"]["text"].endswith("(budget 12 GiB a stage, off the scale: the largest peak is 0.2% of it)")
+    assert far["layout"]["title"]["text"].endswith("<br><sub>budget 12 GiB a stage, off the scale: the largest peak is "
+                                                   "0.2% of it</sub>")
     assert not far["data"][1]["visible"]
     assert "range" not in peak_spec([gib], None, [None])["layout"]["yaxis"]  # no budget: nothing to leave off

@@ -101,7 +101,9 @@ def peak_spec(current: Sequence[float], draft: Sequence[float] | None, budgets: 
         # a budget far above every peak (a whole device's memory) would flatten the bars to nothing: scale to the
         # bars and say where the budget is instead
         yaxis["range"] = [0.0, 1.25 * top]
-        title += f" (budget {lowest:.3g} GiB a stage, off the scale: the largest peak is {top / lowest:.1%} of it)"
+        # on a line of its own, smaller: a half-width panel clips a long title
+        title += f"<br><sub>budget {lowest:.3g} GiB a stage, off the scale: the largest peak is {top / lowest:.1%} of it</sub>"
     layout = {"barmode": "group", "title": {"text": title}, "height": 300, "autosize": True, "yaxis": yaxis,
-              "margin": {"l": 56, "r": 16, "t": 40, "b": 40}, "legend": _LEGEND, "uirevision": "peaks"}
+              "margin": {"l": 56, "r": 16, "t": 56 if "<br>" in title else 40, "b": 40}, "legend": _LEGEND,
+              "uirevision": "peaks"}
     return {"data": traces, "layout": layout}
