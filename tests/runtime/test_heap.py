@@ -110,3 +110,28 @@ def test_collecting_garbage_counts_the_cycles_by_type_and_frees_them() -> None:
     named += ".<locals>.again"
     assert kinds[named] == 1 and kinds["cell"] >= 1  # a function is named by where it was defined
     assert gc.garbage == [] and not gc.get_debug() & gc.DEBUG_SAVEALL
+
+
+def test_a_full_collection_runs_before_a_trim_at_most_once_per_interval() -> None:
+    """The few cycles an iteration leaves are freed within a minute, not when Python's own full collection comes."""
+    import gc
+    import weakref
+
+    now = [0.0]
+    trimmer = Trimmer(10.0, clock=lambda: now[0], census_s=0, collect_s=60.0)
+    trimmer.trim = lambda pad: 1
+    gc.disable()  # only the trimmer collects here
+    try:
+        first, second = Kept(), Kept()
+        first.other, second.other = second, first  # type: ignore[attr-defined]  # a cycle, as tree_flatten leaves
+        gone = weakref.ref(first)
+        del first, second
+        now[0] = 30.0
+        assert trimmer.maybe() and trimmer.collections == 0 and gone() is not None  # trimmed, not collected yet
+        now[0] = 60.0
+        assert trimmer.maybe() and trimmer.collections == 1 and gone() is None and trimmer.collect_cost_s > 0
+        now[0] = 100.0
+        assert trimmer.maybe() and trimmer.collections == 1  # the next one a minute after
+    finally:
+        gc.enable()
+    assert Trimmer(10.0, collect_s=0).collect_s == 0  # 0 turns it off
