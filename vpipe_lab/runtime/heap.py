@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 import logging
 import os
@@ -45,6 +46,7 @@ class _Mallinfo2(ctypes.Structure):
         "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
+@functools.cache
 def _mallinfo2() -> Callable[[], _Mallinfo2] | None:
     try:
         fn = ctypes.CDLL(ctypes.util.find_library("c")).mallinfo2  # glibc 2.33+; sums every arena
@@ -76,18 +78,12 @@ def collect_garbage() -> tuple[int, Counter[str]]:
     return found, kinds
 
 
-def census(collect: bool = False) -> dict[str, int]:
+def census() -> dict[str, int]:
     """This process's memory in parts, bytes: ``rss``; what malloc has handed out (``malloc_used``, mmapped blocks
     included) and holds free (``malloc_free``); Python's tracked objects and threads; what tracemalloc traces (when
     on). Growing ``malloc_used`` is memory kept; ``rss`` growing alone is fragmentation. -1 where glibc is absent.
-    ``collect`` first runs a full garbage collection and counts what it found unreachable (``garbage``): without it
-    the objects count includes cycles waiting for the next full collection, which Python runs only once a quarter
-    more objects than the long-lived ones have piled up."""
-    garbage = collect_garbage()[0] if collect else -1
-    return {"garbage": garbage, **_parts()}
-
-
-def _parts() -> dict[str, int]:
+    Python's objects count includes cycles waiting for the next full collection unless one just ran
+    (``collect_garbage``, as the census ``Trimmer`` logs does)."""
     info = _mallinfo2()
     m = info() if info is not None else None
     return {
@@ -147,7 +143,7 @@ class Trimmer:
         if self.census_s > 0 and self.last - self.last_census >= self.census_s:
             self.last_census = self.last
             found, kinds = collect_garbage()
-            parts = " ".join(f"{k}={v}" for k, v in {"garbage": found, **_parts()}.items())
+            parts = " ".join(f"{k}={v}" for k, v in {"garbage": found, **census()}.items())
             log.info("heap census: iteration=%d %s", iteration, parts)
             if kinds:  # cycles that waited for a full collection, and whatever they held (tensors too)
                 log.info("heap census: garbage by type: %s",
