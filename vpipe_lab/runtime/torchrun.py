@@ -114,13 +114,14 @@ def _resume_point(run_dir: Path, stages: int, snapshots: str | None = None) -> d
     from vpipe_lab.wire import snapshot
     from vpipe_lab.wire.checkpoint import Manifest
 
-    found: dict[str, Any] | None = None
+    found: dict[str, Any] | None = None  # what the workers are told: path or snapshot, iteration, plan
+    source = ""  # the directory it is read from, for the log
     root = run_dir / "checkpoints"
     if root.exists():
         try:
             manifest = Manifest.read(root)
-            found = {"path": str(root.absolute()), "iteration": manifest.iteration, "plan": manifest.plan,
-                     "what": f"the checkpoint of iteration {manifest.iteration}", "from": str(manifest.directory)}
+            found = {"path": str(root.absolute()), "iteration": manifest.iteration, "plan": manifest.plan}
+            source = str(manifest.directory)
         except ProfileError as exc:
             log.warning("not resuming from %s: %s", root, exc)
     newest = snapshot.newest(Path(snapshots)) if snapshots else None
@@ -129,20 +130,19 @@ def _resume_point(run_dir: Path, stages: int, snapshots: str | None = None) -> d
                     "rebuild", newest[0])
     elif newest is not None and newest[1].iteration > (found or {}).get("iteration", -1):
         where, meta = newest
-        found = {"snapshot": str(where), "iteration": meta.iteration, "plan": meta.plan,
-                 "what": f"the snapshot of iteration {meta.iteration}", "from": str(where)}
+        found, source = {"snapshot": str(where), "iteration": meta.iteration, "plan": meta.plan}, str(where)
     if found is None:
         return None
+    what = f"the {'snapshot' if 'snapshot' in found else 'checkpoint'} of iteration {found['iteration']}"
     plan = Plan.from_dict(found["plan"])
     note = ""
     if plan.stages != stages:  # torchrun's elastic membership changed (a node left or came back): re-partition
         moved = onto(plan, stages)  # DCP keys are the model's own names: every stage reads its units, whoever wrote them
-        note = (f"torchrun started {stages} stage(s) where {found['what']} was taken on {plan.stages} (a node left or "
+        note = (f"torchrun started {stages} stage(s) where {what} was taken on {plan.stages} (a node left or "
                 f"joined): going on with {moved.how}")
         log.warning("%s", note)
         plan = moved.plan
-    log.info("resuming from %s at iteration %d", found.pop("from"), found["iteration"])
-    what = found.pop("what")
+    log.info("resuming from %s at iteration %d", source, found["iteration"])
     return {**found, "plan": plan.to_dict(), "note": note or f"resumed from {what}"}
 
 
