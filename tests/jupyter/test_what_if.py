@@ -3,6 +3,7 @@ on one axis, both plans' peaks against the user's budget, and a header that give
 
 from __future__ import annotations
 
+from vpipe_lab.core.cost.calibration import Calibration
 from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import Cluster
@@ -24,7 +25,8 @@ def test_draws_the_draft_under_the_running_plan_and_says_how_it_was_calibrated()
                           f"(simulated): {human_time(running.iteration_s)}")
         ticks = view.view.timeline["layout"]["yaxis"]["ticktext"]
         assert "running (simulated) · stage 0" in ticks and "draft (simulated) · stage 1" in ticks
-        view.draw(None, running, draft, ([1e9, 1e9], [2e9, 0.5e9]), [4 * GIB, 4 * GIB], factor=0.9)
+        calibration = Calibration(0.9 * running.iteration_s, running.iteration_s, 20)  # measured at 0.9x the simulation
+        view.draw(None, running, draft, ([1e9, 1e9], [2e9, 0.5e9]), [4 * GIB, 4 * GIB], calibration=calibration)
         header = view.view.header["text"]
         assert header.startswith(f"draft: {human_time(draft.iteration_s * 0.9)} per iteration (simulated "
                                  f"{human_time(draft.iteration_s)}, calibrated x0.900")

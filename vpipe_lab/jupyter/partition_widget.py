@@ -33,6 +33,7 @@ import traitlets
 
 from vpipe_lab.core import schedules
 from vpipe_lab.core.change import Change
+from vpipe_lab.core.cost.calibration import Calibration
 from vpipe_lab.core.cost.costmodel import estimate
 from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.core.errors import VpipeError
@@ -107,7 +108,7 @@ class PartitionEditor(anywidget.AnyWidget):
         # each plan's estimate under the profile in hand, and its simulated iteration (the what-if view draws it)
         self._previews: dict[Plan, tuple[dict[str, Any], Timeline]] = {}
         self._budget: int | None = None  # the user's budget per stage (the what-if's box); None: the cluster's
-        self._factor: float | None = None  # the calibration the what-if shows (core/cost/calibration.py)
+        self._calibration: Calibration | None = None  # what the what-if shows is scaled by (core/cost/calibration.py)
         self.reprofile_s = 30.0  # while training, measure the profile again this often (0: only after an Apply)
         self._profiled = time.monotonic()
         self.what_if = WhatIf(lambda budget: self._work.put(("budget", budget)))
@@ -239,7 +240,8 @@ class PartitionEditor(anywidget.AnyWidget):
         if self.session is None or self.ended or not current:
             return False
         found = self.session.calibration(current.get("simulated_s", current["iteration_s"]))
-        return found is not None and (self._factor is None or abs(found.factor / self._factor - 1) > 0.01)
+        shown = self._calibration
+        return found is not None and (shown is None or abs(found.factor / shown.factor - 1) > 0.01)
 
     def _refresh(self, measure: bool = False) -> None:
         """Take the session's plan, cluster and profile: the newest one measured, or (``measure``, after an Apply)
@@ -310,7 +312,7 @@ class PartitionEditor(anywidget.AnyWidget):
         drafted = self.preview["draft"]["peak_bytes"] if draft is not None else None
         record = self.session.history_rows() if self.session is not None else []
         self.what_if.draw(measured, running, self._previews[draft][1] if draft in self._previews else None,
-                          (now, drafted), list(self._cluster.budgets), record, self._factor)
+                          (now, drafted), list(self._cluster.budgets), record, self._calibration)
 
     def _calibrated(self, docs: dict[str, Any]) -> dict[str, Any]:
         """Both plans' simulated iterations scaled by the running plan's recent measured median against its own
@@ -318,7 +320,7 @@ class PartitionEditor(anywidget.AnyWidget):
         simulation kept as ``simulated_s``. Unchanged without a session or before enough iterations."""
         found = (self.session.calibration(docs["current"]["iteration_s"])
                  if self.session is not None and "current" in docs else None)
-        self._factor = found.factor if found is not None else None
+        self._calibration = found
         if found is None:
             return docs
         out: dict[str, Any] = {"calibration": found.describe()}

@@ -10,6 +10,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from vpipe_lab.charts.compare import pair_spec, peak_spec, record_spec
+from vpipe_lab.core.cost.calibration import Calibration
 from vpipe_lab.core.report import human_time
 from vpipe_lab.core.timeline import Timeline
 from vpipe_lab.jupyter.live_view import LiveView
@@ -32,18 +33,19 @@ class WhatIf:
 
     def draw(self, measured: Timeline | None, running: Timeline, draft: Timeline | None,
              peaks: tuple[Sequence[float], Sequence[float] | None], budgets: Sequence[int | None],
-             record: Sequence[Mapping[str, Any]] = (), factor: float | None = None) -> None:
+             record: Sequence[Mapping[str, Any]] = (), calibration: Calibration | None = None) -> None:
         """The last measured iteration (else the running plan simulated) above the draft simulated, the peaks, and
         the session's record (each plan's measured against predicted time: how far to trust the what-if). With
-        ``factor`` (the calibration, ``core/cost/calibration.py``) the header gives the draft's calibrated time, the
-        editor's what-if, beside its plain simulation."""
+        ``calibration`` (``core/cost/calibration.py``) the header gives the draft's calibrated time, the editor's
+        what-if, beside its plain simulation."""
         seen = measured is not None and len(measured) > 0
         left = measured if seen and measured is not None else running
         first = "measured" if seen else "running (simulated)"
         shown = draft if draft is not None else running
-        draft_text = (f"{human_time(shown.iteration_s * factor)} per iteration (simulated "
-                      f"{human_time(shown.iteration_s)}, calibrated x{factor:.3f} by the running plan's iterations)"
-                      if factor is not None else f"{human_time(shown.iteration_s)} per iteration (simulated)")
+        draft_text = (f"{human_time(calibration.apply(shown.iteration_s))} per iteration (simulated "
+                      f"{human_time(shown.iteration_s)}, calibrated x{calibration.factor:.3f} by the running plan's "
+                      "iterations)" if calibration is not None
+                      else f"{human_time(shown.iteration_s)} per iteration (simulated)")
         text = (f"draft: {draft_text}; "
                 f"{'last measured' if seen else 'running plan (simulated)'}: {human_time(left.iteration_s)}")
         self.view.show(header={"state": "what-if", "text": text},
