@@ -91,3 +91,19 @@ def test_a_request_the_replaced_workers_never_answered_fails_at_once() -> None:
     with pytest.raises(RuntimeError, match=r"replaced before they answered 'apply' .*back to iteration 40, plan "):
         requests.command(Apply({}, 1))
     assert time.monotonic() - start < 5 and sent
+
+
+def test_answers_that_arrive_after_their_caller_gave_up_are_dropped_not_kept() -> None:
+    req, _, cond = make(timeout=0.05)
+    with pytest.raises(TimeoutError, match="profile"):
+        req.gather(Profile(), Layers, 2)
+    with pytest.raises(TimeoutError, match="pause"):
+        req.command(Pause())
+    with cond:  # the late answers of both (ids 1 and 2) come in after all
+        req.answered(Layers(1, 0, []))
+        req.answered(Layers(1, 1, []))
+        req.acknowledged(Ack(2, "pause", 3))
+    assert req._replies == {} and req._acks == {}
+    thread = later(cond, lambda: req.answered(Layers(3, 0, [])))  # a request after them is answered as ever
+    assert [a.stage for a in req.gather(Profile(), Layers, 1, timeout=5)] == [0]
+    thread.join(timeout=5)

@@ -31,15 +31,19 @@ class Requests:
         self._ids = itertools.count(1)
         self._acks: dict[int, Ack] = {}
         self._replies: dict[int, list[Layers | Tensors | Evaluated]] = {}
+        # Requests whose caller stopped waiting (its timeout): what still arrives for them is dropped, not kept.
+        self._given_up: set[int] = set()
         self.restarts = 0  # the workers were replaced this many times (max_restarts): their requests die with them
         self.restarted_to = ""  # where the newest restart went back to, for the error a dropped request raises
 
     # --- the intake thread files what arrives (under ``cond``) ------------------------------------------------------
     def acknowledged(self, ack: Ack) -> None:
-        self._acks[ack.id] = ack
+        if ack.id not in self._given_up:
+            self._acks[ack.id] = ack
 
     def answered(self, answer: Layers | Tensors | Evaluated) -> None:
-        self._replies.setdefault(answer.id, []).append(answer)
+        if answer.id not in self._given_up:
+            self._replies.setdefault(answer.id, []).append(answer)
 
     # --- callers -------------------------------------------------------------------------------------------------------
     def until(self, done: Callable[[], bool], timeout: float | None, what: str) -> None:
@@ -83,12 +87,23 @@ class Requests:
 
         return check
 
+    def _await(self, cid: int, done: Callable[[], bool], timeout: float | None, what: str) -> None:
+        """``until`` for request ``cid``; a caller that gives up (any error) leaves nothing of it behind."""
+        try:
+            self.until(done, self.timeout_s if timeout is None else timeout, what)
+        except BaseException:
+            with self.cond:
+                self._given_up.add(cid)
+                self._acks.pop(cid, None)
+                self._replies.pop(cid, None)
+            raise
+
     def command(self, cmd: Command, timeout: float | None = None) -> Ack:
         """Send a command and return rank 0's acknowledgement."""
         cid = self.send(cmd)
-        self.until(self._answered_by(cmd, lambda: cid in self._acks), self.timeout_s if timeout is None else timeout,
-                   f"rank 0 did not acknowledge {cmd.TYPE!r} (it acts at the next iteration boundary, so a long "
-                   "iteration delays it)")
+        self._await(cid, self._answered_by(cmd, lambda: cid in self._acks), timeout,
+                    f"rank 0 did not acknowledge {cmd.TYPE!r} (it acts at the next iteration boundary, so a long "
+                    "iteration delays it)")
         with self.cond:
             return self._acks.pop(cid)
 
@@ -96,9 +111,8 @@ class Requests:
                ) -> list[Answer]:
         """A command ``answers`` stages answer with ``answer`` bodies; returns them ordered by stage."""
         cid = self.send(cmd)
-        self.until(self._answered_by(cmd, lambda: len(self._replies.get(cid, [])) >= answers),
-                   self.timeout_s if timeout is None else timeout,
-                   f"not every stage answered {cmd.TYPE!r}")
+        self._await(cid, self._answered_by(cmd, lambda: len(self._replies.get(cid, [])) >= answers), timeout,
+                    f"not every stage answered {cmd.TYPE!r}")
         with self.cond:
             replies = self._replies.pop(cid)
         typed = [r for r in replies if isinstance(r, answer)]
