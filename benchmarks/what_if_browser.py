@@ -59,8 +59,8 @@ def one(lab: Any, schedule: str, iterations: int, settle: float) -> dict[str, An
                                timeout=120_000)
         page.wait_for_timeout(settle * 1000)  # a user reads the editor before dragging; the page's load is over
         drag_first_boundary_left(page)
-        page.wait_for_function("document.querySelector('[data-testid=\"summary\"]').textContent.includes('what-if:')",
-                               timeout=60_000)
+        page.wait_for_function("/what-if: [\\d.]+ ms/.test(document.querySelector('[data-testid=\"summary\"]')"
+                               ".textContent)", timeout=60_000)  # the draft's own, after the profile re-measured
         shown = page.locator('[data-testid="summary"]').text_content() or ""
         found = re.search(r"what-if: ([\d.]+) ms per iteration", shown)
         assert found, shown

@@ -298,6 +298,11 @@ export class PartitionView {
       return;
     }
     if (!shown) return;
+    if (this.awaiting()) { // the preview in hand is of the draft before this one: no number until Python answers
+      this.summary.textContent = "what-if: measuring the new draft...";
+      this.summary.dataset.testid = "summary";
+      return;
+    }
     const now = preview.current?.iteration_s ?? NaN;
     this.summary.textContent = dirty && preview.draft
       ? `what-if: ${formatSeconds(preview.draft.iteration_s)} per iteration (now ${formatSeconds(now)}, ` +
@@ -360,6 +365,14 @@ export class PartitionView {
     this.apply.disabled = ended || !this.isDirty() || status.state === "pending";
     this.reset.disabled = ended || !this.isDirty();
     this.schedule.disabled = ended;
+  }
+
+  /** A draft was sent and Python has not answered with it yet (it answers with the draft traits and their preview
+   * together; a draft equal to the one it holds needs no answer). */
+  private awaiting(): boolean {
+    return this.local !== null && !(sameList(this.local.boundaries, list(this.model, "draft_boundaries")) &&
+      sameList(this.local.policies, list(this.model, "draft_policies")) &&
+      (this.local.schedule === undefined || this.local.schedule === (this.model.get("draft_schedule") ?? "")));
   }
 
   isDirty(): boolean {

@@ -137,6 +137,28 @@ describe("PartitionView", () => {
     expect(q("boundary-1").style.left).toBe("300px");
   });
 
+  it("says it is measuring until Python answers a draft, never the previous draft's number", () => {
+    m.set("preview", {
+      current: { iteration_s: 0.1, stage_s: [0.02, 0.01], peak_bytes: [1, 1], budget_bytes: [0, 0], feasible: true },
+      draft: { iteration_s: 0.1, stage_s: [0.02, 0.01], peak_bytes: [1, 1], budget_bytes: [0, 0], feasible: true },
+    });
+    expect(q("summary").textContent).toBe("predicted: 100.00 ms per iteration");
+    pointer("pointerdown", q("boundary-1"), 500);
+    pointer("pointerup", el.querySelector(".vpipe-bar") as HTMLElement, 290);
+    expect(q("summary").textContent).toBe("what-if: measuring the new draft...");
+    m.set("preview", { ...m.get("preview"), calibration: "x1.000" }); // a redraw of the old draft changes nothing
+    expect(q("summary").textContent).toBe("what-if: measuring the new draft...");
+    m.echo(); // Python's answer: the draft traits (with their preview)
+    m.set("preview", { ...m.get("preview"), draft: { ...m.get("preview").draft!, iteration_s: 0.11 } });
+    expect(q("summary").textContent).toBe("what-if: 110.00 ms per iteration (now 100.00 ms, 10.0%)");
+    q("layer-0").click(); // keep -> swap: awaited
+    expect(q("summary").textContent).toBe("what-if: measuring the new draft...");
+    q("layer-0").click(); // -> recompute -> keep: the draft Python holds, nothing to await
+    q("layer-0").click();
+    expect(m.sent.map((s) => s.policies[0])).toEqual(["keep", "swap", "recompute", "keep"]);
+    expect(q("summary").textContent).toBe("what-if: 110.00 ms per iteration (now 100.00 ms, 10.0%)");
+  });
+
   it("never empties a stage", () => {
     pointer("pointerdown", q("boundary-1"), 500);
     pointer("pointerup", el.querySelector(".vpipe-bar") as HTMLElement, 2000);

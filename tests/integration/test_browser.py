@@ -190,8 +190,9 @@ def test_drag_a_boundary_in_the_quickstart_and_apply_it(lab: Lab) -> None:
                             steps=5)
         page.mouse.up()
         assert page.locator('[data-testid="layer-3"]').get_attribute("data-stage") == "1"
-        page.wait_for_function("document.querySelector('[data-testid=\"summary\"]').textContent"
-                               ".includes('what-if')", timeout=60_000)
+        # the draft's own what-if, not "measuring the new draft..." (the editor may re-measure its profile first)
+        page.wait_for_function("/what-if: [\\d.]+ ms/.test(document.querySelector('[data-testid=\"summary\"]')"
+                               ".textContent)", timeout=60_000)
         what_if = re.search(r"what-if: ([\d.]+) ms per iteration", page.locator('[data-testid="summary"]').text_content()
                             or "")
         assert what_if, page.locator('[data-testid="summary"]').text_content()

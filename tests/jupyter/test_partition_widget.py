@@ -190,3 +190,20 @@ def test_the_what_if_view_draws_the_draft_beside_the_running_plan_against_the_us
         assert view["application/vnd.jupyter.widget-view+json"]["model_id"] == ed.panel.model_id
     finally:
         ed.close()
+
+
+def test_a_draft_and_its_preview_reach_the_browser_in_one_message() -> None:
+    """The front end waits for the draft traits and shows the preview that came with them: were they two messages,
+    it would show the previous draft's what-if for a moment (a user, or a benchmark, could read it)."""
+    ed, _ = editor()
+    try:
+        wait_for(lambda: "current" in ed.preview and len(ed.layers) == 8)
+        sent: list[set[str]] = []
+        ed._send = lambda msg, buffers=None: sent.append(set(msg["state"]))  # what would go to the browser
+        ed.receive(draft([0, 3, 8], ["keep"] * 8))
+        wait_for(lambda: ed.draft_boundaries == [0, 3, 8]
+                 and ed.preview["draft"]["stage_s"] != ed.preview["current"]["stage_s"])
+        with_draft = [keys for keys in sent if "draft_boundaries" in keys]
+        assert with_draft and all("preview" in keys for keys in with_draft)
+    finally:
+        ed.close()

@@ -93,6 +93,27 @@ def test_history_revert_and_compare_on_a_session(capsys: pytest.CaptureFixture[s
         assert len(gpipe.splitlines()) == 1 + 2 * (4 + 2 - 1) and gpipe.splitlines()[5].split()[2:] == ["1F3"]
         panel.close()
         view.close()
+        # A drag while training goes on, with a profile older than fresh_s: the editor measures one first, and the
+        # record's next prediction is made under the same (the session's newest); a fresh one is reused.
+        fresh = ip.run_line_magic("vpipe", "editor")
+        fresh.reprofile_s = 0.0  # only drags measure here
+        wait_for = time.monotonic() + 30
+        while "current" not in fresh.preview and time.monotonic() < wait_for:
+            time.sleep(0.05)
+        assert fresh._profiled == -math.inf  # it opened on the session's newest profile, not one of its own
+        pipe.run(None)
+        fresh.fresh_s = 0.0
+        fresh.receive({"kind": "draft", "boundaries": [0, 4, 10], "policies": ["keep"] * 10})
+        while fresh.draft_boundaries != [0, 4, 10] and time.monotonic() < wait_for:  # measured before it is shown
+            time.sleep(0.05)
+        measured_at = fresh._profiled
+        assert measured_at > -math.inf and pipe.newest_profile() is fresh._profile
+        fresh.fresh_s = 3600.0
+        fresh.receive({"kind": "draft", "boundaries": [0, 6, 10], "policies": ["keep"] * 10})
+        while fresh.draft_boundaries != [0, 6, 10] and time.monotonic() < wait_for:
+            time.sleep(0.05)
+        assert fresh.draft_boundaries == [0, 6, 10] and fresh._profiled == measured_at
+        fresh.close()
     finally:
         ip.run_line_magic("vpipe", "stop")
     assert "entry 0's plan" in capsys.readouterr().out

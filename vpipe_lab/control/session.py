@@ -251,9 +251,9 @@ class Session(Outward, Lifecycle, Record):
         self._check()
         return self._requests.gather(Profile(reset=reset), Layers, self.stages, timeout)
 
-    def profile(self, reset: bool = False) -> ModelProfile:
-        """Every layer's measured costs per micro-batch (averaged over the iterations since the last reset)."""
-        measures = [m for answer in self._layers(reset) for m in answer.layers]
+    def profile(self, reset: bool = False, timeout: float | None = None) -> ModelProfile:
+        """Every layer's measured costs per micro-batch (medians over the profiling iterations since the last reset)."""
+        measures = [m for answer in self._layers(reset, timeout) for m in answer.layers]
         return self._profiles.merge(measures, self.microbatch_size())
 
     def breakdown(self, last: int = 10, chunks: bool = False) -> Any:

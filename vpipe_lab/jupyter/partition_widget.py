@@ -11,8 +11,9 @@ schema in ``extension/src/messages.ts`` (TypeScript derives its types from it; t
 trait; the front end only reads them. Widget messages can arrive on a subshell thread while a cell runs (JupyterLab
 >= 4.4, ipykernel 7), so the message handler only turns a message into the typed ``Change`` the magics and the
 Python API also make and queues it; one worker thread computes previews and applies changes. A preview is computed
-once per (plan, profile) and never asks the workers: it uses the newest measured profile; the blocks are
-re-measured once after each Apply.
+once per (plan, profile) under the profile in hand; that profile is measured again after each Apply, every
+``reprofile_s`` while training goes on, and before a draft is previewed when it is older than ``fresh_s`` (the layers'
+costs as they are when the user drags, not as they were while the page loaded).
 """
 
 from __future__ import annotations
@@ -34,13 +35,10 @@ import traitlets
 from vpipe_lab.core import schedules
 from vpipe_lab.core.change import Change
 from vpipe_lab.core.cost.calibration import Calibration
-from vpipe_lab.core.cost.costmodel import estimate
-from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.core.errors import VpipeError
-from vpipe_lab.core.interop import torch_grid
-from vpipe_lab.core.plan import Estimate, Plan
+from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import Cluster, ModelProfile
-from vpipe_lab.core.timeline import Timeline
+from vpipe_lab.jupyter.previews import Previews, calibrated
 from vpipe_lab.jupyter.what_if import WhatIf
 
 if TYPE_CHECKING:
@@ -61,17 +59,6 @@ def steady_weights(previous: list[float] | None, measured: list[float]) -> list[
     if previous is None or len(previous) != len(shares):
         return shares
     return [p + EASE * (s - p) for p, s in zip(previous, shares)]
-
-
-def _estimate_doc(est: Estimate, iteration_s: float, plan: Plan) -> dict[str, Any]:
-    doc = {"iteration_s": iteration_s, "stage_s": list(est.stage_s), "peak_bytes": list(est.peak_bytes),
-           "budget_bytes": list(est.budget_bytes), "feasible": est.feasible}
-    try:  # the schedule grid: each rank's actions by time step, in torch's action strings
-        steps = torch_grid.grid(plan)
-        doc.update(grid=torch_grid.format_grid(steps), grid_csv=torch_grid.grid_csv(steps))
-    except VpipeError as exc:  # a schedule torch's strings cannot say (none registered today): no grid
-        log.info("no schedule grid for %s: %s", plan.describe(), exc)
-    return doc
 
 
 class PartitionEditor(anywidget.AnyWidget):
@@ -105,12 +92,13 @@ class PartitionEditor(anywidget.AnyWidget):
         self._profile = profile
         self._cluster = self._base_cluster = cluster
         self._work: queue.Queue[tuple[str, Any]] = queue.Queue()
-        # each plan's estimate under the profile in hand, and its simulated iteration (the what-if view draws it)
-        self._previews: dict[Plan, tuple[dict[str, Any], Timeline]] = {}
+        self._previews = Previews()  # each plan's estimate and simulated iteration under the profile in hand
         self._budget: int | None = None  # the user's budget per stage (the what-if's box); None: the cluster's
         self._calibration: Calibration | None = None  # what the what-if shows is scaled by (core/cost/calibration.py)
         self.reprofile_s = 30.0  # while training, measure the profile again this often (0: only after an Apply)
-        self._profiled = time.monotonic()
+        self.fresh_s = 10.0  # a draft previewed with a profile older than this measures it again first (_freshen)
+        self.fresh_wait_s = 2.0  # ... waiting at most this for the next iteration boundary (else the one in hand)
+        self._opened, self._profiled = time.monotonic(), -float("inf")  # when this editor last measured a profile
         self.what_if = WhatIf(lambda budget: self._work.put(("budget", budget)))
         self.panel = widgets.VBox([self, self.what_if.widget])  # what a cell shows: the editor above its what-if
         self._weights: list[float] | None = None  # the blocks' shares of the bar, as last drawn
@@ -210,10 +198,12 @@ class PartitionEditor(anywidget.AnyWidget):
                 if kind == "refresh":
                     self._refresh(payload)
                 elif kind == "draft":
+                    self._freshen()
                     self._set_draft(payload)
                 elif kind == "preview":
                     self._preview()
                 elif kind == "apply":
+                    self._freshen()
                     self._set_draft(payload)
                     self._apply(payload)
                 elif kind == "follow":
@@ -231,7 +221,31 @@ class PartitionEditor(anywidget.AnyWidget):
         """The profile in hand is older than ``reprofile_s`` while the session trains: time to measure again (the
         workers' per-layer times are medians over their profiling iterations, so one noisy iteration moves nothing)."""
         return (self.session is not None and not self.ended and self.reprofile_s > 0
-                and time.monotonic() - self._profiled >= self.reprofile_s and self.session.running)
+                and time.monotonic() - max(self._opened, self._profiled) >= self.reprofile_s and self.session.running)
+
+    def _freshen(self) -> None:
+        """Before a draft is previewed: a profile in hand older than ``fresh_s`` while the session trains is measured
+        again, waiting at most ``fresh_wait_s`` for the workers' next iteration boundary (a longer iteration: the one
+        in hand serves). The workers' medians then weigh the iterations since the page loaded, which a profile taken
+        while JupyterLab and the browser shared the cores with the job did not (benchmarks/what_if_browser.py)."""
+        if (self.session is None or self.ended or not self.session.running
+                or time.monotonic() - self._profiled < self.fresh_s):
+            return
+        try:
+            profile = self._measure(self.fresh_wait_s)
+        except TimeoutError:
+            log.info("partition editor: no profile within %.1f s (a long iteration): the what-if uses the one in hand",
+                     self.fresh_wait_s)
+            return
+        self._previews.clear()
+        self._profile = profile
+        self.layers = self._layer_docs(profile)
+
+    def _measure(self, timeout: float | None = None) -> ModelProfile:
+        assert self.session is not None
+        profile = self.session.profile(timeout=timeout)
+        self._profiled = time.monotonic()
+        return profile
 
     def _drifted(self) -> bool:
         """The running plan's newest iterations would calibrate the what-if over 1% off what it shows (or could
@@ -247,10 +261,8 @@ class PartitionEditor(anywidget.AnyWidget):
         """Take the session's plan, cluster and profile: the newest one measured, or (``measure``, after an Apply)
         a new measurement, so the blocks show what the moved layers cost where they now run."""
         if self.session is not None:
-            profile = self.session.profile() if measure else self.session.newest_profile()
+            profile = self._measure() if measure else self.session.newest_profile()
             cluster = self.session.cluster()
-            if measure:
-                self._profiled = time.monotonic()
         else:
             profile, cluster = self._profile, self._base_cluster
         if self._budget is not None and cluster is not None:  # the user's budget, for every stage
@@ -273,9 +285,9 @@ class PartitionEditor(anywidget.AnyWidget):
         except VpipeError as exc:  # e.g. an unknown schedule: the what-if says so, the draft stays
             self.preview = {**self.preview, "error": str(exc)}
             return
-        with self.hold_sync():
+        with self.hold_sync():  # the draft and its preview reach the browser in one message (it waits for both)
             self._show_draft(draft)
-        self._preview(draft)
+            self._preview(draft)
 
     def _end(self, event: dict[str, Any]) -> None:
         """The session ended: keep showing the last state, refuse edits, say why."""
@@ -294,7 +306,8 @@ class PartitionEditor(anywidget.AnyWidget):
         shown = draft or self.draft()
         try:
             for key, plan in (("current", self._plan), ("draft", shown)):
-                docs[key] = self._estimate(plan.validate(len(self._profile), self._cluster.stages))
+                docs[key] = self._previews.doc(plan.validate(len(self._profile), self._cluster.stages),
+                                               self._profile, self._cluster)
         except VpipeError as exc:
             docs["error"] = str(exc)
         self.preview = self._calibrated(docs)
@@ -304,41 +317,23 @@ class PartitionEditor(anywidget.AnyWidget):
         """The what-if view: the last measured iteration (or the running plan simulated) beside the draft simulated,
         both plans' predicted peaks against the budget, the session's record of measured against predicted."""
         assert self._cluster is not None
-        if self._plan not in self._previews:
+        running = self._previews.timeline(self._plan)
+        if running is None:
             return
-        running = self._previews[self._plan][1]
         measured = self.session.metrics.timeline(1) if self.session is not None else None
         now = self.preview.get("current", {}).get("peak_bytes", [])
         drafted = self.preview["draft"]["peak_bytes"] if draft is not None else None
         record = self.session.history_rows() if self.session is not None else []
-        self.what_if.draw(measured, running, self._previews[draft][1] if draft in self._previews else None,
+        self.what_if.draw(measured, running, self._previews.timeline(draft),
                           (now, drafted), list(self._cluster.budgets), record, self._calibration)
 
     def _calibrated(self, docs: dict[str, Any]) -> dict[str, Any]:
         """Both plans' simulated iterations scaled by the running plan's recent measured median against its own
         simulation (``core/cost/calibration.py``), the session's ``predicted_s`` for the same change; the raw
         simulation kept as ``simulated_s``. Unchanged without a session or before enough iterations."""
-        found = (self.session.calibration(docs["current"]["iteration_s"])
-                 if self.session is not None and "current" in docs else None)
-        self._calibration = found
-        if found is None:
-            return docs
-        out: dict[str, Any] = {"calibration": found.describe()}
-        for key, doc in docs.items():
-            out[key] = ({**doc, "simulated_s": doc["iteration_s"], "iteration_s": found.apply(doc["iteration_s"])}
-                        if isinstance(doc, dict) else doc)
-        return out
-
-    def _estimate(self, plan: Plan) -> dict[str, Any]:
-        """The cost model's and the simulator's verdict on ``plan`` under the profile in hand, once per pair."""
-        assert self._profile is not None and self._cluster is not None
-        if plan not in self._previews:
-            if len(self._previews) > 64:  # a long session of drags: the oldest go
-                self._previews.pop(next(iter(self._previews)))
-            timeline = simulate(plan, self._profile, self._cluster)
-            self._previews[plan] = (_estimate_doc(estimate(plan, self._profile, self._cluster), timeline.iteration_s,
-                                                  plan), timeline)
-        return self._previews[plan][0]
+        self._calibration = (self.session.calibration(docs["current"]["iteration_s"])
+                             if self.session is not None and "current" in docs else None)
+        return calibrated(docs, self._calibration)
 
     def _apply(self, change: Change) -> None:
         self.status = {"state": "pending", "message": "pending: waiting for the next iteration boundary"}

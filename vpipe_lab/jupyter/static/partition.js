@@ -329,6 +329,11 @@ var PartitionView = class {
       return;
     }
     if (!shown) return;
+    if (this.awaiting()) {
+      this.summary.textContent = "what-if: measuring the new draft...";
+      this.summary.dataset.testid = "summary";
+      return;
+    }
     const now = preview.current?.iteration_s ?? NaN;
     this.summary.textContent = dirty && preview.draft ? `what-if: ${formatSeconds(preview.draft.iteration_s)} per iteration (now ${formatSeconds(now)}, ${((preview.draft.iteration_s - now) / now * 100).toFixed(1)}%)` + (preview.draft.feasible ? "" : " - does NOT fit in memory") : `predicted: ${formatSeconds(now)} per iteration`;
     this.summary.title = preview.calibration ? `calibrated ${preview.calibration}` : "simulated from the profile (not calibrated: too few measured iterations)";
@@ -381,6 +386,11 @@ var PartitionView = class {
     this.apply.disabled = ended || !this.isDirty() || status.state === "pending";
     this.reset.disabled = ended || !this.isDirty();
     this.schedule.disabled = ended;
+  }
+  /** A draft was sent and Python has not answered with it yet (it answers with the draft traits and their preview
+   * together; a draft equal to the one it holds needs no answer). */
+  awaiting() {
+    return this.local !== null && !(sameList(this.local.boundaries, list(this.model, "draft_boundaries")) && sameList(this.local.policies, list(this.model, "draft_policies")) && (this.local.schedule === void 0 || this.local.schedule === (this.model.get("draft_schedule") ?? "")));
   }
   isDirty() {
     return !sameList(this.draftBounds(), list(this.model, "boundaries")) || !sameList(this.draftPolicies(), list(this.model, "policies")) || this.draftSchedule() !== (this.model.get("schedule") ?? this.draftSchedule());
