@@ -24,6 +24,17 @@ def test_basic_queries() -> None:
     assert t.shift(1.0).start_s == 1.0
 
 
+def test_scaled_stretches_every_span_from_the_first_start() -> None:
+    t = sample().shift(10.0)
+    doubled = t.scaled(2.0)
+    assert doubled.start_s == 10.0 and doubled.iteration_s == pytest.approx(8.0)
+    assert [(s.kind, s.start_s, s.end_s) for s in doubled.select(stage=1)] == [
+        ("recv", 10.0, pytest.approx(12.4)), ("forward", pytest.approx(12.4), pytest.approx(14.0))]
+    assert doubled.busy_s(0) == pytest.approx(2 * t.busy_s(0)) and t.scaled(1.0) == t
+    with pytest.raises(ValueError, match="scaled by 0"):
+        t.scaled(0)
+
+
 def test_idle_fills_compute_gaps_only() -> None:
     idle = sample().with_idle().select(kind="idle")
     assert [(s.stage, s.start_s, s.end_s) for s in idle] == [(0, 1.0, 3.0)]

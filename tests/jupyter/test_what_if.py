@@ -3,6 +3,8 @@ on one axis, both plans' peaks against the user's budget, and a header that give
 
 from __future__ import annotations
 
+import pytest
+
 from vpipe_lab.core.cost.calibration import Calibration
 from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.core.plan import Plan
@@ -30,6 +32,12 @@ def test_draws_the_draft_under_the_running_plan_and_says_how_it_was_calibrated()
         header = view.view.header["text"]
         assert header.startswith(f"draft: {human_time(draft.iteration_s * 0.9)} per iteration (simulated "
                                  f"{human_time(draft.iteration_s)}, calibrated x0.900")
+        # Drawn calibrated too: on the scale the measured iteration would have, and labelled so.
+        fig = view.view.timeline
+        ends = [x for trace in fig["data"] for x in trace["x"] if x is not None]
+        assert max(ends) == pytest.approx(1e3 * 0.9 * max(running.iteration_s, draft.iteration_s))
+        ticks = fig["layout"]["yaxis"]["ticktext"]
+        assert "running (simulated x0.900) · stage 0" in ticks and "draft (simulated x0.900) · stage 1" in ticks
         view.budget.value = 2.0  # the user's budget box, in GiB, goes to the editor in bytes; 0 gives it back
         view.budget.value = 0.0
         assert budgets == [2 * GIB, None]

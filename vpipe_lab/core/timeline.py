@@ -98,6 +98,15 @@ class Timeline:
     def shift(self, dt: float) -> Timeline:
         return Timeline(tuple(replace(s, start_s=s.start_s + dt, end_s=s.end_s + dt) for s in self.spans))
 
+    def scaled(self, factor: float) -> Timeline:
+        """Every span ``factor`` times as long and as far from the first start (a simulation calibrated to what the
+        machine measures: ``core/cost/calibration.py``)."""
+        if factor <= 0:
+            raise ValueError(f"a timeline cannot be scaled by {factor!r}: give a factor > 0")
+        t0 = self.start_s
+        return Timeline(tuple(replace(s, start_s=t0 + (s.start_s - t0) * factor, end_s=t0 + (s.end_s - t0) * factor)
+                              for s in self.spans))
+
     def busy_s(self, stage: int, replica: int = 0) -> float:
         """Time the stage's compute stream spends on forward, backward and recompute."""
         return sum(s.duration_s for s in self.spans

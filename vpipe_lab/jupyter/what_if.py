@@ -36,22 +36,25 @@ class WhatIf:
              record: Sequence[Mapping[str, Any]] = (), calibration: Calibration | None = None) -> None:
         """The last measured iteration (else the running plan simulated) above the draft simulated, the peaks, and
         the session's record (each plan's measured against predicted time: how far to trust the what-if). With
-        ``calibration`` (``core/cost/calibration.py``) the header gives the draft's calibrated time, the editor's
-        what-if, beside its plain simulation."""
+        ``calibration`` (``core/cost/calibration.py``) the simulated iterations are drawn calibrated, on the measured
+        one's scale, and the header gives the draft's calibrated time, the editor's what-if, beside its plain
+        simulation."""
         seen = measured is not None and len(measured) > 0
-        left = measured if seen and measured is not None else running
-        first = "measured" if seen else "running (simulated)"
-        shown = draft if draft is not None else running
-        draft_text = (f"{human_time(calibration.apply(shown.iteration_s))} per iteration (simulated "
-                      f"{human_time(shown.iteration_s)}, calibrated x{calibration.factor:.3f} by the running plan's "
-                      "iterations)" if calibration is not None
+        factor = calibration.factor if calibration is not None else 1.0
+        left = measured if seen and measured is not None else running.scaled(factor)
+        shown = (draft if draft is not None else running).scaled(factor)
+        simulated = "simulated" if calibration is None else f"simulated x{factor:.3f}"
+        first = "measured" if seen else f"running ({simulated})"
+        draft_text = (f"{human_time(shown.iteration_s)} per iteration (simulated {human_time(shown.iteration_s / factor)}"
+                      f", calibrated x{factor:.3f} by the running plan's iterations)" if calibration is not None
                       else f"{human_time(shown.iteration_s)} per iteration (simulated)")
         text = (f"draft: {draft_text}; "
-                f"{'last measured' if seen else 'running plan (simulated)'}: {human_time(left.iteration_s)}")
+                f"{'last measured' if seen else f'running plan ({simulated})'}: {human_time(left.iteration_s)}")
         self.view.show(header={"state": "what-if", "text": text},
-                       timeline=pair_spec(left, shown, (first, "draft (simulated)"),
+                       timeline=pair_spec(left, shown, (first, f"draft ({simulated})"),
                                           f"the {'last measured' if seen else 'running plan'} iteration above the "
-                                          "draft's simulated one, on one time axis"),
+                                          f"draft's {'calibrated ' if calibration is not None else ''}simulated one, "
+                                          "on one time axis"),
                        memory=peak_spec(peaks[0], peaks[1], budgets), series=record_spec(record))
 
     def close(self) -> None:
