@@ -23,7 +23,8 @@ def run(state: JobState, metrics: Metrics, history: History, iterations: range, 
         t = float(it)
         spans = [Span(0, "forward", 0, None, t, t + 0.25, it), Span(1, "forward", 0, None, t, t + stage1_s, it),
                  Span(1, "send", 0, None, t + stage1_s, t + 1.0, it)]
-        metrics.add({"iteration": it, "time_s": 1.0 + 0.01 * it, "samples_per_s": 8.0, "plan_version": 0}, spans, [])
+        metrics.add({"iteration": it, "time_s": 1.0 + 0.01 * it, "end_s": t + 1.0, "samples_per_s": 8.0,
+                     "plan_version": 0}, spans, [])
         state.iteration = it + 1
         history.observe({"type": "iteration", "iteration": it})
 
@@ -68,14 +69,14 @@ def test_only_the_newest_entries_keep_their_spans() -> None:
     assert all(e.last is not None for e in entries[-KEEP:-1])
 
 
-def test_recent_times_are_the_plan_in_force_newest_iterations_after_it_settled() -> None:
+def test_recent_are_the_plan_in_force_newest_iterations_after_it_settled() -> None:
     state, metrics = JobState(), Metrics(span_window=5)
     history = History(state, metrics, threading.Condition())
-    assert history.recent_times(20, 2) == []
+    assert history.recent(20, 2) == []
     state.first = Applied(FIRST, 0, 0, source="launch")
     run(state, metrics, history, range(0, 30), stage1_s=0.75)
-    assert history.recent_times(5, 2) == pytest.approx([1.0 + 0.01 * it for it in range(25, 30)])
+    assert [t for _, t in history.recent(5, 2)] == pytest.approx([1.0 + 0.01 * it for it in range(25, 30)])
     state.applied.append(Applied(SECOND, 1, 30, source="editor"))
     run(state, metrics, history, range(30, 34), stage1_s=0.5)
     # the old plan's iterations are not the running plan's, and its first two (the migration's) are left out
-    assert history.recent_times(20, 2) == pytest.approx([1.32, 1.33])
+    assert history.recent(20, 2) == [(33.0, pytest.approx(1.32)), (34.0, pytest.approx(1.33))]  # (end, seconds)

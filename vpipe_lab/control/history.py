@@ -113,14 +113,15 @@ class History:
             entry.measured = done
         return done
 
-    def recent_times(self, n: int, settle: int) -> list[float]:
-        """The plan in force's newest ``n`` iteration times (seconds), leaving out its first ``settle`` iterations
-        (the migration's pause and the first iteration after it)."""
+    def recent(self, n: int, settle: int) -> list[tuple[float, float]]:
+        """The plan in force's newest ``n`` iterations as (end, seconds), oldest first, leaving out its first
+        ``settle`` iterations (the migration's pause and the first iteration after it)."""
         entries = self.entries()
         if not entries:
             return []
         lo = entries[-1].applied.iteration + settle
-        return [r["time_s"] for r in self.metrics.records(last=n) if r["iteration"] >= lo and r.get("time_s")]
+        return [(r.get("end_s") or 0.0, r["time_s"]) for r in self.metrics.records(last=n)
+                if r["iteration"] >= lo and r.get("time_s")]
 
     def rows(self) -> list[dict[str, Any]]:
         """The table's rows (``frame``)."""

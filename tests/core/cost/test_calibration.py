@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vpipe_lab.core.cost.calibration import BOUNDS, MIN_SAMPLES, calibrate
+from vpipe_lab.core.cost.calibration import BOUNDS, MIN_SAMPLES, RECENT, WINDOW_S, calibrate, window
 
 
 def test_scales_a_draft_by_the_running_plans_measured_against_simulated() -> None:
@@ -29,3 +29,15 @@ def test_no_calibration_from_too_few_samples_an_empty_simulation_or_a_profile_th
     assert calibrate([0.05] * 10, 0.05 / (BOUNDS[1] * 1.01)) is None
     assert calibrate([0.05] * 10, 0.05 / (BOUNDS[0] * 0.99)) is None
     assert calibrate([0.05] * 10, 0.05 / BOUNDS[1]) is not None
+
+
+def test_the_window_is_seconds_for_fast_iterations_and_iterations_for_slow_ones() -> None:
+    assert window([]) == []
+    fast = [(0.05 * i, 0.05) for i in range(2000)]  # 100 s of 50 ms iterations: those of the last WINDOW_S seconds
+    assert len(window(fast)) == int(WINDOW_S / 0.05) + 1
+    slow = [(5.0 * i, 5.0) for i in range(100)]  # 5 s iterations: the newest RECENT, though they span minutes
+    assert window(slow) == [5.0] * RECENT
+    # A transient of 3 s in the last 20 (the drag drawing, say) is a minority: the median is the steady time.
+    steady = [(0.05 * i, 0.06 if 0.05 * i > 97 else 0.05) for i in range(2000)]
+    found = calibrate(window(steady), 0.05)
+    assert found is not None and found.factor == 1.0

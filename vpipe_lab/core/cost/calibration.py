@@ -17,7 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 MIN_SAMPLES = 5  # fewer recent iterations than this: no calibration (the plain simulation is shown)
-RECENT = 50  # the running plan's newest iterations that make the median
+RECENT = 50  # at least the running plan's newest this many iterations make the median (slow iterations) ...
+WINDOW_S = 20.0  # ... and all that ended within this many seconds of the newest (fast ones: a transient is a minority)
+MOST = 2000  # ... at most this many
 SETTLE = 2  # iterations after a plan came into force left out (the migration's own and the first after it)
 BOUNDS = (0.5, 2.0)  # a ratio outside is not a bias to correct but a profile that no longer fits (re-profile)
 
@@ -41,6 +43,18 @@ class Calibration:
     def describe(self) -> str:
         return (f"x{self.factor:.3f}: the running plan measured {self.measured_s * 1e3:.2f} ms (median of its newest "
                 f"{self.samples} iterations) where it simulates {self.simulated_s * 1e3:.2f} ms")
+
+
+def window(recent: Sequence[tuple[float, float]]) -> list[float]:
+    """The iteration times that make the median, from the running plan's newest iterations as (end, seconds) pairs,
+    oldest first: those that ended within ``WINDOW_S`` of the newest, or the newest ``RECENT`` when fewer did. A
+    window in seconds, so a transient of a few seconds (a page loading, the drag itself drawing) is a minority of it
+    however fast the iterations are; in iterations at least, so slow ones still give a median of many."""
+    if not recent:
+        return []
+    newest = recent[-1][0]
+    inside = [seconds for end, seconds in recent if end >= newest - WINDOW_S]
+    return inside if len(inside) >= RECENT else [seconds for _, seconds in recent[-RECENT:]]
 
 
 def calibrate(recent_s: Sequence[float], simulated_s: float, *, min_samples: int = MIN_SAMPLES) -> Calibration | None:
