@@ -57,9 +57,9 @@ class Record:
         return self._history.split(self._history.entry(entry))
 
     def calibration(self, simulated_s: float) -> Calibration | None:
-        """How the plan in force's recent iterations (the median of its last ``calibration.WINDOW_S`` seconds, at
-        least its newest ``RECENT``, its first ``SETTLE`` after it came into force left out) compare with
-        ``simulated_s``, its simulated iteration under the profile in hand: the factor the what-if scales a draft's
-        simulation by; None before enough iterations."""
+        """How the plan in force's recent iterations (their steady pace, ``calibration.steady``, over its last
+        ``WINDOW_S`` seconds, at least its newest ``RECENT``, its first ``SETTLE`` after it came into force left out)
+        compare with ``simulated_s``, its simulated iteration under the profile in hand: the factor the what-if
+        scales a draft's simulation by; None before enough iterations."""
         recent = self._history.recent(calibration.MOST, calibration.SETTLE)
         return calibration.calibrate(calibration.window(recent), simulated_s)

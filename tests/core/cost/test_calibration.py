@@ -3,9 +3,11 @@ iterations compare with its own simulation; robust to one noisy iteration, refus
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
-from vpipe_lab.core.cost.calibration import BOUNDS, MIN_SAMPLES, RECENT, WINDOW_S, calibrate, window
+from vpipe_lab.core.cost.calibration import BOUNDS, MIN_SAMPLES, RECENT, RUN, WINDOW_S, calibrate, steady, window
 
 
 def test_scales_a_draft_by_the_running_plans_measured_against_simulated() -> None:
@@ -41,3 +43,19 @@ def test_the_window_is_seconds_for_fast_iterations_and_iterations_for_slow_ones(
     steady = [(0.05 * i, 0.06 if 0.05 * i > 97 else 0.05) for i in range(2000)]
     found = calibrate(window(steady), 0.05)
     assert found is not None and found.factor == 1.0
+
+
+def test_the_steady_pace_sees_through_a_transient_that_slowed_a_stretch_of_iterations() -> None:
+    quiet = [0.048, 0.049, 0.050, 0.051, 0.052] * (RUN // 5)  # one run: median 50 ms
+    assert steady(quiet * 10) == pytest.approx(0.050)
+    # A page loading beside the job: 40% of the window 60-110% slower, then quiet again. The median of all moves up
+    # (to the quiet runs' slowest, 52 ms); the steady pace stays at the quiet one.
+    loaded = quiet * 3 + [t * 1.6 for t in quiet] * 3 + [t * 2.1 for t in quiet] + quiet * 3
+    assert steady(loaded) == pytest.approx(0.050) and statistics.median(loaded) == pytest.approx(0.052)
+    found = calibrate(loaded, 0.05)
+    assert found is not None and found.factor == pytest.approx(1.0)
+    # So is a slow stretch at the newest end (the drag drawing while the preview is computed).
+    assert steady(quiet * 7 + [t * 1.5 for t in quiet] * 3) == pytest.approx(0.050)
+    # A machine that became slower for good (most of the window) is followed.
+    assert steady(quiet * 2 + [t * 1.3 for t in quiet] * 8) == pytest.approx(0.065)
+    assert steady([0.05, 0.06, 0.07]) == 0.06  # fewer than four runs: the median of all

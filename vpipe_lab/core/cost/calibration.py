@@ -22,11 +22,14 @@ WINDOW_S = 20.0  # ... and all that ended within this many seconds of the newest
 MOST = 2000  # ... at most this many
 SETTLE = 2  # iterations after a plan came into force left out (the migration's own and the first after it)
 BOUNDS = (0.5, 2.0)  # a ratio outside is not a bias to correct but a profile that no longer fits (re-profile)
+RUN = 10  # consecutive iterations whose median is one reading of the machine's pace (see steady)
+QUARTILE = 0.25  # which of those readings is the steady pace: the lower quartile
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """The running plan's recent measured median against its simulated iteration under the profile in hand."""
+    """The running plan's recent steady pace (``steady``) against its simulated iteration under the profile in
+    hand."""
 
     measured_s: float
     simulated_s: float
@@ -41,8 +44,8 @@ class Calibration:
         return simulated_s * self.factor
 
     def describe(self) -> str:
-        return (f"x{self.factor:.3f}: the running plan measured {self.measured_s * 1e3:.2f} ms (median of its newest "
-                f"{self.samples} iterations) where it simulates {self.simulated_s * 1e3:.2f} ms")
+        return (f"x{self.factor:.3f}: the running plan measured {self.measured_s * 1e3:.2f} ms (its steady pace over "
+                f"its newest {self.samples} iterations) where it simulates {self.simulated_s * 1e3:.2f} ms")
 
 
 def window(recent: Sequence[tuple[float, float]]) -> list[float]:
@@ -57,11 +60,25 @@ def window(recent: Sequence[tuple[float, float]]) -> list[float]:
     return inside if len(inside) >= RECENT else [seconds for _, seconds in recent[-RECENT:]]
 
 
+def steady(times: Sequence[float]) -> float:
+    """The pace the machine keeps in ``times`` (seconds, oldest first): the lower quartile of the medians of runs of
+    ``RUN`` consecutive iterations (counted back from the newest), or the median of all when there are fewer than four
+    runs. Load only ever slows an iteration and a transient slows a stretch of them (a page loading beside the job,
+    the drag itself drawing), so the quieter runs are the pace the machine returns to; a median within each run, so
+    one noisy iteration moves nothing. On a steady machine the runs' medians agree and this is their median within a
+    percent or two (``benchmarks/what_if_browser.py``)."""
+    runs = [times[max(0, end - RUN):end] for end in range(len(times), RUN - 1, -RUN)]
+    if len(runs) < 4:
+        return statistics.median(times)
+    readings = sorted(statistics.median(run) for run in runs)
+    return readings[int(QUARTILE * (len(readings) - 1))]
+
+
 def calibrate(recent_s: Sequence[float], simulated_s: float, *, min_samples: int = MIN_SAMPLES) -> Calibration | None:
-    """From the running plan's recent iteration times (seconds, any order) and its simulated iteration; None when
+    """From the running plan's recent iteration times (seconds, oldest first) and its simulated iteration; None when
     there are too few samples, the simulation is empty, or the ratio is outside ``BOUNDS`` (a stale profile)."""
     times = [t for t in recent_s if t > 0]
     if len(times) < min_samples or simulated_s <= 0:
         return None
-    found = Calibration(statistics.median(times), simulated_s, len(times))
+    found = Calibration(steady(times), simulated_s, len(times))
     return found if BOUNDS[0] <= found.factor <= BOUNDS[1] else None
