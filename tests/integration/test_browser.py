@@ -243,7 +243,7 @@ print(json.dumps({{"bounds": list(session.plan.boundaries), "owned": owned, "sch
         assert doc["owned"] == [[0, 1, 2], [3, 4, 5, 6, 7]]
         assert doc["before"] == [0] and doc["moved"] in ([1], []) and doc["after"] == [2]
         # The record compares the iterations the dragged plan ran with the what-if the page showed for it (the
-        # same calibrated simulation, taken again at Apply: on a loaded machine the running plan's median moves
+        # same calibrated simulation, taken again at Apply: on a loaded machine the running plan's pace moves
         # between the drag and the click, by 8.7% in one CI run beside a benchmark).
         record = doc["record"]
         assert record["source"] == "editor" and "[0:3]" in record["plan"]

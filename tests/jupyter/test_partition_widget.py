@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 
 import pytest
 
@@ -206,4 +207,39 @@ def test_a_draft_and_its_preview_reach_the_browser_in_one_message() -> None:
         with_draft = [keys for keys in sent if "draft_boundaries" in keys]
         assert with_draft and all("preview" in keys for keys in with_draft)
     finally:
+        ed.close()
+
+
+class _SlowSession:
+    """A session whose iterations are longer than the editor waits for a fresh profile."""
+
+    running = True
+    metrics = types.SimpleNamespace(timeline=lambda last: None)
+
+    def __init__(self) -> None:
+        self.asked: list[float | None] = []
+
+    def profile(self, reset: bool = False, timeout: float | None = None) -> None:
+        self.asked.append(timeout)
+        raise TimeoutError("not every stage answered 'profile' within 2 s")
+
+    def calibration(self, simulated_s: float) -> None:
+        return None
+
+    def history_rows(self) -> list[dict[str, object]]:
+        return []
+
+
+def test_a_draft_is_previewed_with_the_profile_in_hand_when_no_fresh_one_comes_in_time() -> None:
+    ed, _ = editor()
+    try:
+        wait_for(lambda: "current" in ed.preview and len(ed.layers) == 8)
+        slow = _SlowSession()
+        ed.session = slow  # type: ignore[assignment]
+        ed.receive(draft([0, 3, 8], ["keep"] * 8))
+        wait_for(lambda: ed.draft_boundaries == [0, 3, 8])
+        assert slow.asked == [ed.fresh_wait_s]  # it asked, waited that long at most, and went on
+        assert ed.preview["draft"]["stage_s"] != ed.preview["current"]["stage_s"] and ed.status["state"] != "error"
+    finally:
+        ed.session = None
         ed.close()

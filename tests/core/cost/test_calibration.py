@@ -59,3 +59,10 @@ def test_the_steady_pace_sees_through_a_transient_that_slowed_a_stretch_of_itera
     # A machine that became slower for good (most of the window) is followed.
     assert steady(quiet * 2 + [t * 1.3 for t in quiet] * 8) == pytest.approx(0.065)
     assert steady([0.05, 0.06, 0.07]) == 0.06  # fewer than four runs: the median of all
+
+
+def test_on_a_steady_machine_the_pace_is_the_plain_median_not_its_fast_end() -> None:
+    # Runs whose medians spread over +-6% (a machine that is noisy but not disturbed): every run is a quiet one.
+    runs = [[0.050 * f] * RUN for f in (0.94, 0.97, 1.0, 1.0, 1.03, 1.06, 0.99, 1.01)]
+    times = [t for run in runs for t in run]
+    assert steady(times) == pytest.approx(statistics.median(times))

@@ -4,10 +4,10 @@ with its own simulation under the same profile.
 The simulator replays a plan from per-layer times measured by a profile. Those times carry whatever the machine was
 doing while they were measured (another process on the cores, a browser drawing the dashboard) and leave out what no
 layer owns (the optimizer step's Python, the control loop); both bias every plan's simulation alike. The running plan
-is measured all the time, so the ratio of its recent median iteration to its simulation, applied to a draft's
-simulation, cancels that shared bias and follows the machine as it is now (``benchmarks/what_if.py``, five
-schedules: the largest error after a change 4.3% simulated, 3.0% calibrated, with the window of 50 below). A median
-of recent iterations, so one noisy iteration moves nothing.
+is measured all the time, so the ratio of its recent steady pace (``steady``) to its simulation, applied to a draft's
+simulation, cancels that shared bias and follows the machine as it is now. Medians throughout, so one noisy
+iteration moves nothing. ``benchmarks/what_if_browser.py`` (a drag in JupyterLab, five schedules) measures it: see
+benchmarks/RESULTS.md, "The what-if priced when the user drags".
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ MOST = 2000  # ... at most this many
 SETTLE = 2  # iterations after a plan came into force left out (the migration's own and the first after it)
 BOUNDS = (0.5, 2.0)  # a ratio outside is not a bias to correct but a profile that no longer fits (re-profile)
 RUN = 10  # consecutive iterations whose median is one reading of the machine's pace (see steady)
-QUARTILE = 0.25  # which of those readings is the steady pace: the lower quartile
+QUIET = 0.15  # readings within this of the lower quartile's are the quiet ones, whose median is the steady pace
 
 
 @dataclass(frozen=True)
@@ -61,17 +61,19 @@ def window(recent: Sequence[tuple[float, float]]) -> list[float]:
 
 
 def steady(times: Sequence[float]) -> float:
-    """The pace the machine keeps in ``times`` (seconds, oldest first): the lower quartile of the medians of runs of
-    ``RUN`` consecutive iterations (counted back from the newest), or the median of all when there are fewer than four
-    runs. Load only ever slows an iteration and a transient slows a stretch of them (a page loading beside the job,
-    the drag itself drawing), so the quieter runs are the pace the machine returns to; a median within each run, so
-    one noisy iteration moves nothing. On a steady machine the runs' medians agree and this is their median within a
-    percent or two (``benchmarks/what_if_browser.py``)."""
+    """The pace the machine keeps in ``times`` (seconds, oldest first): the median of the quiet readings, where a
+    reading is the median of a run of ``RUN`` consecutive iterations (counted back from the newest) and the quiet
+    ones are those within ``QUIET`` of the readings' lower quartile; the median of all with fewer than four runs.
+    Load only ever slows an iteration and a transient slows a stretch of them (a page loading beside the job, the
+    drag itself drawing): its readings stand above the rest and are left out, while on a steady machine every
+    reading is quiet and this is the plain median. A slowdown that lasts most of the window is the quartile itself,
+    so it is followed."""
     runs = [times[max(0, end - RUN):end] for end in range(len(times), RUN - 1, -RUN)]
     if len(runs) < 4:
         return statistics.median(times)
     readings = sorted(statistics.median(run) for run in runs)
-    return readings[int(QUARTILE * (len(readings) - 1))]
+    base = readings[(len(readings) - 1) // 4]
+    return statistics.median([r for r in readings if r <= base * (1 + QUIET)])
 
 
 def calibrate(recent_s: Sequence[float], simulated_s: float, *, min_samples: int = MIN_SAMPLES) -> Calibration | None:
