@@ -204,9 +204,11 @@ def inside(inner: dict[str, float] | None, outer: dict[str, float] | None, slack
 
 def clipped(view: dict[str, Any]) -> list[str]:
     """What of a live view lies outside where it should: panels outside the output area, plots wider than their
-    panel, legends outside their plot."""
+    panel, legends outside their plot, lane labels that start left of their plot (cut off at its edge)."""
     problems = []
     for name, p in view["panels"].items():
+        if p["ticks"] and p["svg"] is not None and p["tickLeft"] < p["svg"]["x"] - 1:
+            problems.append(f"{name} labels start at x={p['tickLeft']:.0f}, left of their plot at {p['svg']['x']:.0f}")
         if not inside(p["panel"], view["area"]):
             problems.append(f"{name} panel {p['panel']} outside the output area {view['area']}")
         if not inside(p["svg"], p["panel"]):

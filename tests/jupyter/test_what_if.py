@@ -37,7 +37,7 @@ def test_draws_the_draft_under_the_running_plan_and_says_how_it_was_calibrated()
         ends = [x for trace in fig["data"] for x in trace["x"] if x is not None]
         assert max(ends) == pytest.approx(1e3 * 0.9 * max(running.iteration_s, draft.iteration_s))
         ticks = fig["layout"]["yaxis"]["ticktext"]
-        assert "running (simulated x0.900) · stage 0" in ticks and "draft (simulated x0.900) · stage 1" in ticks
+        assert "running (calibrated) · stage 0" in ticks and "draft (calibrated) · stage 1" in ticks
         view.budget.value = 2.0  # the user's budget box, in GiB, goes to the editor in bytes; 0 gives it back
         view.budget.value = 0.0
         assert budgets == [2 * GIB, None]

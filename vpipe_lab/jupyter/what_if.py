@@ -44,14 +44,15 @@ class WhatIf:
         left = measured if seen and measured is not None else running.scaled(factor)
         shown = (draft if draft is not None else running).scaled(factor)
         simulated = "simulated" if calibration is None else f"simulated x{factor:.3f}"
-        first = "measured" if seen else f"running ({simulated})"
+        lane = "simulated" if calibration is None else "calibrated"  # a lane's label, short: the margin holds 28 chars
+        first = "measured" if seen else f"running ({lane})"
         draft_text = (f"{human_time(shown.iteration_s)} per iteration (simulated {human_time(shown.iteration_s / factor)}"
                       f", calibrated x{factor:.3f} by the running plan's iterations)" if calibration is not None
                       else f"{human_time(shown.iteration_s)} per iteration (simulated)")
         text = (f"draft: {draft_text}; "
                 f"{'last measured' if seen else f'running plan ({simulated})'}: {human_time(left.iteration_s)}")
         self.view.show(header={"state": "what-if", "text": text},
-                       timeline=pair_spec(left, shown, (first, f"draft ({simulated})"),
+                       timeline=pair_spec(left, shown, (first, f"draft ({lane})"),
                                           f"the {'last measured' if seen else 'running plan'} iteration above the "
                                           f"draft's {'calibrated ' if calibration is not None else ''}simulated one, "
                                           "on one time axis"),
