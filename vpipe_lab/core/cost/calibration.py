@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 MIN_SAMPLES = 5  # fewer recent iterations than this: no calibration (the plain simulation is shown)
-RECENT = 50  # at least the running plan's newest this many iterations make the median (slow iterations) ...
+RECENT = 50  # at least the running plan's newest this many iterations give its pace (slow iterations) ...
 WINDOW_S = 20.0  # ... and all that ended within this many seconds of the newest (fast ones: a transient is a minority)
 MOST = 2000  # ... at most this many
 SETTLE = 2  # iterations after a plan came into force left out (the migration's own and the first after it)
@@ -49,10 +49,11 @@ class Calibration:
 
 
 def window(recent: Sequence[tuple[float, float]]) -> list[float]:
-    """The iteration times that make the median, from the running plan's newest iterations as (end, seconds) pairs,
-    oldest first: those that ended within ``WINDOW_S`` of the newest, or the newest ``RECENT`` when fewer did. A
-    window in seconds, so a transient of a few seconds (a page loading, the drag itself drawing) is a minority of it
-    however fast the iterations are; in iterations at least, so slow ones still give a median of many."""
+    """The iteration times that give the running plan's pace (``steady``), from its newest iterations as (end,
+    seconds) pairs, oldest first: those that ended within ``WINDOW_S`` of the newest, or the newest ``RECENT`` when
+    fewer did (all of them when the records carry no end times). A window in seconds, so a transient of a few seconds
+    (a page loading, the drag itself drawing) is a minority of it however fast the iterations are; in iterations at
+    least, so slow ones still give many readings."""
     if not recent:
         return []
     newest = recent[-1][0]
