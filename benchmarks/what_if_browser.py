@@ -8,10 +8,10 @@ One JupyterLab in headless Chromium; per schedule a notebook starts gpt-tiny on 
 waits ``--iterations``, measures a profile, opens ``%vpipe editor``. ``--settle`` seconds after the editor's first
 draw (a user reading it; the page's load over) the first boundary is dragged one layer to the left with the mouse;
 the editor's "what-if: X ms per iteration" is read off the page (and its calibration off the summary's hover); Apply;
-after ``--iterations`` more, the session's record gives the median measured from the iteration the change came into
-force over ``--after`` iterations (about 9 s here: a steadier truth than a couple of seconds on a machine the browser
-shares). ``--repeat`` drags each schedule that many times (a new notebook each). The table gives the plain
-simulation's error beside the calibrated what-if's.
+with the page still open (the machine the what-if was calibrated on), the session's record gives the median over the
+``--after`` iterations from the one the change came into force (about 9 s here: a steadier truth than a couple of
+seconds on a machine the browser shares). ``--repeat`` drags each schedule that many times (a new notebook each). The
+table gives the plain simulation's error beside the calibrated what-if's.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ const CSS = `
 .vpipe-handle.dragging { opacity: 1; background: #E45756; }
 .vpipe-stagebar { display: flex; gap: 6px; flex-wrap: wrap; margin: 4px 0; }
 .vpipe-stage { min-width: 130px; }
+.vpipe-stagebar.stale { opacity: 0.45; }
 .vpipe-mem { height: 8px; background: #eee; border-radius: 4px; overflow: hidden; }
 .vpipe-mem > div { height: 100%; }
 .vpipe-row { display: flex; gap: 8px; align-items: center; margin-top: 6px; }
@@ -298,13 +299,13 @@ export class PartitionView {
       return;
     }
     if (!shown) return;
-    if (this.awaiting()) { // the preview in hand is of the draft before this one: no number until Python answers
-      this.summary.textContent = "what-if: measuring the new draft...";
-      this.summary.dataset.testid = "summary";
-      return;
-    }
+    // A draft sent and not yet answered: the preview in hand is of the draft before it, so no number until Python
+    // answers (up to 2 s, fresh_wait_s, when it measures a fresh profile first); the stages stay, faded, so
+    // nothing below moves.
+    const awaiting = this.awaiting();
+    this.stages.classList.toggle("stale", awaiting);
     const now = preview.current?.iteration_s ?? NaN;
-    this.summary.textContent = dirty && preview.draft
+    this.summary.textContent = awaiting ? "what-if: measuring the new draft..." : dirty && preview.draft
       ? `what-if: ${formatSeconds(preview.draft.iteration_s)} per iteration (now ${formatSeconds(now)}, ` +
         `${(((preview.draft.iteration_s - now) / now) * 100).toFixed(1)}%)` +
         (preview.draft.feasible ? "" : " - does NOT fit in memory")

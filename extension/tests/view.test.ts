@@ -146,11 +146,15 @@ describe("PartitionView", () => {
     pointer("pointerdown", q("boundary-1"), 500);
     pointer("pointerup", el.querySelector(".vpipe-bar") as HTMLElement, 290);
     expect(q("summary").textContent).toBe("what-if: measuring the new draft...");
+    const stagebar = el.querySelector(".vpipe-stagebar") as HTMLElement;
+    expect(stagebar.classList.contains("stale")).toBe(true); // still there (nothing below moves), faded
+    expect(stagebar.children).toHaveLength(2);
     m.set("preview", { ...m.get("preview"), calibration: "x1.000" }); // a redraw of the old draft changes nothing
     expect(q("summary").textContent).toBe("what-if: measuring the new draft...");
     m.echo(); // Python's answer: the draft traits (with their preview)
     m.set("preview", { ...m.get("preview"), draft: { ...m.get("preview").draft!, iteration_s: 0.11 } });
     expect(q("summary").textContent).toBe("what-if: 110.00 ms per iteration (now 100.00 ms, 10.0%)");
+    expect(stagebar.classList.contains("stale")).toBe(false);
     q("layer-0").click(); // keep -> swap: awaited
     expect(q("summary").textContent).toBe("what-if: measuring the new draft...");
     q("layer-0").click(); // -> recompute -> keep: the draft Python holds, nothing to await

@@ -82,6 +82,7 @@ var CSS = `
 .vpipe-handle.dragging { opacity: 1; background: #E45756; }
 .vpipe-stagebar { display: flex; gap: 6px; flex-wrap: wrap; margin: 4px 0; }
 .vpipe-stage { min-width: 130px; }
+.vpipe-stagebar.stale { opacity: 0.45; }
 .vpipe-mem { height: 8px; background: #eee; border-radius: 4px; overflow: hidden; }
 .vpipe-mem > div { height: 100%; }
 .vpipe-row { display: flex; gap: 8px; align-items: center; margin-top: 6px; }
@@ -329,13 +330,10 @@ var PartitionView = class {
       return;
     }
     if (!shown) return;
-    if (this.awaiting()) {
-      this.summary.textContent = "what-if: measuring the new draft...";
-      this.summary.dataset.testid = "summary";
-      return;
-    }
+    const awaiting = this.awaiting();
+    this.stages.classList.toggle("stale", awaiting);
     const now = preview.current?.iteration_s ?? NaN;
-    this.summary.textContent = dirty && preview.draft ? `what-if: ${formatSeconds(preview.draft.iteration_s)} per iteration (now ${formatSeconds(now)}, ${((preview.draft.iteration_s - now) / now * 100).toFixed(1)}%)` + (preview.draft.feasible ? "" : " - does NOT fit in memory") : `predicted: ${formatSeconds(now)} per iteration`;
+    this.summary.textContent = awaiting ? "what-if: measuring the new draft..." : dirty && preview.draft ? `what-if: ${formatSeconds(preview.draft.iteration_s)} per iteration (now ${formatSeconds(now)}, ${((preview.draft.iteration_s - now) / now * 100).toFixed(1)}%)` + (preview.draft.feasible ? "" : " - does NOT fit in memory") : `predicted: ${formatSeconds(now)} per iteration`;
     this.summary.title = preview.calibration ? `calibrated ${preview.calibration}` : "simulated from the profile (not calibrated: too few measured iterations)";
     this.summary.dataset.testid = "summary";
     shown.peak_bytes.forEach((peak, s) => {
