@@ -78,6 +78,7 @@ def test_census_is_logged_only_when_asked_and_at_most_once_per_interval(
             kept += [Kept() for _ in range(500)]  # what a leak looks like: objects of one type, more each time
     lines = [r.getMessage() for r in caplog.records if "heap census: iteration" in r.getMessage()]
     assert len(lines) == 2 and lines[0].startswith("heap census: iteration=5 garbage=") and "iteration=17" in lines[1]
+    assert " collect_us=" in lines[0]  # what the minute's full collection cost, beside what it leaves
     assert " rss=" in lines[0] and " malloc_used=" in lines[0] and " py_objects=" in lines[0]
     grown = [r.getMessage() for r in caplog.records if "objects grown by type" in r.getMessage()]
     assert len(grown) == 1 and "Kept +1000" in grown[0], grown  # 500 after census 1 and 500 after the dropped one

@@ -131,7 +131,7 @@ class Trimmer:
         if self.collect_s > 0 and now - self.last_collect >= self.collect_s:
             # Python's own full collection waits for a quarter more objects than the process holds (~300,000 in a
             # worker): hours for the few cycles an iteration leaves (torch's tree_flatten makes one per call), which
-            # RSS showed as ~60 B per iteration. Every minute it costs tens of milliseconds (collect_cost_s).
+            # RSS showed as ~60 B per iteration. Every minute; what it cost is in the census (collect_us).
             began = time.perf_counter()
             gc.collect()
             self.collect_cost_s = time.perf_counter() - began
@@ -143,7 +143,8 @@ class Trimmer:
         if self.census_s > 0 and self.last - self.last_census >= self.census_s:
             self.last_census = self.last
             found, kinds = collect_garbage()
-            parts = " ".join(f"{k}={v}" for k, v in {"garbage": found, **census()}.items())
+            parts = " ".join(f"{k}={v}" for k, v in {"garbage": found, "collect_us": int(self.collect_cost_s * 1e6),
+                                                       **census()}.items())
             log.info("heap census: iteration=%d %s", iteration, parts)
             if kinds:  # cycles that waited for a full collection, and whatever they held (tensors too)
                 log.info("heap census: garbage by type: %s",
