@@ -191,3 +191,43 @@ def test_migrating_a_tied_layer_is_bit_for_bit_equal_to_not_migrating() -> None:
                                         iterations=4, microbatches=4)
     assert plain_losses == pytest.approx(ref_losses, rel=1e-5)
     reference.assert_state_matches(plain_state, model)
+
+
+def test_tensors_the_forward_never_uses_are_trained_saved_migrated_and_exported_with_the_rest(tmp_path) -> None:
+    """A mask token, a head used in another mode and a buffer no forward touches: in ``state_dict()`` (a strict load
+    into a fresh model holds), in a checkpoint that ``dcp.load`` reads into a plain model, after a migration moved
+    the unit that holds them, and in the export bundle's stage that holds them."""
+    import torch.distributed.checkpoint as dcp
+
+    from vpipe_lab.wire import bundle as bundle_files
+
+    with vpipe_lab.launch(zoo.with_unused, zoo.vector_data, loss=torch.nn.functional.mse_loss, optimizer=zoo.sgd,
+                          stages=2, microbatches=2, device="cpu", timeout=90) as session:
+        assert session.names == ["embed", "blocks.0", "blocks.1", "blocks.2", "head"]
+        session.run(2)
+        session.wait(timeout=120)
+        session.set_partition((0, 1, 5))  # blocks.1 (with its unused gate) to stage 1 ...
+        session.run(1)
+        session.wait(timeout=120)
+        session.set_partition((0, 4, 5))  # ... and back to stage 0
+        session.run(1)
+        session.wait(timeout=120)
+        state = session.state_dict()
+        version = session.save(tmp_path / "ckpt")
+        bundle = bundle_files.read(session.export_plan(tmp_path / "bundle"))
+    model, _ = reference.train(zoo.with_unused, zoo.vector_data, torch.nn.functional.mse_loss, zoo.sgd, iterations=4,
+                               microbatches=2)
+    reference.assert_state_matches(state, model)  # every key, in the model's own order
+    for key in ("embed.mask_token", "blocks.1.gate", "pretrain_head.weight", "calls"):
+        assert key in state
+    torch.manual_seed(1)
+    fresh = zoo.with_unused()
+    fresh.load_state_dict(state, strict=True)
+    torch.manual_seed(2)
+    plain = zoo.with_unused()
+    loaded = plain.state_dict()
+    dcp.load(loaded, checkpoint_id=str(version))
+    for key, value in state.items():
+        assert torch.equal(loaded[key], value), key
+    stage0 = bundle.stages[0]
+    assert "embed" in stage0.modules and "pretrain_head.weight" in stage0.tensors and "calls" in stage0.tensors

@@ -134,6 +134,40 @@ def two_input_net() -> nn.Module:
     return TwoInputNet()
 
 
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h + nn.functional.gelu(self.lin(h))
+
+
+class WithUnused(nn.Module):
+    """Blocks in a ModuleList with tensors the forward never touches: a mask token in the embedding module (as
+    DINOv2's), a head used only in another mode, and a buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(6, 16)
+        self.embed.mask_token = nn.Parameter(torch.randn(1, 16))
+        self.blocks = nn.ModuleList(Block() for _ in range(3))
+        self.blocks[1].gate = nn.Parameter(torch.ones(16))  # in a block that migrates
+        self.head = nn.Linear(16, 3)
+        self.pretrain_head = nn.Linear(16, 6)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+def with_unused() -> nn.Module:
+    return WithUnused()
+
+
 def dict_mse(output: dict[str, torch.Tensor], target: torch.Tensor) -> torch.Tensor:
     return nn.functional.mse_loss(output["prediction"], target)
 

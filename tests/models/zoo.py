@@ -152,11 +152,72 @@ def swin() -> nn.Module:
                                                      drop_path_rate=0.0))
 
 
+def dinov2() -> nn.Module:
+    """Its ``embeddings.mask_token`` is used only when a mask is given: the forward here never touches it."""
+    t = _hf()
+    return t.Dinov2ForImageClassification(t.Dinov2Config(image_size=IMAGE, patch_size=8, hidden_size=32,
+                                                         intermediate_size=64, num_hidden_layers=4,
+                                                         num_attention_heads=4, num_labels=CLASSES, drop_path_rate=0.0,
+                                                         **NO_DROPOUT))
+
+
 def convnext_hf() -> nn.Module:
     t = _hf()
     return t.ConvNextForImageClassification(t.ConvNextConfig(num_channels=3, hidden_sizes=[8, 16, 32, 64],
                                                              depths=[1, 1, 2, 1], num_labels=CLASSES,
                                                              drop_path_rate=0.0))
+
+
+# --- mixtures of experts (transformers): 4 experts, 2 per token, every layer sparse unless the family keeps dense ones
+MOE = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+           max_position_embeddings=64)
+
+
+def mixtral() -> nn.Module:
+    t = _hf()
+    return t.MixtralForCausalLM(t.MixtralConfig(**MOE, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2))
+
+
+def qwen3_moe() -> nn.Module:
+    t = _hf()
+    return t.Qwen3MoeForCausalLM(t.Qwen3MoeConfig(**MOE, intermediate_size=64, moe_intermediate_size=32, num_experts=4,
+                                                  num_experts_per_tok=2, head_dim=8))
+
+
+def olmoe() -> nn.Module:
+    t = _hf()
+    return t.OlmoeForCausalLM(t.OlmoeConfig(**MOE, intermediate_size=32, num_experts=4, num_experts_per_tok=2))
+
+
+def deepseek_v3() -> nn.Module:
+    """Multi-head latent attention (no grouped KV heads), one shared expert beside the routed ones, grouped top-k
+    routing, and a dense first layer (``first_k_dense_replace``), as DeepSeek-V3 is built."""
+    t = _hf()
+    return t.DeepseekV3ForCausalLM(t.DeepseekV3Config(
+        **{**MOE, "num_key_value_heads": 4}, intermediate_size=64, moe_intermediate_size=32, n_routed_experts=4,
+        n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1, n_group=2, topk_group=1, kv_lora_rank=16,
+        q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8))
+
+
+def qwen2_moe() -> nn.Module:
+    t = _hf()
+    return t.Qwen2MoeForCausalLM(t.Qwen2MoeConfig(**MOE, intermediate_size=64, moe_intermediate_size=32,
+                                                  shared_expert_intermediate_size=32, num_experts=4,
+                                                  num_experts_per_tok=2))
+
+
+def gpt_oss() -> nn.Module:
+    t = _hf()
+    return t.GptOssForCausalLM(t.GptOssConfig(**MOE, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                                              head_dim=8, sliding_window=8))
+
+
+def llama4() -> nn.Module:
+    """Llama 4's text model: one routed expert per token beside a shared one, every layer sparse."""
+    t = _hf()
+    return t.Llama4ForCausalLM(t.Llama4TextConfig(**MOE, intermediate_size=32, intermediate_size_mlp=64,
+                                                  num_local_experts=4, num_experts_per_tok=1, head_dim=8,
+                                                  interleave_moe_layer_step=1))
 
 
 # --- torchvision ----------------------------------------------------------------------------------------------------
@@ -246,6 +307,7 @@ ZOO: dict[str, Entry] = {
     "bart": Entry("encoder-decoder", bart, seq2seq_data),
     "vit": Entry("vision transformer", vit, hf_image_data),
     "swin": Entry("vision transformer", swin, hf_image_data),
+    "dinov2": Entry("vision transformer", dinov2, hf_image_data),
     "convnext (HF)": Entry("convnet", convnext_hf, hf_image_data, sgd),
     "resnet18": Entry("convnet", resnet18, image_data, sgd),
     "mobilenet_v3_small": Entry("convnet", mobilenet_v3_small, image_data, sgd),
@@ -255,6 +317,13 @@ ZOO: dict[str, Entry] = {
     "regnet_y_400mf": Entry("convnet", regnet, image_data, sgd),
     "squeezenet1_1": Entry("convnet", squeezenet, image_data, sgd),
     "googlenet": Entry("convnet", googlenet, large_image_data, sgd),
+    "mixtral": Entry("mixture of experts", mixtral, lm_data),
+    "qwen3-moe": Entry("mixture of experts", qwen3_moe, lm_data),
+    "olmoe": Entry("mixture of experts", olmoe, lm_data),
+    "deepseek-v3": Entry("mixture of experts", deepseek_v3, lm_data),
+    "qwen2-moe": Entry("mixture of experts", qwen2_moe, lm_data),
+    "gpt-oss": Entry("mixture of experts", gpt_oss, lm_data),
+    "llama4": Entry("mixture of experts", llama4, lm_data),
     "vit (torchvision)": Entry("vision transformer", vit_tv, image_data),
     "convnext (torchvision)": Entry("convnet", convnext_tv, image_data, sgd),
     "swin (torchvision)": Entry("vision transformer", swin_tv, image_data),

@@ -28,7 +28,7 @@ from vpipe_lab.core.planning.partition import uniform
 from vpipe_lab.runtime.engine.comm import Peer
 from vpipe_lab.runtime.model.batches import describe, rebuild
 from vpipe_lab.runtime.model.capture import CaptureError, Chain, build_model, canonical_names, capture
-from vpipe_lab.runtime.model.units import set_tensor
+from vpipe_lab.runtime.model.units import get_tensor, set_tensor
 from vpipe_lab.wire.jobspec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,8 @@ def build_chain(spec: JobSpec, factory: Any, split_at: Any, rank: int, world: in
     example = _example(model, split_at, rank, world, peer, first_inputs)
     if meta is not None:
         try:
-            layout = capture(meta.train(), rebuild(example, device=torch.device("meta")) if example else None, split_at)
+            layout = capture(meta.train(), rebuild(example, device=torch.device("meta")) if example else None, split_at,
+                             peer.device)
         except Exception as exc:  # an op without a meta kernel, say; the real capture decides
             log.info("cannot lay the model out on the meta device (%s); building it whole", exc)
             model = build_model(factory, spec.seed)
@@ -166,6 +167,8 @@ def bind(unit: nn.Module, chain: Chain, index: int, tensors: dict[str, torch.Ten
     is missing or the unit still has a tensor without values (a meta one) afterwards."""
     for local, name in chain.tensors[index].params + chain.tensors[index].buffers:
         if name not in tensors:
+            if not get_tensor(unit, local).is_meta:  # a constant the capture lifted into the graph: it has values
+                continue
             raise CaptureError(f"unit {chain.names[index]!r} needs {name!r}, which this stage does not hold")
         set_tensor(unit, local, tensors[name])
     left = [n for n, t in list(unit.named_parameters()) + list(unit.named_buffers()) if t.is_meta]
@@ -180,7 +183,8 @@ def unit_names(factory: Any, split_at: Any, seed: int, first_inputs: Callable[[]
 
 
 def unit_chain(factory: Any, split_at: Any, seed: int, first_inputs: Callable[[], Any]) -> Chain:
-    """The model cut into its units in this process alone (``unit_names``; ``vpipe-lab export --model``)."""
+    """The model cut into its units in this process alone (``unit_names``; ``vpipe-lab export --model``), traced as on
+    the CPU: the units and their names do not depend on the device."""
     model = None
     if callable(factory) and not isinstance(factory, nn.Module):
         try:

@@ -29,8 +29,9 @@ KEEP = 8  # captures kept (least recently used ones go first)
 class Recaptures:
     """The chains this worker captured for other shapes, by the first micro-batch's description."""
 
-    def __init__(self, model: Any, split: SplitSpec, seed: int) -> None:
+    def __init__(self, model: Any, split: SplitSpec, seed: int, device: torch.device | None = None) -> None:
         self.model, self.split, self.seed = model, split, seed  # model: the factory (or instance) of the job
+        self.device = device  # the stage's: a meta layout is traced as if there (run_device.py)
         self._cache: OrderedDict[str, Chain] = OrderedDict()
         self.captures = 0  # how many times the model was captured again (tests and logs read it)
 
@@ -61,7 +62,7 @@ class Recaptures:
     def _capture(self, current: Chain, description: dict[str, Any]) -> Chain:
         model = meta_model(self.model, self.seed)
         meta = torch.device("meta") if any(t.is_meta for t in model.parameters()) else None
-        chain = capture(model.train(), rebuild(description, device=meta), self.split)
+        chain = capture(model.train(), rebuild(description, device=meta), self.split, self.device)
         self.captures += 1
         mine = [[c for _, c in t.params + t.buffers] for t in current.tensors]
         theirs = [[c for _, c in t.params + t.buffers] for t in chain.tensors]

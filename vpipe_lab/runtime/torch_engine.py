@@ -134,7 +134,7 @@ class TorchWorker(TorchState, WorkerCommands):
         desc = _example(model, self.split, rank, world, self.peer, self._first_inputs)
         try:
             chain = capture(model.train(), rebuild(desc, device=torch.device("meta") if meta is not None else None)
-                            if desc else None, self.split)
+                            if desc else None, self.split, self.peer.device)
         except Exception:
             if meta is None:
                 raise

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from vpipe_lab.core.timeline import KINDS
-from vpipe_lab.runtime.build import build_chain
+from vpipe_lab.runtime.build import build_chain, on_meta
 from vpipe_lab.runtime.checkpoints import Checkpoints
-from vpipe_lab.runtime.engine import profiler, wgrad
+from vpipe_lab.runtime.engine import allocator, profiler, wgrad
 from vpipe_lab.runtime.engine.bandwidth import probe_bandwidth, probe_update
 from vpipe_lab.runtime.engine.comm import TAG_TARGET, Peer
 from vpipe_lab.runtime.engine.device import Clock, select
@@ -27,7 +27,7 @@ from vpipe_lab.runtime.engine.executor import Executor, IterationResult, default
 from vpipe_lab.runtime.engine.stage import Stage
 from vpipe_lab.runtime.heap import Trimmer
 from vpipe_lab.runtime.migrate import Migration
-from vpipe_lab.runtime.model import counting
+from vpipe_lab.runtime.model import counting, experts
 from vpipe_lab.runtime.model.batches import Source, batch_size, signature, split
 from vpipe_lab.runtime.model.callables import load_callables
 from vpipe_lab.runtime.model.capture import to_meta
@@ -58,8 +58,6 @@ def _shell(model_fn: Any, seed: int) -> torch.nn.Module | None:
     if isinstance(model_fn, torch.nn.Module):
         return model_fn
     try:
-        from vpipe_lab.runtime.build import on_meta
-
         return on_meta(model_fn, seed)[0]
     except Exception:  # a factory that needs real tensors: its labels are then counted without a shift
         return None
@@ -111,7 +109,7 @@ class Worker(WorkerCommands):
         self.data_parallel = DataParallel(self.peer.device, world, self.replicas)
         self.stepper = Stepper(self.stage, self.ties, self.peer, index, world, spec.clip_grad_norm, self.scale,
                                self.data_parallel)
-        self.shapes = ShapeEpochs(self.peer, Recaptures(self.model_fn, self.split, spec.seed), self.replica,
+        self.shapes = ShapeEpochs(self.peer, Recaptures(self.model_fn, self.split, spec.seed, self.peer.device), self.replica,
                                   self.replicas, world * self.replicas)
         self.profiling = profiler.ProfileSchedule()
         budget = spec.memory_budget[index] if spec.memory_budget else None
@@ -120,6 +118,7 @@ class Worker(WorkerCommands):
         self.model_version = 0
         self.phase = "starting"  # what the control loop is doing outside an iteration's actions (``where``)
         self.heap = Trimmer()
+        self.meter = allocator.PeakMeter(self.placement.device)  # what the allocator held at its most
         self.checkpoints = Checkpoints(self.peer, self.stage, index, world, self.replica, self.leader,
                                        self.placement.device, lambda: (self.chain.aliases, self.chain.non_persistent))
         self.migration = Migration(self.peer, self.stage, self.ties, self.clock, self.placement.device, index, world,
@@ -305,6 +304,7 @@ class Worker(WorkerCommands):
                         self.refuse_batch(exc)
                         continue
                 self.executor.loss_multiplier = self.scale.scale
+                self.meter.start(self.ctl.iteration, allocator.held(self.stage))
                 result = self.iteration()
                 self.snapshots.observe(result.end_s - result.start_s)
                 memory = self.executor.memory()
@@ -374,6 +374,7 @@ class Worker(WorkerCommands):
         if failed and not applied:
             # No parameter or optimizer state changes; the same iteration runs again after resume.
             self.stage.discard()
+            experts.take()  # nor do its experts' counts: they come again with the iteration
         if not failed or applied:
             if stepped is None:
                 stepped = self.stepper.step(result.iteration)
@@ -389,9 +390,11 @@ class Worker(WorkerCommands):
         return not failed
 
     def report(self, result: IterationResult, memory: dict[str, Any], step: StepReport) -> None:
+        self.meter.stop()  # the allocator's peak over the iteration and its step, where this one was measured
+        memory = {**memory, **self.meter.report()}
         spans = [(KINDS.index(k), mb, -1 if layer is None else layer, s, e, c) for k, mb, layer, s, e, c in result.spans]
         self.send(E.IterationReport(
             result.iteration, self.index, result.start_s, result.end_s, result.losses, memory, spans,
             self.plan.microbatches, self.ctl.plan_version, self.replica, self.samples, result.sizes,
-            step.grad_norm, step.lr, step.loss_scale, step.skipped, result.loss_sum))
+            step.grad_norm, step.lr, step.loss_scale, step.skipped, result.loss_sum, experts.take() or None))
 

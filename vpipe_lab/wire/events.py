@@ -80,6 +80,8 @@ class IterationReport(Body):
     loss_scale: float | None = None
     skipped: bool | None = None
     loss_sum: bool = False  # the losses are micro-batches' shares of the batch's loss (items counted): their sum is it
+    # mixture-of-experts layers this rank ran: module -> {"tokens": [per expert], "dropped": count or None}
+    experts: dict[str, Any] | None = None
 
 
 @dataclass

@@ -148,16 +148,18 @@ def test_state_names_are_what_the_model_s_state_dict_lists() -> None:
     assert sorted(n for names in aliases.values() for n in names) == sorted(model.state_dict())
 
 
-def test_a_unit_captured_on_the_meta_device_is_pointed_at_the_device_it_runs_on() -> None:
+def test_a_unit_laid_out_on_the_meta_device_is_captured_for_its_run_device_and_can_be_pointed_at_another() -> None:
     from vpipe_lab.runtime.build import on_meta
 
     meta, _ = on_meta(zoo.gpt2, 0)
-    chain = capture(meta.train(), {"input_ids": torch.zeros(2, 8, dtype=torch.long, device="meta")})
+    chain = capture(meta.train(), {"input_ids": torch.zeros(2, 8, dtype=torch.long, device="meta")},
+                    device=torch.device("cpu"))
 
     def devices(unit: torch.nn.Module) -> set[str]:
         return {str(v) for n in unit.graph.graph.nodes for v in (*n.args, *n.kwargs.values())
                 if isinstance(v, torch.device)}
 
-    assert devices(chain.units[0]) == {"meta"}  # positions and masks are made on the capture's device
-    chain.units[0].retarget(torch.device("cpu"))
-    assert devices(chain.units[0]) == {"cpu"} and "type='meta'" not in chain.units[0].graph.code
+    assert devices(chain.units[0]) == {"cpu"}  # positions and masks are made on the run device, not on meta
+    assert all(t.is_meta for u in chain.units for t in u.parameters())  # still no memory: the layout's own tensors
+    chain.units[0].retarget(torch.device("meta"))  # a stage on another device (a GPU) points the graph there
+    assert devices(chain.units[0]) == {"meta"} and "type='cpu'" not in chain.units[0].graph.code

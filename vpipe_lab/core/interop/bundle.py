@@ -25,19 +25,46 @@ KIND = "vpipe_lab-pipeline"
 
 
 @dataclass(frozen=True)
+class MoeInfo:
+    """A mixture-of-experts layer inside a unit: its module's FQN, how many experts it has, how many each token
+    goes to, and the tokens an expert takes at most (None: no capacity, nothing is dropped)."""
+
+    module: str
+    experts: int
+    top_k: int = 1
+    capacity: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"module": self.module, "experts": self.experts, "top_k": self.top_k, "capacity": self.capacity}
+
+    @classmethod
+    def from_dict(cls, doc: Any, where: str = "moe") -> MoeInfo:
+        if not isinstance(doc, Mapping) or not isinstance(doc.get("module"), str):
+            raise ProfileError(f"{where} must be an object with a 'module', got {doc!r}")
+        counts = {k: doc.get(k, d) for k, d in (("experts", None), ("top_k", 1), ("capacity", None))}
+        for key, value in counts.items():
+            if (value is not None or key == "experts") and (isinstance(value, bool) or not isinstance(value, int)
+                                                            or value < 1):
+                raise ProfileError(f"{where}.{key} must be a whole number >= 1, got {value!r}")
+        return cls(doc["module"], counts["experts"], counts["top_k"], counts["capacity"])
+
+
+@dataclass(frozen=True)
 class UnitInfo:
     """One partition unit as the workers cut it: its name, the FQNs of its outermost modules in the user's model,
-    its kind ("pre" before the repeated blocks, "block:<class>", "post" after them) and the tensors it uses that
-    none of its modules own."""
+    its kind ("pre" before the repeated blocks, "block:<class>", "post" after them), the tensors it uses that
+    none of its modules own, and the mixture-of-experts layers it runs."""
 
     name: str
     modules: tuple[str, ...] = ()
     kind: str = "block"
     tensors: tuple[str, ...] = ()
+    moe: tuple[MoeInfo, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modules", tuple(self.modules))
         object.__setattr__(self, "tensors", tuple(self.tensors))
+        object.__setattr__(self, "moe", tuple(self.moe))
 
     @property
     def block_class(self) -> str | None:
@@ -45,14 +72,19 @@ class UnitInfo:
         return self.kind.partition(":")[2] or None if self.kind.startswith("block") else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "modules": list(self.modules), "kind": self.kind, "tensors": list(self.tensors)}
+        return {"name": self.name, "modules": list(self.modules), "kind": self.kind, "tensors": list(self.tensors),
+                **({"moe": [m.to_dict() for m in self.moe]} if self.moe else {})}
 
     @classmethod
     def from_dict(cls, doc: Any, where: str = "unit") -> UnitInfo:
         if not isinstance(doc, Mapping) or not isinstance(doc.get("name"), str):
             raise ProfileError(f"{where} must be an object with a 'name', got {doc!r}")
+        moe = doc.get("moe", [])
+        if not isinstance(moe, list):
+            raise ProfileError(f"{where}.moe must be a list of MoE layers, got {moe!r}")
         return cls(doc["name"], tuple(_strings(doc.get("modules", []), f"{where}.modules")),
-                   str(doc.get("kind", "block")), tuple(_strings(doc.get("tensors", []), f"{where}.tensors")))
+                   str(doc.get("kind", "block")), tuple(_strings(doc.get("tensors", []), f"{where}.tensors")),
+                   tuple(MoeInfo.from_dict(m, f"{where}.moe[{i}]") for i, m in enumerate(moe)))
 
 
 def _strings(value: Any, where: str) -> list[str]:

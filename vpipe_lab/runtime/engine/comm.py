@@ -36,8 +36,14 @@ _DIMS = 8
 _SLOT = 3 + _DIMS
 _HEAD = 2  # [tensor count, 1 if the first tensor is the JSON structure of the value]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16,
-          torch.int8, torch.uint8, torch.bool]
+          torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128]
 _CODE = {dt: i for i, dt in enumerate(DTYPES)}
+
+
+def _on_wire(t: torch.Tensor) -> torch.Tensor:
+    """What goes over the wire for ``t``: a complex tensor (Llama 4's rotary ``freqs_cis`` crosses its stages) as
+    its real view, which gloo and NCCL carry; a receive into that view fills the complex buffer."""
+    return torch.view_as_real(t) if t.is_complex() else t
 
 
 class CommError(RuntimeError):
@@ -243,7 +249,7 @@ class Peer:
         sink: list[Any] = []
         self._pending.append((sink, [*first, *payload], f"send to rank {dst}"))
         for t in (*first, *payload):
-            self._op(True, t, dst, tag, sink)
+            self._op(True, _on_wire(t), dst, tag, sink)
 
     def post_recv(self, src: int, tag: int, agreed: bool = False) -> Incoming:
         """Queue a receive; with ``agreed`` and the shapes known this epoch, straight into fresh buffers."""
@@ -255,7 +261,7 @@ class Peer:
         else:
             inc.buffers = [torch.empty(shape, dtype=DTYPES[code], device=self.device) for code, _, shape in meta.slots]
             for t in inc.buffers:
-                self._op(False, t, src, tag, inc.works)
+                self._op(False, _on_wire(t), src, tag, inc.works)
         return inc
 
     def wait(self, inc: Incoming) -> Any:
@@ -271,7 +277,7 @@ class Peer:
             structured = bool(int(inc.header[1].item()))
             buffers = [torch.empty(shape, dtype=DTYPES[code], device=self.device) for code, _, shape in slots]
             for t in buffers:
-                self._op(False, t, inc.src, inc.tag, inc.works)
+                self._op(False, _on_wire(t), inc.src, inc.tag, inc.works)
             self.issue()
             for work in inc.works:
                 self._wait(work, what)

@@ -32,6 +32,7 @@ from vpipe_lab.runtime.engine.optim import OptimizerFactory, SchedulerFactory, S
 from vpipe_lab.runtime.engine.stage_state import UnitState
 from vpipe_lab.runtime.engine.stash import WeightStash
 from vpipe_lab.runtime.engine.swap import SwapEngine
+from vpipe_lab.runtime.model import experts
 from vpipe_lab.runtime.model.capture import GraphUnit, UnitTensors
 from vpipe_lab.runtime.model.units import Layer, LayerStats, get_tensor, layer_seed, set_tensor, tensors_of
 
@@ -222,8 +223,9 @@ class Stage(UnitState):
         key = (mb, segment[0])
         inp, leaves = recompute.leafify(x, input_grad)
         if policy is Policy.RECOMPUTE:
-            out, saved = recompute.forward_without_saving(lambda v: self._run(mb, segment, v, False), inp,
-                                                          self.device, input_grad)
+            with experts.counting():  # the first forward counts its experts' tokens; the rebuild will not
+                out, saved = recompute.forward_without_saving(lambda v: self._run(mb, segment, v, False), inp,
+                                                              self.device, input_grad)
             self._ctx[key] = saved
             self.ledger.add(mb, segment[0], sum(tensor_bytes(t) for t in tensors_of(saved.inputs)))
         else:
@@ -232,11 +234,13 @@ class Stage(UnitState):
             shape_key = (segment, tuple((tuple(t.shape), t.dtype) for t in tensors_of(inp)))
             known = self._kept_bytes.get(shape_key) if policy is Policy.KEEP else None
             if known is None:
-                out = self._run(mb, segment, inp, True)
+                with experts.counting():
+                    out = self._run(mb, segment, inp, True)
                 if policy is Policy.KEEP:
                     self._kept_bytes[shape_key] = {i: self.ledger.device.get((mb, i), 0) for i in segment}
             else:
-                out = self._run(mb, segment, inp, False)
+                with experts.counting():
+                    out = self._run(mb, segment, inp, False)
                 for index, nbytes in known.items():
                     self.ledger.add(mb, index, nbytes)
             self._ctx[key] = (leaves, out)

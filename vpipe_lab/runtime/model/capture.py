@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from vpipe_lab.runtime.model import experts as moe
 from vpipe_lab.runtime.model.capture_problems import CaptureError, generation_cache_off, why
 from vpipe_lab.runtime.model.cuts import (
     SplitSpec,
@@ -32,7 +33,9 @@ from vpipe_lab.runtime.model.cuts import (
 )
 from vpipe_lab.runtime.model.graph_unit import Carry, GraphUnit, for_inference, written_inputs
 from vpipe_lab.runtime.model.input_shapes import InputRule, describe_leaves, dynamic_spec
+from vpipe_lab.runtime.model.run_device import holds_meta, inputs_on, restore, seen_on
 from vpipe_lab.runtime.model.sizes import is_size, size_recipes
+from vpipe_lab.runtime.model.unused import adopt, home
 
 __all__ = ["CaptureError", "Carry", "Chain", "GraphUnit", "SplitSpec", "UnitTensors", "capture", "for_inference",
            "written_inputs"]
@@ -102,6 +105,7 @@ class Chain:
     state_keys: list[str] = field(default_factory=list)  # model.state_dict()'s keys, in its order
     modules: list[list[str]] = field(default_factory=list)  # per unit: its outermost modules' FQNs (cuts.Cut)
     kinds: list[str] = field(default_factory=list)  # per unit: "pre", "block:<class>" or "post" (cuts.Cut)
+    experts: list[moe.MoeLayer] = field(default_factory=list)  # its mixture-of-experts layers, counted (experts.py)
 
     def __len__(self) -> int:
         return len(self.units)
@@ -118,7 +122,8 @@ class Chain:
                 if not any(n == m or n.startswith(m + ".") for n in names for m in modules):
                     outside.append(canonical)
             out.append({"name": name, "modules": list(modules), "kind": self.kinds[i] if i < len(self.kinds) else "block",
-                        "tensors": list(dict.fromkeys(outside))})
+                        "tensors": list(dict.fromkeys(outside)),
+                        "moe": [layer.to_dict() for layer in self.experts if layer.unit == i]})
         return out
 
     def signature(self) -> list[Any]:
@@ -190,9 +195,11 @@ def to_meta(unit: nn.Module, tensors: UnitTensors) -> None:
             owner._buffers[name] = torch.empty_like(owner._buffers[name], device="meta")  # type: ignore[arg-type]
 
 
-def capture(model: nn.Module, example: Any, split: SplitSpec = None) -> Chain:
+def capture(model: nn.Module, example: Any, split: SplitSpec = None, device: torch.device | None = None) -> Chain:
     """Cut ``model`` into units; ``example`` is one micro-batch of inputs (shapes matter, values do not). The graph
-    takes other shapes wherever the model lets them vary (``input_shapes.py``)."""
+    takes other shapes wherever the model lets them vary (``input_shapes.py``). A model laid out on the meta device is
+    traced as if it sat on ``device`` (default: the CPU), the device its stage runs on, so code that branches on the
+    device takes that device's branch (``run_device.py``); its units keep the meta tensors."""
     canonical = canonical_names(model)
     aliases, non_persistent = state_names(model, canonical)
     if isinstance(model, nn.Sequential) and split is None:
@@ -205,26 +212,19 @@ def capture(model: nn.Module, example: Any, split: SplitSpec = None) -> Chain:
                      kinds=[f"block:{type(child).__name__}" for _, child in children])
     points = split_points(model, split)
     generation_cache_off(model)
-    args, kwargs = args_kwargs(example)
+    laid_out = holds_meta(model)
+    run_on = device if device is not None else torch.device("cpu")
+    args, kwargs = args_kwargs(inputs_on(example, run_on) if laid_out else example)
     leaves = pytree.tree_leaves((args, kwargs))
-    try:
-        if os.environ.get("VPIPE_LAB_CAPTURE") == "static":  # benchmarks/shapes.py: what free dimensions cost
-            raise RuntimeError("captured for fixed shapes (VPIPE_LAB_CAPTURE=static)")
-        exported = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_spec(model, args, kwargs),
-                                       strict=False)
-        dynamic = True
-    except Exception as exc:  # some models trace only at fixed shapes: new shapes then get captures of their own
-        log.info("%s does not export with free input shapes (%s); capturing it for these shapes", type(model).__name__,
-                 str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
-        try:
-            exported = torch.export.export(model, args, kwargs, strict=False)
-        except Exception as exc:
-            raise CaptureError(f"torch.export could not capture {type(model).__name__} for pipelining: "
-                               f"{why(exc)}") from exc
-        dynamic = False
-    gm = exported.module()
+    with seen_on(model, run_on) as originals:
+        exported, dynamic = _export(model, args, kwargs)
+        gm = exported.module()
+    restore(gm, originals)
     if split is None and len(points) < 2:  # no repeated blocks: maybe one module called again and again (ALBERT)
         points = repeated_calls(gm) or points
+    if split is None:  # default cut points the forward never calls (a head used in another mode) cut nothing
+        called = {p for node in gm.graph.nodes for p in call_paths(node)}
+        points = [p for p in points if p in called]
     cut = assign(gm, points)
     part, names = cut.part, cut.names
     reached = {p for node in part for p in call_paths(node)}
@@ -240,7 +240,46 @@ def capture(model: nn.Module, example: Any, split: SplitSpec = None) -> Chain:
     chain.modules = cut.modules
     chain.kinds = [f"block:{classes.get(base_path(m[0]), '?') if m else '?'}" if kind == "block" else kind
                    for kind, m in zip(cut.kinds, cut.modules)]
+    _adopt_unused(chain, model, canonical)
+    if os.environ.get("VPIPE_LAB_EXPERTS") != "off":  # benchmarks/expert_load.py: what the counting costs
+        chain.experts = moe.instrument(chain.units, moe.find(model))
     return chain
+
+
+def _adopt_unused(chain: Chain, model: nn.Module, canonical: dict[int, str]) -> None:
+    """Every parameter and buffer the graph never reads joins a unit (``unused.py``), so nothing of the model is
+    lost from its state."""
+    held = [[c for _, c in t.params + t.buffers] for t in chain.tensors]
+    taken = {c for names in held for c in names}
+    for name, tensor in list(model.named_parameters(remove_duplicate=False)) + list(
+            model.named_buffers(remove_duplicate=False)):
+        name = canonical.get(id(tensor), name)
+        if name in taken:
+            continue
+        taken.add(name)
+        unit = home(name, chain.modules, [[n for c in names for n in chain.aliases.get(c, [c])] for names in held])
+        adopt(chain.units[unit], name, tensor)
+        chain.tensors[unit] = unit_tensors(chain.units[unit], canonical)
+        held[unit].append(name)
+        log.debug("%s is not used by the forward; it stays with unit %r", name, chain.names[unit])
+
+
+def _export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, bool]:
+    """torch.export's program of ``model`` with every input dimension free where the model lets it vary, else at
+    these shapes; and whether the shapes are free."""
+    try:
+        if os.environ.get("VPIPE_LAB_CAPTURE") == "static":  # benchmarks/shapes.py: what free dimensions cost
+            raise RuntimeError("captured for fixed shapes (VPIPE_LAB_CAPTURE=static)")
+        return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_spec(model, args, kwargs),
+                                   strict=False), True
+    except Exception as exc:  # some models trace only at fixed shapes: new shapes then get captures of their own
+        log.info("%s does not export with free input shapes (%s); capturing it for these shapes", type(model).__name__,
+                 str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        try:
+            return torch.export.export(model, args, kwargs, strict=False), False
+        except Exception as exc:
+            raise CaptureError(f"torch.export could not capture {type(model).__name__} for pipelining: "
+                               f"{why(exc)}") from exc
 
 
 def _chain(gm: torch.fx.GraphModule, exported: Any, part: dict[torch.fx.Node, int], names: list[str],
