@@ -110,13 +110,14 @@ export const LIVE_TRAITS = {
     timeline: figure,
     memory: figure,
     series: figure,
+    experts: figure,
     frame: { type: "integer", minimum: 0 },
     role: {
       description: "what the view is: the dashboard, the editor's what-if, or the history panel's comparison",
       type: "string", enum: ["dashboard", "what-if", "history"],
     },
   },
-  required: ["_plotly", "_plotly_key", "header", "timeline", "memory", "series", "frame", "role"],
+  required: ["_plotly", "_plotly_key", "header", "timeline", "memory", "series", "experts", "frame", "role"],
   additionalProperties: false,
 } as const;
 

@@ -18,7 +18,7 @@ def test_checking_a_name_imports_nothing() -> None:
 
 
 def test_unknown_names_and_unfillable_stage_counts_say_what_works() -> None:
-    with pytest.raises(ValueError, match="unknown example 'gpt-huge': bundled examples are mlp, gpt-tiny"):
+    with pytest.raises(ValueError, match="unknown example 'gpt-huge': bundled examples are mlp, gpt-tiny, moe-tiny"):
         examples.check("gpt-huge")
     with pytest.raises(ValueError, match=r"'gpt-tiny' has 8 partition units.*at most 8 stages, not 20.*between 1 and 8"):
         examples.check_stages("gpt-tiny", 20)

@@ -151,16 +151,17 @@ def cell_finished(page: Any, index: int) -> bool:
 
 
 # What every live view on the page drew, read from the DOM plotly built: line segments in the timeline, bars with a
-# height in the memory chart, points of the loss line; and whether each panel, its plot and its legend lie inside the
-# output area that holds them.
+# height in the memory chart, points of the loss line, the experts' heatmap (hidden for a dense model); and whether
+# each panel, its plot and its legend lie inside the output area that holds them.
 LIVE_REPORT_JS = """() => [...document.querySelectorAll('[data-testid="live"]')].map(root => {
   const rect = (el) => { const r = el.getBoundingClientRect(); return {x: r.left, y: r.top, w: r.width, h: r.height}; };
   const area = root.closest('.jp-OutputArea-output') || root.parentElement;
   const out = {frame: Number(root.dataset.frame || 0), draws: Number(root.dataset.draws || 0), role: root.dataset.role,
                header: root.querySelector('[data-testid="live-header"]')?.textContent || '',
                area: rect(area), panels: {}};
-  for (const name of ['timeline', 'memory', 'series']) {
+  for (const name of ['timeline', 'memory', 'series', 'experts']) {
     const panel = root.querySelector(`[data-testid="live-${name}"]`);
+    const hidden = !panel || panel.classList.contains('empty') || panel.getBoundingClientRect().height === 0;
     const svg = panel?.querySelector('svg.main-svg');
     const legend = panel?.querySelector('g.legend');
     const title = panel?.querySelector('.gtitle')?.textContent || '';
@@ -171,11 +172,13 @@ LIVE_REPORT_JS = """() => [...document.querySelectorAll('[data-testid="live"]')]
     } else if (name === 'memory') {
       for (const p of panel?.querySelectorAll('.barlayer .point path') || [])
         if (p.getBoundingClientRect().height > 0.5) count += 1;
+    } else if (name === 'experts') {  // the heatmap's image, and a row label per layer
+      count = panel?.querySelectorAll('.heatmaplayer image').length || 0;
     } else {
       const loss = panel?.querySelector('.scatterlayer .trace path.js-line');
       count = ((loss?.getAttribute('d') || '').match(/[ML]/g) || []).length;
     }
-    out.panels[name] = {count, title, drawn: panel?.dataset.drawn === '1',
+    out.panels[name] = {count, title, hidden, drawn: panel?.dataset.drawn === '1',
                         panel: panel ? rect(panel) : null, svg: svg ? rect(svg) : null,
                         legend: legend ? rect(legend) : null,
                         legendItems: panel ? panel.querySelectorAll('g.legend g.traces').length : 0,
@@ -207,6 +210,8 @@ def clipped(view: dict[str, Any]) -> list[str]:
     panel, legends outside their plot, lane labels that start left of their plot (cut off at its edge)."""
     problems = []
     for name, p in view["panels"].items():
+        if p.get("hidden"):  # an optional panel with nothing to show (the experts' load of a dense model)
+            continue
         if p["ticks"] and p["svg"] is not None and p["tickLeft"] < p["svg"]["x"] - 1:
             problems.append(f"{name} labels start at x={p['tickLeft']:.0f}, left of their plot at {p['svg']['x']:.0f}")
         if not inside(p["panel"], view["area"]):

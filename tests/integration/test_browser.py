@@ -89,6 +89,7 @@ def test_every_dashboard_display_draws_fits_and_survives_stop_on_a_loaded_machin
         assert all("running" in v["header"] and "iteration" in v["header"] for v in views)
         assert all("bottleneck: stage" in v["header"] and "pipeline bubble" in v["header"] for v in views), views
         assert all(v["panels"]["timeline"]["ticks"] == ["stage 0", "stage 1"] for v in views), views
+        assert all(v["panels"]["experts"]["hidden"] for v in views)  # a dense model: no experts' panel
         # ... and keeps updating, at most 10 frames a second, drawing the newest frame (no backlog).
         kc = kernel_client(lab, "displays.ipynb")
         try:
@@ -161,6 +162,44 @@ def test_interleaved_stages_draw_a_lane_per_chunk(lab: Lab, schedule: str) -> No
         assert stages == (list("00110011") if schedule == "interleaved-1f1b" else list("00111100"))
         page.screenshot(path=str(ARTIFACTS / f"{schedule}.png"), full_page=True)
     kc = kernel_client(lab, name)
+    try:
+        assert "no worker process is left" in ask(kc, "%vpipe stop")
+    finally:
+        kc.stop_channels()
+
+
+def test_a_mixture_of_experts_model_shows_its_experts_load_as_a_heatmap_per_layer(lab: Lab) -> None:
+    """moe-tiny (five MoE layers of 8 experts over two stages): the dashboard's fourth panel draws a heatmap with a
+    row per MoE layer, named with its stage, inside the output area at two widths; the same numbers are in
+    ``session.metrics.experts``."""
+    cells = ["%load_ext vpipe_lab", "%vpipe start moe-tiny --stages 2 --microbatches 4 --device cpu --run 30",
+             "%vpipe dashboard", "_ = session.wait(12, timeout=300)", "%vpipe stop"]
+    write_notebook(lab.root / "experts.ipynb", cells)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    rows = [f"model.layers.{i}.mlp (stage {0 if i < 3 else 1})" for i in range(1, 6)]
+    with chromium(1400, 1000) as page:
+        open_notebook(page, lab, "experts.ipynb")
+        run_cells(page, "notebook:run-all-above", below=len(cells) - 1)
+        page.wait_for_function(f"""() => {{ const v = ({LIVE_REPORT_JS})().filter(v => v.role === 'dashboard')[0];
+            return v && !v.panels.experts.hidden && v.panels.experts.count === 1
+                   && v.panels.experts.ticks.length === 5 && v.panels.timeline.count >= 8; }}""", timeout=240_000)
+        kc = kernel_client(lab, "experts.ipynb")
+        try:
+            for width in (1400, 900):
+                page.set_viewport_size({"width": width, "height": 1000})
+                page.wait_for_timeout(1500)
+                view = live_views(page)[0]
+                experts = view["panels"]["experts"]
+                assert sorted(experts["ticks"]) == rows and experts["title"].startswith("experts' load"), experts
+                assert drawn(view) and clipped(view) == [], f"at {width} px: {clipped(view)}"
+                page.screenshot(path=str(ARTIFACTS / f"experts-{width}.png"), full_page=True)
+            frame = ask(kc, "f = session.metrics.experts; print(sorted(set(f.layer)), f.groupby(['iteration', "
+                            "'layer']).tokens.sum().unique().tolist())")
+            layers, totals = frame.strip().splitlines()[-1].split("] [")
+            assert layers.count("mlp") == 5 and totals.rstrip("]") == "4096"  # 32 x 64 tokens, top-2 each
+        finally:
+            kc.stop_channels()
+    kc = kernel_client(lab, "experts.ipynb")
     try:
         assert "no worker process is left" in ask(kc, "%vpipe stop")
     finally:

@@ -32,7 +32,7 @@ def test_bad_input_is_a_usage_error(ip) -> None:  # type: ignore[no-untyped-def]
         ip.run_line_magic("vpipe", "bogus")
     with pytest.raises(UsageError, match="no running session"):
         ip.run_line_magic("vpipe", "pause")
-    with pytest.raises(UsageError, match="'nothing_here' is neither a bundled example \\(mlp, gpt-tiny\\) nor a "
+    with pytest.raises(UsageError, match="'nothing_here' is neither a bundled example \\(mlp, gpt-tiny, moe-tiny\\) nor a "
                                          "notebook variable"):
         ip.run_line_magic("vpipe", "start nothing_here")
     with pytest.raises(UsageError, match=r"'gpt-tiny' has 8 partition units.*not 20"):  # before any worker starts

@@ -84,3 +84,34 @@ def test_the_breakdown_splits_each_stage_s_recent_iterations() -> None:
     assert frame.loc[0, "compute_share"] == pytest.approx(0.8) and frame.loc[1, "transfer_s"] == pytest.approx(0.4)
     assert frame.loc[1, "bubble_share"] == pytest.approx(0.4)
     assert Metrics().breakdown().empty and "compute_share" in Metrics().breakdown().columns
+
+
+def test_experts_load_is_summed_over_replicas_kept_per_iteration_and_given_a_row_per_expert() -> None:
+    from vpipe_lab.telemetry.metrics import IterationParts
+
+    m = Metrics()
+    parts = IterationParts(stages=2, replicas=2)
+    for it in range(3):
+        done = None
+        for replica in (0, 1):
+            done = parts.add(report(it, 0, replica=replica, experts={"a.mlp": {"tokens": [3, 1], "dropped": None}}))
+            done = parts.add(report(it, 1, replica=replica,
+                                    experts={"b.mlp": {"tokens": [it, 4 - it], "dropped": [1, 0]}})) or done
+        assert done is not None
+        assert [(r["layer"], r["stage"], r["tokens"], r["dropped"]) for r in done.experts] == [
+            ("a.mlp", 0, [6, 2], None), ("b.mlp", 1, [2 * it, 8 - 2 * it], [2, 0])]
+        m.add(done.record, done.spans, done.memory, done.experts)
+    assert [r["iteration"] for r in m.expert_records(iterations=2)] == [1, 1, 2, 2]
+    frame = m.experts
+    assert list(frame.columns) == ["iteration", "stage", "layer", "expert", "tokens", "share", "dropped"]
+    assert len(frame) == 3 * 2 * 2
+    row = frame[(frame.iteration == 2) & (frame.layer == "b.mlp")]
+    assert row["tokens"].tolist() == [4, 4] and row["share"].tolist() == [0.5, 0.5] and row["dropped"].tolist() == [2, 0]
+    assert frame[frame.layer == "a.mlp"]["dropped"].isna().all()  # no capacity: nothing to drop
+
+
+def test_a_dense_model_has_an_empty_experts_frame() -> None:
+    m = Metrics()
+    m.add({"iteration": 0}, [], [])
+    assert m.experts.empty and list(m.experts.columns)[:3] == ["iteration", "stage", "layer"]
+    assert m.expert_records(iterations=5) == []

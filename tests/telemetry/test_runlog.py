@@ -44,3 +44,18 @@ def test_attach_file(tmp_path: Path) -> None:
 
     path = runlog.write_attach(tmp_path, "tcp://127.0.0.1:29600", "node7", None)
     assert json.loads(path.read_text())["host"] == "node7"
+
+
+def test_the_experts_load_of_each_moe_layer_is_a_line_per_iteration(tmp_path: Path) -> None:
+    log = runlog.RunLog(tmp_path, stages=2, start=0)
+    for it in range(2):
+        log.observe(messages.report(it, 0, experts={"m.layers.1.mlp": {"tokens": [3, 1], "dropped": None}}).message())
+        log.observe(messages.report(it, 1, losses=[1.0], experts={"m.layers.2.mlp": {"tokens": [0, 4],
+                                                                                      "dropped": [0, 2]}}).message())
+    log.close()
+    frame = runlog.read(tmp_path, "experts")  # as Session.metrics.experts: a row per expert
+    assert len(frame) == 2 * 2 * 2
+    last = frame[frame.iteration == 1]
+    assert last["layer"].tolist() == ["m.layers.1.mlp"] * 2 + ["m.layers.2.mlp"] * 2
+    assert last["tokens"].tolist() == [3, 1, 0, 4] and last["dropped"].tolist()[2:] == [0, 2]
+    assert list(runlog.read(tmp_path)["iteration"]) == [0, 1]  # the iterations' lines are unchanged

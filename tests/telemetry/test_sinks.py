@@ -82,3 +82,14 @@ def test_a_failing_sink_is_logged_once_and_dropped(caplog: pytest.LogCaptureFixt
         logger.iteration({"iteration": 1, "loss": 1.0}, [], [])
     assert len(calls) == 1 and logger.sink is None
     assert "disk full" in caplog.text
+
+
+def test_moe_layers_log_their_imbalance_and_dropped_tokens() -> None:
+    from vpipe_lab.telemetry.sinks import scalars
+
+    rows = [{"layer": "m.layers.1.mlp", "tokens": [6, 2, 0, 0], "dropped": None},
+            {"layer": "m.layers.2.mlp", "tokens": [2, 2, 2, 2], "dropped": [1, 0, 0, 2]}]
+    got = scalars({"loss": 1.0}, experts=rows)
+    assert got["experts/m.layers.1.mlp/imbalance"] == 3.0  # the busiest expert took 3x the mean
+    assert got["experts/m.layers.2.mlp/imbalance"] == 1.0 and got["experts/m.layers.2.mlp/dropped"] == 3.0
+    assert "experts/m.layers.1.mlp/dropped" not in got

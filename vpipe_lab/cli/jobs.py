@@ -14,6 +14,7 @@ from vpipe_lab.core import schedules
 from vpipe_lab.core.cost.costmodel import estimate
 from vpipe_lab.core.plan import VIRTUAL_HELP, Plan, default_virtual_stages
 from vpipe_lab.core.report import human_bytes, human_time, plan_table
+from vpipe_lab.examples import EXAMPLES
 from vpipe_lab.wire.jobspec import DEVICES, ENGINES, add_training_options
 from vpipe_lab.wire.private import DEFAULT_KEY_FILE
 
@@ -122,12 +123,19 @@ def write_report(path: str, session: Any, timeline: Any, frame: Any, memory: Any
     if not math.isnan(float(frame["samples_per_s"].iloc[-1])):
         loss.add_trace(go.Scatter(x=frame["iteration"], y=frame["samples_per_s"], yaxis="y2", name="samples/s"))
         loss.update_layout(yaxis2={"overlaying": "y", "side": "right", "title": "samples/s"})
-    save_html([gantt, mem, loss], path, title="vpipe_lab run report", intro=plan_table(session.plan, est, profile))
+    figures = [gantt, mem, loss]
+    rows = session.metrics.expert_records()
+    if rows:  # a mixture-of-experts model: tokens per expert over the whole run
+        from vpipe_lab.charts.experts import experts_spec
+
+        figures.append(go.Figure(experts_spec(rows, title=f"experts' load over {len(frame)} iterations (share of "
+                                                          "each layer's tokens)")))
+    save_html(figures, path, title="vpipe_lab run report", intro=plan_table(session.plan, est, profile))
 
 
 def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     """Options of `vpipe-lab worker` (kept here, torch-free: parsing must not import the runtime)."""
-    p.add_argument("--model", required=True, help="bundled example (mlp, gpt-tiny) or package.module:factory")
+    p.add_argument("--model", required=True, help=f"bundled example ({', '.join(EXAMPLES)}) or package.module:factory")
     p.add_argument("--data", help="bundled example or package.module:data (default: the model's, if bundled)")
     p.add_argument("--loss", help="package.module:loss")
     p.add_argument("--optimizer", help="package.module:optimizer_factory")
@@ -174,7 +182,7 @@ def add_commands(sub: Any) -> None:
     worker.set_defaults(func=cmd_worker)
     lab.add_command(sub)
     p = sub.add_parser("run", help="train a bundled example in a pipeline of worker processes")
-    p.add_argument("--model", default="gpt-tiny", help="bundled example: mlp or gpt-tiny")
+    p.add_argument("--model", default="gpt-tiny", choices=list(EXAMPLES), help="bundled example")
     p.add_argument("--stages", "-k", type=int, default=2)
     p.add_argument("--microbatches", "-m", type=int, default=4)
     p.add_argument("--iterations", "-n", type=int, default=20)

@@ -66,13 +66,13 @@ class Intake:
                 if done is not None and done.iteration < self.recorded:
                     self._replayed(done.iteration, done.record.get("loss"))
                 elif done is not None:
-                    self.metrics.add(done.record, done.spans, done.memory)
+                    self.metrics.add(done.record, done.spans, done.memory, done.experts)
                     if done.replicas:
                         self.metrics.add_replicas(done.replicas)
                     self.state.iteration = max(self.state.iteration, done.iteration + 1)
                     self.events.publish({"type": "iteration", **done.record, "spans": done.spans,
                                          "memory": done.memory})
-                    logged = lambda: self.logger.iteration(done.record, done.memory, done.ranks)
+                    logged = lambda: self.logger.iteration(done.record, done.memory, done.ranks, done.experts)
             elif isinstance(body, Ack):
                 self.requests.acknowledged(body)
             elif isinstance(body, (Layers, Tensors)):

@@ -23,6 +23,8 @@ EXAMPLES: dict[str, Bundled] = {
                    "teacher", 10),
     "gpt-tiny": Bundled("vpipe_lab.examples.gpt", "a character-level GPT on Python's own standard-library source "
                         "text", 8),
+    "moe-tiny": Bundled("vpipe_lab.examples.moe", "a mixture-of-experts language model (transformers' Qwen3-MoE: "
+                        "a dense layer, then five with 8 experts, top-2) on gpt-tiny's characters", 8),
 }
 
 

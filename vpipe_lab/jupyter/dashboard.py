@@ -1,5 +1,6 @@
 """The live dashboard of a Session: per-stage Gantt of the latest iterations (every pipeline replica's lanes), memory
-per stage against the budget, loss and throughput per iteration (see live_view.py for the widget).
+per stage against the budget, loss and throughput per iteration, and for a mixture-of-experts model the tokens each
+expert of each layer received over the last iterations (see live_view.py for the widget).
 
 Session events only mark the dashboard dirty (a latest-value buffer); a refresher thread redraws at most ``rate_hz``
 times a second, sending each panel once per refresh whatever the iteration rate, and keeps rolling windows (the last
@@ -15,6 +16,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from vpipe_lab.charts.experts import experts_spec
 from vpipe_lab.charts.figures import figure, finite, gantt_spec, lane_names, memory_spec, memory_values, series_spec
 from vpipe_lab.core.cost.breakdown import bottleneck, breakdown
 from vpipe_lab.core.cost.critical_path import CriticalPath, critical_path
@@ -31,6 +33,7 @@ MAX_SPANS = 1000  # spans a frame draws at most (whole iterations; one iteration
 # What one display sends the browser a second at most, averaged over a frame and the wait after it: three dashboards
 # stay under a megabyte a second (a remote notebook's link), whatever the pipeline's width.
 MAX_BYTES_PER_S = 250_000
+EXPERT_ITERATIONS = 10  # the experts' load panel sums the newest iterations' tokens: one iteration alone is noisy
 
 
 class Dashboard:
@@ -160,7 +163,8 @@ class Dashboard:
             timeline=gantt_spec(timeline, title=LIVE_TITLE, stages=s.stages, replicas=self.replicas,
                                 path=path.spans),
             memory=self.memory_figure(),
-            series=series_spec(records, evaluations))
+            series=series_spec(records, evaluations),
+            experts=experts_spec(s.metrics.expert_records(iterations=EXPERT_ITERATIONS)))
         self.refreshes += 1
         return frame
 

@@ -1,5 +1,6 @@
 """The live dashboard's widget: one anywidget (front end in extension/src/live/, bundled into static/live.js) that
-draws a header line and three plotly panels from whole figures Python sends it.
+draws a header line and four plotly panels from whole figures Python sends it (the experts' load only for a
+mixture-of-experts model: a panel sent an empty figure stays hidden).
 
 Why not plotly's own ``FigureWidget``: it is an anywidget whose module carries all of plotly.js (5 MB), and anywidget
 gives a module 2 s to load and initialize; a model that misses that budget (a busy browser, a busy machine) drops
@@ -23,7 +24,7 @@ import anywidget
 import traitlets
 
 STATIC = Path(__file__).parent / "static"
-PANELS = ("timeline", "memory", "series")
+PANELS = ("timeline", "memory", "series", "experts")
 
 
 @functools.cache
@@ -39,7 +40,7 @@ def _size(value: Any) -> int:
 
 
 class LiveView(anywidget.AnyWidget):
-    """A header and the timeline, memory and series panels; ``show()`` replaces any of them."""
+    """A header and the timeline, memory, series and experts panels; ``show()`` replaces any of them."""
 
     _esm = STATIC / "live.js"
     _plotly = traitlets.Bytes().tag(sync=True)
@@ -48,6 +49,7 @@ class LiveView(anywidget.AnyWidget):
     timeline = traitlets.Dict().tag(sync=True)
     memory = traitlets.Dict().tag(sync=True)
     series = traitlets.Dict().tag(sync=True)
+    experts = traitlets.Dict().tag(sync=True)
     frame = traitlets.Int(0).tag(sync=True)
     role = traitlets.Unicode("dashboard").tag(sync=True)  # dashboard | what-if | history (the page tells them apart)
 

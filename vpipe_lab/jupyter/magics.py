@@ -26,6 +26,7 @@ from vpipe_lab.core.errors import VpipeError
 from vpipe_lab.core.plan import AUTO, VIRTUAL_HELP, Policy, default_virtual_stages
 from vpipe_lab.core.planning.planner import METHODS
 from vpipe_lab.core.report import human_time, plan_table
+from vpipe_lab.examples import EXAMPLES
 from vpipe_lab.jupyter import record_commands
 from vpipe_lab.jupyter.interop_commands import InteropCommands, add_commands
 from vpipe_lab.wire.jobspec import DEVICES, ENGINES, add_training_options, byte_size
@@ -52,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="%vpipe", description="Drive a vpipe_lab pipeline from the notebook.", add_help=True)
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
     s = sub.add_parser("start", help="start stage workers in the background")
-    s.add_argument("model", help="bundled example (mlp, gpt-tiny) or the name of a notebook variable")
+    s.add_argument("model", help=f"bundled example ({', '.join(EXAMPLES)}) or the name of a notebook variable")
     s.add_argument("--data", help="data function: bundled name or notebook variable (default: the model's)")
     s.add_argument("--loss", help="notebook variable holding the loss function")
     s.add_argument("--optimizer", help="notebook variable holding the optimizer factory")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from vpipe_lab.core.cost.breakdown import PARTS, StageTime, bottleneck, breakdown, by_chunk
@@ -29,6 +29,8 @@ class Metrics:
         self._latest_memory: list[dict[str, Any]] = []
         self._evaluations = Rows("evaluations", window)
         self._replicas = Rows("replicas", window)
+        self._experts = Rows("experts", window)  # a row per MoE layer per iteration: tokens per expert
+        self._expert_rows = 0  # rows an iteration adds (its MoE layers): the newest iterations are that many rows
         self._restarts: list[Any] = []  # control/workers/restarts.Restart, read as dicts
 
     def add_restart(self, restart: Any) -> None:
@@ -76,7 +78,11 @@ class Metrics:
         rows = self._evaluations.all()
         return pd.DataFrame(rows, columns=["iteration", "loss", "batches", "seconds"] if not rows else None)
 
-    def add(self, iteration: dict[str, Any], spans: list[Span], memory: list[dict[str, Any]]) -> None:
+    def add(self, iteration: dict[str, Any], spans: list[Span], memory: list[dict[str, Any]],
+            experts: list[dict[str, Any]] | None = None) -> None:
+        if experts:
+            self._experts.extend(experts)
+            self._expert_rows = len(experts)
         self._iterations.append(iteration)
         self._memory.extend(memory)
         with self._lock:
@@ -158,6 +164,55 @@ class Metrics:
     @property
     def spans(self) -> Any:
         return self.timeline().to_pandas()
+
+    def expert_records(self, iterations: int | None = None) -> list[dict[str, Any]]:
+        """Per MoE layer per iteration: ``iteration``, ``stage``, ``layer`` (its module), ``tokens`` (per expert)
+        and ``dropped`` (per expert, None without a capacity); oldest first, ``iterations``: only the newest
+        iterations' rows (read without copying the rest)."""
+        if iterations is None:
+            return self._experts.all()
+        rows = self._experts.last(iterations * self._expert_rows)
+        newest = {r["iteration"] for r in rows}
+        keep = set(sorted(newest)[-iterations:])
+        return [r for r in rows if r["iteration"] in keep]
+
+    @property
+    def experts(self) -> Any:
+        """The tokens each expert of each mixture-of-experts layer received per iteration (all replicas together;
+        a token routed to k experts counts for each): a row per (iteration, layer, expert) with its ``stage``,
+        ``tokens``, its ``share`` of the layer's picks and ``dropped`` (tokens over the layer's capacity; NaN where
+        the layer has none). Empty for a model without MoE layers."""
+        return experts_frame(self.expert_records())
+
+
+def experts_frame(rows: list[dict[str, Any]]) -> Any:
+    """``Metrics.experts`` from ``expert_records`` rows."""
+    import pandas as pd
+
+    out = []
+    for r in rows:
+        total = sum(r["tokens"]) or 1
+        dropped = r.get("dropped")
+        out += [(r["iteration"], r["stage"], r["layer"], e, n, n / total,
+                 float("nan") if dropped is None else dropped[e]) for e, n in enumerate(r["tokens"])]
+    return pd.DataFrame(out, columns=["iteration", "stage", "layer", "expert", "tokens", "share", "dropped"])
+
+
+def expert_rows(iteration: int, parts: list[IterationReport]) -> list[dict[str, Any]]:
+    """One iteration's ``expert_records`` rows from every rank's report, each layer's counts summed over the
+    pipeline replicas, in the order the stages run the layers."""
+    rows: dict[str, dict[str, Any]] = {}
+    for body in sorted(parts, key=lambda b: (b.stage, b.replica)):
+        for layer, got in (body.experts or {}).items():
+            row = rows.get(layer)
+            if row is None:
+                rows[layer] = {"iteration": iteration, "stage": body.stage, "layer": layer,
+                               "tokens": list(got["tokens"]), "dropped": got.get("dropped")}
+                continue
+            row["tokens"] = [a + b for a, b in zip(row["tokens"], got["tokens"])]
+            if row["dropped"] is not None and got.get("dropped") is not None:
+                row["dropped"] = [a + b for a, b in zip(row["dropped"], got["dropped"])]
+    return list(rows.values())
 
 
 def breakdown_frame(times: list[StageTime], prefix: str = "") -> Any:
@@ -261,6 +316,7 @@ class Iteration:
     memory: list[dict[str, Any]]
     replicas: list[dict[str, Any]]
     ranks: list[IterationReport]
+    experts: list[dict[str, Any]] = field(default_factory=list)  # Metrics.expert_records rows
 
 
 class IterationParts:
@@ -283,4 +339,4 @@ class IterationParts:
         spans = [s for b in everyone for s in spans_from_wire(b.stage, it, b.spans, b.replica)]
         memory = [{"iteration": it, "stage": b.stage, "replica": b.replica, **b.memory} for b in everyone]
         return Iteration(it, combine(it, everyone), spans, memory,
-                         per_replica(it, everyone) if self.replicas > 1 else [], ranks)
+                         per_replica(it, everyone) if self.replicas > 1 else [], ranks, expert_rows(it, everyone))

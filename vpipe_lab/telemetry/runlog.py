@@ -2,7 +2,9 @@
 
 ``metrics.jsonl`` has one JSON object per line: ``{"kind": "iteration", ...}`` for every completed iteration (what
 ``Session.metrics.iterations`` shows, plus each stage's time and peak memory), ``{"kind": "evaluation", ...}`` and
-``{"kind": "plan", ...}`` for plan changes, ``{"kind": "start", "iteration": ...}`` each time the job (re)starts. A
+``{"kind": "plan", ...}`` for plan changes, ``{"kind": "experts", "iteration", "stage", "layer", "tokens", "dropped"}``
+per mixture-of-experts layer per iteration (``Session.metrics.expert_records``' rows: tokens each expert received,
+tokens dropped over a capacity), ``{"kind": "start", "iteration": ...}`` each time the job (re)starts. A
 restarted job first drops the lines of iterations it will train again
 (those after the checkpoint it resumes from), so the file reads as one run. ``read(run_dir)`` gives the iterations as
 a pandas DataFrame. The same records go to the job's metrics sink (``--log``, see ``telemetry/sinks.py``).
@@ -16,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from vpipe_lab.telemetry.metrics import IterationParts, evaluation_record
+from vpipe_lab.telemetry.metrics import IterationParts, evaluation_record, experts_frame
 from vpipe_lab.telemetry.sinks import Logger, Sink
 from vpipe_lab.wire import protocol as P
 from vpipe_lab.wire.codec import decode
@@ -81,8 +83,10 @@ class RunLog:
             stages = [{"stage": b.stage, "time_s": b.end - b.start, "peak_bytes": b.memory.get("peak")}
                       for b in done.ranks]
             self._write({"kind": "iteration", **done.record, "stages": stages})
+            for row in done.experts:
+                self._write({"kind": "experts", **row})
             self.logger.iteration(done.record, [{"stage": s["stage"], "peak": s["peak_bytes"]} for s in stages],
-                                  done.ranks)
+                                  done.ranks, done.experts)
         elif isinstance(body, Evaluated) and not body.error:
             record = evaluation_record(body)
             self._write({"kind": "evaluation", **record})
@@ -97,7 +101,8 @@ class RunLog:
 
 
 def read(run_dir: str | Path, kind: str = "iteration") -> Any:
-    """The run's ``kind`` rows ("iteration", "evaluation" or "plan") as a pandas DataFrame."""
+    """The run's ``kind`` rows ("iteration", "evaluation", "plan" or "experts") as a pandas DataFrame ("experts":
+    as ``Session.metrics.experts``, a row per expert)."""
     import pandas as pd
 
     rows = []
@@ -108,6 +113,8 @@ def read(run_dir: str | Path, kind: str = "iteration") -> Any:
             continue
         if row.pop("kind", None) == kind:
             rows.append(row)
+    if kind == "experts":
+        return experts_frame(rows)
     return pd.DataFrame(rows)
 
 

@@ -2,7 +2,8 @@
 
 ``launch(..., log="tensorboard:DIR" | "wandb:PROJECT" | "mlflow:URI" | callable)`` and ``vpipe-lab worker --log``
 (the same strings). Each completed iteration logs ``loss``, ``grad_norm``, ``lr``, ``samples_per_s``, ``time_s``,
-``plan_version`` and every stage's ``stage{k}/time_s`` and ``stage{k}/peak_bytes``; an evaluation logs ``eval/loss``;
+``plan_version``, every stage's ``stage{k}/time_s`` and ``stage{k}/peak_bytes`` and every mixture-of-experts layer's
+``experts/{module}/imbalance`` (and ``/dropped`` where it has a capacity); an evaluation logs ``eval/loss``;
 a plan change is an event (a text record in TensorBoard, a ``plan`` table row in W&B, a tag in MLflow). The libraries
 are optional extras (``pip install vpipe-lab[tensorboard]`` and so on) and are imported only when asked for. A
 failing sink logs the error once and stops logging; it never stops training.
@@ -24,8 +25,10 @@ KINDS = ("tensorboard", "wandb", "mlflow")
 
 
 def scalars(record: dict[str, Any], memory: list[dict[str, Any]] | None = None,
-            parts: list[IterationReport] | None = None) -> dict[str, float]:
-    """The numbers one iteration logs, by name (absent and NaN values left out)."""
+            parts: list[IterationReport] | None = None, experts: list[dict[str, Any]] | None = None
+            ) -> dict[str, float]:
+    """The numbers one iteration logs, by name (absent and NaN values left out); per mixture-of-experts layer its
+    load imbalance (the busiest expert's tokens over the mean) and the tokens it dropped over its capacity."""
     out: dict[str, float] = {}
     for key in ("loss", "grad_norm", "lr", "samples_per_s", "time_s", "plan_version", "loss_scale"):
         value = record.get(key)
@@ -36,6 +39,12 @@ def scalars(record: dict[str, Any], memory: list[dict[str, Any]] | None = None,
     for row in memory or []:  # per stage: the first pipeline replica's (the others hold the same layers)
         if int(row.get("replica", 0)) == 0 and isinstance(row.get("peak"), (int, float)):
             out[f"stage{int(row['stage'])}/peak_bytes"] = float(row["peak"])
+    for row in experts or []:
+        tokens = row["tokens"]
+        if tokens and sum(tokens):
+            out[f"experts/{row['layer']}/imbalance"] = max(tokens) * len(tokens) / sum(tokens)
+        if row.get("dropped") is not None:
+            out[f"experts/{row['layer']}/dropped"] = float(sum(row["dropped"]))
     return out
 
 
@@ -179,8 +188,9 @@ class Logger:
                       type(exc).__name__, exc)
             self.sink = None
 
-    def iteration(self, record: dict[str, Any], memory: list[dict[str, Any]], parts: list[IterationReport]) -> None:
-        self._guard(lambda: self.sink.scalars(int(record["iteration"]), scalars(record, memory, parts)))  # type: ignore[union-attr]
+    def iteration(self, record: dict[str, Any], memory: list[dict[str, Any]], parts: list[IterationReport],
+                  experts: list[dict[str, Any]] | None = None) -> None:
+        self._guard(lambda: self.sink.scalars(int(record["iteration"]), scalars(record, memory, parts, experts)))  # type: ignore[union-attr]
 
     def evaluation(self, record: dict[str, Any]) -> None:
         self._guard(lambda: self.sink.scalars(int(record["iteration"]), {"eval/loss": float(record["loss"])}))  # type: ignore[union-attr]

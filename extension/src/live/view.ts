@@ -1,5 +1,6 @@
-// The live dashboard's view: a header line and three plotly panels (timeline, memory per stage, loss and throughput)
-// in a grid that reflows to the output area's width.
+// The live dashboard's view: a header line and four plotly panels (timeline, memory per stage, loss and throughput,
+// and the experts' load of a mixture-of-experts model) in a grid that reflows to the output area's width. A panel
+// whose figure has no traces (the experts' load of a dense model) is hidden, so it takes no room.
 //
 // Python owns the state and keeps it whole: each trait is the current picture of one panel (not a delta against the
 // last one), so a view that renders late, a second view of the same widget, or a view after the session ended draws
@@ -9,7 +10,7 @@
 import type { LiveTraits, TypedModel } from "../traits";
 import type { PlotlyLike } from "./loader";
 
-export const PANELS = ["timeline", "memory", "series"] as const;
+export const PANELS = ["timeline", "memory", "series", "experts"] as const;
 export type PanelName = (typeof PANELS)[number];
 
 /** One panel's plotly figure: traces and layout, as Python's charts module builds them (src/traits.ts). */
@@ -39,6 +40,7 @@ const CSS = `
 .vpipe-live-state.paused { color: #b26a00; }
 .vpipe-live-panel { min-width: 0; position: relative; }
 .vpipe-live-panel.wide { grid-column: 1 / -1; }
+.vpipe-live-panel.empty { display: none; }
 .vpipe-live-note { position: absolute; inset: 40% 0 auto 0; text-align: center; color: #888; }
 `;
 
@@ -82,7 +84,8 @@ export class LiveView {
     this.root.append(style, this.header);
     for (const name of PANELS) {
       const panel = document.createElement("div");
-      panel.className = "vpipe-live-panel" + (name === "timeline" ? " wide" : "");
+      // the experts' load is hidden until a figure with traces arrives: a dense model never shows it
+      panel.className = "vpipe-live-panel" + (name === "timeline" ? " wide" : name === "experts" ? " empty" : "");
       panel.dataset.testid = `live-${name}`;
       const note = document.createElement("div");
       note.className = "vpipe-live-note";
@@ -158,6 +161,10 @@ export class LiveView {
     const figure: Figure | undefined = this.model.get(name);
     if (!panel || !figure || !Array.isArray(figure.data) || this.shown.get(name) === figure) return;
     this.shown.set(name, figure);
+    // Optional panels (the experts' load) are drawn only once they have something to show.
+    const empty = name === "experts" && figure.data.length === 0;
+    panel.classList.toggle("empty", empty);
+    if (empty) return;
     const { width: _width, ...layout } = figure.layout ?? {};
     panel.style.height = `${height(figure, 300)}px`;
     if (!panel.dataset.drawn) panel.replaceChildren(); // the "loading" note

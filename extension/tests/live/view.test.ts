@@ -126,6 +126,22 @@ describe("LiveView", () => {
     expect(view.root.dataset.frame).toBe("3");
   });
 
+  it("shows the experts' load only once a figure with traces arrives (a dense model never shows it)", async () => {
+    const [model, plotly, frames] = start({ timeline: fig("t"), memory: fig("m"), series: fig("s"), frame: 1 });
+    const panel = el.querySelector('[data-testid="live-experts"]') as HTMLElement;
+    await frames.run();
+    expect(panel.classList.contains("empty")).toBe(true); // no figure yet
+    model.set("experts", { data: [], layout: { title: { text: "e0" } } });
+    await frames.run();
+    expect(panel.classList.contains("empty")).toBe(true); // an empty figure: still hidden, nothing drawn
+    expect(plotly.drawn.some((d) => d.el === panel)).toBe(false);
+    model.set("experts", { data: [{ type: "heatmap", z: [[0.5, 0.5]] }], layout: { title: { text: "e1" }, height: 330 } });
+    await frames.run();
+    expect(panel.classList.contains("empty")).toBe(false);
+    expect(plotly.drawn.filter((d) => d.el === panel).map((d) => (d.layout["title"] as { text: string }).text))
+      .toEqual(["e1"]);
+  });
+
   it("shows the header as text (a failure's cause cannot inject markup)", () => {
     start({ header: { state: "failed", detail: "<img src=x onerror=alert(1)>", text: "iteration 3" } });
     const header = el.querySelector('[data-testid="live-header"]') as HTMLElement;
@@ -139,7 +155,7 @@ describe("LiveView", () => {
     new LiveView(model, el, Promise.reject(new Error("boom")), () => undefined);
     await new Promise((r) => setTimeout(r, 0));
     const panels = [...el.querySelectorAll(".vpipe-live-panel")].map((p) => p.textContent);
-    expect(panels.length).toBe(3);
+    expect(panels.length).toBe(4);
     expect(panels.every((t) => t?.includes("could not load plotly.js") && t.includes("boom"))).toBe(true);
   });
 
@@ -150,7 +166,7 @@ describe("LiveView", () => {
     expect(before).toBeGreaterThan(0);
     view.destroy();
     expect(model.listeners()).toBe(0);
-    expect(plotly.purged).toBe(3);
+    expect(plotly.purged).toBe(4);
     expect(el.querySelector('[data-testid="live"]')).toBeNull();
     model.set("timeline", fig("after"));
     expect(frames.queue.length).toBe(0);

@@ -45,7 +45,28 @@ def parallelism(bundle: Bundle, csv_path: str) -> dict[str, Any]:
     }
     if bundle.microbatch_size:
         out["pipeline_parallel_microbatch_size"] = bundle.microbatch_size
+    if any(moe_modules(bundle)):  # each stage holds every expert of its MoE layers (no expert parallelism)
+        out["expert_parallel_degree"] = 1
     return out
+
+
+def moe_modules(bundle: Bundle) -> list[list[str]]:
+    """Per model part (torch stage), the FQNs of the mixture-of-experts layers it runs, in forward order."""
+    return [[m.module for i in s.units for m in bundle.units[i].moe] for s in bundle.stages]
+
+
+def _moe_lines(bundle: Bundle) -> list[str]:
+    parts = moe_modules(bundle)
+    if not any(parts):
+        return []
+    layers = {m.module: m for u in bundle.units for m in u.moe}
+    lines = ["# mixture-of-experts layers per model part (module_fqns_per_model_part's order); each part holds every",
+             "# expert of its layers, so expert_parallel_degree = 1:"]
+    for part, modules in enumerate(parts):
+        said = ", ".join(f"{m} ({layers[m].experts} experts, top-{layers[m].top_k}"
+                         + (f", capacity {layers[m].capacity}" if layers[m].capacity else "") + ")" for m in modules)
+        lines.append(f"#   part {part}: {said or 'none (dense layers only)'}")
+    return lines
 
 
 def activation(bundle: Bundle) -> tuple[str, list[str]]:
@@ -78,6 +99,7 @@ def toml_text(bundle: Bundle, csv_path: str) -> str:
     lines = ["# vpipe_lab's plan for torchtitan: merge these tables into your job's config.",
              f"# {bundle.plan.describe()}", "", "[parallelism]"]
     lines += [f"{k} = {_toml_value(v)}" for k, v in parallelism(bundle, csv_path).items()]
+    lines += _moe_lines(bundle)
     if not bundle.microbatch_size:
         lines.append("# pipeline_parallel_microbatch_size: batch size / microbatches = "
                      f"batch size / {bundle.microbatches} (the plan was exported without its batch size)")
@@ -95,6 +117,8 @@ def python_text(bundle: Bundle, csv_path: str) -> str:
             f'{bundle.plan.describe()}\n"""\n\n'
             f"PARALLELISM = {settings}\n"
             f"ACTIVATION_CHECKPOINT = {mode!r}  # 'full': every transformer block; 'none': none\n"
+            + (f"# The mixture-of-experts layers of each model part (every expert of a layer on its part):\n"
+               f"MOE_MODULES_PER_MODEL_PART = {json.dumps(moe_modules(bundle))}\n" if any(moe_modules(bundle)) else "")
             + (f"# Per-layer choices torchtitan cannot express:\n{gaps}" if gaps else "") +
             "\n\ndef apply(config):\n"
             "    for key, value in PARALLELISM.items():\n"

@@ -47,7 +47,7 @@ function loadPlotly(key, bytes, load = async (b) => await importSource(await gun
 }
 
 // src/live/view.ts
-var PANELS = ["timeline", "memory", "series"];
+var PANELS = ["timeline", "memory", "series", "experts"];
 var CONFIG = {
   displaylogo: false,
   responsive: false,
@@ -64,6 +64,7 @@ var CSS = `
 .vpipe-live-state.paused { color: #b26a00; }
 .vpipe-live-panel { min-width: 0; position: relative; }
 .vpipe-live-panel.wide { grid-column: 1 / -1; }
+.vpipe-live-panel.empty { display: none; }
 .vpipe-live-note { position: absolute; inset: 40% 0 auto 0; text-align: center; color: #888; }
 `;
 function height(figure, fallback) {
@@ -98,7 +99,7 @@ var LiveView = class {
     this.root.append(style, this.header);
     for (const name of PANELS) {
       const panel = document.createElement("div");
-      panel.className = "vpipe-live-panel" + (name === "timeline" ? " wide" : "");
+      panel.className = "vpipe-live-panel" + (name === "timeline" ? " wide" : name === "experts" ? " empty" : "");
       panel.dataset.testid = `live-${name}`;
       const note = document.createElement("div");
       note.className = "vpipe-live-note";
@@ -170,6 +171,9 @@ var LiveView = class {
     const figure = this.model.get(name);
     if (!panel || !figure || !Array.isArray(figure.data) || this.shown.get(name) === figure) return;
     this.shown.set(name, figure);
+    const empty = name === "experts" && figure.data.length === 0;
+    panel.classList.toggle("empty", empty);
+    if (empty) return;
     const { width: _width, ...layout } = figure.layout ?? {};
     panel.style.height = `${height(figure, 300)}px`;
     if (!panel.dataset.drawn) panel.replaceChildren();
