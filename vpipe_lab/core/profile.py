@@ -49,6 +49,9 @@ class LayerCost:
     peak on larger micro-batches, which a linear model cannot see (``core/cost/scaling.py`` interpolates them).
     ``weight_grad_s`` is the part of ``backward_s`` that computes the weights' gradients, which a zero-bubble schedule
     runs as a step of its own (``core/schedules/orders/zero_bubble.py``); None when not measured (see ``wgrad_s``).
+    ``transient_bytes`` is what the layer allocates beyond what is held for it, at its most (its forward's scratch,
+    its backward's working set: input gradients, a GEMM's temporaries), and ``step_bytes`` its share of the optimizer
+    step's scratch, both measured off the allocator (``runtime/engine/allocator.py``; 0 when not measured).
     """
 
     name: str
@@ -61,6 +64,8 @@ class LayerCost:
     optimizer_bytes: int = 0
     times: tuple[tuple[int, float, float], ...] = ()
     weight_grad_s: float | None = None
+    transient_bytes: int = 0
+    step_bytes: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "times", tuple(sorted((int(b), float(f), float(w)) for b, f, w in self.times)))
@@ -77,6 +82,8 @@ class LayerCost:
             output_bytes=self.output_bytes,
             param_bytes=self.param_bytes,
             optimizer_bytes=self.optimizer_bytes,
+            transient_bytes=self.transient_bytes,
+            step_bytes=self.step_bytes,
         )
         if self.weight_grad_s is not None and not 0 <= self.weight_grad_s <= self.backward_s:
             raise ProfileError(f"layer {self.name!r}: weight_grad_s is part of backward_s, so 0 <= weight_grad_s <= "
@@ -111,6 +118,8 @@ class LayerCost:
             "optimizer_bytes": self.optimizer_bytes,
             **({"times": [list(t) for t in self.times]} if self.times else {}),
             **({"weight_grad_s": self.weight_grad_s} if self.weight_grad_s is not None else {}),
+            **({"transient_bytes": self.transient_bytes} if self.transient_bytes else {}),
+            **({"step_bytes": self.step_bytes} if self.step_bytes else {}),
         }
 
     @classmethod
@@ -131,6 +140,8 @@ class LayerCost:
             optimizer_bytes=_number(doc, "optimizer_bytes", where, integer=True, default=0),
             times=_times(doc.get("times", ()), where),
             weight_grad_s=_number(doc, "weight_grad_s", where) if doc.get("weight_grad_s") is not None else None,
+            transient_bytes=_number(doc, "transient_bytes", where, integer=True, default=0),
+            step_bytes=_number(doc, "step_bytes", where, integer=True, default=0),
         )
 
 

@@ -214,9 +214,9 @@ class Worker(WorkerCommands):
         return commands, flag > 0
 
     def profile_soon(self) -> None:
-        """Measure every layer again in the next profiling iterations: after a plan change, on new input shapes and
-        when the controller resets the profile (start-up asks too)."""
+        """Measure every layer (times, working sets) again: after start-up, a plan change, new shapes, a reset."""
         self.profiling.soon()
+        self.meter.soon()
 
     # --- checkpoints --------------------------------------------------------------------------------------------------
     def save(self, root: Path, name: str | None = None, keep: int | None = None) -> str | None:
@@ -304,7 +304,6 @@ class Worker(WorkerCommands):
                         self.refuse_batch(exc)
                         continue
                 self.executor.loss_multiplier = self.scale.scale
-                self.meter.start(self.ctl.iteration, allocator.held(self.stage))
                 result = self.iteration()
                 self.snapshots.observe(result.end_s - result.start_s)
                 memory = self.executor.memory()
@@ -362,6 +361,7 @@ class Worker(WorkerCommands):
         profile, drop = self.profiling.next(it)
         if drop:
             self.stage.reset_stats()
+        self.stage.probing = not self.meter.start(it, allocator.held(self.stage), profile and not (drop or self.profiling.cold))
         self.phase = "the iteration"
         return self.executor.run(it, self.plan, batch, profile=profile, sizes=self.shapes.sizes, counts=counts)
 
@@ -390,7 +390,7 @@ class Worker(WorkerCommands):
         return not failed
 
     def report(self, result: IterationResult, memory: dict[str, Any], step: StepReport) -> None:
-        self.meter.stop()  # the allocator's peak over the iteration and its step, where this one was measured
+        self.meter.stop(self.stage)  # the allocator's peak over the iteration and its step, where measured
         memory = {**memory, **self.meter.report()}
         spans = [(KINDS.index(k), mb, -1 if layer is None else layer, s, e, c) for k, mb, layer, s, e, c in result.spans]
         self.send(E.IterationReport(

@@ -25,17 +25,22 @@ def test_memory_by_policy_matches_the_formula() -> None:
     for pa, pb, resident, swap_buffer in [
         ("keep", "keep", m * (1000 + 500), 0),
         # A recomputed layer keeps its input per micro-batch, and holds its activations again while one micro-batch
-        # is rebuilt for its backward.
-        ("recompute", "keep", m * (100 + 500) + 1000, 0),
+        # is rebuilt for its backward; b's backward is done by then, so that micro-batch holds only a's input.
+        ("recompute", "keep", (m - 1) * (100 + 500) + 100 + 1000, 0),
         # A swapped layer keeps two micro-batches resident: one computed, one prefetched for its backward.
         ("swap", "keep", m * 500, 2 * 1000),
         ("swap", "recompute", m * 10 + 500, 2 * 1000),
         # each layer is rebuilt right before its own backward and freed by it: only the larger is held at once
-        ("recompute", "recompute", m * (100 + 10) + 1000, 0),
+        ("recompute", "recompute", (m - 1) * (100 + 10) + 100 + 1000, 0),
     ]:
-        est = estimate(Plan((0, 2), (pa, pb), m, "gpipe"), profile, cluster)
+        policies = (Policy(pa), Policy(pb))
+        est = estimate(Plan((0, 2), policies, m, "gpipe"), profile, cluster)
         assert est.static_bytes == (static,)
         assert est.peak_bytes == (static + resident + swap_buffer,), (pa, pb)
+        # the memory planners count a rebuild on top of every micro-batch whole: never less
+        planned = CostModel(profile, cluster, m, "gpipe").planned_peak_bytes(0, 0, 2, policies)
+        credit = {("recompute", "keep"): 500, ("recompute", "recompute"): 10}.get((pa, pb), 0)  # b's share of a mb
+        assert planned == est.peak_bytes[0] + credit
         if pa == "swap":
             assert est.host_bytes == ((m - 2) * 1000,)
 
@@ -156,3 +161,31 @@ def test_transfer_latency_is_on_the_critical_path_of_1f1b_and_hidden_by_eager_1f
             assert predicted >= free + 2 * (k * v - 1) * latency * (1 - 1e-9)  # the fill and the drain at least
         assert times["1f1b"] > times["eager-1f1b"]
     assert worst > 0.005  # the grid does reach cases where the closed form is approximate
+
+
+def test_working_sets_and_the_optimizer_step_s_scratch_count_where_they_happen() -> None:
+    """A layer's working set (transient_bytes) comes on top of what is held, a recomputed layer's on top of its
+    rebuild; the optimizer step's scratch (step_bytes) comes once the activations are gone, so only the larger of
+    the two counts. The planners' keep-all figure agrees with the cost of keeping everything."""
+    profile = ModelProfile((
+        L("a", 1.0, 2.0, 1000, 100, 10, 7, 3, transient_bytes=300, step_bytes=40),
+        L("b", 2.0, 4.0, 500, 10, 20, 5, 0, transient_bytes=200, step_bytes=9000),
+    ))
+    cluster = Cluster(1, 10**9, swap_bandwidth=1000.0, link_bandwidth=1e9)
+    cm = CostModel(profile, cluster, 4, "gpipe")
+    static = (2 * 7 + 3) + (2 * 5 + 0)
+    keep = cm.stage_cost(0, 0, 2, (Policy.KEEP, Policy.KEEP))
+    assert keep.peak_bytes == static + max(4 * 1500 + 200, 9000) == static + 9000 == cm.keep_all_bytes(0, 0, 2)
+    small_step = CostModel(ModelProfile(tuple(
+        LayerCost(x.name, x.forward_s, x.backward_s, x.activation_bytes, x.input_bytes, x.output_bytes, x.param_bytes,
+                  x.optimizer_bytes, transient_bytes=x.transient_bytes, step_bytes=40) for x in profile.layers)),
+        cluster, 4, "gpipe")
+    kept = small_step.stage_cost(0, 0, 2, (Policy.KEEP, Policy.KEEP))
+    # b's backward runs with its own micro-batch whole: its 200 on top; a's 300 when b's share is gone
+    assert kept.peak_bytes == static + 4 * 1500 + 200
+    assert small_step.keep_all_bytes(0, 0, 2) == static + 4 * 1500 + 300 == small_step.planned_peak_bytes(
+        0, 0, 2, (Policy.KEEP, Policy.KEEP))  # the planners' count: the largest on top of everything
+    rebuilt = small_step.stage_cost(0, 0, 2, (Policy.RECOMPUTE, Policy.KEEP))
+    assert rebuilt.peak_bytes == static + 3 * (100 + 500) + 100 + 1000 + 300  # a rebuilt with its working set
+    assert cm.step_peak_bytes(0, 0, 2) == static + 9000
+    assert LayerCost.from_dict(profile.layers[1].to_dict()) == profile.layers[1]  # the fields round-trip

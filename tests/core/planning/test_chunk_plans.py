@@ -79,7 +79,8 @@ def test_the_planner_keeps_swaps_and_recomputes_across_chunks() -> None:
 
 def test_the_last_chunk_is_never_swapped() -> None:
     """The pipeline's last chunk runs each backward right after its forward: a swap there would go out and come
-    straight back on the critical path, so its largest layer (an LM head, say) is recomputed instead."""
+    straight back on the critical path, so a layer of it is recomputed instead (the one before the head: rebuilt
+    once the head's backward has freed the head's activations, it frees as much as recomputing the head would)."""
     head = LayerCost("head", 1e-3, 2e-3, 1 << 26, 1 << 16, 1 << 16, 1 << 20)
     profile = ModelProfile((*(LayerCost(f"l{i}", 1e-3, 2e-3, 1 << 22, 1 << 16, 1 << 16, 1 << 20)
                               for i in range(7)), head))
@@ -88,5 +89,5 @@ def test_the_last_chunk_is_never_swapped() -> None:
     need = roomy.estimate(Plan(bounds, (Policy.KEEP,) * 8, 4, INTERLEAVED, 2)).peak_bytes[1]
     cm = CostModel(profile, Cluster(2, need * 4 // 5, 1e12, 1e12), 4, INTERLEAVED, 2)
     policies = fit_chunks(cm, bounds)
-    assert policies[7] is Policy.RECOMPUTE and Policy.SWAP not in policies[6:]
+    assert Policy.RECOMPUTE in policies[6:] and Policy.SWAP not in policies[6:]
     assert cm.estimate(Plan(bounds, policies, 4, INTERLEAVED, 2)).feasible

@@ -29,8 +29,12 @@ class Profiles:
                 cost = LayerCost(cost.name, cached.forward_s, cached.backward_s,
                                  max(cost.activation_bytes, cached.activation_bytes), cached.input_bytes,
                                  cached.output_bytes, cost.param_bytes, cost.optimizer_bytes or cached.optimizer_bytes,
-                                 cost.times or cached.times, cached.weight_grad_s)
+                                 cost.times or cached.times, cached.weight_grad_s,
+                                 max(cost.transient_bytes, cached.transient_bytes), cost.step_bytes or cached.step_bytes)
             elif m.samples > 0:
+                if cached is not None and cached.name == cost.name and not cost.transient_bytes:
+                    # working sets are measured on fewer iterations than times: the last measurement stands
+                    cost = replace(cost, transient_bytes=cached.transient_bytes, step_bytes=cached.step_bytes)
                 if cost.weight_grad_s is None and cached is not None and cached.weight_grad_s is not None:
                     # measured under a schedule that does not split the backward: the last split's share stands
                     cost = replace(cost, weight_grad_s=min(cached.weight_grad_s, cost.backward_s))

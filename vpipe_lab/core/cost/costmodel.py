@@ -13,9 +13,15 @@ with ``hide`` the stage's compute time (less its boundary traffic when that shar
     + inflight * (activation_bytes of kept layers + input_bytes of recomputed layers)
     + min(inflight, 2) * activation_bytes of swapped layers (the micro-batch being computed and the one being
       prefetched for its backward, which the schedule issues one compute step early; the rest live on the host)
-    + the largest activation_bytes of a recomputed layer: the runtime rebuilds each recomputed layer right before its
-      own backward (vPipe's order) and frees it with that backward, so one is held at a time
+    + the most one layer adds on top: its working set (``transient_bytes``: a forward's scratch, a backward's input
+      gradients and temporaries, measured off the allocator) and, for a recomputed layer, its activation_bytes (the
+      runtime rebuilds each recomputed layer right before its own backward, vPipe's order, and frees it with that
+      backward, so one is held at a time); while layer i runs, its own micro-batch holds only what layers up to i
+      keep (the later ones have not run or are done), which the estimate credits: ``max over i of (kept by layers up
+      to i + what layer i adds) - kept by all`` (the memory planners count without that credit, an upper bound)
 
+or, where it is more, static + the optimizer step's scratch (``step_bytes``; the step runs once the activations are
+gone)
 with ``inflight = M`` for GPipe, ``min(M, K - s)`` for 1F1B, ``min(M, K - s + 1)`` for eager 1F1B (but the last
 stage, which keeps one); ZB-H1 holds 1F1B's ``inflight`` and up to ``max(K, K - s + 1) - inflight`` more micro-batches
 waiting only for their weight step, each keeping its layers-with-parameters' inputs and output gradients (at most
@@ -38,52 +44,15 @@ backwards awaiting W) weighed by each chunk's bytes (``core/schedules/orders/hel
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from itertools import accumulate
 
 from vpipe_lab.core import checks, schedules
+from vpipe_lab.core.cost.stage_cost import RangeMax, StageCost, chunks_peak
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.plan import Estimate, Plan, Policy
 from vpipe_lab.core.profile import Cluster, ModelProfile
 
-
-@dataclass(frozen=True)
-class StageCost:
-    """Time per micro-batch and memory of one stage under one set of policies."""
-
-    forward_s: float
-    backward_s: float
-    recompute_s: float
-    swap_exposed_s: float
-    comm_s: float
-    static_bytes: int
-    activation_bytes: int
-    swap_buffer_bytes: int
-    host_bytes: int
-    inflight: int
-    rebuild_bytes: int = 0  # the largest recomputed layer's activations, held while it is rebuilt (transient)
-    wgrad_s: float = 0.0  # the weights' gradients' part of backward_s (a zero-bubble schedule's W step)
-    resident_bytes: int = 0  # per micro-batch held from forward to backward (kept layers, recomputed layers' inputs)
-    wait_bytes: int = 0  # per micro-batch held from B to W under a split backward (the GEMMs' inputs, out-gradients)
-
-    @property
-    def total_s(self) -> float:
-        return self.forward_s + self.backward_s
-
-    @property
-    def peak_bytes(self) -> int:
-        return self.static_bytes + self.activation_bytes + self.swap_buffer_bytes + self.rebuild_bytes
-
-
-def chunks_peak(costs: Sequence[StageCost], held: Sequence[tuple[int, ...]]) -> int:
-    """A stage's peak bytes from its chunks' costs and ``held``, each state of (forwards awaiting B per chunk,
-    backwards awaiting W per chunk, the chunk whose B comes next or -1) along the stage's order (``orders/held.py``):
-    the chunks' statics, the largest of those states weighted by the chunks' bytes per micro-batch, a state before a
-    B with that chunk's rebuild on top, and every chunk's swap buffers."""
-    n = len(costs)
-    acts = max(sum(h[i] * costs[i].resident_bytes + h[n + i] * costs[i].wait_bytes for i in range(n))
-               + (costs[h[-1]].rebuild_bytes if h[-1] >= 0 else 0) for h in held)
-    return sum(c.static_bytes for c in costs) + acts + sum(c.swap_buffer_bytes for c in costs)
+__all__ = ["CostModel", "RangeMax", "StageCost", "chunks_peak", "estimate", "policy_overhead", "swap_buffers"]
 
 
 def policy_overhead(recompute_s: float, swap_bytes: int, hide_s: float, bandwidth: float,
@@ -138,6 +107,9 @@ class CostModel:
         self._pa = [0, *accumulate(self.act)]
         self._ps = [0, *accumulate(x.static_bytes for x in layers)]
         self._pp = [0, *accumulate(x.param_bytes for x in layers)]
+        self.trans = [x.transient_bytes for x in layers]
+        self._trans_max = RangeMax(self.trans)
+        self._step_max = RangeMax([x.step_bytes for x in layers])
         self.total_compute_s = self.compute_prefix[-1]
 
     # --- O(1) stage queries -------------------------------------------------------------------------------------
@@ -232,10 +204,24 @@ class CostModel:
         return max(0.0, hide)
 
     def keep_all_bytes(self, stage: int, lo: int, hi: int) -> int:
-        """Peak memory of the stage with every layer kept."""
+        """Peak memory of the stage with every layer kept (its held activations with its largest layer working set on
+        top, or its optimizer step's scratch where that is more)."""
         return (self.static_bytes(lo, hi) + self.stash_bytes(stage, lo, hi)
-                + self.inflight(stage) * self.activation_sum(lo, hi)
-                + self.waiting_bytes(stage, lo, hi))
+                + max(self.inflight(stage) * self.activation_sum(lo, hi) + self.waiting_bytes(stage, lo, hi)
+                      + self._trans_max(lo, hi), self._step_max(lo, hi)))
+
+    def planned_peak_bytes(self, stage: int, lo: int, hi: int, policies: Sequence[Policy]) -> int:
+        """The stage's peak as the memory planners count it (``core/planning/memory_plans.py``): the largest working
+        set, or recomputed layer's rebuild with its own, on top of every micro-batch in flight whole. Never less than
+        ``stage_cost``'s peak, which credits the later layers of the micro-batch a layer runs in; the planners are exact
+        under this bound, and every plan they find fits by the estimate too."""
+        cost = self.stage_cost(stage, lo, hi, policies)
+        top = max((self.act[i] if policies[i] is Policy.RECOMPUTE else 0) + self.trans[i] for i in range(lo, hi))
+        return cost.static_bytes + max(cost.activation_bytes + cost.swap_buffer_bytes + top, cost.step_bytes)
+
+    def step_peak_bytes(self, stage: int, lo: int, hi: int) -> int:
+        """The stage's memory during its optimizer step, which no activation policy lowers."""
+        return self.static_bytes(lo, hi) + self.stash_bytes(stage, lo, hi) + self._step_max(lo, hi)
 
     def update_s(self, stage: int, lo: int, hi: int) -> float:
         """PipeDream: per micro-batch, the optimizer's step on layers lo:hi's weights and their share of the copies
@@ -263,17 +249,25 @@ class CostModel:
         resident = 0
         swapped = 0
         recompute = 0.0
-        rebuilt = 0  # the largest recomputed layer's activations: each is rebuilt right before its own backward
+        # While layer i runs (forward, rebuild or backward) the other micro-batches in flight are held whole, and its
+        # own micro-batch holds what layers lo..i keep: the later ones have not run yet, or their backward is done.
+        # On top comes layer i's working set and, recomputed, its rebuilt activations. StageCost.rebuild_bytes is the
+        # largest such top over one micro-batch's whole share (the memory planners count it without that credit:
+        # ``planned_peak_bytes``).
+        top = 0
         for i in range(lo, hi):
             policy = policies[i]
             if policy is Policy.KEEP:
                 resident += self.act[i]
+                top = max(top, resident + self.trans[i])
             elif policy is Policy.RECOMPUTE:
                 resident += self.inp[i]
                 recompute += self.fwd[i]
-                rebuilt = max(rebuilt, self.act[i])
+                top = max(top, resident + self.act[i] + self.trans[i])
             else:
                 swapped += self.act[i]
+                top = max(top, resident + self.trans[i])
+        rebuilt = max(0, top - resident)
         extra = policy_overhead(recompute, swapped, self.hide_s(stage, lo, hi), self.cluster.swap_bandwidth,
                                 self.cluster.swap_overlaps)
         fwd, bwd = self.base_times(stage, lo, hi)
@@ -292,6 +286,8 @@ class CostModel:
             wgrad_s=self.wgrad_compute_s(lo, hi),
             resident_bytes=resident,
             wait_bytes=self.wait_bytes(lo, hi) if self.kind.split_backward else 0,
+            transient_bytes=self._trans_max(lo, hi),
+            step_bytes=self._step_max(lo, hi),
         )
 
     def estimate(self, plan: Plan) -> Estimate:

@@ -52,7 +52,8 @@ def layer_at(layer: LayerCost, reference: int, size: int) -> LayerCost:
                      tuple((b, *measured[b]) for b in sizes),
                      # the weight step keeps its measured share of the backward at the new size
                      None if layer.weight_grad_s is None or layer.backward_s <= 0
-                     else bwd * layer.weight_grad_s / layer.backward_s)
+                     else bwd * layer.weight_grad_s / layer.backward_s,
+                     round(layer.transient_bytes * scale), layer.step_bytes)
 
 
 def at(profile: ModelProfile, size: int) -> ModelProfile:

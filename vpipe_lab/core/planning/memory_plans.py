@@ -56,7 +56,9 @@ class StageProblem:
             inputs=tuple(cm.inp[lo:hi]),
             forward_s=tuple(cm.fwd[lo:hi]),
             inflight=cm.inflight(stage),
-            need_bytes=cm.keep_all_bytes(stage, lo, hi) - cm.budget(stage),
+            # the optimizer step's scratch comes when no activation is held: no policy lowers it
+            need_bytes=(cm.keep_all_bytes(stage, lo, hi) - cm.budget(stage)
+                        if cm.step_peak_bytes(stage, lo, hi) <= cm.budget(stage) else 1 << 62),
             hide_s=cm.hide_s(stage, lo, hi),
             bandwidth=cm.cluster.swap_bandwidth,
             overlaps=cm.cluster.swap_overlaps,
@@ -93,61 +95,72 @@ def keep_all(p: StageProblem) -> StageSolution:
     return StageSolution((_K,) * len(p.activation), 0.0, 0.0, 0)
 
 
+def excess(p: StageProblem, policies: list[Policy]) -> int:
+    """Bytes still over the budget with ``policies``: every swap frees its in-flight copies but the buffers, every
+    recompute its saved activations but the input, and the largest recomputed layer is held again while rebuilt."""
+    freed = sum(p.swap_save[i] if x is _S else p.rec_most[i] if x is _R else 0 for i, x in enumerate(policies))
+    rebuilt = max((p.activation[i] for i, x in enumerate(policies) if x is _R), default=0)
+    return p.need_bytes - freed + rebuilt
+
+
 def greedy(p: StageProblem) -> StageSolution | None:
     """vPipe's memory plan: swap while hidden, then recompute by bytes freed per second, then exposed swap.
 
-    Returns None when even swapping or recomputing every layer does not fit.
+    Returns None when even swapping or recomputing every layer does not fit. What is still over the budget is
+    counted exactly after each choice (``excess``: one rebuild held, the largest), so a stage that needs many
+    recomputed layers is not refused for charging each its own rebuild.
     """
     n = len(p.activation)
     if p.need_bytes <= 0:
         return keep_all(p)
     policies = [_K] * n
-    remaining = p.need_bytes
     sigma, rho = 0, 0.0
     chosen: list[int] = []
     # Largest activations first; on ties the earlier layer, whose forward-to-backward gap is longer.
     by_size = sorted(range(n), key=lambda i: (-p.activation[i], i))
 
     def swap_hidden() -> None:
-        nonlocal remaining, sigma
+        nonlocal sigma
         if not p.overlaps:  # nothing hides a copy on the compute thread
             return
         for i in by_size:
-            if remaining <= 0:
+            if excess(p, policies) <= 0:
                 return
             saving = p.swap_saving(i)
             if policies[i] is _K and saving > 0 and (sigma + p.activation[i]) / p.bandwidth <= p.hide_s + rho:
                 policies[i] = _S
                 sigma += p.activation[i]
-                remaining -= saving
                 chosen.append(i)
 
     swap_hidden()
     by_rate = sorted(
-        (i for i in range(n) if p.recompute_saving(i) > 0),
+        (i for i in range(n) if p.rec_most[i] > 0),
         key=lambda i: (-p.recompute_saving(i) / p.forward_s[i] if p.forward_s[i] > 0 else -math.inf, i),
     )
     for i in by_rate:
-        if remaining <= 0:
+        if excess(p, policies) <= 0:
             break
         if policies[i] is not _K:
             continue
         policies[i] = _R
         rho += p.forward_s[i]
-        remaining -= p.recompute_saving(i)
         chosen.append(i)
         swap_hidden()  # recompute lengthens the backward, so more swap may now hide under it
     # Still over: move layers to whichever option frees the most (now at the price of exposed transfers or
     # recompute), biggest gains first.
-    def saving_of(i: int, policy: Policy) -> int:
-        return p.swap_saving(i) if policy is _S else p.recompute_saving(i) if policy is _R else 0
+    def with_policy(i: int, policy: Policy) -> int:
+        old, policies[i] = policies[i], policy
+        left = excess(p, policies)
+        policies[i] = old
+        return left
 
     def gain(i: int) -> tuple[int, Policy]:
-        best = max((_S, _R), key=lambda x: saving_of(i, x))
-        return saving_of(i, best) - saving_of(i, policies[i]), best
+        now = excess(p, policies)
+        best = min((_S, _R), key=lambda x: with_policy(i, x))
+        return now - with_policy(i, best), best
 
     for i in sorted(range(n), key=lambda i: -gain(i)[0]):
-        if remaining <= 0:
+        if excess(p, policies) <= 0:
             break
         extra, best = gain(i)
         if extra <= 0:
@@ -161,16 +174,13 @@ def greedy(p: StageProblem) -> StageSolution | None:
         else:
             sigma += p.activation[i]
         policies[i] = best
-        remaining -= extra
         chosen.append(i)
-    if remaining > 0:
+    if excess(p, policies) > 0:
         return None
     # Undo what turned out unnecessary, latest choice first (the costliest ones were added last).
     for i in reversed(dict.fromkeys(chosen)):
-        saving = p.swap_saving(i) if policies[i] is _S else p.recompute_saving(i)
-        if remaining + saving <= 0:
+        if policies[i] is not _K and with_policy(i, _K) <= 0:
             policies[i] = _K
-            remaining += saving
     return _solution(p, policies)
 
 

@@ -8,19 +8,42 @@ instead. On CUDA: ``torch.cuda.max_memory_allocated`` (every iteration; it costs
 keeps no statistics: torch.profiler's memory events (every allocation and free through torch's CPU allocator) over a
 measured iteration, whose running sum peaks at what the iteration added at its most, on top of what the stage held when
 it began (its parameters, gradients, optimizer state and buffers, read off the tensors). The profiler slows the
-iterations it watches, so on CPU one in ``every`` is measured (and the first after start-up); their figure is carried
-until the next.
+iterations it watches, so on CPU only profiling iterations are measured: the first (warm) one after start-up or a
+plan change, then one in ``every``; their figure is carried until the next.
+
+A measured iteration also says what each layer allocates beyond what the cost model holds for it (``regions``: the
+stage marks each layer's forward, loss, rebuild and backward, and the optimizer step): a forward's peak above what it
+leaves behind, a backward's peak above what was held when it began, and the step's scratch above the static tensors.
+The online profiler reports them per layer (``LayerCost.transient_bytes`` and ``step_bytes``), so the planner's peak
+includes the working sets that counting saved tensors cannot see.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 log = logging.getLogger(__name__)
-EVERY = 25  # CPU: measure one iteration in this many (and iteration 1, once the allocator is warm)
+EVERY = 200  # CPU: besides the first profiling iteration after a trigger, one in this many is measured
+PREFIX = "vpipe/"
+_WATCHING: PeakMeter | None = None  # the meter measuring now: ``region`` marks what it should tell apart
+
+
+@contextmanager
+def region(name: str) -> Iterator[None]:
+    """Mark a stretch of work (``f/3``: layer 3's forward; ``b``, ``r``, ``l``: its backward, rebuild and loss;
+    ``step``) for the measuring meter; nothing at all when none measures."""
+    meter = _WATCHING
+    if meter is None:
+        yield
+        return
+    with meter.mark(name):
+        yield
 
 
 def held(stage: Any) -> int:
@@ -36,62 +59,171 @@ def held(stage: Any) -> int:
     return total
 
 
-def peak_of(events: Any) -> int:
-    """The highest running sum of memory events' byte counts (allocations positive, frees negative), in time order."""
+def timeline(events: Any) -> tuple[list[int], list[int]]:
+    """The running sum of memory events' byte counts (allocations positive, frees negative) in time order: event
+    times and the sum after each."""
     deltas = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
-    total = peak = 0
-    for _, nbytes in deltas:
+    times, sums, total = [], [], 0
+    for t, nbytes in deltas:
         total += nbytes
-        peak = max(peak, total)
-    return peak
+        times.append(t)
+        sums.append(total)
+    return times, sums
+
+
+def peak_of(events: Any) -> int:
+    """The highest running sum of memory events' byte counts (see ``timeline``)."""
+    return max(timeline(events)[1], default=0)
+
+
+def ranges(events: Any, times: list[int], sums: list[int]) -> dict[str, tuple[int, int, int]]:
+    """Each marked region's (bytes at its start, its peak, at its end), relative to the iteration's start; a region
+    seen several times (micro-batches) keeps its largest transient."""
+    out: dict[str, tuple[int, int, int]] = {}
+    for e in events:
+        name = e.name()
+        if not name.startswith(PREFIX):
+            continue
+        lo = bisect.bisect_left(times, e.start_ns())
+        hi = bisect.bisect_right(times, e.end_ns())
+        start = sums[lo - 1] if lo > 0 else 0
+        inside = sums[lo:hi]
+        found = (start, max([start, *inside]), inside[-1] if inside else start)
+        key = name[len(PREFIX):]
+        old = out.get(key)
+        if old is None or found[1] - min(found[0], found[2]) > old[1] - min(old[0], old[2]):
+            out[key] = found
+    return out
+
+
+def extras(found: dict[str, tuple[int, int, int]]) -> tuple[dict[int, int], int]:
+    """Per layer, what it allocates beyond what the cost model holds for it (a forward or loss: its peak above what
+    it leaves behind; a rebuild or backward: its peak above what was held when it began), and the optimizer step's
+    scratch."""
+    per: dict[int, int] = {}
+    step = 0
+    for key, (start, peak, end) in found.items():
+        kind, _, index = key.partition("/")
+        if kind == "step":
+            step = max(step, peak - start)
+        elif index.isdigit():
+            extra = peak - end if kind in ("f", "l") else peak - start
+            per[int(index)] = max(per.get(int(index), 0), extra)
+    return per, step
+
+
+def note(stage: Any, per_layer: dict[int, int], step: int) -> None:
+    """Each owned layer's working set beyond what is held for it, and its share of the optimizer step's scratch:
+    the step runs per parameter group (one per layer), so its scratch is taken as proportional to the largest
+    layer's parameters and charged to every layer by its own."""
+    params = {i: sum(p.numel() * p.element_size() for p in stage.layers[i].module.parameters())
+              for i in stage.owned}
+    largest = max(params.values(), default=0)
+    for i in stage.owned:
+        stats = stage.layers[i].stats
+        stats.transient_bytes = max(stats.transient_bytes, per_layer.get(i, 0))
+        if largest:
+            stats.step_bytes = max(stats.step_bytes, step * params[i] // largest)
 
 
 class PeakMeter:
     """``start`` before an iteration, ``stop`` after its step: the bytes allocated at the peak, or None when this
-    iteration was not measured."""
+    iteration was not measured; what its regions allocated beyond what is held (``layer_extras``, ``step_extra``)."""
 
     def __init__(self, device: torch.device, every: int = EVERY) -> None:
         self.device, self.every = device, every
         self._profiler: Any = None
         self._base = 0
+        self._iteration = 0
+        self._cuda: dict[str, tuple[int, int, int]] = {}
+        self._cuda_peak = 0
+        self.pending = True  # measure the next profiling iteration (start-up, a plan change: ``soon``)
         self.last: int | None = None  # the newest measurement
         self.measured_at: int | None = None  # the iteration it was measured in
+        self.layer_extras: dict[int, int] = {}  # the newest measured iteration's, per layer
+        self.step_extra = 0
 
-    def due(self, iteration: int) -> bool:
-        return self.device.type == "cuda" or iteration == 1 or (self.every > 0 and iteration % self.every == 0)
+    def soon(self) -> None:
+        """The plan or the model changed: measure the next profiling iteration."""
+        self.pending = True
 
-    def start(self, iteration: int, held: int) -> None:
-        """``held``: the bytes of the stage's tensors now (CPU: the base the profiled allocations add to)."""
+    def due(self, iteration: int, profiling: bool) -> bool:
+        if self.device.type == "cuda":
+            return True
+        last = self.measured_at
+        return profiling and (self.pending or last is None or iteration - last >= self.every)
+
+    def start(self, iteration: int, held: int, profiling: bool = False) -> bool:
+        """``held``: the bytes of the stage's tensors now (CPU: the base the profiled allocations add to);
+        ``profiling``: a profiling iteration (one layer per segment, what CPU measurements ride on). Whether its
+        regions are measured (the stage then skips its micro-batch-size probes, whose allocations are no layer's)."""
+        global _WATCHING
         self.stop(discard=True)
-        if not self.due(iteration):
-            return
-        self._iteration = iteration
+        if not self.due(iteration, profiling):
+            return False
+        self._iteration, self._cuda, self._cuda_peak = iteration, {}, 0
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
             self._profiler = "cuda"
-            return
-        try:
-            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
-            profiler.__enter__()
-        except Exception as exc:  # another profiler is running (a user's own): not measured this time
-            log.info("the allocator's peak is not measured in iteration %d: %s", iteration, exc)
-            return
-        self._profiler, self._base = profiler, held
+        else:
+            try:
+                profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+                profiler.__enter__()
+            except Exception as exc:  # another profiler is running (a user's own): not measured this time
+                log.info("the allocator's peak is not measured in iteration %d: %s", iteration, exc)
+                return False
+            self._profiler, self._base = profiler, held
+        _WATCHING = self if profiling else None
+        return profiling
 
-    def stop(self, discard: bool = False) -> int | None:
-        """End a measurement; its peak (also kept in ``last``), None if none was running or ``discard``."""
+    @contextmanager
+    def mark(self, name: str) -> Iterator[None]:
+        if self._profiler is None:
+            yield
+        elif self._profiler == "cuda":  # the allocator's own counters, around the region
+            before = torch.cuda.memory_allocated(self.device)
+            self._cuda_peak = max(self._cuda_peak, torch.cuda.max_memory_allocated(self.device))
+            torch.cuda.reset_peak_memory_stats(self.device)
+            try:
+                yield
+            finally:
+                peak, after = torch.cuda.max_memory_allocated(self.device), torch.cuda.memory_allocated(self.device)
+                self._cuda_peak = max(self._cuda_peak, peak)
+                old = self._cuda.get(name)
+                if old is None or peak - min(before, after) > old[1] - min(old[0], old[2]):
+                    self._cuda[name] = (before, peak, after)
+        else:
+            with torch.profiler.record_function(PREFIX + name):
+                yield
+
+    def stop(self, stage: Any = None, discard: bool = False) -> int | None:
+        """End a measurement; its peak (also kept in ``last``), None if none was running or ``discard``. What its
+        regions allocated goes to ``stage``'s layer stats (``LayerStats.transient_bytes``, ``step_bytes``), for the
+        profiler."""
+        global _WATCHING
         profiler, self._profiler = self._profiler, None
+        if _WATCHING is self:
+            _WATCHING = None
         if profiler is None:
             return None
         if profiler == "cuda":
-            peak = int(torch.cuda.max_memory_allocated(self.device))
+            peak = max(self._cuda_peak, int(torch.cuda.max_memory_allocated(self.device)))
+            found = self._cuda
         else:
             profiler.__exit__(None, None, None)
             if discard:
                 return None
-            peak = self._base + peak_of(profiler.profiler.kineto_results.events())
+            events = profiler.profiler.kineto_results.events()
+            times, sums = timeline(events)
+            peak = self._base + max(sums, default=0)
+            found = ranges(events, times, sums)
         if discard:
             return None
+        if found:
+            self.layer_extras, self.step_extra = extras(found)
+            self.pending = False
+            if stage is not None:
+                note(stage, self.layer_extras, self.step_extra)
         self.last, self.measured_at = peak, self._iteration
         return peak
 

@@ -17,6 +17,7 @@ import torch
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.schedule import KIND, Action, Op, Schedule, chunk_indices
 from vpipe_lab.runtime.engine import faults
+from vpipe_lab.runtime.engine.allocator import region
 from vpipe_lab.runtime.engine.comm import TAG_BACKWARD, TAG_FORWARD, Incoming, Peer
 from vpipe_lab.runtime.engine.device import Placement, Stopwatch
 from vpipe_lab.runtime.engine.stage import Stage
@@ -192,12 +193,14 @@ class StageIteration:
             x = to_device(self.inputs[mb], ex.placement.device)  # type: ignore[index]
             x = self.chain.start(x) if self.chain is not None else x
         for segment in self.segs[c]:  # the pipeline's data input needs no gradient
-            x = stage.forward(mb, segment, x, input_grad=c > 0 or segment[0] > 0, timer=self.timer)
+            with region(f"f/{segment[0]}"):  # what it allocates, where the allocator is measured (allocator.py)
+                x = stage.forward(mb, segment, x, input_grad=c > 0 or segment[0] > 0, timer=self.timer)
             ex._check_budget(self.result)
         if c == self.top:
             target = to_device(self.targets[mb], ex.placement.device)  # type: ignore[index]
             ex.in_loss = True
-            self.losses.append(stage.attach_loss(mb, self.segs[c][-1], x, self.loss_fn, target, self.timer))
+            with region(f"l/{self.segs[c][-1][-1]}"):
+                self.losses.append(stage.attach_loss(mb, self.segs[c][-1], x, self.loss_fn, target, self.timer))
             ex.in_loss = False
         else:
             self.outputs[(c, mb)] = x
@@ -214,11 +217,13 @@ class StageIteration:
             if stage.rebuilds(mb, segment):  # held only until its backward: one recomputed layer at a time
                 if ex.record_spans:
                     self.marks.append((KIND[Op.B], mb, None, start, (start := mark()), self.local[c]))
-                stage.rematerialise(mb, segment, self.timer)
+                with region(f"r/{segment[0]}"):
+                    stage.rematerialise(mb, segment, self.timer)
                 ex._check_budget(self.result)
                 if ex.record_spans:
                     self.marks.append(("recompute", mb, segment[0], start, (start := mark()), self.local[c]))
-            grads = stage.backward(mb, segment, grads, self.timer, self.local[c])
+            with region(f"b/{segment[0]}"):
+                grads = stage.backward(mb, segment, grads, self.timer, self.local[c])
         if c > 0:
             self.grads_in[(c, mb)] = grads  # type: ignore[assignment]
         if stage.stash.on:

@@ -47,7 +47,7 @@ def layer_costs(stage: Stage, names_of: dict[int, str]) -> list[LayerMeasure]:
                          st.typical(st.backward_times) + (weight or 0.0), int(st.activation_bytes), int(st.input_bytes),
                          int(st.output_bytes), int(params), int(opt),
                          tuple((size, st.typical(fwd), st.typical(bwd)) for size, (fwd, bwd) in sorted(st.sizes.items())),
-                         weight)
+                         weight, int(st.transient_bytes), int(st.step_bytes))
         out.append(LayerMeasure(index, cost, st.forwards, min(1.0, routed / elements) if elements else 0.0))
     return out
 
@@ -66,6 +66,7 @@ class ProfileSchedule:
                              "and at least 2 after a trigger (the first is dropped)")
         self.every, self.after_trigger = every, after_trigger
         self.left = after_trigger
+        self.cold = True  # the iteration ``next`` last answered is the first after a trigger (its figures are dropped)
 
     def soon(self) -> None:
         self.left = self.after_trigger
@@ -74,5 +75,6 @@ class ProfileSchedule:
         """(profile this iteration, drop the measurements so far first)."""
         profile = self.left > 0 or iteration % self.every == 0
         drop = self.left == self.after_trigger - 1
+        self.cold = self.left == self.after_trigger
         self.left = max(0, self.left - 1)
         return profile, drop

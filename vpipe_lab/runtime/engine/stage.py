@@ -207,7 +207,8 @@ class Stage(UnitState):
             self.at_units = (index, index)  # a failure names the unit it happened in (runtime/process.py)
             self._seed(layer_seed(self.seed, self.iteration, mb + self.mb_offset, index))
             layer = self.layers[index]
-            with self.swap.recording(mb, index) if record else nullcontext(), self.autocast():
+            with (self.swap.recording(mb, index, layer.policy is Policy.SWAP) if record else nullcontext(),
+                  self.autocast()):
                 x = self.stash.call(layer.module, layer.tensors.params, mb, x) if self.stash.on else layer.module(x)
         return x
 

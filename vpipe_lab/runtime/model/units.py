@@ -62,6 +62,8 @@ class LayerStats:
     activation_bytes: int = 0
     input_bytes: int = 0
     output_bytes: int = 0
+    transient_bytes: int = 0  # allocated beyond what is held for it, at its most (engine/allocator.py)
+    step_bytes: int = 0  # its share of the optimizer step's scratch
     forward_times: list[float] = field(default_factory=list)
     backward_times: list[float] = field(default_factory=list)
     weight_times: list[float] = field(default_factory=list)  # a split backward's W step (zero-bubble schedules)

@@ -20,6 +20,7 @@ import torch
 
 from vpipe_lab.core import checks
 from vpipe_lab.core.schedules.orders import stashing as pipedream
+from vpipe_lab.runtime.engine.allocator import region
 from vpipe_lab.runtime.training.precision import LossScale
 from vpipe_lab.runtime.training.replicas import DataParallel
 
@@ -59,6 +60,10 @@ class Stepper:
         return [p.grad for name, p in self.stage.params() if p.grad is not None and name not in elsewhere]
 
     def step(self, iteration: int) -> StepReport:
+        with region("step"):  # the optimizer's scratch, where the allocator is measured (engine/allocator.py)
+            return self._step(iteration)
+
+    def _step(self, iteration: int) -> StepReport:
         stage = self.stage
         if stage.stash.on:  # PipeDream stepped after every micro-batch
             # launch(), apply() and a torchrun job's --schedule refuse what needs one step of the whole model; a

@@ -1,0 +1,72 @@
+"""The allocator's peak, measured apart from the cost model's counts: a known sequence of allocations gives its known
+peak, and each marked region what it allocated beyond what it leaves behind (a forward) or found held (a backward)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from vpipe_lab.runtime.engine import allocator
+from vpipe_lab.runtime.engine.allocator import PeakMeter, extras, region
+
+MB = 2**20
+
+
+def floats(nbytes: int) -> torch.Tensor:
+    return torch.empty(nbytes // 4, dtype=torch.float32)
+
+
+def test_a_known_pattern_gives_its_peak_and_each_region_its_working_set() -> None:
+    meter = PeakMeter(torch.device("cpu"))
+    assert meter.start(iteration=7, held=10 * MB, profiling=True)
+    kept = []
+    with region("f/3"):  # a forward: 2 MB of scratch, 1 MB left behind (saved for backward)
+        scratch = floats(2 * MB)
+        kept.append(floats(MB))
+        del scratch
+    with region("b/3"):  # a backward: 3 MB more at its most, then it frees the saved 1 MB
+        grads = floats(3 * MB)
+        kept.clear()
+        del grads
+    with region("step"):  # the optimizer's scratch: 512 KB
+        floats(MB // 2)  # made and dropped at once
+    peak = meter.stop()
+    assert peak == 10 * MB + 4 * MB  # what was held, plus the saved 1 MB with the backward's 3 MB on top
+    assert meter.report() == {"allocated_peak": 14 * MB, "allocated_at": 7}
+    assert meter.layer_extras == {3: 3 * MB} and meter.step_extra == MB // 2  # the forward's scratch was 2 MB
+    assert allocator._WATCHING is None  # nothing marks once it stopped
+
+
+def test_regions_cost_nothing_when_no_meter_watches_and_a_non_profiling_iteration_is_not_measured_on_cpu() -> None:
+    meter = PeakMeter(torch.device("cpu"))
+    assert not meter.start(iteration=3, held=0, profiling=False)  # CPU measures only profiling iterations
+    with region("f/0"):
+        floats(MB)
+    assert meter.stop() is None and meter.last is None
+    meter.start(iteration=5, held=0, profiling=True)
+    with region("b/0"):
+        floats(MB)
+    meter.stop()
+    assert not meter.due(6, True) and meter.due(5 + allocator.EVERY, True)  # measured: again in EVERY iterations
+    meter.soon()  # a plan change: the next profiling iteration
+    assert meter.due(6, True) and not meter.due(6, False)
+
+
+def test_extras_take_each_layer_s_largest_working_set_and_note_gives_the_step_s_share_by_parameters() -> None:
+    found = {"f/0": (0, 5, 4), "b/0": (4, 7, 1), "l/1": (2, 9, 3), "r/1": (3, 4, 4), "step": (1, 9, 0)}
+    per, step = extras(found)
+    assert per == {0: 3, 1: 6} and step == 8
+    layers = {0: torch.nn.Linear(4, 4, bias=False), 1: torch.nn.Linear(8, 4, bias=False)}  # 64 and 128 bytes
+    stage = SimpleNamespace(owned=[0, 1], layers={i: SimpleNamespace(module=m, stats=SimpleNamespace(
+        transient_bytes=0, step_bytes=0)) for i, m in layers.items()})
+    allocator.note(stage, per, step)
+    assert [stage.layers[i].stats.transient_bytes for i in (0, 1)] == [3, 6]
+    assert [stage.layers[i].stats.step_bytes for i in (0, 1)] == [4, 8]  # 8 for the largest layer, by size
+
+
+def test_held_counts_each_tensor_once() -> None:
+    shared = torch.nn.BatchNorm1d(4)
+    layers = {0: SimpleNamespace(module=torch.nn.Sequential(shared)), 1: SimpleNamespace(module=shared)}
+    stage = SimpleNamespace(owned=[0, 1], layers=layers, static_bytes=lambda: {"params": 100, "optimizer": 50})
+    assert allocator.held(stage) == 150 + 2 * 4 * 4 + 8  # its running mean and variance, and its counter, once

@@ -1,0 +1,75 @@
+"""What one stage (or chunk) of a plan costs: its times per micro-batch and the bytes it holds, and a stage's peak
+from its chunks' costs along a chunked schedule's order (``core/cost/costmodel.py`` computes them)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Time per micro-batch and memory of one stage under one set of policies."""
+
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    swap_exposed_s: float
+    comm_s: float
+    static_bytes: int
+    activation_bytes: int
+    swap_buffer_bytes: int
+    host_bytes: int
+    inflight: int
+    # the most a layer adds on top of what is held: a recomputed layer's activations, rebuilt right before its
+    # backward, plus that layer's own working set (LayerCost.transient_bytes); for a kept layer its working set
+    rebuild_bytes: int = 0
+    wgrad_s: float = 0.0  # the weights' gradients' part of backward_s (a zero-bubble schedule's W step)
+    resident_bytes: int = 0  # per micro-batch held from forward to backward (kept layers, recomputed layers' inputs)
+    wait_bytes: int = 0  # per micro-batch held from B to W under a split backward (the GEMMs' inputs, out-gradients)
+    transient_bytes: int = 0  # the largest working set of one of its layers (LayerCost.transient_bytes)
+    step_bytes: int = 0  # the optimizer step's scratch, when no activation is held (LayerCost.step_bytes)
+
+    @property
+    def total_s(self) -> float:
+        return self.forward_s + self.backward_s
+
+    @property
+    def peak_bytes(self) -> int:
+        """The static tensors plus, at their most, the held activations with the largest working set on top, or the
+        optimizer step's scratch (the step runs once the iteration's activations are gone)."""
+        return self.static_bytes + max(self.activation_bytes + self.swap_buffer_bytes + self.rebuild_bytes,
+                                       self.step_bytes)
+
+
+class RangeMax:
+    """The largest of ``values[lo:hi]`` in O(1) after O(n log n) preparation (a sparse table): the planners ask it
+    for every stage they try."""
+
+    def __init__(self, values: Sequence[int]) -> None:
+        self.table = [list(values)]
+        width = 1
+        while 2 * width <= len(values):
+            row = self.table[-1]
+            self.table.append([max(row[i], row[i + width]) for i in range(len(row) - width)])
+            width *= 2
+
+    def __call__(self, lo: int, hi: int) -> int:
+        if hi <= lo:
+            return 0
+        level = (hi - lo).bit_length() - 1
+        row = self.table[level]
+        return max(row[lo], row[hi - (1 << level)])
+
+
+def chunks_peak(costs: Sequence[StageCost], held: Sequence[tuple[int, ...]]) -> int:
+    """A stage's peak bytes from its chunks' costs and ``held``, each state of (forwards awaiting B per chunk,
+    backwards awaiting W per chunk, the chunk whose B comes next or -1) along the stage's order (``orders/held.py``):
+    the chunks' statics, the largest of those states weighted by the chunks' bytes per micro-batch, a state before a
+    B with that chunk's rebuild on top, and every chunk's swap buffers."""
+    n = len(costs)
+    scratch = max(c.transient_bytes for c in costs)  # a forward's working set, in a state before no B
+    acts = max(sum(h[i] * costs[i].resident_bytes + h[n + i] * costs[i].wait_bytes for i in range(n))
+               + (costs[h[-1]].rebuild_bytes if h[-1] >= 0 else scratch) for h in held)
+    return sum(c.static_bytes for c in costs) + max(acts + sum(c.swap_buffer_bytes for c in costs),
+                                                    max(c.step_bytes for c in costs))
