@@ -84,3 +84,38 @@ def test_a_traced_model_with_tied_weights_trains_on_torch_as_in_the_lab(tmp_path
     for key, value in expected.items():
         torch.testing.assert_close(got.state[key], value, atol=1e-5, rtol=1e-5, msg=lambda m, key=key: f"{key}: {m}")
         torch.testing.assert_close(lab_state[key], value, atol=1e-5, rtol=1e-5, msg=lambda m, key=key: f"{key}: {m}")
+
+
+def test_a_mixture_of_experts_plan_trains_on_torch_as_in_the_lab_and_torchtitan_is_told_its_moe_layers(
+        tmp_path: Path) -> None:
+    """Qwen3-MoE (every decoder layer four experts, top-2), a layer's experts recomputed: torch's ``pipeline()``
+    split at the bundle's module names trains it equal to the lab and to one process; the bundle's units and
+    torchtitan's settings name each stage's MoE layers."""
+    import tomllib
+
+    plan = Plan((0, 3, 6), tuple("kkrkkk"), 4, "1f1b")
+    with vpipe_lab.launch(torch_jobs.moe, torch_jobs.gpt2_data, stages=2, microbatches=4, plan=plan,
+                          loss=torch_jobs.gpt2_loss, optimizer=torch_jobs.gpt2_optimizer, device="cpu",
+                          timeout=120) as session:
+        session.run(3)
+        session.wait(timeout=300)
+        path = session.export_plan(tmp_path / "moe")
+        lab_losses, lab_state = list(session.metrics.iterations["loss"]), session.state_dict()
+    bundle = bundle_files.read(path)
+    assert [m.module for u in bundle.units for m in u.moe] == [f"model.layers.{i}.mlp" for i in range(4)]
+    assert bundle.units[1].moe[0].experts == 4 and bundle.units[1].moe[0].top_k == 2
+    settings = tomllib.loads((path / "torchtitan.toml").read_text())["parallelism"]
+    assert settings["expert_parallel_degree"] == 1
+    text = (path / "torchtitan.toml").read_text()
+    assert "#   part 0: model.layers.0.mlp (4 experts, top-2), model.layers.1.mlp" in text
+    assert "#   part 1: model.layers.2.mlp (4 experts, top-2), model.layers.3.mlp" in text
+    from torchtitan.config.configs import ParallelismConfig
+
+    ParallelismConfig(**settings)  # torchtitan takes the settings as they are
+    got = torch_jobs.run([torch_jobs.Job(str(path), model="moe")], tmp_path)[0]
+    plain, plain_losses = reference.train(torch_jobs.moe, torch_jobs.gpt2_data, torch_jobs.gpt2_loss,
+                                          torch_jobs.gpt2_optimizer, iterations=3, microbatches=4)
+    assert got.losses == pytest.approx(lab_losses, rel=1e-5) and lab_losses == pytest.approx(plain_losses, rel=1e-5)
+    for key, value in plain.state_dict().items():
+        torch.testing.assert_close(got.state[key], value, atol=1e-5, rtol=1e-5, msg=lambda m, key=key: f"{key}: {m}")
+        torch.testing.assert_close(lab_state[key], value, atol=1e-5, rtol=1e-5, msg=lambda m, key=key: f"{key}: {m}")

@@ -45,10 +45,26 @@ def gpt2_optimizer(params: Any) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1e-3)
 
 
+def moe() -> torch.nn.Module:
+    """A 4-layer Qwen3-MoE (4 experts, top-2 per token) on the same tokens as the GPT-2."""
+    from vpipe_lab.runtime.model.compat import allow_torchvision_without_ops
+
+    allow_torchvision_without_ops()
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    return Qwen3MoeForCausalLM(Qwen3MoeConfig(vocab_size=V, hidden_size=32, intermediate_size=64,
+                                              moe_intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
+                                              num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
+                                              max_position_embeddings=32, use_cache=False))
+
+
 def parts(name: str) -> tuple[Any, Any, Any, Any]:
-    """(model factory, data, loss, optimizer factory) of a model the jobs train: a bundled example or "gpt2"."""
+    """(model factory, data, loss, optimizer factory) of a model the jobs train: a bundled example, "gpt2" or
+    "moe"."""
     if name == "gpt2":
         return gpt2, gpt2_data, gpt2_loss, gpt2_optimizer
+    if name == "moe":
+        return moe, gpt2_data, gpt2_loss, gpt2_optimizer
     from vpipe_lab.examples import get
 
     ex = get(name)
