@@ -94,3 +94,31 @@ def test_replays_and_oversized_frames_from_the_network_are_dropped() -> None:
         rank0.close()
         ctx.term()
         broker.close()
+
+
+def test_a_peer_without_the_key_connecting_as_rank0_gets_no_command() -> None:
+    """Under torchrun the broker forwards clients' commands to rank 0 by the name its signed messages carry: an
+    intruder connecting to the ranks' side under the identity ``rank0`` receives none of them."""
+    broker = Broker(KEY, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", JOB)
+    ctx = zmq.Context()
+    intruder = ctx.socket(zmq.DEALER)
+    intruder.setsockopt(zmq.IDENTITY, b"rank0")
+    intruder.connect(broker.backend)
+    intruder.send_multipart(P.encode(P.Message(P.HEARTBEAT, "rank0"), P.new_key()))
+    wait_for(lambda: broker.rejected == 1)
+    rank0 = Link(broker.backend, KEY, "rank0", session=JOB.session_id)
+    client = Client(broker.frontend, KEY)
+    try:
+        rank0.send(ready(0).message())
+        wait_for(lambda: broker.current is not None)
+        assert client.wait_replay(5)
+        for i in (1, 2):
+            client.send("rank0", Run(id=i).message())
+            assert rank0.inbox.get(timeout=5).body["id"] == i
+        assert intruder.poll(300) == 0
+    finally:
+        intruder.close(0)
+        ctx.term()
+        client.close()
+        rank0.close()
+        broker.close()

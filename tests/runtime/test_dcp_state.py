@@ -51,3 +51,41 @@ def test_a_key_finds_the_longest_parameter_name() -> None:
     assert states == {"h.1.w.extra": {"exp_avg": 1}, "h.1.w": {"exp_avg": 2}} and options == {"h.10.w": {"lr": 0.1}}
     assert dcp_state.model_keys("w", {"w": ["a.w", "b.w"]}, set()) == ["a.w", "b.w"]
     assert dcp_state.model_keys("inv_freq", {}, {"inv_freq"}) == []
+
+
+class _Payload:
+    """What a crafted ``.metadata`` holds: unpickling it would run a command (it writes a file)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_dcp_metadata_is_read_without_running_code(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import pickle
+
+    import pytest
+    import torch.distributed.checkpoint as dcp
+
+    model = torch.nn.Linear(3, 2)
+    dcp.save({"w": model.state_dict(), "extra": {"step": 3, "name": "x"}}, checkpoint_id=str(tmp_path / "real"))
+    metadata = dcp_state.SafeReader(str(tmp_path / "real")).read_metadata()  # torch's own metadata reads
+    assert "w.weight" in metadata.state_dict_metadata
+    loaded = {"w": torch.nn.Linear(3, 2).state_dict()}
+    dcp.load(loaded, storage_reader=dcp_state.SafeReader(str(tmp_path / "real")),
+             planner=dcp_state.SafeLoadPlanner(), no_dist=True)
+    assert torch.equal(loaded["w"]["weight"], model.weight.detach())
+    crafted = tmp_path / "crafted"
+    crafted.mkdir()
+    marker = tmp_path / "ran"
+    (crafted / ".metadata").write_bytes(pickle.dumps(_Payload(str(marker))))
+    with pytest.raises(ValueError, match=r"names posix\.system.*never holds.*could run code"):
+        dcp_state.SafeReader(str(crafted)).read_metadata()
+    assert not marker.exists()
+    (crafted / ".metadata").write_bytes(pickle.dumps({"not": "metadata"}))
+    with pytest.raises(ValueError, match=r"holds a dict, not torch\.distributed\.checkpoint metadata"):
+        dcp_state.SafeReader(str(crafted)).read_metadata()

@@ -37,7 +37,17 @@ def test_key_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(made) == 64 and (tmp_path / "k").stat().st_mode & 0o777 == 0o600 and _key(args, 0) == made
     monkeypatch.setenv("VPIPE_LAB_KEY", "from-env")
     assert _key(args, 0) == "from-env"
-    assert _key(argparse.Namespace(key="given", key_file=""), 0) == "given"
+
+
+
+def test_a_key_on_the_command_line_is_refused_before_anything_starts() -> None:
+    """Every user of the machine reads a process's command line (ps): the key goes in the environment or a file."""
+    from vpipe_lab.cli.main import build_parser
+    from vpipe_lab.runtime.torchrun import _check
+
+    args = build_parser().parse_args(["worker", "--model", "mlp", "--key", "secret"])
+    with pytest.raises(ValueError, match=r"--key puts the session key in this process's command line.*VPIPE_LAB_KEY"):
+        _check(args)
 
 
 def test_outside_torchrun_the_error_says_so(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -97,3 +97,37 @@ def test_a_handler_gets_what_arrived_before_it_and_drain_takes_everything_waitin
     finally:
         link.close()
         hub.close()
+
+
+def test_a_peer_without_the_key_cannot_take_a_worker_s_route_by_its_name() -> None:
+    """An intruder connecting under a worker's name (its routing identity) before and after the worker gets none of
+    the worker's frames: routes follow signed messages only, and the worker keeps receiving."""
+    key = new_key()
+    hub = Hub(key)
+    ctx = zmq.Context()
+    early = ctx.socket(zmq.DEALER)
+    early.setsockopt(zmq.IDENTITY, b"rank0")
+    early.connect(hub.address)
+    early.send_multipart(encode(Message("hello", "rank0"), new_key()))  # no key: it cannot say it is rank0
+    link = Link(hub.address, key, "rank0")
+    late = ctx.socket(zmq.DEALER)
+    late.setsockopt(zmq.IDENTITY, b"rank0")
+    late.connect(hub.address)
+    try:
+        link.send(Message("hello", body={"rank": 0}))
+        assert wait_for(hub.inbox).type == "hello"
+        late.send_multipart(encode(Message("hello", "rank0"), new_key()))
+        time.sleep(0.3)
+        for i in range(3):
+            hub.send("rank0", Message("run", body={"iterations": i}))
+            assert wait_for(link.inbox).body == {"iterations": i}
+        for intruder in (early, late):
+            assert intruder.poll(200) == 0  # nothing meant for rank0 reached it
+        # the early intruder's frames were rejected; the late one's identity was taken (ZeroMQ ignores a duplicate)
+        assert hub.rejected >= 1 and set(hub.peers) == {"rank0"}
+    finally:
+        early.close(0)
+        late.close(0)
+        ctx.term()
+        link.close()
+        hub.close()

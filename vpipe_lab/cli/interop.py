@@ -32,10 +32,10 @@ def units_of_model(model: str, data: str | None, split: str | None, microbatches
     if model in examples.EXAMPLES:
         factory, source = examples.get(model).model, data or model
     else:
-        factory, source = load_data(model), data  # package.module:factory
+        factory, source = load_data(model, named_by_user=True), data  # package.module:factory, or file: (code)
     if source is None:
         raise UsageProblem("--data is needed to capture a model that is not bundled (one batch of its inputs)")
-    data_fn = load_data(source)
+    data_fn = load_data(source, named_by_user=True)
 
     def first() -> Any:
         inputs, _ = Source(data_fn, 0).get(0)
@@ -97,8 +97,10 @@ def _whose(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("whose units (module names)")
     g.add_argument("--checkpoint", help="a checkpoint the lab wrote (its manifest names the units)")
     g.add_argument("--bundle", help="an export bundle")
-    g.add_argument("--model", help="bundled example or package.module:factory, cut here as the workers cut it")
-    g.add_argument("--data", help="bundled example or package.module:data (one batch to capture the model on)")
+    g.add_argument("--model", help="bundled example, package.module:factory, or file:PATH (a pickled factory: loading it "
+                   "runs its code, like python PATH; name only files you trust), cut here as the workers cut it")
+    g.add_argument("--data", help="bundled example, package.module:data or file:PATH (likewise code): one batch to "
+                   "capture the model on")
     g.add_argument("--split", help="module names where units begin, comma-separated (as launch(split=...))")
 
 

@@ -153,7 +153,8 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--control-port", type=int, default=29600,
                    help="where rank 0 serves clients; 0: any free port (attach.json in --run-dir says which)")
     p.add_argument("--backend-port", type=int, default=0, help="where ranks reach rank 0 (default: any free port)")
-    p.add_argument("--key", help="session key (default: $VPIPE_LAB_KEY, else --key-file)")
+    p.add_argument("--key", help="refused: a key on the command line is in every process's /proc/PID/cmdline, which "
+                   "every user of the machine can read (ps); give it in $VPIPE_LAB_KEY or --key-file")
     p.add_argument("--key-file", default=str(DEFAULT_KEY_FILE),
                    help="read the key from here; rank 0 creates it if missing")
     p.add_argument("--timeout", type=float, default=300.0)

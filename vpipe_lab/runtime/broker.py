@@ -20,7 +20,7 @@ from dataclasses import replace
 import zmq
 
 from vpipe_lab.wire import protocol as P
-from vpipe_lab.wire.channel import bounded
+from vpipe_lab.wire.channel import Routes, bounded
 from vpipe_lab.wire.codec import decode
 from vpipe_lab.wire.events import Current, IterationReport, JobInfo, Ready, Welcome
 
@@ -50,6 +50,7 @@ class Broker:
         self.ready: dict[int, Ready] = {}
         self.current: Current | None = None
         self.clients: dict[bytes, float] = {}
+        self.routes = Routes()  # rank name -> its connection, learnt only from signed messages (wire/channel.py)
         self.rejected = 0
         # Frames are forwarded unchanged, so one guard serves both sides; a client's attach comes before it knows the
         # session, and is harmless (it only asks for a welcome).
@@ -118,7 +119,10 @@ class Broker:
                     except zmq.Again:
                         break
                     msg = self._verify(frames[1:], "backend")
-                    if msg is None or msg.type == P.HEARTBEAT:
+                    if msg is None:
+                        continue
+                    self.routes.learn(msg.src, frames[0])
+                    if msg.type == P.HEARTBEAT:
                         continue
                     if self.observer is not None:
                         try:
@@ -145,8 +149,11 @@ class Broker:
                     elif msg.type == P.DETACH:
                         self.clients.pop(client, None)
                     elif msg.type != P.HEARTBEAT:
+                        route = self.routes.get("rank0")
                         try:
-                            self._back.send_multipart([b"rank0", *rest], zmq.NOBLOCK)
+                            if route is None:
+                                raise zmq.ZMQError(msg="rank 0 has not connected yet")
+                            self._back.send_multipart([route, *rest], zmq.NOBLOCK)
                         except zmq.ZMQError as exc:
                             log.warning("broker: rank 0 cannot take a %s command now: %s", msg.type, exc)
             now = time.monotonic()

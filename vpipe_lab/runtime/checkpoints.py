@@ -87,7 +87,7 @@ class Checkpoints:
         reads = []
         missing: list[str] | None = None
         for where in directories:
-            reader = dcp.FileSystemReader(str(where))
+            reader = dcp_state.SafeReader(str(where))
             template, lacks = dcp_state.load_template(self.stage, aliases, non_persistent, reader.read_metadata())
             missing = lacks if missing is None else [k for k in missing if k in lacks]
             reads.append((reader, template))

@@ -6,17 +6,21 @@ top level, the optimizer flattened by parameter name under ``optimizer`` (the la
 So ``dcp.load(model.state_dict(), checkpoint_id=...)`` fills a plain model with no process group, torchtitan loads the
 model keys, and a checkpoint resumes onto any partition: every stage asks for its own units' keys, whoever wrote them.
 A tied weight is saved under each of its names (DCP keeps one copy per name; its writers agree on the bytes).
-Non-tensor values (a parameter group's ``betas``) are read back with ``torch.load(weights_only=True)``, never an
-unrestricted unpickle, so a checkpoint from elsewhere cannot run code here.
+Non-tensor values (a parameter group's ``betas``) are read back with ``torch.load(weights_only=True)``, and the
+``.metadata`` file (which torch's own ``FileSystemReader`` reads with plain ``pickle.load``) with an unpickler that
+admits only the classes DCP's metadata is made of (``SafeReader``): never an unrestricted unpickle, so a checkpoint
+from elsewhere cannot run code here.
 """
 
 from __future__ import annotations
 
 import io
+import pickle
 from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
 
@@ -24,6 +28,53 @@ from vpipe_lab.runtime.engine.stage import Stage
 
 OPTIMIZER, TRAIN = "optimizer", "train_state"
 GROUP_SKIP = ("params", "vpipe_unit")  # a parameter group's keys that are not options
+
+
+# What a DCP ``.metadata`` pickle is made of (torch 2.4 - 2.13): its own dataclasses and enum, torch's sizes, dtypes
+# and layouts, and the checkpoint's path. Anything else in it is not metadata, and could be code.
+_METADATA = {
+    "torch.distributed.checkpoint.metadata": {"Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
+                                              "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+                                              "_MEM_FORMAT_ENCODING"},
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},
+    "pathlib": {"PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"},
+    "collections": {"OrderedDict"},
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if name in _METADATA.get(module, ()) or (module == "torch" and isinstance(getattr(torch, name, None),
+                                                                                   torch.dtype)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+
+class SafeReader(FileSystemReader):
+    """torch's ``FileSystemReader``, reading ``.metadata`` with an unpickler that admits only what DCP metadata is
+    made of: a crafted ``.metadata`` (another job's, a downloaded checkpoint's) is refused, naming what it holds."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as fh:
+            try:
+                metadata = _MetadataUnpickler(fh).load()
+            except pickle.UnpicklingError as exc:
+                raise ValueError(f"{path} is not torch.distributed.checkpoint metadata: it names {exc}, which DCP "
+                                 "metadata never holds, so it is not loaded (it could run code); use a checkpoint "
+                                 "written by torch.distributed.checkpoint or the lab") from None
+            except (EOFError, AttributeError, TypeError) as exc:
+                raise ValueError(f"{path} is not readable torch.distributed.checkpoint metadata: {exc}") from None
+        if not isinstance(metadata, Metadata):
+            raise ValueError(f"{path} holds a {type(metadata).__name__}, not torch.distributed.checkpoint metadata")
+        if getattr(metadata, "storage_meta", None) is None:
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):

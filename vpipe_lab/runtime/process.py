@@ -81,10 +81,30 @@ def run(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: int,
         faults.hit(faults.parse(), "start", spec.devices[local_rank] if spec.devices else local_rank, spec.start_iteration)
         log.info("joining the process group at %s:%d as rank %d of %d", spec.master_addr, spec.master_port, rank, world)
         placement = select(spec.device, local_rank, local_world, spec.devices)
-        dist.init_process_group(placement.backend, init_method=f"tcp://{spec.master_addr}:{spec.master_port}",
+        dist.init_process_group(placement.backend, store=rendezvous(spec.master_addr, spec.master_port, rank, world,
+                                                                    spec.timeout_s),
                                 rank=rank, world_size=world, timeout=timedelta(seconds=spec.timeout_s))
 
     return serve(spec, rank, world, local_rank, local_world, link, join, worker_cls)
+
+
+_LISTENERS: list[socket.socket] = []  # rank 0's store socket, kept open for the process's life
+
+
+def rendezvous(host: str, port: int, rank: int, world: int, timeout_s: float) -> dist.TCPStore:
+    """The job's key-value store, on ``host`` (the session's, loopback unless ``launch(host=...)`` says otherwise):
+    rank 0 binds the socket itself and hands it to torch, whose own store would listen on every interface (an
+    unauthenticated store anyone on the network could read and write)."""
+    timeout = timedelta(seconds=timeout_s)
+    if rank != 0:
+        return dist.TCPStore(host, port, world, False, timeout)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, port))
+    listener.listen(max(64, 2 * world))
+    _LISTENERS.append(listener)
+    return dist.TCPStore(host, port, world, True, timeout, wait_for_workers=False, master_listen_fd=listener.fileno())
 
 
 def scout(spec: JobSpec, link: Link) -> None:

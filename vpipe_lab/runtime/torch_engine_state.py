@@ -19,7 +19,7 @@ from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import LayerCost
 from vpipe_lab.runtime import dcp_state
 from vpipe_lab.runtime.checkpoints import check_files, write_version
-from vpipe_lab.runtime.model.callables import agreed_plan
+from vpipe_lab.runtime.model.callables import agreed_plan, job_dir
 from vpipe_lab.wire import commands as C
 from vpipe_lab.wire import events as E
 from vpipe_lab.wire.checkpoint import Manifest, is_foreign, resolve
@@ -79,7 +79,7 @@ class TorchState:
                 raise ValueError(f"checkpoint {path} is in the per-layer format of earlier releases: resume it with "
                                  "engine='lab' and save it again (as a DCP checkpoint) to use it here")
             check_files(self.peer, self.index, self.world, 0, manifest)
-        reader = dcp.FileSystemReader(str(resolve(path)))
+        reader = dcp_state.SafeReader(str(resolve(path)))
         wanted = [([key], tensor) for key, tensor in self.pp.state_dict().items()]
         template, missing = dcp_state.template(wanted, set(self.named), reader.read_metadata())
         if missing:
@@ -107,7 +107,7 @@ class TorchState:
     # --- a plan change: a reshard -------------------------------------------------------------------------------
     def _apply_plan(self, cmd: C.Apply) -> None:
         """Save, rebuild the new plan's stages from a fresh model, load them back by name (every rank at once)."""
-        plan = agreed_plan(cmd.plan, cmd.schedules, self.num_layers, self.world, self.peer.all_max)
+        plan = agreed_plan(cmd.plan, cmd.schedules, self.num_layers, self.world, self.peer.all_max, job_dir(self.spec))
         if isinstance(plan, str):
             return self.ack(cmd, ok=False, error=plan)
         version = cmd.version if cmd.version is not None else self.ctl.plan_version + 1

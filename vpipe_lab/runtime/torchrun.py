@@ -55,8 +55,6 @@ def _role(value: str | None, role: str, spec: JobSpec) -> None:
 
 
 def _key(args: argparse.Namespace, rank: int) -> str:
-    if args.key:
-        return str(args.key)
     if os.environ.get("VPIPE_LAB_KEY"):
         return os.environ["VPIPE_LAB_KEY"]
     path = Path(args.key_file)
@@ -68,6 +66,9 @@ def _key(args: argparse.Namespace, rank: int) -> str:
 
 def _check(args: argparse.Namespace) -> None:
     """Refuse options that cannot work before joining anything, naming the value."""
+    if getattr(args, "key", None):
+        raise ValueError("--key puts the session key in this process's command line, which every user of the machine "
+                         "can read (ps, /proc/PID/cmdline): export VPIPE_LAB_KEY=... or give --key-file FILE (mode 0600)")
     from vpipe_lab.telemetry.sinks import check
     from vpipe_lab.wire.jobspec import check_training
 
@@ -197,7 +198,7 @@ def main(args: argparse.Namespace) -> int:
             runlog = runlogs.RunLog(run_dir, stages, resume["iteration"] if resume else 0, open_sink(args.log),
                                     replicas=args.replicas, note=resume["note"] if resume else "")
             broker.observer = runlog.observe
-            key_file = None if (args.key or os.environ.get("VPIPE_LAB_KEY")) else str(Path(args.key_file).absolute())
+            key_file = None if os.environ.get("VPIPE_LAB_KEY") else str(Path(args.key_file).absolute())
             where = runlogs.write_attach(run_dir, broker.frontend, socket.gethostname(), key_file)
             log.info("how to attach: %s", where)
     # Every rank learns the key, the backend and the job's id over the process group it already trusts.

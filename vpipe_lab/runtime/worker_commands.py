@@ -18,7 +18,7 @@ from vpipe_lab.runtime.engine.comm import Peer
 from vpipe_lab.runtime.engine.executor import Executor
 from vpipe_lab.runtime.engine.stage import Stage
 from vpipe_lab.runtime.migrate import Migration, Reconfigured, new_model
-from vpipe_lab.runtime.model.callables import agreed_plan, load_data
+from vpipe_lab.runtime.model.callables import agreed_plan, job_dir, load_data
 from vpipe_lab.runtime.model.capture import Chain
 from vpipe_lab.runtime.progress import Control
 from vpipe_lab.runtime.shape_epochs import ShapeEpochs
@@ -127,7 +127,7 @@ class WorkerCommands:
         if self.index == 0:  # only the first stage reads data
             own = self.eval_data if self.eval_data is not None else self.train_data
             try:
-                data = own if ref == "job:" else load_data(ref)
+                data = own if ref == "job:" else load_data(ref, job_dir(self.spec))
             except ValueError as exc:  # bad input from the client: say so, change nothing, train on
                 problem = str(exc)
         if self.peer.all_max([1.0 if problem else 0.0])[0] > 0:
@@ -141,13 +141,13 @@ class WorkerCommands:
         self.ack(cmd, path=cmd.path, ok=problem is None, error=problem)
 
     def _apply_plan(self, cmd: C.Apply) -> None:
-        plan = agreed_plan(cmd.plan, cmd.schedules, self.num_layers, self.world, self.peer.all_max)
+        plan = agreed_plan(cmd.plan, cmd.schedules, self.num_layers, self.world, self.peer.all_max, job_dir(self.spec))
         if isinstance(plan, str):
             return self.ack(cmd, ok=False, error=plan)
         self.ack_reconfigured(cmd, self.reconfigure(plan, {j: j for j in range(self.num_layers)}, None, cmd))
 
     def _set_model(self, cmd: C.SetModel) -> None:
-        factory = load_data(f"file:{cmd.path}")  # written by the controller into the job directory, not a socket
+        factory = load_data(f"file:{cmd.path}", job_dir(self.spec))  # the controller wrote it into the job directory
         try:  # every rank reaches the same verdict: a model that cannot run here changes nothing, training goes on
             chain, sources, plan = new_model(factory, self.spec.seed + 1_000_003 * (self.model_version + 1),
                                              self.chain, self.plan, self.world, cmd.mapping, cmd.plan,

@@ -57,6 +57,22 @@ class Endpoint(Protocol):
     def close(self) -> None: ...
 
 
+class Routes:
+    """Where each worker is reached: its name -> the ROUTER's id of the connection its newest *signed* message came
+    from. Workers connect without a chosen identity (ZeroMQ gives each connection a random one), so a peer without the
+    key can connect under any name it likes and still get no route: a route changes only on a message that carries
+    the key's signature and passes the replay guard (a restarted worker's first heartbeat moves its route at once)."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, bytes] = {}
+
+    def learn(self, name: str, connection: bytes) -> None:
+        self._ids[name] = bytes(connection)
+
+    def get(self, name: str) -> bytes | None:
+        return self._ids.get(name)
+
+
 class Hub:
     """The controller's endpoint: binds, receives from every worker, sends to a worker by its name."""
 
@@ -67,8 +83,6 @@ class Hub:
         self._sock = bounded(self._ctx.socket(zmq.ROUTER), MAX_EVENT, "controller")
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        # A restarted worker connects under the name of the one it replaces: it takes the name over at once
-        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         if port:
             self._sock.bind(f"tcp://{host}:{port}")
             self.port = port
@@ -80,6 +94,7 @@ class Hub:
         self._on_message = on_message
         self._stop = threading.Event()
         self.peers: dict[str, float] = {}  # worker name -> time of its last message
+        self.routes = Routes()  # worker name -> the connection its signed messages came from
         self.rejected = 0
         self._sender, self._guard = Sender(session or ""), ReplayGuard(session)
         self._thread = threading.Thread(target=self._loop, name="vpipe-hub", daemon=True)
@@ -113,9 +128,13 @@ class Hub:
                     to, msg = self._outbox.get_nowait()
                 except queue.Empty:
                     break
+                route = self.routes.get(to)
+                if route is None:  # nothing signed has come from it yet: not connected (the monitor reports it)
+                    log.debug("cannot send %s to %s: it has not said who it is", msg.type, to)
+                    continue
                 self._sender.stamp(msg)
                 try:
-                    self._sock.send_multipart([to.encode(), *encode(msg, self.key)], copy=False)
+                    self._sock.send_multipart([route, *encode(msg, self.key)], copy=False)
                 except zmq.ZMQError as exc:  # the peer is gone (ROUTER_MANDATORY): drop, the monitor reports it
                     log.debug("cannot send %s to %s: %s", msg.type, to, exc)
             if not poller.poll(_POLL_MS):
@@ -125,14 +144,15 @@ class Hub:
                     frames = self._sock.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                peer = frames[0].decode(errors="replace")
                 try:
                     msg = decode(frames[1:], self.key)
                     self._guard.check(msg)
                 except ProtocolError as exc:
                     self.rejected += 1
-                    _rejections.warning("rejected a message from %r: %s", peer, exc)
+                    _rejections.warning("rejected a message from connection %s: %s", frames[0].hex(), exc)
                     continue
+                peer = msg.src
+                self.routes.learn(peer, frames[0])
                 self.peers[peer] = time.monotonic()
                 if msg.type == HEARTBEAT:
                     continue
@@ -232,7 +252,8 @@ class Link(_Dealer):
 
     def __init__(self, address: str, key: str, name: str, heartbeat_s: float = 1.0, session: str | None = None) -> None:
         self.inbox: queue.Queue[Message] = queue.Queue()
-        super().__init__(address, key, name, name.encode(), heartbeat_s, 2000, "vpipe-link", session=session)
+        # no identity of its own choosing: the controller routes by the signed name (``Routes``)
+        super().__init__(address, key, name, None, heartbeat_s, 2000, "vpipe-link", session=session)
 
     def send(self, msg: Message) -> None:
         msg.src = self.name

@@ -88,6 +88,7 @@ class JobSpec:
     timeout_s: float = 120.0
     threads: int = 1
     callables_path: str | None = None  # cloudpickle of user callables; written by the controller, never a socket
+    job_dir: str | None = None  # where the controller writes the job's files: the only place a worker unpickles from
     examples: dict[str, str] = field(default_factory=dict)  # role -> bundled example name
     imports: dict[str, str] = field(default_factory=dict)  # role -> "package.module:attribute" (torchrun jobs)
     start_iteration: int = 0

@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from vpipe_lab.control.workers.processes import Launcher, _alive, reap_stale, state_dir
+from vpipe_lab.control.workers.processes import Launcher, _alive, reap_stale, start_time, state_dir
 
 SLEEPER = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)  # vpipe_lab"
 
@@ -27,10 +27,29 @@ def test_reap_stale_kills_workers_of_a_dead_controller(tmp_path: Path) -> None:
     victim = subprocess.Popen([sys.executable, "-c", SLEEPER], start_new_session=True)
     dead_owner = subprocess.Popen([sys.executable, "-c", "pass"])
     dead_owner.wait()
-    (state_dir() / "stale.json").write_text(json.dumps({"owner": dead_owner.pid, "pids": [victim.pid]}))
+    (state_dir() / "stale.json").write_text(json.dumps({"owner": dead_owner.pid, "pids": [victim.pid],
+                                                        "procs": [[victim.pid, start_time(victim.pid)]]}))
     assert reap_stale() == 1
     victim.wait(timeout=5)
     assert not _alive(victim.pid) and not (state_dir() / "stale.json").exists()
+
+
+def test_a_recorded_pid_now_held_by_another_process_is_left_alone(tmp_path: Path) -> None:
+    """pids wrap: the registry's pid may be another session's worker (or anyone's process) by now. Only the process
+    with the recorded start time is the one recorded; an older entry without start times proves nothing."""
+    bystander = subprocess.Popen([sys.executable, "-c", SLEEPER], start_new_session=True)
+    dead_owner = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_owner.wait()
+    try:
+        started = start_time(bystander.pid)
+        assert started is not None and start_time(dead_owner.pid) is None
+        for name, doc in (("reused", {"procs": [[bystander.pid, started - 1]]}), ("old", {"pids": [bystander.pid]})):
+            (state_dir() / f"{name}.json").write_text(json.dumps({"owner": dead_owner.pid, **doc}))
+            assert reap_stale() == 0
+            assert bystander.poll() is None and not (state_dir() / f"{name}.json").exists()
+    finally:
+        bystander.kill()
+        bystander.wait(5)
 
 
 def test_registry_lists_live_workers(tmp_path: Path) -> None:

@@ -29,3 +29,25 @@ def test_bundled_and_user_callables(tmp_path: Path) -> None:
 def test_missing_model_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no model or no data"):
         load_callables(spec(tmp_path))
+
+
+def test_a_worker_unpickles_a_file_only_inside_its_job_directory(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A command's ``file:`` reference (set_model, evaluation data, schedules) is code when unpickled: a worker
+    reads only what its controller wrote into the job directory; the command line's own ``file:PATH`` is the user's."""
+    import cloudpickle
+    import pytest
+
+    from vpipe_lab.runtime.model.callables import load_data
+
+    job, elsewhere = tmp_path / "job", tmp_path / "elsewhere"
+    job.mkdir()
+    elsewhere.mkdir()
+    for folder in (job, elsewhere):
+        (folder / "data.pkl").write_bytes(cloudpickle.dumps([1, 2]))
+    assert load_data(f"file:{job / 'data.pkl'}", job.resolve()) == [1, 2]
+    for ref in (f"file:{elsewhere / 'data.pkl'}", f"file:{job}/../elsewhere/data.pkl"):
+        with pytest.raises(ValueError, match="outside this job's directory"):
+            load_data(ref, job.resolve())
+    with pytest.raises(ValueError, match="outside this job's directory"):
+        load_data(f"file:{job / 'data.pkl'}", None)  # a job without a directory (torchrun) unpickles nothing
+    assert load_data(f"file:{elsewhere / 'data.pkl'}", named_by_user=True) == [1, 2]

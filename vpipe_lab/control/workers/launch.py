@@ -143,7 +143,7 @@ def launch(
         stages=stages, microbatches=microbatches, schedule=schedule, device=device, seed=seed,
         plan=plan.to_dict() if plan is not None else None, memory_budget=_budgets(memory_budget, stages),
         telemetry=telemetry, timeout_s=timeout, threads=threads,
-        callables_path=str(callables_path) if callables_path else None, examples=named,
+        callables_path=str(callables_path) if callables_path else None, job_dir=str(job_dir), examples=named,
         start_iteration=manifest.iteration if manifest else 0,
         resume_path=str(Path(resume).absolute()) if resume is not None else None,
         clip_grad_norm=None if clip_grad_norm is None else float(clip_grad_norm), precision=precision,

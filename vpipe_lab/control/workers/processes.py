@@ -47,13 +47,15 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _is_worker(pid: int) -> bool:
-    """Guard against pid reuse: only signal processes that really are vpipe_lab workers."""
+def start_time(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, /proc/PID/stat's 22nd field), None if it is gone. pids
+    wrap (at 32768 here): a pid with the start time recorded for it is the very process recorded."""
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return b"vpipe_lab" in fh.read()
-    except OSError:
-        return False
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rpartition(")")[2].split()  # after the command name, which may hold spaces
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def kill_group(pid: int, sig: int) -> None:
@@ -75,10 +77,14 @@ def reap_stale() -> int:
         except (OSError, json.JSONDecodeError):
             entry.unlink(missing_ok=True)
             continue
-        if _alive(int(doc.get("owner", 0))):
+        owner = int(doc.get("owner", 0))
+        if _alive(owner) and start_time(owner) == doc.get("owner_start", start_time(owner)):
             continue
-        for pid in doc.get("pids", []):
-            if _alive(pid) and _is_worker(pid):
+        # Only a process that is provably the one recorded (its pid and its start time) is signalled: a pid reused by
+        # another session's worker, or anyone's process, is left alone. An entry of an older release, without start
+        # times, proves nothing: it is dropped.
+        for pid, started in doc.get("procs", []):
+            if _alive(pid) and start_time(pid) == started:
                 kill_group(pid, signal.SIGKILL)
                 killed += 1
         entry.unlink(missing_ok=True)
@@ -159,7 +165,8 @@ class Launcher:
         return worker
 
     def _write_registry(self) -> None:
-        doc = {"owner": os.getpid(), "pids": [w.pid for w in self.workers], "job_dir": str(self.job_dir),
+        doc = {"owner": os.getpid(), "owner_start": start_time(os.getpid()), "pids": [w.pid for w in self.workers],
+               "procs": [[w.pid, start_time(w.pid)] for w in self.workers], "job_dir": str(self.job_dir),
                "created": time.time()}
         self._registry.write_text(json.dumps(doc))
 

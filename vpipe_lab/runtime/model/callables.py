@@ -63,22 +63,23 @@ def load_callables(spec: JobSpec) -> Callables:
     return Callables(**found, split=user.get("split"))
 
 
-def register_schedules(path: str | None) -> None:
-    """Register the schedule kinds the controller pickled into ``path`` (its job directory) for a live change."""
+def register_schedules(path: str | None, within: Path | None) -> None:
+    """Register the schedule kinds the controller pickled into ``path`` (its job directory ``within``) for a live
+    change."""
     if path:
-        for kind in load_data(f"file:{path}"):
+        for kind in load_data(f"file:{path}", within):
             schedules.register(kind)
 
 
 def agreed_plan(doc: dict[str, Any], schedules_path: str | None, layers: int, world: int,
-                all_max: Callable[[list[float]], list[float]]) -> Plan | str:
+                all_max: Callable[[list[float]], list[float]], within: Path | None = None) -> Plan | str:
     """The plan a live change names, checked on this rank (after registering the schedules it brings), or why not;
     every rank agrees (``all_max``), so a plan one rank cannot read changes nothing anywhere instead of ending the
     job (an attached job's workers do not know a schedule registered only in the client, say)."""
     problem = ""
     plan: Plan | None = None
     try:
-        register_schedules(schedules_path)
+        register_schedules(schedules_path, within)
         plan = Plan.from_dict(doc).validate(layers, world)  # the one check on this rank
     except (VpipeError, ValueError, OSError) as exc:
         problem = f"{exc}; a schedule the workers do not know must be registered in their own script"
@@ -88,11 +89,22 @@ def agreed_plan(doc: dict[str, Any], schedules_path: str | None, layers: int, wo
     return plan
 
 
-def load_data(ref: str) -> Any:
-    """Data a command names: a file of the controller's (a pickled function or iterable, in its job directory), a
-    bundled example, or 'package.module:attribute'."""
+def job_dir(spec: JobSpec) -> Path | None:
+    """The directory the controller writes this job's files in, None without one (a torchrun job)."""
+    return Path(spec.job_dir).resolve() if spec.job_dir else None
+
+
+def load_data(ref: str, within: Path | None = None, *, named_by_user: bool = False) -> Any:
+    """Data a command names: a file of the controller's (a pickled function or iterable, in its job directory
+    ``within``), a bundled example, or 'package.module:attribute'. Unpickling runs code, so a ``file:`` reference
+    is read only inside ``within``, or where the user named the file themselves (``named_by_user``: the command
+    line's ``--model file:PATH``, which is code like ``python PATH``)."""
     if ref.startswith("file:"):
-        with open(Path(ref[5:]), "rb") as fh:  # written by the controller into the job directory, not a socket
+        path = Path(ref[5:]).resolve()
+        if not named_by_user and (within is None or not path.is_relative_to(within)):
+            raise ValueError(f"{ref!r} is outside this job's directory ({within}): a worker unpickles only the files "
+                             "its controller wrote there")
+        with open(path, "rb") as fh:
             return cloudpickle.load(fh)
     if ref in examples.EXAMPLES:
         return examples.get(ref).data
