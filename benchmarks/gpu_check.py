@@ -8,7 +8,10 @@ run with plain single-process training on the GPU, a single-stage GPU run agains
 numerics match across devices), how much of the swap traffic hides under compute (iteration time with swap against
 keep), measured from CUDA events what fraction of a swapped layer's copies ran while its neighbours computed, and
 that weight gradients accumulated inside the GEMM (runtime/engine/wgrad.py) equal autograd's, with both backwards' times,
-and parity of ZB-H1 and (with 2 GPUs) interleaved 1F1B and ZBV with plain training on the GPU.
+and parity of ZB-H1 and (with 2 GPUs) interleaved 1F1B and ZBV with plain training on the GPU; that a model laid out
+on the meta device is captured with the CUDA branch of device-dependent code (transformers' MoE layers count tokens
+with an integer histc on CUDA), a Mixtral trains on the GPU equal to plain training there with its experts' load
+counted, and the allocator's peak (max_memory_allocated) is reported beside the cost model's prediction.
 Record what it prints in benchmarks/RESULTS.md.
 """
 
@@ -91,6 +94,43 @@ def fused_wgrad(torch) -> dict[str, object]:  # type: ignore[no-untyped-def]
     t_fused = sorted(t for _, t in times)[2]
     return {"fused_wgrad_max_abs_diff": diff, "fused_wgrad_ok": diff < 1e-4, "fused_wgrad_ms": round(t_fused, 3),
             "autograd_wgrad_ms": round(t_plain, 3), "fused_wgrad_speedup": round(t_plain / t_fused, 3)}
+
+
+def moe_on_cuda(torch, stages: int) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """The CUDA branch of device-dependent code in the capture, and a Mixtral pipelined on the GPU."""
+    import vpipe_lab
+    from tests.models.zoo import lm_data, mixtral, sgd
+    from tests.runtime import reference
+    from tests.runtime.model.test_run_device import DeviceBranch, _branch
+    from vpipe_lab.core.cost.costmodel import estimate
+    from vpipe_lab.runtime.build import on_meta
+    from vpipe_lab.runtime.engine.executor import default_loss
+    from vpipe_lab.runtime.model.capture import capture
+
+    meta, _ = on_meta(DeviceBranch, 0)
+    chain = capture(meta.train(), torch.zeros(2, 4, device="meta"), split=["proj", "head"],
+                    device=torch.device("cuda", 0))
+    dtype, scale = _branch(n for u in chain.units for n in u.graph.graph.nodes)
+    out: dict[str, object] = {"capture_cuda_branch_ok": dtype == torch.int32 and scale == 3.0}
+    with vpipe_lab.launch(mixtral, lm_data, stages=stages, microbatches=4, optimizer=sgd, device="cuda",
+                          timeout=300) as s:
+        s.run(4)
+        s.wait(timeout=600)
+        state, experts = s.state_dict(), s.metrics.experts
+        memory = s.metrics.memory
+        last = memory[memory["iteration"] == memory["iteration"].max()].sort_values("stage")
+        predicted = estimate(s.plan, s.profile(), s.cluster()).peak_bytes
+    torch.manual_seed(0)
+    model = mixtral().cuda()
+    on_gpu = lambda it: tuple({k: v.cuda() for k, v in x.items()} if isinstance(x, dict) else x.cuda()
+                              for x in lm_data(it))
+    model, _ = reference.train(None, on_gpu, default_loss, sgd, iterations=4, microbatches=4, model=model)
+    worst = max(float((state[k].cuda().float() - v.float()).abs().max()) for k, v in model.state_dict().items())
+    out.update({"moe_max_abs_diff": worst, "moe_ok": worst < 1e-3 and not experts.empty,
+                "moe_expert_rows": len(experts),
+                "moe_peak_measured": [int(v) for v in last["allocated_peak"]],
+                "moe_peak_predicted": list(predicted)})
+    return out
 
 
 def main() -> int:
@@ -190,8 +230,10 @@ def main() -> int:
         worst = max(float((ran[k].cuda().float() - v.float()).abs().max()) for k, v in model.state_dict().items())
         checks[f"{schedule}_max_abs_diff"] = worst
         checks[f"{schedule}_ok"] = worst < 1e-3 and (schedule == "interleaved-1f1b" or "wgrad" in kinds)
+    checks.update(moe_on_cuda(torch, stages))
     results["checks"] = checks
     results["ok"] = bool(checks["parity_ok"] and checks["swap_ok"] and checks["cuda_counters"]
+                         and checks["capture_cuda_branch_ok"] and checks["moe_ok"]
                          and checks["backend"] == "nccl" and checks["single_stage_gpu_vs_cpu_ok"]
                          and checks["swap_overlap_ok"] and checks["fused_wgrad_ok"]
                          and all(checks[f"{s}_ok"] is not False for s in newer))

@@ -137,19 +137,26 @@ def tally(indices: torch.Tensor, layer: str, experts: int, capacity: int | None,
         return
     with torch.no_grad():
         picks = indices.detach()
+        if capacity is None:  # the common case, in one or two ops: a router's picks are always below the count
+            flat = picks.reshape(-1).long()
+            if flat.device.type == "cpu":
+                counts = torch.bincount(flat, minlength=experts)
+            else:  # bincount sizes its output from the largest pick, which would synchronise the GPU
+                counts = torch.zeros(experts, dtype=torch.long, device=flat.device).index_add_(
+                    0, flat, torch.ones_like(flat))
+            total = TALLY.tokens.get(layer)
+            TALLY.tokens[layer] = counts if total is None else total.add_(counts)
+            return
         # groups a capacity applies to: each sequence of a [batch, sequence(, k)] pick, else the whole micro-batch
         grouped = picks.dim() >= (3 if flat_k else 2)
-        rows = picks.reshape(picks.shape[0], -1) if grouped else picks.reshape(1, -1)
-        rows = rows.long()
+        rows = (picks.reshape(picks.shape[0], -1) if grouped else picks.reshape(1, -1)).long()
         counts = torch.zeros(rows.shape[0], experts, dtype=torch.long, device=rows.device)
-        counts.scatter_add_(1, rows.clamp(0, experts - 1), (rows < experts).long())
-        got = counts if capacity is None else counts.clamp(max=capacity)
-        total = TALLY.tokens.get(layer)
-        TALLY.tokens[layer] = got.sum(0) if total is None else total + got.sum(0)
-        if capacity is not None:
-            over = (counts - capacity).clamp(min=0).sum(0)
-            dropped = TALLY.dropped.get(layer)
-            TALLY.dropped[layer] = over if dropped is None else dropped + over
+        counts.scatter_add_(1, rows, torch.ones_like(rows))
+        got = counts.clamp(max=capacity).sum(0)
+        over = (counts - capacity).clamp(min=0).sum(0)
+        total, dropped = TALLY.tokens.get(layer), TALLY.dropped.get(layer)
+        TALLY.tokens[layer] = got if total is None else total.add_(got)
+        TALLY.dropped[layer] = over if dropped is None else dropped.add_(over)
 
 
 def take() -> dict[str, dict[str, Any]]:
