@@ -13,11 +13,15 @@ def test_run_trains_prints_a_summary_and_writes_a_report(tmp_path: Path, capsys:
     report = tmp_path / "run.html"
     assert main(["run", "--model", "mlp", "--stages", "2", "--microbatches", "2", "--iterations", "4",
                  "--schedule", "interleaved-1f1b", "--device", "cpu", "--plan", "auto", "--report", str(report)]) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert "vpipe planned from the measured profile" in out and "interleaved-1f1b V=2" in out
     assert "4 iterations: loss" in out and "samples/s" in out and "stage 1:" in out
+    assert "4/4" in captured.err.replace("\r", "\n").splitlines()[-1]  # the progress bar ends full
     html = report.read_text()
     assert "measured timeline" in html and "loss per iteration" in html
+    header = next(line for line in html.splitlines() if "time/mb" in line).split("<pre>")[-1]
+    assert header.split() == ["stage", "layers", "policies", "time/mb", "peak", "memory", "budget", "note"]
 
 
 def test_run_rejects_a_bad_plan_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

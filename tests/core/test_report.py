@@ -17,6 +17,10 @@ def test_plan_table_flags_budget_and_bottleneck() -> None:
     assert "OVER BUDGET" in text and "DOES NOT FIT" in text
     assert "0:25 (embedding..ffn11)" in text and "1 swap, 1 recompute" in text
     assert text.splitlines()[0].startswith("stage")
+    # every column has its name: the header's names line up with the rule under them, one word group per column
+    header, rule = text.splitlines()[:2]
+    assert header.split() == ["stage", "layers", "policies", "time/mb", "peak", "memory", "budget", "note"]
+    assert len(rule.split()) == 7
 
 
 def test_a_stage_s_neighbouring_chunks_read_as_one_range() -> None:

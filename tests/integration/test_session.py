@@ -88,3 +88,25 @@ def test_where_time_goes_measured_beside_predicted() -> None:
     # one chunk per stage: each chunk's row is its stage's work
     assert list(chunks["chunk"]) == [0, 0] and list(chunks["compute_s"]) == pytest.approx(list(frame["compute_s"]))
     assert (chunks["predicted_compute_share"] > 0.05).all()
+
+
+def test_waiting_for_an_iteration_the_session_will_not_reach_says_why_at_once() -> None:
+    """Idle short of it, or paused: wait() raises at once with the reason and the fix; a timeout says where training
+    stood when it expired, not when the wait began."""
+    with vpipe_lab.launch("mlp", stages=2, microbatches=4, device="cpu", timeout=60) as s:
+        s.run(3)
+        assert s.wait(timeout=60) == 3
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"iteration 8 will not be reached: training stopped at iteration 3 "
+                                               r"\(the target of the last run\(\)\).*run\(5\) first"):
+            s.wait(8)  # no timeout: it used to block forever
+        assert time.monotonic() - start < 5
+        s.run()
+        at = s.pause()
+        with pytest.raises(RuntimeError, match=f"paused at iteration {at}: resume"):
+            s.wait(at + 5)
+        s.resume()
+        begun = s.iteration
+        with pytest.raises(TimeoutError, match=r"iteration 100000000 not reached \(at (\d+)\) within 2 s") as err:
+            s.wait(10**8, timeout=2)
+        assert int(err.value.args[0].split("(at ")[1].split(")")[0]) > begun  # where it stood at the end

@@ -76,9 +76,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                           f"iteration {event['snapshot']}, {event['replayed']} iteration(s) to replay"
                           + (f"; {event['note']}" if event.get("note") else ""))
 
-        session.on_event(on_event)
+        unsubscribe = session.on_event(on_event)
         session.run(args.iterations)
         session.wait(timeout=args.timeout)
+        unsubscribe()
+        # the last iteration's event comes on another thread than wait()'s answer: the bar counts what was done
+        bar.update(max(0, len(session.metrics.records()) - bar.n))
         bar.close()
         frame = session.metrics.iterations
         memory = session.metrics.memory

@@ -46,9 +46,10 @@ class Requests:
             self._replies.setdefault(answer.id, []).append(answer)
 
     # --- callers -------------------------------------------------------------------------------------------------------
-    def until(self, done: Callable[[], bool], timeout: float | None, what: str) -> None:
+    def until(self, done: Callable[[], bool], timeout: float | None, what: str | Callable[[], str]) -> None:
         """Wait until ``done()`` (checked under ``cond``); raise the workers' failure, or TimeoutError saying ``what``
-        did not happen within ``timeout`` seconds (None: wait as long as it takes)."""
+        (or what ``what()`` says when it expires: where things stood then) did not happen within ``timeout`` seconds
+        (None: wait as long as it takes)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.cond:
             while not done():
@@ -57,7 +58,7 @@ class Requests:
                     raise failure
                 left = 0.1 if deadline is None else deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError(f"{what} within {timeout:g} s")
+                    raise TimeoutError(f"{what() if callable(what) else what} within {timeout:g} s")
                 self.cond.wait(min(left, 0.1))
 
     def send(self, cmd: Command) -> int:

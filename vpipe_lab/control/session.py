@@ -95,8 +95,7 @@ class Session(Outward, Lifecycle, Record):
             self._monitor.fail(WorkerError(rank % self.stages, f"{what} within {timeout:.0f} s"))
         except WorkerError:
             pass
-        if self._monitor.fatal is not None:
-            err = self._monitor.fatal
+        if (err := self._monitor.fatal) is not None:
             self.stop(timeout=2.0)  # nothing trains yet
             raise err
 
@@ -148,8 +147,7 @@ class Session(Outward, Lifecycle, Record):
 
     def started(self, rank: int) -> dict[str, Any]:
         """What ``rank`` reported when it started: its stage, device, backend, measured bandwidths, plan."""
-        ready = self.state.ready.get(rank)
-        return ready.to_dict() if ready is not None else {}
+        return ready.to_dict() if (ready := self.state.ready.get(rank)) is not None else {}
 
     @property
     def failure(self) -> WorkerError | None:
@@ -186,8 +184,7 @@ class Session(Outward, Lifecycle, Record):
             raise self._monitor.fatal
         if self.closed:
             raise SessionClosed("this session was stopped; start a new one with vpipe_lab.launch()")
-        err = self._monitor.take_budget()
-        if err is not None:
+        if (err := self._monitor.take_budget()) is not None:
             raise err
 
     def cluster(self) -> Cluster:
@@ -216,14 +213,18 @@ class Session(Outward, Lifecycle, Record):
         return self.state.target
 
     def wait(self, iteration: int | None = None, timeout: float | None = None) -> int:
-        """Block until ``iteration`` iterations are done (default: the target of the last run()); returns the count."""
+        """Block until ``iteration`` iterations are done (default: the last run()'s target); returns the count. One not
+        reachable as things stand (idle short of it, paused) raises at once, why; a timeout says where it stood."""
         goal = iteration if iteration is not None else self.state.target
         if goal is None:
             raise ValueError("run() was asked to train until stopped: give wait() an iteration to wait for")
         self._check()
-        self._requests.until(lambda: self.state.iteration >= goal or self.closed or self._monitor.paused_reported(),
-                             timeout, f"iteration {goal} not reached (at {self.state.iteration})")
+        why = lambda: self.state.unreachable(goal, self.paused)
+        self._requests.until(lambda: self.state.iteration >= goal or self.closed or self._monitor.paused_reported()
+                             or why() is not None, timeout, lambda: f"iteration {goal} not reached (at {self.iteration})")
         self._check()
+        if why() is not None:
+            raise RuntimeError(f"iteration {goal} will not be reached: {why()}")
         return self.state.iteration
 
     def pause(self) -> int:

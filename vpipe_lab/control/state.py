@@ -40,6 +40,17 @@ class JobState:
     last_migration: dict[str, Any] | None = None  # the newest of ``applied`` as a dict (what events carry)
     last_mapping: dict[int, int | None] | None = None
 
+    def unreachable(self, goal: int, paused: bool) -> str | None:
+        """Why ``goal`` iterations will not be done as things stand (None: they are, or may be)."""
+        if self.iteration >= goal:
+            return None
+        if paused:
+            return f"the session is paused at iteration {self.iteration}: resume() it (or run()) first"
+        if self.target is not None and self.target < goal and self.iteration >= self.target:
+            return (f"training stopped at iteration {self.target} (the target of the last run()) and was not asked "
+                    f"for more: run({goal - self.iteration}) first")
+        return None
+
     def adopt(self, ready: list[Ready], current: Current | None) -> None:
         """Take what the ranks reported at start (READY), and for an attached job its current state."""
         for body in ready:

@@ -49,7 +49,7 @@ def _policy_summary(policies: Sequence[Policy]) -> str:
 
 def plan_table(plan: Plan, est: Estimate, profile: ModelProfile | None = None) -> str:
     """One row per stage: layers, policies, time per micro-batch, peak memory against the budget."""
-    rows = [("stage", "layers", "policies", "time/mb", "peak memory", "budget", "")]
+    rows = [("stage", "layers", "policies", "time/mb", "peak memory", "budget", "note")]
     for s in range(plan.stages):
         ranges: list[range] = []  # one, or a stage's chunks, neighbouring ones joined (ZBV's turn)
         for c in plan.chunks_of(s):

@@ -366,6 +366,8 @@ class PartitionEditor(anywidget.AnyWidget):
         self._closed = True
         if self._unsubscribe is not None:
             self._unsubscribe()
+        if threading.current_thread() is not self._worker:  # a measurement it started ends before close returns
+            self._worker.join(timeout=5.0)
         self.what_if.close()
         self.panel.close()
         super().close()
