@@ -48,6 +48,12 @@ def test_bad_input_is_a_usage_error(ip) -> None:  # type: ignore[no-untyped-def]
         ip.run_line_magic("vpipe", "use not_a_session")
     with pytest.raises(UsageError, match="is not a size"):
         ip.run_line_magic("vpipe", "start mlp --budget lots")
+    with pytest.raises(UsageError, match=r"cannot read the line '.*': No closing quotation"):
+        ip.run_line_magic("vpipe", 'start "unterminated')
+    ip.user_ns.pop("session", None)
+    with pytest.raises(UsageError, match=r"--run 'banana': give a number of iterations \(>= 1\) or 'forever'"):
+        ip.run_line_magic("vpipe", "start gpt-tiny --run banana")
+    assert "session" not in ip.user_ns  # refused before any worker started: nothing bound
 
 
 def test_split_option_takes_module_names_or_a_function(ip) -> None:  # type: ignore[no-untyped-def]

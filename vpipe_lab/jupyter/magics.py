@@ -173,14 +173,24 @@ class VpipeMagics(InteropCommands, record_commands.RecordCommands, Magics):
     def vpipe(self, line: str) -> Any:
         """Drive a vpipe_lab pipeline; `%vpipe help` lists the commands."""
         try:
-            args = self.parser.parse_args(shlex.split(line))
+            words = shlex.split(line)
+        except ValueError as exc:  # an unterminated quote, say
+            raise UsageError(f"cannot read the line {line!r}: {exc}") from None
+        try:
+            args = self.parser.parse_args(words)
         except _Done:
             return None
         command = args.command or "help"
         try:
             return getattr(self, f"cmd_{command}")(args)
+        except UsageError:
+            raise
         except VpipeError as exc:
             raise UsageError(f"{type(exc).__name__}: {exc}") from None
+        # What the user asked cannot be done as asked (a bad value, a folder that is not there, a wait that ran out):
+        # one line that says why, not a traceback into the lab's code.
+        except (ValueError, TypeError, OSError, TimeoutError, RuntimeError) as exc:
+            raise UsageError(f"%vpipe {command}: {type(exc).__name__}: {exc}") from None
 
     def cmd_help(self, args: argparse.Namespace) -> None:
         print(self.parser.format_help())
@@ -201,6 +211,8 @@ class VpipeMagics(InteropCommands, record_commands.RecordCommands, Magics):
 
         if self.session is not None and not self.session.closed:
             raise UsageError("a session is already running: %vpipe stop it first")
+        if args.run is not None and args.run != "forever" and not (args.run.isdigit() and int(args.run) > 0):
+            raise UsageError(f"--run {args.run!r}: give a number of iterations (>= 1) or 'forever'")
         if args.virtual_stages is None:
             args.virtual_stages = default_virtual_stages(args.schedule)
         for name in ("stages", "microbatches", "replicas", "virtual_stages"):

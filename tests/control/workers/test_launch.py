@@ -43,6 +43,12 @@ def test_pipedream_refuses_what_needs_one_step_of_the_whole_model() -> None:
         launch("mlp", stages=2, microbatches=4, schedule="pipedream", replicas=2, device="cpu")
 
 
+def test_a_timeout_that_is_not_a_number_of_seconds_is_refused_before_anything_starts() -> None:
+    for name, value in (("timeout", None), ("timeout", 0), ("start_timeout", float("inf")), ("timeout", "60")):
+        with pytest.raises(ValueError, match=f"{name}={value!r}: give the seconds to wait at most"):
+            launch("mlp", stages=2, microbatches=4, device="cpu", **{name: value})
+
+
 def test_restart_settings_are_checked_before_anything_starts() -> None:
     with pytest.raises(ValueError, match="max_restarts must be a whole number >= 0"):
         launch("mlp", stages=2, microbatches=4, max_restarts=-1, device="cpu")

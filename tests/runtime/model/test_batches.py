@@ -72,3 +72,26 @@ def test_loss_must_be_a_scalar() -> None:
     assert loss(torch.tensor([3.0]), None).shape == ()
     with pytest.raises(ValueError, match="scalar"):
         loss(torch.ones(3), None)
+
+
+def test_what_an_iterable_raises_is_what_the_user_sees_and_the_batch_is_not_counted_as_read() -> None:
+    """A data source that raises at item 5 used to be reported as 'asked for batch 5, next is 6', its own error
+    lost; now its error is raised, and asking for batch 5 again asks the iterable again."""
+
+    class Flaky:
+        def __init__(self) -> None:
+            self.fail = True
+
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            for i in range(8):
+                if i == 5 and self.fail:
+                    self.fail = False
+                    raise OSError("the shard on /data/5 is gone")
+                yield torch.full((2, 1), float(i)), None
+
+    source = Source(Flaky(), 0)
+    for i in range(5):
+        source.get(i)
+    with pytest.raises(OSError, match="the shard on /data/5 is gone"):
+        source.get(5)
+    assert float(source.get(5)[0][0, 0]) == 0.0  # the iterable began again (a new epoch): no 'next is 6'

@@ -121,6 +121,7 @@ def launch(
 
     virtual_stages = _check_settings(stages, microbatches, schedule, device, clip_grad_norm, precision, eval_every,
                                      eval_batches, fused_wgrad, replicas, engine, virtual_stages, plan)
+    _check_timeouts(timeout=timeout, start_timeout=start_timeout)
     _check_restarts(max_restarts, snapshot_every, engine)
     sinks.check(log)
     plan, manifest = _plan_to_run(plan, resume, stages, microbatches, schedule, virtual_stages)
@@ -197,6 +198,15 @@ def _check_settings(stages: int, microbatches: int, schedule: str, device: str, 
                                         precision=precision, replicas=replicas):
         raise ValueError(problem)
     return virtual_stages
+
+
+def _check_timeouts(**timeouts: Any) -> None:
+    """A timeout is a number of seconds the workers and the controller wait at most: None (or anything else) would be
+    accepted here and fail in the workers, so it is refused before anything starts."""
+    for name, value in timeouts.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise ValueError(f"{name}={value!r}: give the seconds to wait at most (a number > 0); a stuck worker is "
+                             "found only by a timeout")
 
 
 def _check_restarts(max_restarts: int, snapshot_every: int | None, engine: str) -> None:

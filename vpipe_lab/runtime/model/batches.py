@@ -111,14 +111,14 @@ class Source:
         if iteration != self._next:
             raise ValueError(f"an iterable data source is read in order: asked for batch {iteration}, next is "
                              f"{self._next}")
-        self._next += 1
         item = self.buffer.get(iteration) if self.buffer is not None else None
         if item is None:
             while self._pos < iteration:  # resumed or restarted: another process read the batches before
                 self._pull()
-            item = self._pull()
+            item = self._pull()  # what the iterable raises is what the user sees (the batch is not counted as read)
             if self.buffer is not None:
                 self.buffer.put(iteration, item)
+        self._next += 1
         return _pair(item)
 
 
