@@ -61,6 +61,14 @@ class Requests:
                     raise TimeoutError(f"{what() if callable(what) else what} within {timeout:g} s")
                 self.cond.wait(min(left, 0.1))
 
+    def settle(self, done: Callable[[], bool], timeout: float) -> None:
+        """Give ``done()`` up to ``timeout`` seconds (the reports of the iterations before a pause the workers
+        reported, which travel on other sockets than the pause), and go on either way."""
+        try:
+            self.until(done, timeout, "the reports before the pause")
+        except TimeoutError:
+            pass
+
     def send(self, cmd: Command) -> int:
         """Send a command to rank 0; returns the id it was sent with."""
         cid = next(self._ids)

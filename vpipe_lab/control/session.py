@@ -184,7 +184,8 @@ class Session(Outward, Lifecycle, Record):
             raise self._monitor.fatal
         if self.closed:
             raise SessionClosed("this session was stopped; start a new one with vpipe_lab.launch()")
-        if (err := self._monitor.take_budget()) is not None:
+        if (err := self._monitor.take_budget()) is not None:  # raised with the earlier iterations' reports in
+            self._requests.settle(lambda: self.state.iteration >= getattr(err, "iteration", 0), self.spec.timeout_s)
             raise err
 
     def cluster(self) -> Cluster:
@@ -232,8 +233,7 @@ class Session(Outward, Lifecycle, Record):
         iteration before that one is in ``metrics``)."""
         at = self._command(Pause()).iteration
         self.state.paused = True
-        # Rank 0 acknowledges at the boundary; the other stages' reports of the last iteration may still be on
-        # their way (they travel on other sockets).
+        # Rank 0 acknowledges at the boundary; the other stages' reports may still be on their way (other sockets).
         self._requests.until(lambda: self.state.iteration >= at, self.spec.timeout_s,
                              f"the reports of the iterations before {at} did not arrive")
         return at
