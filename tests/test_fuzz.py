@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from vpipe_lab.core.errors import PlanError, ProfileError, ScheduleError
 from vpipe_lab.core.plan import Plan, Policy
 from vpipe_lab.core.schedule import Action, Schedule
+from vpipe_lab.wire import commands, events  # noqa: F401  (their body classes fill the codec's registry)
 from vpipe_lab.wire.protocol import ProtocolError, ReplayGuard, decode, encode, new_key
 
 KEY = new_key()
@@ -125,3 +126,119 @@ def test_encoded_messages_round_trip() -> None:
 
     frames = [bytes(f) for f in encode(Message("run", body={"iterations": 3}, seq=1, sid="ab"), KEY)]
     assert decode(frames, KEY).sid == "ab"
+
+
+def _bundle_doc() -> dict[str, object]:
+    from vpipe_lab.core.interop.bundle import UnitInfo, make
+
+    units = [UnitInfo("embed", ("embed",), "pre"), *(UnitInfo(f"b{i}", (f"blocks.{i}",), "block:Block")
+                                                      for i in range(3)), UnitInfo("head", ("head",), "post")]
+    return make(Plan((0, 1, 2, 3, 4, 5), tuple("kkrsk"), 4, "interleaved-1f1b", 2), units,
+                microbatch_size=2).to_dict()
+
+
+def _paths(doc: object, at: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    """Every place in a JSON document a value sits, to put another value there."""
+    out = [at]
+    if isinstance(doc, dict):
+        out += [p for k, v in doc.items() for p in _paths(v, (*at, k))]
+    elif isinstance(doc, list):
+        out += [p for i, v in enumerate(doc) for p in _paths(v, (*at, i))]
+    return out
+
+
+BUNDLE_PATHS = _paths(_bundle_doc())
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.sampled_from(BUNDLE_PATHS), json_values | st.integers() | st.sampled_from(
+    ["../../x.csv", "/etc/passwd", "a/b.csv", "", 10**12, -1, None, [], {}])), min_size=1, max_size=3))
+def test_any_edit_of_a_pipeline_json_reads_back_or_is_refused_in_one_line(edits: list[tuple[tuple[object, ...], object]]
+                                                                         ) -> None:
+    """pipeline.json from someone else: whatever was changed in it, reading it gives a Bundle or one ProfileError
+    line, and a Bundle read is one the lab can write again (schedule_csv inside the bundle, micro-batches bounded)."""
+    import tempfile
+    from pathlib import Path
+
+    from vpipe_lab.wire import bundle
+
+    doc: object = _bundle_doc()
+    for path, value in edits:
+        if not path:
+            doc = value
+            continue
+        node = doc
+        try:
+            for key in path[:-1]:
+                node = node[key]  # type: ignore[index]
+            node[path[-1]] = value  # type: ignore[index]
+        except (KeyError, IndexError, TypeError):
+            pass  # an earlier edit changed the shape above this place
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "pipeline.json").write_text(json.dumps(doc))
+        try:
+            read = bundle.read(tmp)
+        except ProfileError as exc:
+            assert "\n" not in str(exc) and len(str(exc)) < 600
+            return
+        assert bundle.csv_path(tmp, read).parent == Path(tmp)
+        assert read.microbatches <= 16384
+        bundle.write(Path(tmp) / "again", read)
+
+
+@FUZZ
+@given(st.text(max_size=60) | st.sampled_from(["[" * 3000, "{" * 3000, '{"kind": "plan"' + "0" * 5000 + "}"]))
+def test_a_plan_document_of_any_text_is_a_plan_or_one_profile_error(text: str) -> None:
+    try:
+        Plan.from_json(text if text.lstrip().startswith("{") else "{" + text)
+    except (PlanError, ProfileError) as exc:
+        assert "\n" not in str(exc)
+
+
+class _Launched(Exception):
+    """Raised instead of starting workers: the line passed every check before the launch."""
+
+
+def _words(command: str) -> st.SearchStrategy[list[str]]:
+    from vpipe_lab.jupyter.magics import build_parser, subcommands
+
+    options = sorted(o for o in subcommands(build_parser())[command]._option_string_actions if o.startswith("--"))
+    token: st.SearchStrategy[str] = st.sampled_from(options) if options else st.nothing()
+    value = st.sampled_from(["mlp", "gpt-tiny", "-5", "0", "3", "1e99", "nan", "-1", "forever", "banana", "1f1b",
+                             "zbv", "/nonexistent/dir/x.json", "../..", "3=swap", "x=y", "2GB", "'", '"'])
+    return st.lists(token | value | st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=8),
+                    max_size=6)
+
+
+@FUZZ
+@given(st.sampled_from(__import__("vpipe_lab.jupyter.magics", fromlist=["COMMANDS"]).COMMANDS).flatmap(
+    lambda c: _words(c).map(lambda ws: [c, *ws])), st.booleans())
+def test_any_magic_line_without_a_session_is_done_or_one_usage_error(words: list[str], quote: bool) -> None:
+    """Every %vpipe line a user can type: it is done, or one UsageError line says why; a start whose line passes
+    every check reaches launch() (which this test stops there), and nothing else escapes as a traceback."""
+    import contextlib
+    import os
+    import tempfile
+    from unittest import mock
+
+    from IPython.core.error import UsageError
+    from IPython.testing import globalipapp
+
+    from vpipe_lab.jupyter.magics import VpipeMagics
+
+    shell = globalipapp.start_ipython() or globalipapp.get_ipython()
+    magics = VpipeMagics(shell)
+    line = shlex.join(words) if quote else " ".join(words)
+    cwd = os.getcwd()
+    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(None), \
+            mock.patch("vpipe_lab.control.workers.launch.launch", side_effect=_Launched), \
+            mock.patch("vpipe_lab.control.sessions.latest", return_value=None):
+        os.chdir(tmp)  # a line that writes a file writes it here
+        try:
+            magics.vpipe(line)
+        except UsageError as exc:
+            assert str(exc).strip(), line
+        except _Launched:
+            assert words[0] == "start"
+        finally:
+            os.chdir(cwd)

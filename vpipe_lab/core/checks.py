@@ -8,14 +8,17 @@ from typing import Any
 
 
 def count(value: Any, name: str, minimum: int = 1, *, optional: bool = False,
-          error: type[Exception] = ValueError, what: str = "") -> None:
-    """Refuse (``error``) a ``value`` that is not a whole number >= ``minimum`` (None passes when ``optional``)."""
+          error: type[Exception] = ValueError, what: str = "", maximum: int | None = None) -> None:
+    """Refuse (``error``) a ``value`` that is not a whole number >= ``minimum`` (and <= ``maximum`` where one is
+    given; None passes when ``optional``)."""
     if value is None and optional:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum is not None
+                                                                                     and value > maximum):
         extra = f" ({what})" if what else ""
         either = " or None" if optional else ""
-        raise error(f"{name} must be a whole number >= {minimum}{either}{extra}, got {value!r}")
+        span = f"from {minimum} to {maximum}" if maximum is not None else f">= {minimum}"
+        raise error(f"{name} must be a whole number {span}{either}{extra}, got {value!r}")
 
 
 def positive(value: Any, name: str, *, optional: bool = False, error: type[Exception] = ValueError,

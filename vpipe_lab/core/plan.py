@@ -24,6 +24,9 @@ from vpipe_lab.core.schedules import get as _get_kind
 # re-registered or removed since makes it unchecked). Another process checks again against its own registry.
 _CHECKED: dict[tuple[Plan, int], ScheduleKind] = {}
 _CHECKED_LOCK = threading.Lock()
+# Every micro-batch's steps are laid out (the schedule IR, the CSV an export writes): a count past what any real job
+# runs is a typo that would exhaust memory, so it is refused where a plan is read or made.
+MAX_MICROBATCHES = 16384
 AUTO = "auto"  # for the planner (``planner.search``, ``Session.replan``): choose the schedule too
 VIRTUAL_HELP = "model chunks per stage under interleaved-1f1b (default: 2 with it or zbv, which needs 2; else 1)"
 
@@ -184,7 +187,8 @@ class Plan:
         if problem := virtual_refusal(self.schedule, v):
             raise PlanError(f"{problem}: give a schedule and a virtual_stages that go together, and stages x "
                             "virtual_stages + 1 boundaries")
-        checks.count(self.microbatches, "microbatches", error=PlanError)
+        checks.count(self.microbatches, "microbatches", error=PlanError, maximum=MAX_MICROBATCHES,
+                     what="a schedule lays out every micro-batch's steps: more is a typo, not a batch")
         if problem := kind.check(self.stages, self.microbatches):
             raise PlanError(problem)
 

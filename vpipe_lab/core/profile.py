@@ -158,13 +158,17 @@ def load_doc(text_or_path: str | Path, what: str) -> Any:
         try:
             text = path.read_text()
         except OSError as exc:
-            raise ProfileError(f"cannot read {what} file {str(path)!r}: {exc.strerror}") from None
+            raise ProfileError(f"cannot read {what} file {str(path)[:200]!r}: {exc.strerror}") from None
+        except ValueError as exc:  # a NUL byte in the name, bytes that are not text
+            raise ProfileError(f"cannot read {what} file {str(path)[:200]!r}: {exc}") from None
     else:
         text = str(text_or_path)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ProfileError(f"{what} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
+    except (RecursionError, ValueError) as exc:  # lists nested past the parser's depth, a number of 5,000 digits
+        raise ProfileError(f"{what} is not a document this lab reads: {exc}") from None
 
 
 def check_kind(doc: Any, kind: str) -> Mapping[str, Any]:

@@ -10,6 +10,7 @@ there is replaced, anything else is refused.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -19,7 +20,7 @@ from typing import Any
 
 from vpipe_lab.core.errors import PlanError, ProfileError
 from vpipe_lab.core.interop import megatron, torch_schedules, torchtitan
-from vpipe_lab.core.interop.bundle import Bundle
+from vpipe_lab.core.interop.bundle import SCHEMA_FILE, Bundle, csv_name
 from vpipe_lab.core.report import human_time
 
 PIPELINE = "pipeline.json"
@@ -36,7 +37,9 @@ def write(path: str | Path, bundle: Bundle) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
     try:
         csv_path = str(root / bundle.schedule_csv)  # torchtitan opens it relative to its own working directory
-        files = {PIPELINE: json.dumps(bundle.to_dict(), indent=1) + "\n",
+        doc = bundle.to_dict()
+        check(doc, "the bundle to write")  # what the lab writes keeps the contract it documents
+        files = {PIPELINE: json.dumps(doc, indent=1) + "\n",
                  bundle.schedule_csv: torch_schedules.csv_text(bundle.plan),
                  "torchtitan.toml": torchtitan.toml_text(bundle, csv_path),
                  "torchtitan_config.py": torchtitan.python_text(bundle, csv_path)}
@@ -65,16 +68,40 @@ def read(path: str | Path) -> Bundle:
     try:
         doc = json.loads(target.read_text())
     except OSError as exc:
-        raise ProfileError(f"cannot read the export bundle {str(path)!r}: {exc.strerror}; write one with "
+        raise ProfileError(f"cannot read the export bundle {str(path)[:200]!r}: {exc.strerror}; write one with "
                            "session.export_plan(path) or vpipe-lab export") from None
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"{target} is not valid JSON: {exc}") from None
+    except (RecursionError, ValueError) as exc:  # not JSON, not text, nested past the parser, a 5,000-digit number
+        raise ProfileError(f"{target} is not a pipeline.json this lab reads: {exc}") from None
+    check(doc, str(target))
     return Bundle.from_dict(doc)
 
 
+@functools.cache
+def _validator() -> Any:
+    import jsonschema  # a runtime dependency; imported here so the wire's other users do not pay for it
+
+    return jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text()))
+
+
+def check(doc: Any, where: str = PIPELINE) -> None:
+    """Refuse (ProfileError, one line naming the field) a ``pipeline.json`` document its JSON Schema does not admit."""
+    import jsonschema
+
+    try:
+        error = jsonschema.exceptions.best_match(_validator().iter_errors(doc))
+    except RecursionError:
+        raise ProfileError(f"{where} is nested too deeply to be a pipeline.json") from None
+    if error is not None:
+        field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".")
+        message = error.message if len(error.message) <= 200 else error.message[:200] + "..."
+        raise ProfileError(f"{where}: {field or 'the document'}: {message} (the contract: "
+                           f"{SCHEMA_FILE.name} in vpipe_lab.core.interop, docs/interop.md)")
+
+
 def csv_path(path: str | Path, bundle: Bundle) -> Path:
+    """The bundle's schedule CSV: always a file inside the bundle directory (``csv_name`` refuses anything else)."""
     root = Path(path)
-    return (root if root.is_dir() else root.parent) / bundle.schedule_csv
+    return (root if root.is_dir() else root.parent) / csv_name(bundle.schedule_csv)
 
 
 def _table(bundle: Bundle) -> list[str]:

@@ -12,8 +12,10 @@ lab's order, or None; ``schedule_csv`` is that order, which always runs (``core/
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from vpipe_lab.core.errors import PlanError, ProfileError
@@ -22,6 +24,17 @@ from vpipe_lab.core.plan import Plan, Policy
 
 FORMAT = 1
 KIND = "vpipe_lab-pipeline"
+# The contract as a JSON Schema (draft 2020-12) shipped with the package: every field, its type, range and meaning.
+# wire/bundle.py validates each pipeline.json it reads and writes against it; from_dict repeats the checks the lab
+# itself relies on, so a reader without jsonschema is as safe.
+SCHEMA_FILE = Path(__file__).with_name("pipeline.schema.json")
+_SHORT = reprlib.Repr()  # keyword arguments only from Python 3.12
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdict = 3, 60, 60, 6, 6
+
+
+def _short(value: Any) -> str:
+    """A value for an error line: a crafted document's values are cut short (depth and length), never printed whole."""
+    return _SHORT.repr(value)
 
 
 @dataclass(frozen=True)
@@ -40,12 +53,12 @@ class MoeInfo:
     @classmethod
     def from_dict(cls, doc: Any, where: str = "moe") -> MoeInfo:
         if not isinstance(doc, Mapping) or not isinstance(doc.get("module"), str):
-            raise ProfileError(f"{where} must be an object with a 'module', got {doc!r}")
+            raise ProfileError(f"{where} must be an object with a 'module', got {_short(doc)}")
         counts = {k: doc.get(k, d) for k, d in (("experts", None), ("top_k", 1), ("capacity", None))}
         for key, value in counts.items():
             if (value is not None or key == "experts") and (isinstance(value, bool) or not isinstance(value, int)
                                                             or value < 1):
-                raise ProfileError(f"{where}.{key} must be a whole number >= 1, got {value!r}")
+                raise ProfileError(f"{where}.{key} must be a whole number >= 1, got {_short(value)}")
         return cls(doc["module"], counts["experts"], counts["top_k"], counts["capacity"])
 
 
@@ -78,18 +91,21 @@ class UnitInfo:
     @classmethod
     def from_dict(cls, doc: Any, where: str = "unit") -> UnitInfo:
         if not isinstance(doc, Mapping) or not isinstance(doc.get("name"), str):
-            raise ProfileError(f"{where} must be an object with a 'name', got {doc!r}")
+            raise ProfileError(f"{where} must be an object with a 'name', got {_short(doc)}")
         moe = doc.get("moe", [])
         if not isinstance(moe, list):
-            raise ProfileError(f"{where}.moe must be a list of MoE layers, got {moe!r}")
-        return cls(doc["name"], tuple(_strings(doc.get("modules", []), f"{where}.modules")),
-                   str(doc.get("kind", "block")), tuple(_strings(doc.get("tensors", []), f"{where}.tensors")),
+            raise ProfileError(f"{where}.moe must be a list of MoE layers, got {_short(moe)}")
+        kind = doc.get("kind", "block")
+        if not isinstance(kind, str):
+            raise ProfileError(f"{where}.kind must be 'pre', 'block:<class>' or 'post', got {_short(kind)}")
+        return cls(doc["name"], tuple(_strings(doc.get("modules", []), f"{where}.modules")), kind,
+                   tuple(_strings(doc.get("tensors", []), f"{where}.tensors")),
                    tuple(MoeInfo.from_dict(m, f"{where}.moe[{i}]") for i, m in enumerate(moe)))
 
 
 def _strings(value: Any, where: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ProfileError(f"{where} must be a list of strings, got {value!r}")
+        raise ProfileError(f"{where} must be a list of strings, got {_short(value)}")
     return value
 
 
@@ -114,16 +130,16 @@ class StageSpec:
     @classmethod
     def from_dict(cls, doc: Any, where: str) -> StageSpec:
         if not isinstance(doc, Mapping):
-            raise ProfileError(f"{where} must be an object, got {doc!r}")
+            raise ProfileError(f"{where} must be an object, got {_short(doc)}")
         for key in ("stage", "rank"):
             if not isinstance(doc.get(key), int) or isinstance(doc.get(key), bool):
-                raise ProfileError(f"{where}.{key} must be a whole number, got {doc.get(key)!r}")
+                raise ProfileError(f"{where}.{key} must be a whole number, got {_short(doc.get(key))}")
         split_at = doc.get("split_at")
         if split_at is not None and not isinstance(split_at, str):
-            raise ProfileError(f"{where}.split_at must be a module name or null, got {split_at!r}")
+            raise ProfileError(f"{where}.split_at must be a module name or null, got {_short(split_at)}")
         units = doc.get("units", [])
         if not isinstance(units, list) or not all(isinstance(u, int) for u in units):
-            raise ProfileError(f"{where}.units must be a list of unit indices, got {units!r}")
+            raise ProfileError(f"{where}.units must be a list of unit indices, got {_short(units)}")
         return cls(doc["stage"], doc["rank"], split_at, tuple(_strings(doc.get("modules"), f"{where}.modules")),
                    tuple(_strings(doc.get("recompute", []), f"{where}.recompute")),
                    tuple(_strings(doc.get("offload", []), f"{where}.offload")), tuple(units),
@@ -175,25 +191,45 @@ class Bundle:
         """Read a ``pipeline.json`` document back, checked: the stages must be the lab plan's chunks."""
         if not isinstance(doc, Mapping) or doc.get("kind", KIND) != KIND:
             found = doc.get("kind") if isinstance(doc, Mapping) else type(doc).__name__
-            raise ProfileError(f"not a vpipe_lab pipeline.json document (kind {found!r})")
+            raise ProfileError(f"not a vpipe_lab pipeline.json document (kind {_short(found)})")
         if doc.get("format") != FORMAT:
-            raise ProfileError(f"pipeline.json format {doc.get('format')!r} is not supported: this vpipe_lab reads "
+            raise ProfileError(f"pipeline.json format {_short(doc.get('format'))} is not supported: this vpipe_lab reads "
                                f"format {FORMAT}")
         lab = doc.get("vpipe_lab")
         if not isinstance(lab, Mapping):
             raise ProfileError("pipeline.json has no 'vpipe_lab' section: it was not written by vpipe_lab export")
         plan = Plan.from_dict(lab.get("plan"))
-        units = tuple(UnitInfo.from_dict(u, f"vpipe_lab.units[{i}]") for i, u in enumerate(lab.get("units", [])))
-        stages = tuple(StageSpec.from_dict(s, f"stages[{i}]") for i, s in enumerate(doc.get("stages") or []))
-        size = doc.get("microbatch_size")
-        bundle = cls(plan, units, stages, doc.get("schedule"), size if isinstance(size, int) else None,
-                     str(doc.get("schedule_csv", "schedule.csv")), _float(lab.get("predicted_s")),
-                     _float(lab.get("measured_s")), tuple(str(n) for n in lab.get("notes", [])))
+        units = tuple(UnitInfo.from_dict(u, f"vpipe_lab.units[{i}]")
+                      for i, u in enumerate(_list(lab.get("units"), "vpipe_lab.units")))
+        stages = tuple(StageSpec.from_dict(s, f"stages[{i}]") for i, s in enumerate(_list(doc.get("stages"), "stages")))
+        size, schedule = doc.get("microbatch_size"), doc.get("schedule")
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ProfileError(f"microbatch_size must be a whole number >= 1 or null, got {_short(size)}")
+        if schedule is not None and not isinstance(schedule, str):
+            raise ProfileError(f"schedule must be a torch schedule class name or null, got {_short(schedule)}")
+        bundle = cls(plan, units, stages, schedule, size, csv_name(doc.get("schedule_csv", "schedule.csv")),
+                     _float(lab.get("predicted_s")), _float(lab.get("measured_s")),
+                     tuple(_strings(lab.get("notes", []), "vpipe_lab.notes")))
         expected = make(plan, units, microbatch_size=bundle.microbatch_size).stages
         if [(s.stage, s.rank, s.units) for s in stages] != [(s.stage, s.rank, s.units) for s in expected]:
             raise ProfileError("pipeline.json's stages do not match its plan: edit the plan, not the stages, or "
                                "export the bundle again")
         return bundle
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise ProfileError(f"{where} must be a list, got {_short(value)}")
+    return value
+
+
+def csv_name(value: Any) -> str:
+    """``schedule_csv`` checked: a plain ``.csv`` file name, so it can only name a file inside the bundle."""
+    if (not isinstance(value, str) or not value.endswith(".csv") or value.startswith(".") or "/" in value
+            or "\\" in value or "\0" in value or len(value) > 132):
+        raise ProfileError(f"schedule_csv must be a plain file name ending in .csv inside the bundle directory, "
+                           f"got {_short(value)}")
+    return value
 
 
 def _float(value: Any) -> float | None:
