@@ -85,3 +85,24 @@ def test_a_single_version_directory_reads_too(tmp_path: Path) -> None:
         layer_file(tmp_path, i).write_bytes(b"x")
     assert Manifest.read(tmp_path) == manifest()
     assert layer_file(tmp_path, 12).name == "layer-00012.pt"
+
+
+@pytest.mark.parametrize(("field", "value", "said"), [
+    ("iteration", "7", "iteration is '7'"), ("iteration", -1, "iteration is -1"), ("num_layers", 0, "num_layers is 0"),
+    ("names", [1, 2], "names is [1, 2]"), ("files", ["../x"], "files is ['../x']"), ("format", "pickle", "format is"),
+    ("plan", [[[[[[[[[[1]]]]]]]]]], "plan is [[[[[["), ("units", [3], "units is [3]"), ("extra", None, "extra is None"),
+    ("seed", True, "seed is True"), ("evil", 1, "unknown fields ['evil']"),
+])
+def test_a_forged_manifest_is_refused_naming_the_field_before_anything_uses_it(tmp_path: Path, field: str,
+                                                                                value: object, said: str) -> None:
+    """A checkpoint is a file from someone else: a wrong type failed a worker later, in its own logging."""
+    version = save(tmp_path, "ckpt-a", b"x")
+    doc = json.loads((version / "manifest.json").read_text())
+    doc[field] = value
+    (version / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(ProfileError, match="manifest") as caught:
+        Manifest.read(tmp_path)
+    assert said in str(caught.value) and "\n" not in str(caught.value)
+    (version / "manifest.json").write_text("[" * 100_000)
+    with pytest.raises(ProfileError, match="not a manifest this lab reads"):
+        Manifest.read(tmp_path)

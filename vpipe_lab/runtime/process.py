@@ -152,7 +152,7 @@ def serve(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: in
         cause = f"{type(exc).__name__}: {exc}"
         stage, replica = rank % spec.stages, rank // spec.stages
         iteration, microbatch, action = _where(worker, spec)
-        log.error("stage %d%s failed at iteration %d%s (%s): %s", stage, f" of replica {replica}" if spec.replicas > 1
+        log.error("stage %s%s failed at iteration %s%s (%s): %s", stage, f" of replica {replica}" if spec.replicas > 1
                   else "", iteration, f", micro-batch {microbatch}" if microbatch >= 0 else "", action, cause)
         link.send(Failure("exception", stage, rank, replica, iteration, cause=cause, traceback=traceback.format_exc(),
                           microbatch=microbatch, action=action).message())

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import re
+import reprlib
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -110,10 +111,13 @@ class Manifest:
                                f"({exc.strerror}); save one with session.save(path)") from None
         except json.JSONDecodeError as exc:
             raise ProfileError(f"{target} is not valid JSON: {exc}") from None
-        if doc.get("kind") != "vpipe_lab-checkpoint":
+        except (RecursionError, ValueError) as exc:  # not text, nested past the parser, a 5,000-digit number
+            raise ProfileError(f"{target} is not a manifest this lab reads: {exc}") from None
+        if not isinstance(doc, dict) or doc.get("kind") != "vpipe_lab-checkpoint":
             raise ProfileError(f"{target} is not a vpipe_lab checkpoint manifest")
         doc.pop("kind")
         doc.pop("version", None)
+        _check_fields(doc, target)
         manifest = cls(**doc, directory=version)
         allowed = _DCP if manifest.format == "dcp" else _LAYER
         outside = [name for name in manifest.files if not allowed.match(name)]
@@ -149,6 +153,37 @@ class Manifest:
             raise ProfileError(f"checkpoint file {path} does not match its checksum (corrupted or truncated); resume "
                                "from another checkpoint version")
         return data
+
+
+# What each manifest field must hold: a checkpoint is a file from someone else, and a worker that trusted a wrong type
+# failed later in its own logging or arithmetic, far from the cause.
+_FIELDS: dict[str, tuple[type, ...]] = {
+    "iteration": (int,), "plan": (dict,), "num_layers": (int,), "names": (list,), "seed": (int,),
+    "plan_version": (int,), "model_version": (int,), "extra": (dict,), "files": (dict,), "format": (str,),
+    "units": (list,)}
+
+
+def _check_fields(doc: dict[str, Any], target: Path) -> None:
+    """Refuse (ProfileError naming the field) a manifest whose fields are unknown, missing or of the wrong type."""
+    unknown = sorted(set(doc) - set(_FIELDS))
+    missing = [k for k in ("iteration", "plan", "num_layers", "names", "seed") if k not in doc]
+    if unknown or missing:
+        raise ProfileError(f"{target} is not a manifest this lab wrote: " + (f"unknown fields {unknown[:5]}" if unknown
+                           else f"it lacks {missing}"))
+    for key, value in doc.items():
+        wrong = isinstance(value, bool) or not isinstance(value, _FIELDS[key])
+        if not wrong and isinstance(value, int) and value < (1 if key == "num_layers" else 0):
+            wrong = True
+        if key in ("names", "files") and not wrong:
+            items = value.items() if isinstance(value, dict) else [(v, v) for v in value]
+            wrong = not all(isinstance(a, str) and isinstance(b, str) for a, b in items)
+        if key == "format" and value not in ("dcp", "layers"):
+            wrong = True
+        if key == "units" and not wrong:
+            wrong = not all(isinstance(u, dict) for u in value)
+        if wrong:
+            raise ProfileError(f"{target}: {key} is {reprlib.repr(value)}, not what a vpipe_lab manifest holds "
+                               "there; the manifest is corrupt or forged, and nothing of it is used")
 
 
 def is_foreign(path: str | Path) -> bool:
