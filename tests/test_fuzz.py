@@ -242,3 +242,41 @@ def test_any_magic_line_without_a_session_is_done_or_one_usage_error(words: list
             assert words[0] == "start"
         finally:
             os.chdir(cwd)
+
+
+TITAN_KEYS = ["pipeline_parallel_degree", "pipeline_parallel_schedule", "module_fqns_per_model_part",
+              "pipeline_parallel_microbatch_size", "pipeline_parallel_layers_per_stage",
+              "pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers",
+              "pipeline_parallel_schedule_csv"]
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from(TITAN_KEYS), json_values | st.sampled_from(
+    [2, 4, "1F1B", "Interleaved1F1B", "ZBVZeroBubble", [["embed", "blocks.0"], ["blocks.1", "blocks.2", "head"]]]),
+    max_size=6), st.one_of(st.none(), st.integers(-2, 16)), st.one_of(st.none(), st.integers(-2, 64)))
+def test_a_torchtitan_config_of_any_values_is_a_plan_or_one_plan_error(par: dict[str, object], m: int | None,
+                                                                      batch: int | None) -> None:
+    """An imported production config: whatever its values, a plan or a PlanError line, never a TypeError."""
+    from vpipe_lab.core.interop import torchtitan
+    from vpipe_lab.core.interop.bundle import UnitInfo
+
+    units = [UnitInfo("embed", ("embed",), "pre"), *(UnitInfo(f"b{i}", (f"blocks.{i}",), "block:Block")
+                                                      for i in range(3)), UnitInfo("head", ("head",), "post")]
+    try:
+        torchtitan.read(par, units, batch_size=batch, microbatches=m, csv_text="")
+    except (PlanError, ProfileError, ScheduleError) as exc:
+        assert "\n" not in str(exc)
+
+
+@FUZZ
+@given(st.text(alphabet="Et|L*0123456789 (),-m", max_size=24), st.integers(-1, 5), st.integers(-1, 9))
+def test_a_megatron_layout_of_any_text_is_a_plan_or_one_plan_error(layout: str, ranks: int, m: int) -> None:
+    from vpipe_lab.core.interop import megatron
+    from vpipe_lab.core.interop.bundle import UnitInfo
+
+    units = [UnitInfo("embed", ("embed",), "pre"), *(UnitInfo(f"b{i}", (f"blocks.{i}",), "block:Block")
+                                                      for i in range(4)), UnitInfo("head", ("head",), "post")]
+    try:
+        megatron.plan_from_layout(layout, ranks, units, microbatches=m)
+    except (PlanError, ProfileError, ScheduleError) as exc:
+        assert "\n" not in str(exc)

@@ -31,4 +31,6 @@ def test_what_is_missing_is_said(capsys: pytest.CaptureFixture[str], tmp_path: P
     assert main(["export", str(tmp_path / "x"), "--model", "mlp"]) == 2
     assert "no plan: give --plan" in capsys.readouterr().err
     assert main(["import", "Et|tL", "--model", "mlp", "--ranks", "2"]) == 2
+    assert "does not say the number of micro-batches: give microbatches= (--microbatches)" in capsys.readouterr().err
+    assert main(["import", "Et|tL", "--model", "mlp", "--ranks", "2", "-m", "2"]) == 2
     assert "Megatron-LM lays out an embedding" in capsys.readouterr().err

@@ -96,6 +96,13 @@ def test_a_checkpoint_resumes_onto_another_stage_count_and_schedule(tmp_path: Pa
         session.run(2)
         session.wait(timeout=120)
         path = session.save(tmp_path / "ckpt")
+    # an export from the checkpoint keeps the micro-batch size the job ran with (it wrote null: torchtitan would split
+    # the batch into micro-batches of 1)
+    from vpipe_lab.cli.main import main
+    from vpipe_lab.wire import bundle
+
+    assert main(["export", str(tmp_path / "bundle"), "--checkpoint", str(path.parent)]) == 0
+    assert bundle.read(tmp_path / "bundle").microbatch_size == gpt.BATCH // 4
     with vpipe_lab.launch("gpt-tiny", stages=4, microbatches=4, schedule="interleaved-1f1b", virtual_stages=2,
                           device="cpu", timeout=90, resume=path.parent) as session:
         assert session.iteration == 2 and session.plan.chunks == 8

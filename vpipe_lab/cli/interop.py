@@ -73,7 +73,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         plan = Plan.from_json(Path(args.plan)) if args.plan else saved
         if plan is None:
             raise UsageProblem("no plan: give --plan PLAN.json (vpipe-lab plan -o writes one) or a checkpoint")
-        path = interop.write(args.output, interop.bundle_of(plan, units, microbatch_size=args.microbatch_size))
+        size = args.microbatch_size
+        if size is None and args.checkpoint:  # the size the job ran with: torchtitan would split the batch otherwise
+            size = interop.microbatch_size_of(args.checkpoint)
+        path = interop.write(args.output, interop.bundle_of(plan, units, microbatch_size=size))
     found = interop.files.read(path)
     print(f"{found.plan.describe()} exported to {path} ({found.schedule or 'schedule.csv'}); see {path / 'README.md'}")
     return 0

@@ -69,7 +69,9 @@ class TorchState:
         version = root / (name or f"ckpt-{self.ctl.iteration:08d}-{self.ctl.plan_version}-{self.model_version}")
         return write_version(self.peer, self.index, self.world, 0, self.leader, version, self.state(), lambda: Manifest(
             self.ctl.iteration, self.plan.to_dict(), self.num_layers, self.names, self.spec.seed, self.ctl.plan_version,
-            self.model_version, format="dcp", units=self.chain.infos()), keep, self.ctl.iteration)
+            self.model_version, format="dcp", units=self.chain.infos(),
+            extra={"microbatch_size": self.samples // self.plan.microbatches if self.samples else None}),
+            keep, self.ctl.iteration)
 
     def load(self, path: Path) -> None:
         """Read this rank's tensors and optimizer state by name from a DCP checkpoint (the lab's or torch's)."""

@@ -77,7 +77,7 @@ class Worker(WorkerCommands):
         index, world = rank % stages, stages
         self.spec, self.index, self.world, self.link = spec, index, world, link
         self.placement = select(spec.device, local_rank, local_world, spec.devices)
-        self.clock = Clock(0.0)
+        self.clock, self.samples = Clock(0.0), None  # samples: the last batch's, on rank 0 (for reports and saves)
         # Unattended (``vpipe-lab worker --iterations N``): train until iteration N without waiting for a client.
         self.ctl = Control(iteration=spec.start_iteration, target=spec.iterations or 0)
         fns = load_callables(spec)
@@ -185,8 +185,7 @@ class Worker(WorkerCommands):
         """Every rank learns here, at the same iteration, whether any rank went over its budget in the iteration
         just run and which commands to apply. One all-reduce in the common case (no commands); the commands' JSON
         follows as a broadcast only when rank 0 has some."""
-        blob = b""
-        changed = 0.0
+        blob, changed = b"", 0.0
         # Rank 0 checks the batch that runs next (after the one just run, when one ran). It may never run (it lies past
         # the last iteration asked for), so failing to read it must not fail the job: its shapes are agreed anew then.
         if self.index == 0 and self.ctl.active:
@@ -222,10 +221,11 @@ class Worker(WorkerCommands):
     def save(self, root: Path, name: str | None = None, keep: int | None = None) -> str | None:
         """A new checkpoint version under ``root`` (see ``runtime/checkpoints.py``); None, or why it failed."""
         version = root / (name or f"ckpt-{self.ctl.iteration:08d}-{self.ctl.plan_version}-{self.model_version}")
+        size = self.samples // self.plan.microbatches if self.samples else None  # an export from it keeps the size
         return self.checkpoints.save(version, lambda: Manifest(
             self.ctl.iteration, self.plan.to_dict(), self.num_layers, self.names, self.spec.seed, self.ctl.plan_version,
-            self.model_version, extra={"loss_scale": self.scale.state()}, format="dcp", units=self.chain.infos()),
-            keep, self.ctl.iteration)
+            self.model_version, extra={"loss_scale": self.scale.state(), "microbatch_size": size}, format="dcp",
+            units=self.chain.infos()), keep, self.ctl.iteration)
 
     def restore(self, path: Path) -> None:
         manifest = self.checkpoints.restore(path, self.num_layers)

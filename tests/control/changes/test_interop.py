@@ -48,7 +48,17 @@ def test_every_source_reads_as_a_plan(tmp_path: Path) -> None:
     toml.write_text((root / "torchtitan.toml").read_text().replace("# pipeline_parallel_microbatch_size",
                                                                    "pipeline_parallel_microbatch_size = 2\n#"))
     assert interop.read(toml, UNITS, PLAN, batch_size=8).boundaries == (0, 2, 8)
-    assert interop.import_plan("Et*3|t*3L", UNITS) == interop.read("Et*3|t*3L", UNITS, None, microbatches=1)
+    # without a running plan, what the source leaves open is refused naming the keyword, never defaulted
+    with pytest.raises(PlanError, match=r"does not say the number of micro-batches: give microbatches="):
+        interop.import_plan("Et*3|t*3L", UNITS, ranks=2)
+    with pytest.raises(PlanError, match=r"does not say how many ranks run its stages: give ranks="):
+        interop.import_plan("Et*3|t*3L", UNITS, microbatches=2)
+    with pytest.raises(PlanError, match=r"does not say the number of micro-batches"):
+        interop.import_plan([["embed", "h.0"], ["h.1", "h.2", "h.3", "h.4", "h.5", "norm", "head"]], UNITS, ranks=2)
+    with pytest.raises(PlanError, match=r"give microbatches= \(--microbatches\) or batch_size="):
+        interop.import_plan(par, UNITS)
+    assert interop.import_plan("Et*3|t*3L", UNITS, ranks=2, microbatches=3) == interop.read("Et*3|t*3L", UNITS, PLAN
+                                                                                           ).replace(microbatches=3)
     assert interop.import_plan("Et*3|t*3L", root, microbatches=4).boundaries == (0, 4, 8)  # a bundle's units
     with pytest.raises(PlanError, match="cannot import int"):
         interop.read(3, UNITS, PLAN)
@@ -76,3 +86,21 @@ def test_a_checkpoint_names_its_units_or_says_it_cannot(tmp_path: Path) -> None:
     (version / "manifest.json").write_text(json.dumps({**doc, "units": []}))
     with pytest.raises(PlanError, match="export from a running session"):
         interop.from_checkpoint(version)
+
+
+def test_torchtitan_text_or_path_reads_its_local_batch_size(tmp_path: Path) -> None:
+    """torchtitan's [training] local_batch_size decides the micro-batches (it was ignored: every such import failed),
+    and TOML text is read as text however long (it was taken for a file name: 'File name too long')."""
+    text = ("[training]\nlocal_batch_size = 8\n\n[parallelism]\npipeline_parallel_degree = 2\n"
+            "pipeline_parallel_microbatch_size = 2\npipeline_parallel_schedule = \"1F1B\"\n"
+            "module_fqns_per_model_part = [[\"embed\", \"h.0\", \"h.1\"], [\"h.2\", \"h.3\", \"h.4\", \"h.5\", \"norm\", "
+            "\"head\"]]\n")
+    long_text = text + "# " + "x" * 5000 + "\n"
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    for source in (text, long_text, path, str(path)):
+        plan = interop.import_plan(source, UNITS)
+        assert (plan.microbatches, plan.boundaries, plan.schedule) == (4, (0, 3, 8), "1f1b")
+    assert interop.import_plan(text, UNITS, batch_size=16).microbatches == 8  # the keyword overrides the config
+    with pytest.raises(PlanError, match="gives no batch size"):
+        interop.import_plan(text.replace("local_batch_size = 8\n", ""), UNITS)

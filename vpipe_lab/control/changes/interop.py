@@ -44,6 +44,12 @@ def bundle_of(plan: Plan, units: list[UnitInfo], *, microbatch_size: int | None 
     return make(plan, units, microbatch_size=microbatch_size or None, predicted_s=predicted, measured_s=measured)
 
 
+def microbatch_size_of(path: str | Path) -> int | None:
+    """The samples per micro-batch the job that wrote the checkpoint at ``path`` ran with (None: not recorded)."""
+    size = Manifest.read(path).extra.get("microbatch_size")
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
 def from_checkpoint(path: str | Path) -> tuple[Plan, list[UnitInfo]]:
     """The plan and units a checkpoint the lab wrote holds (its manifest)."""
     manifest = Manifest.read(path)
@@ -113,34 +119,62 @@ def _units_of(of: Any) -> tuple[list[UnitInfo], Plan | None]:
     return units, plan
 
 
+def _is_path(source: Any) -> bool:
+    """Whether ``source`` names a file: TOML or layout text is not a path (a long one is not even a valid name)."""
+    if isinstance(source, Path):
+        return True
+    if not isinstance(source, str) or "\n" in source or "\0" in source:
+        return False
+    try:
+        return Path(source).exists()
+    except (OSError, ValueError):  # a name too long for the file system
+        return False
+
+
 def read(source: Any, units: list[UnitInfo], current: Plan | None, *, ranks: int | None = None,
          batch_size: int | None = None, microbatches: int | None = None, schedule: str | None = None) -> Plan:
-    """``import_plan`` over known ``units``; counts the source leaves open come from ``current`` (a running plan)."""
-    m = microbatches
-    text = None
-    fallback = current if current is not None else Plan((0, len(units)), ("keep",) * len(units), 1)
-    if isinstance(source, Path) or (isinstance(source, str) and Path(source).exists()):
+    """``import_plan`` over known ``units``. What the source leaves open comes from the keywords, else from
+    ``current`` (the running plan); with neither it is refused naming the keyword, never defaulted."""
+    def given(value: int | None, name: str, current_value: int | None, option: str) -> int:
+        if value is not None:
+            return value
+        if current_value is not None:
+            return current_value
+        raise PlanError(f"the {what} does not say {name}: give {option} (there is no running plan to take it from)")
+
+    what = "source"
+    if _is_path(source):
         target = Path(source)
         if target.is_dir() or target.name == files.PIPELINE:
             return files.read(target).plan
         text = target.read_text()
         if target.suffix == ".toml":
             csv = _csv_next_to(text, target)
-            return torchtitan.read_toml(text, units, batch_size=batch_size, microbatches=m, csv_text=csv)
+            return torchtitan.read_toml(text, units, batch_size=batch_size, microbatches=microbatches, csv_text=csv)
         source = text.strip()
+    m_now = current.microbatches if current is not None else None
+    ranks_now = current.stages if current is not None else None
     if isinstance(source, dict):
-        if batch_size is None and m is None:
-            m = fallback.microbatches
-        return torchtitan.read(source, units, batch_size=batch_size, microbatches=m)
+        what = "[parallelism] table"
+        if batch_size is None:
+            microbatches = given(microbatches, "the number of micro-batches", m_now,
+                                 "microbatches= (--microbatches) or batch_size= (--batch-size)")
+        return torchtitan.read(source, units, batch_size=batch_size, microbatches=microbatches)
     if isinstance(source, list):
-        return plan_from_parts(source, units, microbatches=m or fallback.microbatches,
-                               schedule=schedule or fallback.schedule,
-                               virtual_stages=len(source) // (ranks or fallback.stages), where="the module lists")
+        what = "list of modules per stage"
+        stages = given(ranks, "how many ranks run its stages", ranks_now, "ranks= (--ranks)")
+        return plan_from_parts(source, units, microbatches=given(microbatches, "the number of micro-batches", m_now,
+                                                                 "microbatches= (--microbatches)"),
+                               schedule=schedule or (current.schedule if current is not None else "1f1b"),
+                               virtual_stages=max(1, len(source) // stages), where="the module lists")
     if isinstance(source, str):
         if "[parallelism]" in source:
-            return torchtitan.read_toml(source, units, batch_size=batch_size, microbatches=m)
-        return megatron.plan_from_layout(source, ranks or fallback.stages, units,
-                                         microbatches=m or fallback.microbatches, schedule=schedule)
+            return torchtitan.read_toml(source, units, batch_size=batch_size, microbatches=microbatches)
+        what = "Megatron-LM layout"
+        return megatron.plan_from_layout(
+            source, given(ranks, "how many ranks run its stages", ranks_now, "ranks= (--ranks)"), units,
+            microbatches=given(microbatches, "the number of micro-batches", m_now, "microbatches= (--microbatches)"),
+            schedule=schedule)
     raise PlanError(f"cannot import {type(source).__name__}: give a torchtitan TOML path or text, a [parallelism] "
                     "dict, a Megatron-LM layout string, lists of module names per stage or an export bundle")
 

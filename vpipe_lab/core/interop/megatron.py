@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from vpipe_lab.core import checks
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.interop.bundle import Bundle, UnitInfo
 from vpipe_lab.core.plan import Plan, Policy
@@ -105,6 +106,7 @@ def plan_from_layout(text: str, ranks: int, units: Sequence[UnitInfo], *, microb
     why = stack(units)
     if why is not None:
         raise PlanError(why)
+    checks.count(ranks, "ranks", error=PlanError, what="pipeline ranks that run the layout's stages")
     stages = parse(text)
     if len(stages) % ranks:
         raise PlanError(f"layout {text!r} has {len(stages)} stages, which {ranks} ranks do not divide")

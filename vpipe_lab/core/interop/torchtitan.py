@@ -17,11 +17,11 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from vpipe_lab.core import schedules
+from vpipe_lab.core import checks, schedules
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.interop import torch_schedules
 from vpipe_lab.core.interop.bundle import Bundle, UnitInfo, plan_from_parts
-from vpipe_lab.core.plan import Plan, Policy
+from vpipe_lab.core.plan import MAX_MICROBATCHES, Plan, Policy
 
 # torch's schedule classes by how they place stages, and how many each rank holds by default (torchtitan's rule).
 SINGLE = ("GPipe", "1F1B", "PipelineScheduleSingle")
@@ -145,8 +145,11 @@ def read_toml(text: str, units: Sequence[UnitInfo], **kw: Any) -> Plan:
     training: Mapping[str, Any] = doc["training"] if isinstance(doc.get("training"), Mapping) else {}
     ac: Mapping[str, Any] = (doc["activation_checkpoint"] if isinstance(doc.get("activation_checkpoint"), Mapping)
                              else {})
-    kw.setdefault("batch_size", training.get("local_batch_size") or training.get("batch_size"))
-    kw.setdefault("activation", ac.get("mode"))
+    # A keyword given as None is not given: the config's own values count then (a caller passes every keyword).
+    if kw.get("batch_size") is None:
+        kw["batch_size"] = training.get("local_batch_size") or training.get("batch_size")
+    if kw.get("activation") is None:
+        kw["activation"] = ac.get("mode")
     return read(par, units, **kw)
 
 
@@ -155,10 +158,12 @@ def read(par: Mapping[str, Any], units: Sequence[UnitInfo], *, batch_size: int |
     """A torchtitan ``[parallelism]`` mapping as a plan over ``units``. The micro-batch count is ``microbatches``, or
     ``batch_size`` / ``pipeline_parallel_microbatch_size``; ``csv_text`` is the schedule CSV the config names (its
     order must be one the lab runs); ``activation`` "full" recomputes every repeated block."""
-    degree = par.get("pipeline_parallel_degree", 1)
-    if not isinstance(degree, int) or degree < 1:
-        raise PlanError(f"pipeline_parallel_degree must be a whole number >= 1, got {degree!r}")
-    name = str(par.get("pipeline_parallel_schedule", "1F1B"))
+    _check(par)
+    for name, value in (("batch_size", batch_size), ("microbatches", microbatches)):
+        checks.count(value, name, optional=True, error=PlanError, maximum=MAX_MICROBATCHES if name == "microbatches"
+                     else None)
+    degree = par.get("pipeline_parallel_degree") or 1
+    name = par.get("pipeline_parallel_schedule") or "1F1B"
     known = {n.lower(): n for n in (*SINGLE, *MULTI)}
     if name.lower() not in known:
         raise PlanError(f"unknown pipeline_parallel_schedule {name!r}: torch knows {', '.join((*SINGLE, *MULTI))}")
@@ -189,6 +194,28 @@ def read(par: Mapping[str, Any], units: Sequence[UnitInfo], *, batch_size: int |
             raise PlanError("the config names a schedule CSV: pass its text (csv_text=) to read the order it runs")
         return _from_csv(csv_text, plan)
     return plan
+
+
+# torchtitan's [parallelism] keys the lab reads, with what each must hold: a config is a file from someone else, read
+# before it is used (a wrong type raised TypeError deep in the reader).
+_COUNTS = ("pipeline_parallel_degree", "pipeline_parallel_microbatch_size", "pipeline_parallel_layers_per_stage")
+_LESS = ("pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers")
+
+
+def _check(par: Mapping[str, Any]) -> None:
+    """Refuse (PlanError naming the key) a ``[parallelism]`` value of the wrong type or range."""
+    for key in _COUNTS:
+        checks.count(par.get(key), key, optional=True, error=PlanError, maximum=1 << 20)
+    for key in _LESS:
+        checks.count(par.get(key), key, 0, optional=True, error=PlanError, maximum=1 << 20)
+    for key in ("pipeline_parallel_schedule", "pipeline_parallel_schedule_csv"):
+        if par.get(key) is not None and not isinstance(par.get(key), str):
+            raise PlanError(f"{key} must be a string, got {par.get(key)!r:.80}")
+    parts = par.get("module_fqns_per_model_part")
+    if parts is not None and not (isinstance(parts, list) and parts and all(
+            isinstance(part, list) and part and all(isinstance(n, str) for n in part) for part in parts)):
+        raise PlanError(f"module_fqns_per_model_part must be a non-empty list of non-empty lists of module names, got "
+                        f"{parts!r:.80}")
 
 
 def _lab_schedule(name: str, virtual: int) -> str:
@@ -225,8 +252,7 @@ def _generated_parts(par: Mapping[str, Any], units: Sequence[UnitInfo], degree: 
         raise PlanError("without module_fqns_per_model_part torchtitan spreads transformer layers between an "
                         "embedding and an output; this model's units are not shaped so: list the modules per part")
     layers = len(units) - 2
-    first = int(par.get("pipeline_parallel_first_stage_less_layers", 1))
-    last = int(par.get("pipeline_parallel_last_stage_less_layers", 1))
+    first, last = (1 if par.get(key) is None else int(par[key]) for key in _LESS)  # torchtitan's defaults: 1
     per = par.get("pipeline_parallel_layers_per_stage")
     if per is not None:
         stages = math.ceil((layers + first + last) / int(per))
