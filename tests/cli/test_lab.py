@@ -153,7 +153,10 @@ def test_a_stop_signal_stops_the_server_and_its_kernel_too(sig: signal.Signals, 
         assert not alive, f"left running after {sig.name}: {[p.pid for p in alive]}"
         with pytest.raises(OSError):
             urllib.request.urlopen(f"http://127.0.0.1:{port}/api", timeout=2)
-        assert "stopped the Jupyter server" in (tmp_path / "lab.log").read_text()
+        said = (tmp_path / "lab.log").read_text()
+        assert "stopped the Jupyter server" in said
+        # Jupyter had its grace period and shut its kernel down itself (it was killed 45 ms after SIGTERM)
+        assert "did not stop within" not in said and "Shutting down 1 kernel" in said, said[-2000:]
     finally:
         for p in [*family, psutil.Process(proc.pid)] if proc.poll() is None else family:
             try:
