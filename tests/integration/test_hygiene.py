@@ -29,10 +29,13 @@ def gone(pids: list[int], timeout: float = 10.0) -> bool:
 def test_stop_leaves_no_process() -> None:
     s = vpipe_lab.launch("mlp", stages=2, microbatches=2, device="cpu", timeout=30)
     pids = list(s.pids().values())
+    job_dir = s._job_dir
+    assert job_dir is not None and (job_dir / "job.json").exists()
     s.run()
     s.wait(2, timeout=60)
     s.stop()
     assert gone(pids)
+    assert not job_dir.exists()  # nor its job.json, which holds the job's key
     s.stop()  # idempotent
 
 

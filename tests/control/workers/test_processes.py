@@ -78,3 +78,23 @@ def test_a_restart_ends_the_workers_and_keeps_the_launcher(tmp_path: Path) -> No
         raise AssertionError("spawned after terminate")
     except RuntimeError as exc:
         assert "were stopped" in str(exc)
+
+
+def test_a_dead_sessions_job_directory_and_its_key_go_with_its_workers(tmp_path: Path) -> None:
+    """A kernel that died left job.json (the job's key) in the temp directory: the next launch's reap removes it, and
+    only a directory launch() made: a registry naming anything else removes nothing."""
+    import tempfile
+
+    dead_owner = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_owner.wait()
+    job = Path(tempfile.mkdtemp(prefix="vpipe-lab-"))
+    (job / "job.json").write_text('{"key": "secret"}')
+    precious = tmp_path / "vpipe-lab-mine"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep")
+    for name, where in (("dead", job), ("elsewhere", precious), ("odd", 3)):
+        (state_dir() / f"{name}.json").write_text(json.dumps({"owner": dead_owner.pid, "procs": [],
+                                                             "job_dir": str(where) if name != "odd" else where}))
+    reap_stale()
+    assert not job.exists() and (precious / "notes.txt").read_text() == "keep"
+    assert not list(state_dir().glob("dead.json")) and not list(state_dir().glob("elsewhere.json"))

@@ -11,7 +11,7 @@ from typing import Any
 
 from vpipe_lab.control.session import Session
 from vpipe_lab.control.workers import units
-from vpipe_lab.control.workers.processes import Launcher, reap_stale
+from vpipe_lab.control.workers.processes import JOB_DIR_PREFIX, Launcher, reap_stale
 from vpipe_lab.core import checks, schedules
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.plan import Plan, default_virtual_stages
@@ -128,7 +128,7 @@ def launch(
     named, user = _roles(stages, model=model, data=data, loss=loss, optimizer=optimizer, lr_scheduler=lr_scheduler,
                          eval_data=eval_data, split=split)
     reap_stale()
-    job_dir = Path(tempfile.mkdtemp(prefix="vpipe-lab-"))
+    job_dir = Path(tempfile.mkdtemp(prefix=JOB_DIR_PREFIX))
     session_id = uuid.uuid4().hex[:12]
     callables_path, blob = _write_callables(job_dir, user)
     model_key = units.fingerprint(blob, named)

@@ -11,9 +11,11 @@ import atexit
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -87,10 +89,30 @@ def reap_stale() -> int:
             if _alive(pid) and start_time(pid) == started:
                 kill_group(pid, signal.SIGKILL)
                 killed += 1
+        _remove_job_dir(doc.get("job_dir"))  # its job.json holds the job's key
         entry.unlink(missing_ok=True)
     if killed:
         log.warning("reaped %d worker process(es) left by a controller that died", killed)
     return killed
+
+
+JOB_DIR_PREFIX = "vpipe-lab-"  # launch()'s job directories: tempfile.mkdtemp(prefix=JOB_DIR_PREFIX)
+
+
+def _remove_job_dir(path: object) -> None:
+    """Remove a dead session's job directory: only one launch() made (a ``vpipe-lab-*`` directory of this user in
+    the temp directory), whatever a registry file names, so an edited registry cannot aim this at other files."""
+    if not isinstance(path, str):
+        return
+    target = Path(path)
+    try:
+        ours = (target.parent == Path(tempfile.gettempdir()) and target.name.startswith(JOB_DIR_PREFIX)
+                and not target.is_symlink() and target.is_dir() and target.stat().st_uid == os.getuid())
+    except OSError:
+        return
+    if ours:
+        shutil.rmtree(target, ignore_errors=True)
+        log.info("removed %s, the job directory of a session whose controller died", target)
 
 
 @dataclass
