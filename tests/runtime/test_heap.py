@@ -136,3 +136,14 @@ def test_a_full_collection_runs_before_a_trim_at_most_once_per_interval() -> Non
     finally:
         gc.enable()
     assert Trimmer(10.0, collect_s=0).collect_s == 0  # 0 turns it off
+
+
+def test_an_object_whose_getattr_raises_is_counted_by_its_type() -> None:
+    """A census of the garbage met an attribute dict whose __getattr__ raises KeyError: it failed the census."""
+    from vpipe_lab.runtime.heap import _kind
+
+    class AttrDict(dict):  # type: ignore[type-arg]
+        def __getattr__(self, name: str) -> object:
+            return self[name]
+
+    assert _kind(AttrDict()) == "test_an_object_whose_getattr_raises_is_counted_by_its_type.<locals>.AttrDict"

@@ -58,7 +58,10 @@ def _mallinfo2() -> Callable[[], _Mallinfo2] | None:
 
 def _kind(obj: object) -> str:
     """An object's type; a function's or method's own name too (closures and bound methods are what cycles hold)."""
-    func = getattr(obj, "__func__", obj)
+    try:
+        func = getattr(obj, "__func__", obj)
+    except Exception:  # an object whose __getattr__ raises KeyError (attribute dicts do): its type says enough
+        func = obj
     if isinstance(func, types.FunctionType):
         return f"{type(obj).__qualname__} {func.__module__}.{func.__qualname__}"
     return type(obj).__qualname__
