@@ -60,6 +60,7 @@ _LAZY = {
     "WorkerError": "vpipe_lab.control.errors",
     "BudgetError": "vpipe_lab.control.errors",
     "DataError": "vpipe_lab.control.errors",
+    "NonFiniteLoss": "vpipe_lab.control.errors",
     "import_plan": "vpipe_lab.control.changes.interop",
 }
 

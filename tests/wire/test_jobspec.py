@@ -38,3 +38,19 @@ def test_the_flags_are_the_same_everywhere() -> None:
     assert "fp16" in PRECISIONS and "cuda" in DEVICES
     with pytest.raises(SystemExit):
         parser.parse_args(["--precision", "fp8"])
+
+
+def test_what_a_nonfinite_loss_does_is_a_flag_of_every_door_with_one_check() -> None:
+    """launch(nonfinite=...), %vpipe start, vpipe-lab run and vpipe-lab worker: the same choices, default "pause"."""
+    from vpipe_lab.cli.main import build_parser as cli
+    from vpipe_lab.jupyter.magics import build_parser as magics
+    from vpipe_lab.wire.jobspec import NONFINITE, check_nonfinite
+
+    lines = {"worker": ["worker", "--model", "mlp"], "run": ["run"], "start": ["start", "mlp"]}
+    for door, words in lines.items():
+        parser = magics() if door == "start" else cli()
+        assert parser.parse_args(words).nonfinite == "pause" == JobSpec.nonfinite
+        assert parser.parse_args([*words, "--nonfinite", "skip"]).nonfinite == "skip"
+    assert NONFINITE == ("pause", "skip", "continue")
+    with pytest.raises(ValueError, match="unknown nonfinite 'nan': use one of pause, skip, continue"):
+        check_nonfinite("nan")

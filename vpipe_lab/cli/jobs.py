@@ -15,7 +15,7 @@ from vpipe_lab.core.cost.costmodel import estimate
 from vpipe_lab.core.plan import VIRTUAL_HELP, Plan, default_virtual_stages
 from vpipe_lab.core.report import human_bytes, human_time, plan_table
 from vpipe_lab.examples import EXAMPLES
-from vpipe_lab.wire.jobspec import DEVICES, ENGINES, add_training_options
+from vpipe_lab.wire.jobspec import DEVICES, ENGINES, NONFINITE, NONFINITE_HELP, add_training_options
 from vpipe_lab.wire.private import DEFAULT_KEY_FILE
 
 
@@ -62,7 +62,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"starting {args.stages} stage workers for {args.model!r} ...", file=sys.stderr)
     with vpipe_lab.launch(args.model, stages=args.stages, microbatches=args.microbatches, schedule=args.schedule,
                           virtual_stages=virtual(args), device=args.device, memory_budget=budget, plan=plan,
-                          seed=args.seed, engine=args.engine, max_restarts=args.max_restarts) as session:
+                          seed=args.seed, engine=args.engine, max_restarts=args.max_restarts,
+                          nonfinite=args.nonfinite) as session:
         bar = _progress(args.iterations)
 
         def on_event(event: dict[str, Any]) -> None:
@@ -201,5 +202,6 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--max-restarts", type=int, default=0,
                    help="replace a dead or hung worker and replay from the newest snapshot, this many times")
     p.add_argument("--timeout", type=float, default=3600.0, help="give up after this many seconds")
+    p.add_argument("--nonfinite", choices=NONFINITE, default="pause", help=NONFINITE_HELP)
     p.add_argument("--report", help="write an HTML report (timeline, memory, loss) here")
     p.set_defaults(func=cmd_run)

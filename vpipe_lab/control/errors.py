@@ -77,5 +77,20 @@ class DataError(VpipeError):
             f"session.resume() reads the same batch again")
 
 
+class NonFiniteLoss(VpipeError):
+    """A micro-batch's loss was NaN or infinite: training paused before that iteration's optimizer step, nothing
+    changed (``launch(nonfinite="pause")``, the default)."""
+
+    def __init__(self, iteration: int, microbatch: int, stage: int, value: str, taken: bool = False) -> None:
+        self.iteration, self.microbatch, self.stage, self.value = iteration, microbatch, stage, value
+        where = ("PipeDream had already updated its weights in that iteration, so it counts, and training is paused"
+                 if taken else "Training is paused before that iteration's optimizer step, with nothing changed")
+        super().__init__(
+            f"the loss of iteration {iteration}, micro-batch {microbatch} is {value} (computed on stage {stage}). "
+            f"{where}: keep the state with session.save(path); session.resume() runs "
+            f"{'on' if taken else 'the same batch again'}; launch(..., nonfinite='skip', resume=path) skips the step "
+            f"of such iterations (a lower learning rate or clip_grad_norm often cures a diverging run)")
+
+
 class SessionClosed(VpipeError):
     """The session was stopped; start a new one with launch()."""

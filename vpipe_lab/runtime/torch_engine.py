@@ -33,6 +33,7 @@ from vpipe_lab.runtime.build import _example, initial_plan, on_meta
 from vpipe_lab.runtime.engine.comm import TAG_TARGET, Peer
 from vpipe_lab.runtime.engine.device import select
 from vpipe_lab.runtime.engine.executor import default_loss
+from vpipe_lab.runtime.iteration_end import first_nonfinite
 from vpipe_lab.runtime.model.batches import Source, batch_size, rebuild, split
 from vpipe_lab.runtime.model.callables import load_callables
 from vpipe_lab.runtime.model.capture import build_model, capture
@@ -283,9 +284,13 @@ class TorchWorker(TorchState, WorkerCommands):
         with self.saved.hooks() if measure else contextlib.nullcontext():
             losses = self.pp.step(inputs, target=targets)
         self.phase = "the optimizer step"
-        grad_norm = self._clip()
+        found = [float(x.detach()) for x in losses or []]
+        skip = self._loss_verdict(it, found)
+        if skip is None:  # paused before the step, nothing changed
+            return
+        grad_norm = None if skip else self._clip()
         lr = float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else None
-        if self.optimizer is not None:
+        if self.optimizer is not None and not skip:
             self.optimizer.step()
         memory = self.memory()  # gradients and the optimizer's state both held, as at the step
         if self.optimizer is not None:
@@ -295,7 +300,29 @@ class TorchWorker(TorchState, WorkerCommands):
         end = time.perf_counter()
         self._note(self.actions)
         self.ctl.iteration += 1
-        self.report(it, start, end, [float(x.detach()) for x in losses or []], grad_norm, lr, memory)
+        self.report(it, start, end, found, grad_norm, lr, memory, skip)
+
+    def _loss_verdict(self, it: int, losses: list[float]) -> bool | None:
+        """Under nonfinite="pause"/"skip", every rank learns whether the loss stage saw a NaN or infinite loss (one
+        all-reduce): False to step, True to skip the step, None when the iteration was dropped and training paused
+        (as the lab's engine does, runtime/iteration_end.py)."""
+        if self.spec.nonfinite == "continue":
+            return False
+        mb, value = first_nonfinite(losses)
+        bad = int(self.peer.all_max([mb + 1.0])[0])
+        if not bad:
+            return False
+        if self.spec.nonfinite == "skip":
+            return True
+        if self.spec.iterations is not None:
+            raise FloatingPointError(f"the loss of iteration {it}, micro-batch {bad - 1} is not finite: the unattended "
+                                     "job stops; --nonfinite skip skips such steps")
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        self.ctl.paused = True
+        if mb >= 0:
+            self.send(E.Failure("loss", self.index, self.index, 0, it, cause=value, microbatch=mb))
+        return None
 
     def _note(self, actions: list[Any], keep: int = 512) -> None:
         """Each action's time by stage and letter, the micro-batches held at once and the saved bytes' peak."""
@@ -337,10 +364,10 @@ class TorchWorker(TorchState, WorkerCommands):
                 "budget": self.spec.memory_budget[self.index] if self.spec.memory_budget else None}
 
     def report(self, it: int, start: float, end: float, losses: list[float], grad_norm: float | None,
-               lr: float | None, memory: dict[str, Any]) -> None:
+               lr: float | None, memory: dict[str, Any], skipped: bool = False) -> None:
         local = {s.stage: i for i, s in enumerate(self.pp.bundle.stages_of(self.index))}
         spans = ([(KINDS.index(KIND[a.op]), a.microbatch, -1, a.start, a.end, local.get(a.stage, 0))
                   for a in self.actions] if self.record_spans else [])
         self.send(E.IterationReport(it, self.index, start, end, losses, memory, spans, self.plan.microbatches,
                                     self.ctl.plan_version, 0, self.samples if self.index == 0 else None, None,
-                                    grad_norm, lr))
+                                    grad_norm, lr, None, skipped))

@@ -72,7 +72,7 @@ def _check(args: argparse.Namespace) -> None:
     from vpipe_lab.telemetry.sinks import check
     from vpipe_lab.wire.jobspec import check_training
 
-    check_training(args.clip_grad_norm, args.precision, args.eval_every, args.eval_batches)
+    check_training(args.clip_grad_norm, args.precision, args.eval_every, args.eval_batches, args.nonfinite)
     from vpipe_lab.wire.jobspec import engine_refusal
 
     if problem := engine_refusal(args.engine, args.replicas, args.precision, args.schedule):
@@ -209,7 +209,8 @@ def main(args: argparse.Namespace) -> int:
                    replicas=args.replicas,
                    microbatches=args.microbatches, schedule=args.schedule, device=args.device, seed=args.seed,
                    memory_budget=budget, timeout_s=args.timeout, threads=args.threads,
-                   clip_grad_norm=args.clip_grad_norm, precision=args.precision, eval_every=args.eval_every,
+                   clip_grad_norm=args.clip_grad_norm, precision=args.precision, nonfinite=args.nonfinite,
+                   eval_every=args.eval_every,
                    eval_batches=args.eval_batches, iterations=args.iterations, save_every=args.save_every,
                    fused_wgrad=args.fused_wgrad, engine=args.engine,
                    run_dir=str(run_dir) if run_dir is not None else None, snapshot_dir=snapshot_dir,

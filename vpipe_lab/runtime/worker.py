@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from vpipe_lab.core.timeline import KINDS
 from vpipe_lab.runtime.build import build_chain, on_meta
 from vpipe_lab.runtime.checkpoints import Checkpoints
 from vpipe_lab.runtime.engine import allocator, profiler, wgrad
@@ -26,8 +25,9 @@ from vpipe_lab.runtime.engine.device import Clock, select
 from vpipe_lab.runtime.engine.executor import Executor, IterationResult, default_loss
 from vpipe_lab.runtime.engine.stage import Stage
 from vpipe_lab.runtime.heap import Trimmer
+from vpipe_lab.runtime.iteration_end import IterationEnd
 from vpipe_lab.runtime.migrate import Migration
-from vpipe_lab.runtime.model import counting, experts
+from vpipe_lab.runtime.model import counting
 from vpipe_lab.runtime.model.batches import Source, batch_size, signature, split
 from vpipe_lab.runtime.model.callables import load_callables
 from vpipe_lab.runtime.model.capture import to_meta
@@ -63,7 +63,7 @@ def _shell(model_fn: Any, seed: int) -> torch.nn.Module | None:
         return None
 
 
-class Worker(WorkerCommands):
+class Worker(IterationEnd, WorkerCommands):
     """One rank of the pipeline: builds its stage, runs the control loop and answers the controller's commands."""
 
     def __init__(self, spec: JobSpec, rank: int, world: int, link: Link, local_rank: int, local_world: int) -> None:
@@ -181,10 +181,10 @@ class Worker(WorkerCommands):
     def send(self, body: Body) -> None:
         self.link.send(body.message())
 
-    def boundary(self, violated: bool, ran: bool = False) -> tuple[list[C.Command], bool]:
-        """Every rank learns here, at the same iteration, whether any rank went over its budget in the iteration
-        just run and which commands to apply. One all-reduce in the common case (no commands); the commands' JSON
-        follows as a broadcast only when rank 0 has some."""
+    def boundary(self, violated: bool, ran: bool = False, verdict: int = 0) -> tuple[list[C.Command], bool, int]:
+        """Every rank learns here, at the same iteration, whether any rank went over its budget or (``verdict``: 1 +
+        a micro-batch) saw a non-finite loss in the iteration just run, and which commands to apply. One all-reduce in
+        the common case (no commands); the commands' JSON follows as a broadcast only when rank 0 has some."""
         blob, changed = b"", 0.0
         # Rank 0 checks the batch that runs next (after the one just run, when one ran). It may never run (it lies past
         # the last iteration asked for), so failing to read it must not fail the job: its shapes are agreed anew then.
@@ -196,8 +196,8 @@ class Worker(WorkerCommands):
         if self.leader:
             cmds = self._pending(0.0 if self.ctl.active else 0.2)
             blob = json.dumps(cmds).encode() if cmds else b""
-        flag, size, changed, busy, ratio = self.peer.all_max([1.0 if violated else 0.0, float(len(blob)), changed,
-                                                              *self.snapshots.wish()])
+        flag, size, changed, bad, busy, ratio = self.peer.all_max([1.0 if violated else 0.0, float(len(blob)), changed,
+                                                                   float(verdict), *self.snapshots.wish()])
         self.snapshots.agree(busy, ratio)
         commands: list[C.Command] = []
         if size > 0:
@@ -210,7 +210,7 @@ class Worker(WorkerCommands):
             self.shapes.start()
             if changed > 0:
                 self.profile_soon()
-        return commands, flag > 0
+        return commands, flag > 0, int(bad)
 
     def profile_soon(self) -> None:
         """Measure every layer (times, working sets) again: after start-up, a plan change, new shapes, a reset."""
@@ -274,16 +274,18 @@ class Worker(WorkerCommands):
         result: IterationResult | None = None
         memory: dict[str, Any] = {}
         stepped: StepReport | None = None
+        verdict = 0  # 1 + the micro-batch whose loss was not finite, under nonfinite="pause"/"skip" (iteration_end.py)
         while True:
             self.phase = "at the iteration boundary"
-            commands, failed = self.boundary(result is not None and result.violation is not None, result is not None)
+            commands, failed, bad_loss = self.boundary(result is not None and result.violation is not None,
+                                                       result is not None, verdict)
             if result is not None:
                 self.phase = "the optimizer step"
-                if self.finish(result, failed, memory, stepped):
+                if self.finish(result, failed, memory, stepped, bad_loss):
                     self.phase = "after the iteration (evaluation, checkpoint)"
                     self.after_iteration()
                 self.heap.maybe(self.ctl.iteration)  # return freed memory to the system now and then (runtime/heap.py)
-                result = None
+                result, verdict = None, 0
             for cmd in commands:
                 self.phase = f"applying {type(cmd).__name__}"
                 self.dispatch(cmd)
@@ -308,22 +310,8 @@ class Worker(WorkerCommands):
                 self.snapshots.observe(result.end_s - result.start_s)
                 memory = self.executor.memory()
                 self.phase = "the optimizer step"
-                # Without memory budgets no stage can veto the step, so each stage steps as soon as its own
-                # backward is done (the last stage while the first still runs its last backward), as plain
-                # pipelines do, instead of after the boundary's agreement.
-                stepped = self.stepper.step(result.iteration) if self.spec.memory_budget is None else None
-
-    def refuse_batch(self, exc: BadBatch) -> None:
-        """Every rank: the coming batch is bad data. Pause with nothing changed (the controller raises DataError);
-        a resume reads and checks that batch again."""
-        if self.spec.iterations is not None:  # an unattended job has nobody to resume it: it fails with the cause
-            raise exc
-        self.ctl.paused = True
-        self.shapes.start()
-        log.error("iteration %d's batch is bad data: %s; paused", self.ctl.iteration, exc)
-        if self.leader:
-            self.send(E.Failure("data", self.index, self.global_rank, self.replica, self.ctl.iteration, cause=str(exc)))
-            self.current()
+                verdict = self.loss_verdict(result)
+                stepped = self.stepper.step(result.iteration) if self.steps_early() else None
 
     def finish_unattended(self) -> None:
         """An unattended job that is done saves a last checkpoint, so its last iterations are not lost to a restart."""
@@ -364,37 +352,3 @@ class Worker(WorkerCommands):
         self.stage.probing = not self.meter.start(it, allocator.held(self.stage), profile and not (drop or self.profiling.cold))
         self.phase = "the iteration"
         return self.executor.run(it, self.plan, batch, profile=profile, sizes=self.shapes.sizes, counts=counts)
-
-    def finish(self, result: IterationResult, failed: bool, memory: dict[str, Any], stepped: StepReport | None
-               ) -> bool:
-        """Step (unless done already), or (when any rank went over its budget) drop the iteration on every rank and
-        pause (under PipeDream, whose updates are made, take it and pause); whether it was taken without failing."""
-        # PipeDream's stages updated their weights during the iteration: it cannot be undone, so it counts
-        applied = self.stage.stash.on
-        if failed and not applied:
-            # No parameter or optimizer state changes; the same iteration runs again after resume.
-            self.stage.discard()
-            experts.take()  # nor do its experts' counts: they come again with the iteration
-        if not failed or applied:
-            if stepped is None:
-                stepped = self.stepper.step(result.iteration)
-            self.ctl.iteration += 1
-            self.report(result, memory, stepped)
-        if failed:
-            self.ctl.paused = True
-            if result.violation is not None:
-                v = result.violation
-                self.send(E.Failure("budget", self.index, self.global_rank, self.replica, result.iteration,
-                                    used=v.used_bytes, budget=v.budget_bytes, layers=[list(x) for x in v.layers],
-                                    memory=memory, taken=applied))
-        return not failed
-
-    def report(self, result: IterationResult, memory: dict[str, Any], step: StepReport) -> None:
-        self.meter.stop(self.stage)  # the allocator's peak over the iteration and its step, where measured
-        memory = {**memory, **self.meter.report()}
-        spans = [(KINDS.index(k), mb, -1 if layer is None else layer, s, e, c) for k, mb, layer, s, e, c in result.spans]
-        self.send(E.IterationReport(
-            result.iteration, self.index, result.start_s, result.end_s, result.losses, memory, spans,
-            self.plan.microbatches, self.ctl.plan_version, self.replica, self.samples, result.sizes,
-            step.grad_norm, step.lr, step.loss_scale, step.skipped, result.loss_sum, experts.take() or None))
-

@@ -252,7 +252,7 @@ def combine(iteration: int, parts: list[IterationReport]) -> dict[str, Any]:
     ZBV; each micro-batch's mean counted by its samples, so a short
     last batch's uneven micro-batches give the full-batch mean), the time from the first start to the last end,
     throughput over all replicas, and what the step did (global gradient norm, learning rate, fp16 loss scale,
-    whether an overflow skipped it)."""
+    whether an overflow or a non-finite loss skipped it)."""
     start, end = min(b.start for b in parts), max(b.end for b in parts)
     firsts = [b for b in parts if b.stage == 0]
     first = min(firsts, key=lambda b: b.replica)
@@ -265,6 +265,7 @@ def combine(iteration: int, parts: list[IterationReport]) -> dict[str, Any]:
     }
     if first.loss_scale is not None:
         record["loss_scale"] = first.loss_scale
+    if first.loss_scale is not None or first.skipped:  # an fp16 overflow, or a non-finite loss under nonfinite="skip"
         record["skipped"] = bool(first.skipped)
     if record["samples"]:
         record["samples_per_s"] = record["samples"] / record["time_s"] if record["time_s"] > 0 else float("nan")

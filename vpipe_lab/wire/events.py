@@ -190,8 +190,9 @@ class Failure(Body):
     exits; ``iteration``, ``microbatch`` (-1: none) and ``action`` say where it happened), "budget" (an iteration
     used ``used`` bytes over its ``budget``: dropped, training paused; ``taken`` when its updates were made already,
     under PipeDream, so it counts), "data" (``iteration``'s batch is not like the first, ``cause`` says how: paused
-    before it ran) or "migration" (the stage refused layers needing ``needed`` bytes over its ``budget``: nothing
-    moved)."""
+    before it ran), "loss" (``microbatch``'s loss of ``iteration`` is ``cause``, NaN or infinite: paused before the
+    step, nothing changed; ``taken`` under PipeDream) or "migration" (the stage refused layers needing ``needed``
+    bytes over its ``budget``: nothing moved)."""
 
     TYPE = P.ERROR
     kind: str

@@ -15,15 +15,28 @@ from vpipe_lab.wire.private import write_private
 DEVICES = ("auto", "cpu", "cuda")  # the one list of device choices: launch(), the CLI and the magics read it
 ENGINES = ("lab", "torch")  # who runs the pipeline: vpipe_lab's runtime, or torch.distributed.pipelining's
 PRECISIONS = ("fp32", "bf16", "fp16")
+# What a non-finite (NaN, inf) loss does: pause before the optimizer step with nothing changed (the default), skip
+# the iteration's step on every stage and go on, or train on as if nothing happened (runtime/iteration_end.py).
+NONFINITE = ("pause", "skip", "continue")
+NONFINITE_HELP = ("a NaN or infinite loss: pause before the optimizer step, nothing changed (default); skip that "
+                  "iteration's step on every stage; or continue training on it")
 
 
-def check_training(clip_grad_norm: Any, precision: str, eval_every: Any, eval_batches: Any) -> None:
+def check_training(clip_grad_norm: Any, precision: str, eval_every: Any, eval_batches: Any,
+                   nonfinite: Any = "pause") -> None:
     """Refuse training options that cannot work, naming the value (shared by launch and the CLI)."""
     checks.positive(clip_grad_norm, "clip_grad_norm", optional=True, what="the largest global gradient 2-norm")
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+    check_nonfinite(nonfinite)
     checks.count(eval_every, "eval_every", optional=True)
     checks.count(eval_batches, "eval_batches", optional=True)
+
+
+def check_nonfinite(nonfinite: Any) -> None:
+    """Refuse a ``nonfinite`` that is not one of ``NONFINITE``, naming the choices."""
+    if nonfinite not in NONFINITE:
+        raise ValueError(f"unknown nonfinite {nonfinite!r}: use one of {', '.join(NONFINITE)} ({NONFINITE_HELP})")
 
 
 def engine_refusal(engine: str, replicas: int, precision: str, schedule: str) -> str | None:
@@ -60,6 +73,7 @@ def add_training_options(parser: argparse.ArgumentParser | argparse._ArgumentGro
     parser.add_argument("--lr-scheduler", help=f"optimizer -> scheduler factory: {names}")
     parser.add_argument("--clip-grad-norm", type=float, help="clip by the global gradient 2-norm over every stage")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    parser.add_argument("--nonfinite", choices=NONFINITE, default="pause", help=NONFINITE_HELP)
     parser.add_argument("--eval-data", help=f"evaluation data: a bundled example or {names}")
     parser.add_argument("--eval-every", type=int, help="evaluate every this many iterations")
     parser.add_argument("--eval-batches", type=int, default=1)
@@ -95,6 +109,7 @@ class JobSpec:
     resume_path: str | None = None
     clip_grad_norm: float | None = None  # the largest global gradient 2-norm (runtime/training/step.py)
     precision: str = "fp32"  # fp32 | bf16 | fp16 (runtime/training/precision.py)
+    nonfinite: str = "pause"  # a NaN/inf loss: pause | skip | continue (runtime/iteration_end.py)
     fused_wgrad: bool | int = True  # Linear weight gradients accumulate inside the GEMM (runtime/engine/wgrad.py)
     virtual_stages: int = 1  # chunks per stage under interleaved-1f1b (core/schedules/orders/interleaved.py)
     eval_every: int | None = None  # evaluate on the eval_data role every this many iterations

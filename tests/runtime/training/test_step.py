@@ -73,3 +73,14 @@ def test_under_pipedream_the_iteration_step_only_moves_the_schedule_and_refuses_
     assert all(torch.equal(a, p) for a, (_, p) in zip(before, stage.params()))
     with pytest.raises(ValueError, match=r"clip_grad_norm=0\.5 clips by the whole model's gradient norm"):
         Stepper(stage, no_ties(), None, 0, 1, 0.5, LossScale(False)).step(0)  # type: ignore[arg-type]
+
+
+def test_a_skipped_step_drops_the_gradients_and_moves_only_the_schedule() -> None:
+    """nonfinite="skip": every rank agreed a loss was not finite; nothing of the model or the optimizer moves."""
+    stage, _ = stage_and_copy()
+    before = [p.detach().clone() for _, p in stage.params()]
+    for _, p in stage.params():
+        p.grad = torch.ones_like(p)  # finite gradients: the verdict is the loss's, not the gradients'
+    report = Stepper(stage, no_ties(), None, 0, 1, 0.5, LossScale(False)).step(0, skip=True)  # type: ignore[arg-type]
+    assert report.skipped and report.lr == 0.1 and report.grad_norm is None
+    assert all(torch.equal(a, p) and p.grad is None for a, (_, p) in zip(before, stage.params()))

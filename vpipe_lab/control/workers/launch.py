@@ -19,7 +19,7 @@ from vpipe_lab.core.planning.partition import uniform
 from vpipe_lab.wire import protocol as P
 from vpipe_lab.wire.channel import Client, Hub
 from vpipe_lab.wire.checkpoint import Manifest, is_foreign
-from vpipe_lab.wire.jobspec import DEVICES, JobSpec, check_training, engine_refusal
+from vpipe_lab.wire.jobspec import DEVICES, JobSpec, check_nonfinite, check_training, engine_refusal
 from vpipe_lab.wire.private import DEFAULT_KEY_FILE, read_key, write_private
 
 
@@ -65,6 +65,7 @@ def launch(
     lr_scheduler: Any = None,
     clip_grad_norm: float | None = None,
     precision: str = "fp32",
+    nonfinite: str = "pause",
     eval_data: Any = None,
     eval_every: int | None = None,
     eval_batches: int = 1,
@@ -95,7 +96,10 @@ def launch(
     A training job's other parts: ``lr_scheduler`` is ``optimizer -> scheduler`` (stepped once per iteration, carried
     through migration and checkpoints); ``clip_grad_norm`` clips by the global 2-norm over every stage, as
     ``torch.nn.utils.clip_grad_norm_`` does on the whole model; ``precision`` is "fp32", "bf16" or "fp16" (autocast,
-    float32 master weights, a loss scale all stages agree on); ``eval_data`` (like ``data``) is evaluated every
+    float32 master weights, a loss scale all stages agree on); ``nonfinite`` says what a NaN or infinite loss does:
+    "pause" (default) pauses before that iteration's optimizer step with nothing changed and ``wait()`` raises
+    ``NonFiniteLoss`` naming the iteration and micro-batch, "skip" skips that step on every stage and trains on,
+    "continue" trains on it; ``eval_data`` (like ``data``) is evaluated every
     ``eval_every`` iterations on ``eval_batches`` batches (see ``Session.evaluate``); ``log`` sends the metrics to
     "tensorboard:DIR", "wandb:PROJECT", "mlflow:URI" or a function (see ``telemetry/sinks.py``). ``replicas=R``
     trains R data-parallel copies of the pipeline (stages x R worker processes), each on 1/R of every batch, with
@@ -121,6 +125,7 @@ def launch(
 
     virtual_stages = _check_settings(stages, microbatches, schedule, device, clip_grad_norm, precision, eval_every,
                                      eval_batches, fused_wgrad, replicas, engine, virtual_stages, plan)
+    check_nonfinite(nonfinite)
     _check_timeouts(timeout=timeout, start_timeout=start_timeout)
     _check_restarts(max_restarts, snapshot_every, engine)
     sinks.check(log)
@@ -148,6 +153,7 @@ def launch(
         start_iteration=manifest.iteration if manifest else 0,
         resume_path=str(Path(resume).absolute()) if resume is not None else None,
         clip_grad_norm=None if clip_grad_norm is None else float(clip_grad_norm), precision=precision,
+        nonfinite=nonfinite,
         eval_every=eval_every, eval_batches=eval_batches, replicas=replicas, fused_wgrad=fused_wgrad, scout=scout,
         virtual_stages=virtual_stages, engine=engine,
         snapshot_dir=str(job_dir / "snapshots") if max_restarts else None, snapshot_every=snapshot_every,

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vpipe_lab.control.errors import BudgetError, DataError, WorkerError
+from vpipe_lab.control.errors import BudgetError, DataError, NonFiniteLoss, WorkerError
 from vpipe_lab.control.events import Events
 from vpipe_lab.control.state import JobState
 from vpipe_lab.control.workers.processes import Launcher
@@ -35,7 +35,7 @@ class FailureMonitor:
                  cond: threading.Condition) -> None:
         self.launcher, self.job_dir, self.state, self.events, self.cond = launcher, job_dir, state, events, cond
         self.fatal: WorkerError | None = None
-        self.budget: BudgetError | DataError | None = None  # why training paused, not yet raised to the user
+        self.budget: BudgetError | DataError | NonFiniteLoss | None = None  # why training paused, not yet raised to the user
         self.stopping = False  # a stop was asked for: exits are expected
         self.closed = False
         self.refusals: dict[int, Failure] = {}  # plan version -> a stage's refusal to take layers
@@ -63,9 +63,10 @@ class FailureMonitor:
         batch of iteration N at the boundary, before the other stages' reports of iteration N-1 (other sockets) may
         have arrived, and ``wait()`` raising then would show the session an iteration short."""
         err = self.budget
-        return err is not None and (not isinstance(err, DataError) or self.state.iteration >= err.iteration)
+        return err is not None and (not isinstance(err, (DataError, NonFiniteLoss))
+                                    or self.state.iteration >= err.iteration)
 
-    def take_budget(self) -> BudgetError | DataError | None:
+    def take_budget(self) -> BudgetError | DataError | NonFiniteLoss | None:
         """Why the workers paused (an over-budget iteration, a bad batch), not yet raised to the user, once (the
         next call returns None)."""
         with self.cond:
@@ -84,6 +85,10 @@ class FailureMonitor:
         elif body.kind == "data":
             self.state.paused = True
             self.budget = DataError(body.iteration, body.cause)
+        elif body.kind == "loss":  # a NaN/inf loss under nonfinite="pause": every rank paused before the step
+            self.state.paused = True
+            if not isinstance(self.budget, NonFiniteLoss) or self.budget.iteration != body.iteration:  # replicas: 1st
+                self.budget = NonFiniteLoss(body.iteration, body.microbatch, body.stage, body.cause, body.taken)
         elif body.kind == "budget":
             self.state.paused = True  # every rank paused at this boundary
             self.budget = BudgetError(body.stage, body.used, body.budget, [tuple(x) for x in body.layers],

@@ -59,11 +59,13 @@ class Stepper:
         elsewhere = {name for name, ranks in self.ties.shared if self.rank in ranks and min(ranks) != self.rank}
         return [p.grad for name, p in self.stage.params() if p.grad is not None and name not in elsewhere]
 
-    def step(self, iteration: int) -> StepReport:
+    def step(self, iteration: int, skip: bool = False) -> StepReport:
+        """The step of ``iteration``, or (``skip``: every rank agreed a loss was not finite) its gradients dropped
+        and only the LR scheduler stepped, as after an fp16 overflow."""
         with region("step"):  # the optimizer's scratch, where the allocator is measured (engine/allocator.py)
-            return self._step(iteration)
+            return self._step(iteration, skip)
 
-    def _step(self, iteration: int) -> StepReport:
+    def _step(self, iteration: int, skip: bool = False) -> StepReport:
         stage = self.stage
         if stage.stash.on:  # PipeDream stepped after every micro-batch
             # launch(), apply() and a torchrun job's --schedule refuse what needs one step of the whole model; a
@@ -73,6 +75,13 @@ class Stepper:
                 raise ValueError(problem)
             report = StepReport(lr=stage.optim.step(iteration, skip=True))
             stage.zero_grad()
+            return report
+        if skip:  # every rank takes this branch (agreed at the boundary), so no collective is left half-done
+            stage.zero_grad()
+            report = StepReport(loss_scale=self.scale.scale if self.scale.enabled else None, skipped=True,
+                                lr=stage.optim.step(iteration, skip=True))
+            stage.zero_grad()
+            self.scale.update(True)  # under fp16 a non-finite loss is most likely an overflow: back off
             return report
         if self.data_parallel is not None:  # the replicas' gradients, averaged: one model over the global batch
             self.data_parallel.average([p.grad for _, p in stage.params() if p.grad is not None])

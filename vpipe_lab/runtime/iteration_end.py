@@ -1,0 +1,131 @@
+"""How a worker ends an iteration, mixed into ``runtime/worker.py``'s ``Worker``: the optimizer step (or the
+iteration dropped on every rank), the report to the controller, and the pauses with nothing changed: a bad batch
+before it runs, a stage over its memory budget, and a NaN or infinite loss.
+
+A non-finite loss is found on the stage that computes the loss; under ``nonfinite="pause"`` (the default) or
+``"skip"`` every rank learns it in the boundary's all-reduce before any stage steps (so no stage steps early, as it
+does under ``"continue"`` without memory budgets): "pause" drops the iteration everywhere and pauses, the loss stage
+naming the iteration and micro-batch; "skip" counts the iteration without its optimizer step (the LR scheduler
+still steps, as after an fp16 overflow). PipeDream updates during the iteration: its iteration counts either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from vpipe_lab.core.timeline import KINDS
+from vpipe_lab.runtime.engine.executor import IterationResult
+from vpipe_lab.runtime.engine.stage import Stage
+from vpipe_lab.runtime.model import experts
+from vpipe_lab.runtime.model.data_checks import BadBatch
+from vpipe_lab.runtime.progress import Control
+from vpipe_lab.runtime.shape_epochs import ShapeEpochs
+from vpipe_lab.runtime.training.step import Stepper, StepReport
+from vpipe_lab.wire import events as E
+from vpipe_lab.wire.jobspec import JobSpec
+
+log = logging.getLogger("vpipe_lab.worker")
+
+
+def first_nonfinite(losses: Sequence[float]) -> tuple[int, str]:
+    """The first micro-batch whose loss is NaN or infinite and how ("nan", "inf", "-inf"); (-1, "") when none."""
+    for mb, value in enumerate(losses):
+        if not math.isfinite(value):
+            return mb, str(value)
+    return -1, ""
+
+
+class IterationEnd:
+    """The end of an iteration on one rank of a ``Worker`` (which owns the state named below)."""
+
+    spec: JobSpec
+    index: int
+    global_rank: int
+    replica: int
+    leader: bool
+    ctl: Control
+    stage: Stage
+    stepper: Stepper
+    shapes: ShapeEpochs
+    samples: int | None
+    meter: Any
+    plan: Any
+
+    def send(self, body: Any) -> None: ...
+    def current(self) -> None: ...
+
+    def steps_early(self) -> bool:
+        """Whether each stage steps as soon as its own backward is done (the last stage while the first still runs
+        its last backward), as plain pipelines do: only when no rank can veto the step at the boundary (no memory
+        budget, and non-finite losses trained on)."""
+        return self.spec.memory_budget is None and self.spec.nonfinite == "continue"
+
+    def loss_verdict(self, result: IterationResult) -> int:
+        """This rank's word for the boundary's all-reduce: 1 + the first micro-batch whose loss is not finite, 0 when
+        every loss is (or the job trains on whatever the loss)."""
+        mb, value = first_nonfinite(result.losses)
+        if mb < 0:
+            return 0
+        log.warning("the loss of iteration %d, micro-batch %d is %s", result.iteration, mb, value)
+        return 0 if self.spec.nonfinite == "continue" else mb + 1
+
+    def refuse_batch(self, exc: BadBatch) -> None:
+        """Every rank: the coming batch is bad data. Pause with nothing changed (the controller raises DataError);
+        a resume reads and checks that batch again."""
+        if self.spec.iterations is not None:  # an unattended job has nobody to resume it: it fails with the cause
+            raise exc
+        self.ctl.paused = True
+        self.shapes.start()
+        log.error("iteration %d's batch is bad data: %s; paused", self.ctl.iteration, exc)
+        if self.leader:
+            self.send(E.Failure("data", self.index, self.global_rank, self.replica, self.ctl.iteration, cause=str(exc)))
+            self.current()
+
+    def finish(self, result: IterationResult, failed: bool, memory: dict[str, Any], stepped: StepReport | None,
+               bad_loss: int = 0) -> bool:
+        """Step (unless done already), or drop the iteration on every rank and pause when any rank went over its
+        budget or a loss was not finite under "pause" (PipeDream, whose updates are made, takes it and pauses);
+        under "skip" a non-finite loss counts the iteration without its step. Whether it was taken without failing.
+        ``bad_loss`` is the boundary's agreed 1 + micro-batch of a non-finite loss (0: none)."""
+        # PipeDream's stages updated their weights during the iteration: it cannot be undone, so it counts
+        applied = self.stage.stash.on
+        pause_loss = bad_loss > 0 and self.spec.nonfinite == "pause"
+        if pause_loss and self.spec.iterations is not None:  # an unattended job has nobody to resume it
+            mb, value = first_nonfinite(result.losses)
+            raise FloatingPointError(f"the loss of iteration {result.iteration}, micro-batch {bad_loss - 1} is not "
+                                     f"finite{f' ({value})' if mb >= 0 else ''}: the unattended job stops; "
+                                     "--nonfinite skip skips such steps")
+        dropped = failed or pause_loss
+        if dropped and not applied:
+            # No parameter or optimizer state changes; the same iteration runs again after resume.
+            self.stage.discard()
+            experts.take()  # nor do its experts' counts: they come again with the iteration
+        if not dropped or applied:
+            if stepped is None:
+                stepped = self.stepper.step(result.iteration, skip=bad_loss > 0)
+            self.ctl.iteration += 1
+            self.report(result, memory, stepped)
+        if dropped:
+            self.ctl.paused = True
+            if result.violation is not None:
+                v = result.violation
+                self.send(E.Failure("budget", self.index, self.global_rank, self.replica, result.iteration,
+                                    used=v.used_bytes, budget=v.budget_bytes, layers=[list(x) for x in v.layers],
+                                    memory=memory, taken=applied))
+            mb, value = first_nonfinite(result.losses)
+            if pause_loss and mb >= 0:  # the stage that computed it names it
+                self.send(E.Failure("loss", self.index, self.global_rank, self.replica, result.iteration,
+                                    cause=value, microbatch=mb, taken=applied))
+        return not dropped
+
+    def report(self, result: IterationResult, memory: dict[str, Any], step: StepReport) -> None:
+        self.meter.stop(self.stage)  # the allocator's peak over the iteration and its step, where measured
+        memory = {**memory, **self.meter.report()}
+        spans = [(KINDS.index(k), mb, -1 if layer is None else layer, s, e, c) for k, mb, layer, s, e, c in result.spans]
+        self.send(E.IterationReport(
+            result.iteration, self.index, result.start_s, result.end_s, result.losses, memory, spans,
+            self.plan.microbatches, self.ctl.plan_version, self.replica, self.samples, result.sizes,
+            step.grad_norm, step.lr, step.loss_scale, step.skipped, result.loss_sum, experts.take() or None))
