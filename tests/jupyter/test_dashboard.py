@@ -97,7 +97,7 @@ def test_refreshes_are_bounded_and_windows_roll() -> None:
         assert view.header["state"] == "running" and "iteration 60" in view.header["text"]
         assert "grad norm 0.5, lr 0.01" in view.header["text"]
         # stage 0 computes 0.8 of each 0.9 s window, stage 1 0.1 (and sends 0.05): stage 0 is what stage 1 waits for
-        assert "bottleneck: stage 0 (compute 89%, bubble 11%; pipeline bubble 47%)" in view.header["text"]
+        assert "bottleneck: stage 0 (compute 89%, waiting 11%; pipeline bubble 47%)" in view.header["text"]
         # the newest iteration's critical path: stage 0's forward then its backward (stage 1's send came too late)
         assert "critical path 900.00 ms through stages 0, 89% of it on stage 0" in view.header["text"]
         path = trace(view.timeline, "critical path")

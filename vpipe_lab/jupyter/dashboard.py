@@ -107,19 +107,21 @@ class Dashboard:
                      + (f", {latest['samples_per_s']:.0f} samples/s" if finite(latest.get("samples_per_s")) else "")
                      + (f", grad norm {latest['grad_norm']:.3g}" if finite(latest.get("grad_norm")) else "")
                      + (f", lr {latest['lr']:.3g}" if latest.get("lr") is not None else "")
-                     + (" (fp16 overflow: step skipped)" if latest.get("skipped") else ""))
+                     + (" (step skipped: an fp16 overflow or a non-finite loss)" if latest.get("skipped") else ""))
         times = breakdown(timeline) if timeline is not None else []
         worst = bottleneck(times)
         if worst is not None and s.stages > 1:
+            # the stage whose work bounds the iteration (most of the critical path), the part its work is most of,
+            # and its waiting: the rule session.breakdown() and the report use (core/cost/breakdown.py)
             t = times[worst]
-            text += (f" - bottleneck: stage {worst} (compute {t.share('compute') + t.share('recompute'):.0%}, "
-                     f"bubble {t.share('bubble'):.0%}; pipeline bubble "
+            part = t.share("compute") + t.share("recompute") if t.dominant == "compute" else t.share(t.dominant)
+            text += (f" - bottleneck: stage {worst} ({t.dominant} {part:.0%}, waiting {t.share('bubble'):.0%}; "
+                     f"pipeline bubble "
                      f"{sum(x.bubble_s for x in times) / max(1e-12, sum(x.iteration_s for x in times)):.0%})")
             path = path if path is not None else critical_path(timeline)
             if path.spans:
-                most = max(set(path.stages()), key=lambda st: path.share(stage=st))
                 text += (f" - critical path {human_time(path.seconds)} through stages "
-                         f"{'>'.join(map(str, path.stages()))}, {path.share(stage=most):.0%} of it on stage {most}")
+                         f"{'>'.join(map(str, path.stages()))}, {path.share(stage=worst):.0%} of it on stage {worst}")
         restarts = s.metrics.restart_records()
         if restarts:  # launch(max_restarts=N): the job carried on; say how often and what the last one cost
             r = restarts[-1]

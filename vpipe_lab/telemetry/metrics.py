@@ -138,7 +138,8 @@ class Metrics:
 
     def breakdown(self, last: int = 10, chunks: bool = False) -> Any:
         """Where each stage's time went over the last ``last`` iterations with spans (mean seconds per iteration and
-        shares: compute, recompute, swap, transfer, bubble; ``core/cost/breakdown.py``), a DataFrame by stage; with
+        shares: compute, recompute, swap, transfer (the wire), bubble (waiting, for a neighbour's work too); the
+        stage's own time on the critical path and the bottleneck; ``core/cost/breakdown.py``), a DataFrame by stage; with
         ``chunks``, a row per (stage, chunk) of the work each chunk takes (virtual stages: interleaved, ZBV)."""
         timeline = self.timeline(last)
         times = breakdown(timeline)
@@ -216,14 +217,15 @@ def expert_rows(iteration: int, parts: list[IterationReport]) -> list[dict[str, 
 
 
 def breakdown_frame(times: list[StageTime], prefix: str = "") -> Any:
-    """StageTimes as a DataFrame: a row per stage, each part's seconds and share, the bottleneck marked."""
+    """StageTimes as a DataFrame: a row per stage, each part's seconds and share, the stage's own seconds on the
+    critical path, the bottleneck (the stage the critical path is most of) marked."""
     import pandas as pd
 
     worst = bottleneck(times)
     columns = ["stage", f"{prefix}iteration_s", *(f"{prefix}{p}_s" for p in PARTS),
-               *(f"{prefix}{p}_share" for p in PARTS), f"{prefix}bottleneck"]
+               *(f"{prefix}{p}_share" for p in PARTS), f"{prefix}critical_s", f"{prefix}bottleneck"]
     return pd.DataFrame([[t.stage, t.iteration_s, *(t.seconds(p) for p in PARTS), *(t.share(p) for p in PARTS),
-                          t.stage == worst] for t in times], columns=columns)
+                          t.critical_s, t.stage == worst] for t in times], columns=columns)
 
 
 def chunk_frame(timeline: Timeline, stages: list[StageTime], prefix: str = "") -> Any:

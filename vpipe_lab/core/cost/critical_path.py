@@ -29,12 +29,21 @@ class CriticalPath:
     def seconds(self) -> float:
         return self.spans[-1].end_s - self.spans[0].start_s if self.spans else 0.0
 
+    def own_s(self) -> list[float]:
+        """Each span's own time on the path: the part after the span before it ended. A receive that waited began
+        before the send that released it; the wait is the sender's time on the path, not the receiver's."""
+        out, before = [], float("-inf")
+        for s in self.spans:
+            out.append(max(0.0, s.end_s - max(s.start_s, before)))
+            before = max(before, s.end_s)
+        return out
+
     def share(self, *, stage: int | None = None, kinds: Sequence[str] | None = None) -> float:
         """The share of the path's time in its spans on ``stage`` and/or of ``kinds`` (gaps between spans count for
-        neither)."""
+        neither; time two spans of the path overlap counts once, for the earlier)."""
         if not self.spans or self.seconds <= 0:
             return 0.0
-        busy = sum(s.duration_s for s in self.spans
+        busy = sum(own for s, own in zip(self.spans, self.own_s())
                    if (stage is None or s.stage == stage) and (kinds is None or s.kind in kinds))
         return busy / self.seconds
 
