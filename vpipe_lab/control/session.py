@@ -26,6 +26,7 @@ from vpipe_lab.control.events import EventCallback, Events
 from vpipe_lab.control.history import History
 from vpipe_lab.control.intake import Intake
 from vpipe_lab.control.lifecycle import Lifecycle
+from vpipe_lab.control.memory_view import MemoryView
 from vpipe_lab.control.outward import Outward
 from vpipe_lab.control.record import Record
 from vpipe_lab.control.requests import Requests
@@ -50,15 +51,14 @@ from vpipe_lab.wire.jobspec import JobSpec
 log = logging.getLogger(__name__)
 
 
-class Session(Outward, Lifecycle, Record):
+class Session(Outward, Lifecycle, Record, MemoryView):
     """A running pipeline. Every method is safe to call while training goes on in the background."""
 
     def __init__(self, spec: JobSpec, hub: Endpoint, launcher: Launcher | None, job_dir: Path | None,
                  model: Any = None) -> None:
         self.spec = spec
         self.model = model  # what builds the trained model (factory, instance or bundled name): export() uses it
-        self.stages = spec.stages
-        self.replicas = spec.replicas
+        self.stages, self.replicas = spec.stages, spec.replicas
         self.workers = spec.stages * spec.replicas  # worker processes (ranks)
         self.metrics = Metrics()
         self.logger = Logger(None)  # launch(log=...) sets the sink (telemetry/sinks.py)

@@ -1,0 +1,54 @@
+"""Each stage's memory predicted beside measured, for a running Session (mixed into ``control/session.py``).
+
+The prediction is the cost model's peak for the plan in force over the newest measured profile (weights, gradients,
+optimizer state, activations kept, swapped or recomputed, working sets), as the planner decides by it before launch.
+The measurement is independent of it: ``allocated_peak`` is what the allocator really held at its most
+(``runtime/engine/allocator.py``: torch.profiler's memory events on CPU, ``max_memory_allocated`` on CUDA), beside the
+ledger's count (``counted_peak``: static bytes plus the saved tensors counted, the very basis the profile feeds the
+prediction, so it cannot catch temporaries or what the count misses). On a CPU a swapped layer's host copy lives in
+the memory the allocator counts, so there the prediction adds its host bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from vpipe_lab.core.cost.costmodel import estimate
+
+
+class MemoryView:
+    """``Session.memory()``: the Session owns the state named below."""
+
+    plan: Any
+    metrics: Any
+    device: str
+
+    def newest_profile(self) -> Any: ...
+    def cluster(self) -> Any: ...
+
+    def memory(self) -> Any:
+        """A DataFrame by stage: ``predicted_peak`` (the cost model's, for the plan in force), ``allocated_peak``
+        (what the allocator held, newest measurement; ``allocated_at`` its iteration), ``error`` (allocated over
+        predicted, minus 1), ``counted_peak`` (the ledger's count), ``static`` and ``activations`` as predicted, and
+        the ``budget``. Measured columns are empty until the workers have measured."""
+        import pandas as pd
+
+        plan, cluster = self.plan, self.cluster()
+        est = estimate(plan, self.newest_profile(), dataclasses.replace(cluster, stages=plan.stages))
+        on_cpu = self.device == "cpu"
+        rows_now = {r["stage"]: r for r in self.metrics.latest_memory() if r.get("replica", 0) == 0}
+        rows = []
+        for s in range(plan.stages):
+            predicted = est.peak_bytes[s] + (est.host_bytes[s] if on_cpu and est.host_bytes else 0)
+            now = rows_now.get(s, {})
+            allocated = now.get("allocated_peak")
+            rows.append({
+                "stage": s, "predicted_peak": predicted, "allocated_peak": allocated,
+                "allocated_at": now.get("allocated_at"),
+                "error": allocated / predicted - 1 if allocated and predicted else None,
+                "counted_peak": now.get("peak"), "static": est.static_bytes[s] if est.static_bytes else None,
+                "activations": est.activation_bytes[s] if est.activation_bytes else None,
+                "budget": now.get("budget") or (est.budget_bytes[s] if est.budget_bytes[s] < 1 << 60 else None),
+            })
+        return pd.DataFrame(rows)
