@@ -12,6 +12,7 @@ the memory the allocator counts, so there the prediction adds its host bytes.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from vpipe_lab.core.cost.costmodel import estimate
@@ -23,9 +24,8 @@ class MemoryView:
     plan: Any
     metrics: Any
     device: str
-
-    def newest_profile(self) -> Any: ...
-    def cluster(self) -> Any: ...
+    newest_profile: Callable[[], Any]  # the Session's own (attributes, not stub methods a mixin order could let win)
+    cluster: Callable[[], Any]
 
     def memory(self) -> Any:
         """A DataFrame by stage: ``predicted_peak`` (the cost model's, for the plan in force), ``allocated_peak``

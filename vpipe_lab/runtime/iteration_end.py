@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from vpipe_lab.core.timeline import KINDS
@@ -53,9 +53,9 @@ class IterationEnd:
     samples: int | None
     meter: Any
     plan: Any
-
-    def send(self, body: Any) -> None: ...
-    def current(self) -> None: ...
+    # the Worker's own methods, named as attributes: a stub method here would shadow WorkerCommands.current in the MRO
+    send: Callable[[Any], None]
+    current: Callable[[], None]
 
     def steps_early(self) -> bool:
         """Whether each stage steps as soon as its own backward is done (the last stage while the first still runs
