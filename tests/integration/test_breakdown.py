@@ -72,7 +72,9 @@ def test_the_stage_that_computes_three_times_more_is_named_and_its_neighbour_wai
     light = 1 - heavy
     for prefix in ("", "predicted_"):
         assert list(frame[f"{prefix}bottleneck"]) == [s == heavy for s in (0, 1)], (prefix, frame.T)
-        assert frame.loc[light, f"{prefix}transfer_share"] < 0.15, (prefix, frame.T)
+        # measured, the wire is a few percent; predicted, it rests on the link bandwidth the workers probed at start,
+        # which a loaded machine measures low (10-16% seen): small either way, where it said 68%
+        assert frame.loc[light, f"{prefix}transfer_share"] < (0.15 if not prefix else 0.3), (prefix, frame.T)
         assert frame.loc[light, f"{prefix}bubble_share"] > 0.4, (prefix, frame.T)
         assert frame.loc[heavy, f"{prefix}critical_s"] > 1.5 * frame.loc[light, f"{prefix}critical_s"]
 
