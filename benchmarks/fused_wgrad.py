@@ -14,10 +14,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+from functools import partial
 from typing import Any
 
 import torch
-from interleaved import rotated, vpipe_block
+from interleaved import sessions_in_turn
 
 import vpipe_lab
 
@@ -55,24 +56,11 @@ JOBS: dict[str, dict[str, Any]] = {
 
 
 def compare(job: dict[str, Any], blocks: int, block: int) -> dict[bool, list[float]]:
-    sessions = {}
-    try:
-        for fused in (True, False):
-            args = dict(job)
-            model = args.pop("model")
-            s = vpipe_lab.launch(model, stages=2, microbatches=8, schedule="eager-1f1b", device="cpu", timeout=300,
-                                 start_timeout=300, fused_wgrad=fused, **args)
-            s.run(4)
-            s.wait(timeout=600)
-            sessions[fused] = s
-        times: dict[bool, list[float]] = {True: [], False: []}
-        for r in range(blocks):
-            for fused, s in rotated(list(sessions.items()), r):
-                times[fused].append(vpipe_block(s, block))
-        return times
-    finally:
-        for s in sessions.values():
-            s.stop()
+    args = dict(job)
+    model = args.pop("model")
+    return sessions_in_turn({fused: partial(vpipe_lab.launch, model, stages=2, microbatches=8, schedule="eager-1f1b",
+                                            device="cpu", timeout=300, start_timeout=300, fused_wgrad=fused, **args)
+                             for fused in (True, False)}, blocks, block)
 
 
 def main() -> None:

@@ -73,6 +73,28 @@ def vpipe_block(session: Any, n: int) -> float:
     return float(block["end_s"].max() - block["start_s"].min()) / n
 
 
+def sessions_in_turn(launches: dict[T, Callable[[], Any]], blocks: int, block: int,
+                     warmup: int = 4) -> dict[T, list[float]]:
+    """Start every variant's session (each warmed up by ``warmup`` iterations), then run ``blocks`` rounds in which
+    each takes ``block`` iterations in turn (``rotated``); seconds per iteration of each block, by variant. Every
+    session is stopped, also when one fails to start."""
+    sessions: dict[T, Any] = {}
+    try:
+        for key, start in launches.items():
+            s = start()
+            s.run(warmup)
+            s.wait(timeout=600)
+            sessions[key] = s
+        times: dict[T, list[float]] = {key: [] for key in sessions}
+        for r in range(blocks):
+            for key, s in rotated(list(sessions.items()), r):
+                times[key].append(vpipe_block(s, block))
+        return times
+    finally:
+        for s in sessions.values():
+            s.stop()
+
+
 def row(name: str, bounds: tuple[int, ...], schedule: str, m: int, blocks: int, block: int,
         variants: list[Variant]) -> tuple[dict[str, list[float]], dict[str, tuple[int, ...]]]:
     """Per-block seconds per iteration of torch (``schedule``) and of each vpipe_lab variant, blocks interleaved;

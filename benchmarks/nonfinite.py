@@ -14,9 +14,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+from functools import partial
 from typing import Any
 
-from interleaved import rotated, vpipe_block
+from interleaved import sessions_in_turn
 
 import vpipe_lab
 
@@ -27,22 +28,9 @@ JOBS: dict[str, dict[str, Any]] = {
 
 
 def compare(job: dict[str, Any], blocks: int, block: int) -> dict[str, list[float]]:
-    sessions = {}
-    try:
-        for mode in ("pause", "continue"):
-            s = vpipe_lab.launch(job["model"], stages=2, microbatches=job["microbatches"], device="cpu", timeout=300,
-                                 start_timeout=300, nonfinite=mode)
-            s.run(4)
-            s.wait(timeout=600)
-            sessions[mode] = s
-        times: dict[str, list[float]] = {mode: [] for mode in sessions}
-        for r in range(blocks):
-            for mode, s in rotated(list(sessions.items()), r):
-                times[mode].append(vpipe_block(s, block))
-        return times
-    finally:
-        for s in sessions.values():
-            s.stop()
+    return sessions_in_turn({mode: partial(vpipe_lab.launch, job["model"], stages=2, microbatches=job["microbatches"],
+                                           device="cpu", timeout=300, start_timeout=300, nonfinite=mode)
+                             for mode in ("pause", "continue")}, blocks, block)
 
 
 def main() -> None:

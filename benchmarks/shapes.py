@@ -15,10 +15,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+from functools import partial
 from typing import Any
 
 from fused_wgrad import adamw, gpt2, gpt2_data, lm_loss  # the HuggingFace GPT-2 of the fusion benchmark
-from interleaved import rotated, vpipe_block
+from interleaved import sessions_in_turn
 
 import vpipe_lab
 
@@ -31,8 +32,6 @@ def launch(static: bool, m: int) -> Any:
                              schedule="eager-1f1b", device="cpu", timeout=300, start_timeout=300)
     finally:
         os.environ.pop("VPIPE_LAB_CAPTURE", None)
-    s.run(4)
-    s.wait(timeout=600)
     return s
 
 
@@ -45,17 +44,8 @@ def main() -> None:
     print("| model | M | free shapes (ms/it) | fixed shapes (ms/it) | fixed / free, median (IQR) of adjacent blocks |")
     print("|---|---|---|---|---|")
     for m in (4, 8):
-        sessions = {}
-        try:
-            for static in (False, True):
-                sessions[static] = launch(static, m)
-            times: dict[bool, list[float]] = {False: [], True: []}
-            for r in range(args.blocks):
-                for static, s in rotated(list(sessions.items()), r):
-                    times[static].append(vpipe_block(s, args.block))
-        finally:
-            for s in sessions.values():
-                s.stop()
+        times = sessions_in_turn({static: partial(launch, static, m) for static in (False, True)}, args.blocks,
+                                 args.block)
         ratios = sorted(fixed / free for free, fixed in zip(times[False], times[True]))
         q = statistics.quantiles(ratios, n=4)
         print(f"| gpt2-512 (HuggingFace) | {m} | {1e3 * statistics.median(times[False]):.1f} | "
