@@ -38,6 +38,15 @@ def first_nonfinite(losses: Sequence[float]) -> tuple[int, str]:
     return -1, ""
 
 
+def unattended_stop(iteration: int, microbatch: int, losses: Sequence[float]) -> FloatingPointError:
+    """Why an unattended job (nobody to resume it) stops on a non-finite loss under "pause"; ``losses`` are this
+    rank's (the value is named where this rank computed it)."""
+    mb, value = first_nonfinite(losses)
+    return FloatingPointError(f"the loss of iteration {iteration}, micro-batch {microbatch} is not finite"
+                              f"{f' ({value})' if mb >= 0 else ''}: the unattended job stops; --nonfinite skip skips "
+                              "such steps")
+
+
 class IterationEnd:
     """The end of an iteration on one rank of a ``Worker`` (which owns the state named below)."""
 
@@ -94,10 +103,7 @@ class IterationEnd:
         applied = self.stage.stash.on
         pause_loss = bad_loss > 0 and self.spec.nonfinite == "pause"
         if pause_loss and self.spec.iterations is not None:  # an unattended job has nobody to resume it
-            mb, value = first_nonfinite(result.losses)
-            raise FloatingPointError(f"the loss of iteration {result.iteration}, micro-batch {bad_loss - 1} is not "
-                                     f"finite{f' ({value})' if mb >= 0 else ''}: the unattended job stops; "
-                                     "--nonfinite skip skips such steps")
+            raise unattended_stop(result.iteration, bad_loss - 1, result.losses)
         dropped = failed or pause_loss
         if dropped and not applied:
             # No parameter or optimizer state changes; the same iteration runs again after resume.

@@ -33,7 +33,7 @@ from vpipe_lab.runtime.build import _example, initial_plan, on_meta
 from vpipe_lab.runtime.engine.comm import TAG_TARGET, Peer
 from vpipe_lab.runtime.engine.device import select
 from vpipe_lab.runtime.engine.executor import default_loss
-from vpipe_lab.runtime.iteration_end import first_nonfinite
+from vpipe_lab.runtime.iteration_end import first_nonfinite, unattended_stop
 from vpipe_lab.runtime.model.batches import Source, batch_size, rebuild, split
 from vpipe_lab.runtime.model.callables import load_callables
 from vpipe_lab.runtime.model.capture import build_model, capture
@@ -315,8 +315,7 @@ class TorchWorker(TorchState, WorkerCommands):
         if self.spec.nonfinite == "skip":
             return True
         if self.spec.iterations is not None:
-            raise FloatingPointError(f"the loss of iteration {it}, micro-batch {bad - 1} is not finite: the unattended "
-                                     "job stops; --nonfinite skip skips such steps")
+            raise unattended_stop(it, bad - 1, losses)
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
         self.ctl.paused = True
