@@ -131,18 +131,19 @@ def _is_path(source: Any) -> bool:
         return False
 
 
+def _given(value: int | None, current_value: int | None, what: str, name: str, option: str) -> int:
+    """``value`` if given, else the running plan's, else refused naming the option (never a silent default)."""
+    if value is not None:
+        return value
+    if current_value is not None:
+        return current_value
+    raise PlanError(f"the {what} does not say {name}: give {option} (there is no running plan to take it from)")
+
+
 def read(source: Any, units: list[UnitInfo], current: Plan | None, *, ranks: int | None = None,
          batch_size: int | None = None, microbatches: int | None = None, schedule: str | None = None) -> Plan:
     """``import_plan`` over known ``units``. What the source leaves open comes from the keywords, else from
     ``current`` (the running plan); with neither it is refused naming the keyword, never defaulted."""
-    def given(value: int | None, name: str, current_value: int | None, option: str) -> int:
-        if value is not None:
-            return value
-        if current_value is not None:
-            return current_value
-        raise PlanError(f"the {what} does not say {name}: give {option} (there is no running plan to take it from)")
-
-    what = "source"
     if _is_path(source):
         target = Path(source)
         if target.is_dir() or target.name == files.PIPELINE:
@@ -154,17 +155,17 @@ def read(source: Any, units: list[UnitInfo], current: Plan | None, *, ranks: int
         source = text.strip()
     m_now = current.microbatches if current is not None else None
     ranks_now = current.stages if current is not None else None
+    m_said, ranks_said = "the number of micro-batches", "how many ranks run its stages"
     if isinstance(source, dict):
-        what = "[parallelism] table"
         if batch_size is None:
-            microbatches = given(microbatches, "the number of micro-batches", m_now,
-                                 "microbatches= (--microbatches) or batch_size= (--batch-size)")
+            microbatches = _given(microbatches, m_now, "[parallelism] table", m_said,
+                                  "microbatches= (--microbatches) or batch_size= (--batch-size)")
         return torchtitan.read(source, units, batch_size=batch_size, microbatches=microbatches)
     if isinstance(source, list):
         what = "list of modules per stage"
-        stages = given(ranks, "how many ranks run its stages", ranks_now, "ranks= (--ranks)")
-        return plan_from_parts(source, units, microbatches=given(microbatches, "the number of micro-batches", m_now,
-                                                                 "microbatches= (--microbatches)"),
+        stages = _given(ranks, ranks_now, what, ranks_said, "ranks= (--ranks)")
+        return plan_from_parts(source, units,
+                               microbatches=_given(microbatches, m_now, what, m_said, "microbatches= (--microbatches)"),
                                schedule=schedule or (current.schedule if current is not None else "1f1b"),
                                virtual_stages=max(1, len(source) // stages), where="the module lists")
     if isinstance(source, str):
@@ -172,8 +173,8 @@ def read(source: Any, units: list[UnitInfo], current: Plan | None, *, ranks: int
             return torchtitan.read_toml(source, units, batch_size=batch_size, microbatches=microbatches)
         what = "Megatron-LM layout"
         return megatron.plan_from_layout(
-            source, given(ranks, "how many ranks run its stages", ranks_now, "ranks= (--ranks)"), units,
-            microbatches=given(microbatches, "the number of micro-batches", m_now, "microbatches= (--microbatches)"),
+            source, _given(ranks, ranks_now, what, ranks_said, "ranks= (--ranks)"), units,
+            microbatches=_given(microbatches, m_now, what, m_said, "microbatches= (--microbatches)"),
             schedule=schedule)
     raise PlanError(f"cannot import {type(source).__name__}: give a torchtitan TOML path or text, a [parallelism] "
                     "dict, a Megatron-LM layout string, lists of module names per stage or an export bundle")

@@ -159,9 +159,8 @@ def read(par: Mapping[str, Any], units: Sequence[UnitInfo], *, batch_size: int |
     ``batch_size`` / ``pipeline_parallel_microbatch_size``; ``csv_text`` is the schedule CSV the config names (its
     order must be one the lab runs); ``activation`` "full" recomputes every repeated block."""
     _check(par)
-    for name, value in (("batch_size", batch_size), ("microbatches", microbatches)):
-        checks.count(value, name, optional=True, error=PlanError, maximum=MAX_MICROBATCHES if name == "microbatches"
-                     else None)
+    checks.count(batch_size, "batch_size", optional=True, error=PlanError)
+    checks.count(microbatches, "microbatches", optional=True, error=PlanError, maximum=MAX_MICROBATCHES)
     degree = par.get("pipeline_parallel_degree") or 1
     name = par.get("pipeline_parallel_schedule") or "1F1B"
     known = {n.lower(): n for n in (*SINGLE, *MULTI)}
