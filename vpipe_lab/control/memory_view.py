@@ -49,6 +49,6 @@ class MemoryView:
                 "error": allocated / predicted - 1 if allocated and predicted else None,
                 "counted_peak": now.get("peak"), "static": est.static_bytes[s] if est.static_bytes else None,
                 "activations": est.activation_bytes[s] if est.activation_bytes else None,
-                "budget": now.get("budget") or (est.budget_bytes[s] if est.budget_bytes[s] < 1 << 60 else None),
+                "budget": est.budget_bytes[s],  # the job's memory_budget, else the planners' share of the machine
             })
         return pd.DataFrame(rows)
