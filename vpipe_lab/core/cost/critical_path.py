@@ -68,6 +68,11 @@ def critical_path(timeline: Timeline, iteration: int | None = None, replica: int
     by_stage: dict[int, list[Span]] = {}
     for s in sorted(spans, key=lambda s: (s.end_s, s.start_s)):
         by_stage.setdefault(s.stage, []).append(s)
+    # each micro-batch's sends by end, indexed once (a walk asks for them at most steps; the breakdown walks every
+    # iteration of the window on each dashboard refresh)
+    sends_of: dict[int, list[Span]] = {}
+    for c in sorted((c for done in by_stage.values() for c in done if c.kind == "send"), key=lambda c: c.end_s):
+        sends_of.setdefault(c.microbatch, []).append(c)
 
     def latest(candidates: list[Span], before: float) -> Span | None:
         found = None
@@ -83,9 +88,7 @@ def critical_path(timeline: Timeline, iteration: int | None = None, replica: int
             return own
         # the micro-batch's data came from another stage's send (a neighbour; with virtual stages any rank)
         at = s.end_s if s.kind == "recv" else s.start_s
-        sends = sorted((c for st, done in by_stage.items() if st != s.stage for c in done
-                        if c.kind == "send" and c.microbatch == s.microbatch), key=lambda c: c.end_s)
-        sent = latest(sends, at)
+        sent = latest([c for c in sends_of.get(s.microbatch, ()) if c.stage != s.stage], at)
         if sent is None:
             return own
         if s.kind == "recv":  # it waited when the send ended after the receive began
