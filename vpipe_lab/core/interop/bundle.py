@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vpipe_lab.core import checks
 from vpipe_lab.core.errors import PlanError, ProfileError
 from vpipe_lab.core.interop import torch_schedules
 from vpipe_lab.core.plan import Plan, Policy
@@ -203,8 +204,7 @@ class Bundle:
                       for i, u in enumerate(_list(lab.get("units"), "vpipe_lab.units")))
         stages = tuple(StageSpec.from_dict(s, f"stages[{i}]") for i, s in enumerate(_list(doc.get("stages"), "stages")))
         size, schedule = doc.get("microbatch_size"), doc.get("schedule")
-        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
-            raise ProfileError(f"microbatch_size must be a whole number >= 1 or null, got {_short(size)}")
+        checks.count(size, "microbatch_size", optional=True, error=ProfileError)
         if schedule is not None and not isinstance(schedule, str):
             raise ProfileError(f"schedule must be a torch schedule class name or null, got {_short(schedule)}")
         bundle = cls(plan, units, stages, schedule, size, csv_name(doc.get("schedule_csv", "schedule.csv")),
