@@ -77,9 +77,8 @@ class Stepper:
             stage.zero_grad()
             return report
         if skip:  # every rank takes this branch (agreed at the boundary), so no collective is left half-done
-            stage.zero_grad()
             report = StepReport(loss_scale=self.scale.scale if self.scale.enabled else None, skipped=True,
-                                lr=stage.optim.step(iteration, skip=True))
+                                lr=stage.optim.step(iteration, skip=True))  # the optimizer itself does not step
             stage.zero_grad()
             self.scale.update(True)  # under fp16 a non-finite loss is most likely an overflow: back off
             return report
