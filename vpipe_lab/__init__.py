@@ -35,6 +35,7 @@ from vpipe_lab.core import (
     search,
     simulate,
 )
+from vpipe_lab.core.settings import Settings
 
 __version__ = "0.1.0"
 
@@ -47,7 +48,7 @@ _import_guard.arm()
 __all__ = [
     "KINDS", "METHODS", "Action", "Applied", "Change", "Cluster", "CostModel", "Estimate", "InfeasiblePlan",
     "LayerCost", "LayerMove",
-    "ModelProfile", "Op", "Plan", "PlanError", "PlanResult", "Policy", "ProfileError", "Schedule", "ScheduleError",
+    "ModelProfile", "Op", "Plan", "PlanError", "PlanResult", "Policy", "ProfileError", "Schedule", "ScheduleError", "Settings",
     "Span", "Timeline", "VpipeError", "__version__", "estimate", "for_plan", "layer_moves", "plan", "search",
     "simulate",
 ]

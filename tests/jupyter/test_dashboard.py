@@ -22,7 +22,7 @@ class FakeSession:
     def __init__(self) -> None:
         self.stages = 2
         self.replicas = 1
-        self.spec = SimpleNamespace(memory_budget=[2**30, 2**30])
+        self.settings = SimpleNamespace(budgets=(2**30, 2**30))
         self.metrics = Metrics()
         self.plan = Plan((0, 2, 4), "kkkk", 2)
         self.plan_version = 0

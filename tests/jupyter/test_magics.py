@@ -37,9 +37,9 @@ def test_bad_input_is_a_usage_error(ip) -> None:  # type: ignore[no-untyped-def]
         ip.run_line_magic("vpipe", "start nothing_here")
     with pytest.raises(UsageError, match=r"'gpt-tiny' has 8 partition units.*not 20"):  # before any worker starts
         ip.run_line_magic("vpipe", "start gpt-tiny --stages 20")
-    with pytest.raises(UsageError, match="--stages must be a whole number >= 1, got 0"):
+    with pytest.raises(UsageError, match="stages must be a whole number >= 1, got 0"):
         ip.run_line_magic("vpipe", "start mlp --stages 0")
-    with pytest.raises(UsageError, match="--virtual-stages must be a whole number >= 1, got 0"):
+    with pytest.raises(UsageError, match="virtual_stages must be a whole number >= 1 or None, got 0"):
         ip.run_line_magic("vpipe", "start mlp --schedule interleaved-1f1b --virtual-stages 0")
     with pytest.raises(UsageError, match=r"virtual_stages=2 needs a chunked schedule, not '1f1b' \(the chunked ones: "):
         ip.run_line_magic("vpipe", "start mlp --virtual-stages 2")

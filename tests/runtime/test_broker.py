@@ -4,6 +4,7 @@ import pytest
 import zmq
 
 from tests.messages import ready, report
+from vpipe_lab.core.settings import Settings
 from vpipe_lab.runtime.broker import Broker
 from vpipe_lab.wire import protocol as P
 from vpipe_lab.wire.channel import Client, Link
@@ -11,7 +12,7 @@ from vpipe_lab.wire.commands import Run, Stop
 from vpipe_lab.wire.events import JobInfo
 
 KEY = P.new_key()
-JOB = JobInfo("s", 1, 2, "1f1b", "cpu", 0, 30.0)
+JOB = JobInfo("s", Settings(stages=1, microbatches=2, device="cpu", timeout=30.0).to_json())
 
 
 def wait_for(cond, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]

@@ -1,17 +1,19 @@
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from vpipe_lab.cli.jobs import add_worker_arguments
+from vpipe_lab.core.settings import Settings
 from vpipe_lab.runtime.model.callables import load_callables
-from vpipe_lab.runtime.torchrun import _check, _env, _key, _role
+from vpipe_lab.runtime.torchrun import _env, _key, _role, job_settings
 from vpipe_lab.wire.jobspec import JobSpec
 
 
 def spec() -> JobSpec:
-    return JobSpec(session_id="s", key="k", address="tcp://x", master_addr="h", master_port=1, stages=2,
-                   microbatches=2)
+    return JobSpec(session_id="s", key="k", address="tcp://x", master_addr="h", master_port=1,
+                   settings=Settings(stages=2, microbatches=2))
 
 
 def test_roles_are_bundled_names_or_importable_paths() -> None:
@@ -43,11 +45,10 @@ def test_key_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_key_on_the_command_line_is_refused_before_anything_starts() -> None:
     """Every user of the machine reads a process's command line (ps): the key goes in the environment or a file."""
     from vpipe_lab.cli.main import build_parser
-    from vpipe_lab.runtime.torchrun import _check
 
     args = build_parser().parse_args(["worker", "--model", "mlp", "--key", "secret"])
     with pytest.raises(ValueError, match=r"--key puts the session key in this process's command line.*VPIPE_LAB_KEY"):
-        _check(args)
+        job_settings(args)
 
 
 def test_outside_torchrun_the_error_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -56,31 +57,53 @@ def test_outside_torchrun_the_error_says_so(monkeypatch: pytest.MonkeyPatch) -> 
         _env("RANK")
 
 
-def test_pipedream_with_what_needs_one_step_of_the_whole_model_is_refused_before_joining() -> None:
+@pytest.fixture
+def worker(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Settings]:
+    """A worker's settings as torchrun's 2 processes would read them, before joining anything."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
     parser = argparse.ArgumentParser()
     add_worker_arguments(parser)
-    _check(parser.parse_args(["--model", "mlp", "--schedule", "pipedream"]))  # on its own it runs
-    for extra, match in ((["--clip-grad-norm", "1.0"], "clip_grad_norm=1.0"), (["--precision", "fp16"], "fp16"),
-                         (["--replicas", "2"], "replicas=2")):
-        with pytest.raises(ValueError, match=f"--schedule pipedream: .*{match}"):
-            _check(parser.parse_args(["--model", "mlp", "--schedule", "pipedream", *extra]))
-    _check(parser.parse_args(["--model", "mlp", "--clip-grad-norm", "1.0"]))  # a synchronous schedule clips
+    return lambda *argv: job_settings(parser.parse_args(["--model", "mlp", *argv]))
 
 
-def test_snapshots_go_in_the_run_directory_unless_turned_off_and_bad_values_are_refused(tmp_path: Path) -> None:
+def test_pipedream_with_what_needs_one_step_of_the_whole_model_is_refused_before_joining(
+        worker: Callable[..., Settings]) -> None:
+    worker("--schedule", "pipedream")  # on its own it runs
+    for extra, match in ((["--clip-grad-norm", "1.0"], "clip_grad_norm=1.0"), (["--precision", "fp16"], "fp16")):
+        with pytest.raises(ValueError, match=match):
+            worker("--schedule", "pipedream", *extra)
+    worker("--clip-grad-norm", "1.0")  # a synchronous schedule clips
+
+
+def test_every_schedule_launch_takes_runs_under_torchrun_with_launchs_chunks_or_is_refused_before_joining(
+        worker: Callable[..., Settings]) -> None:
+    """`--schedule zbv` was accepted and then failed on the workers after the rendezvous; interleaved-1f1b ran with
+    one chunk where launch() uses two."""
+    from vpipe_lab.core import schedules
+    from vpipe_lab.core.plan import default_virtual_stages
+
+    for name in schedules.names():
+        assert worker("--schedule", name, "-m", "8").virtual_stages == default_virtual_stages(name), name
+    assert worker("--schedule", "interleaved-1f1b", "--virtual-stages", "3", "-m", "8").virtual_stages == 3
+    with pytest.raises(ValueError, match="zbv"):
+        worker("--schedule", "zbv", "--virtual-stages", "3")
+    with pytest.raises(ValueError, match="replicas=3 does not divide the 2 ranks"):
+        worker("--replicas", "3")
+
+
+def test_snapshots_go_in_the_run_directory_unless_turned_off_and_bad_values_are_refused(
+        tmp_path: Path, worker: Callable[..., Settings]) -> None:
     from vpipe_lab.runtime.torchrun import _snapshots
 
-    parser = argparse.ArgumentParser()
-    add_worker_arguments(parser)
-    args = parser.parse_args(["--model", "mlp", "--run-dir", str(tmp_path)])
-    assert _snapshots(args, tmp_path) == (str(tmp_path / "snapshots"), None)  # on, K chosen by cost
-    assert _snapshots(parser.parse_args(["--model", "mlp", "--snapshot-every", "3"]), tmp_path)[1] == 3
-    assert _snapshots(parser.parse_args(["--model", "mlp", "--snapshot-every", "0"]), tmp_path) == (None, None)
-    assert _snapshots(args, None) == (None, None)
-    for argv, match in ((["--snapshot-every", "-1"], "must be >= 0"), (["--snapshot-every", "2"], "needs --run-dir"),
-                        (["--snapshot-every", "2", "--run-dir", "r", "--engine", "torch"], "needs --engine lab")):
+    assert _snapshots(worker("--run-dir", str(tmp_path)), tmp_path) == str(tmp_path / "snapshots")  # K chosen by cost
+    assert worker("--snapshot-every", "3", "--run-dir", str(tmp_path)).snapshot_every == 3
+    assert _snapshots(worker("--snapshot-every", "0", "--run-dir", str(tmp_path)), tmp_path) is None
+    assert _snapshots(worker(), None) is None
+    for argv, match in ((["--snapshot-every", "-1"], "snapshot_every must be a whole number >= 0"),
+                        (["--snapshot-every", "2"], "--run-dir"),
+                        (["--snapshot-every", "2", "--run-dir", "r", "--engine", "torch"], "needs engine='lab'")):
         with pytest.raises(ValueError, match=match):
-            _check(parser.parse_args(["--model", "mlp", *argv]))
+            worker(*argv)
 
 
 def test_a_restart_resumes_from_the_newest_of_its_snapshots_and_checkpoints(tmp_path: Path) -> None:

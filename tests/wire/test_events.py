@@ -2,6 +2,7 @@
 
 from tests.messages import ready, report
 from vpipe_lab.core.profile import LayerCost
+from vpipe_lab.core.settings import Settings
 from vpipe_lab.wire.codec import decode
 from vpipe_lab.wire.events import (
     Current,
@@ -26,9 +27,9 @@ def test_worker_reports_round_trip() -> None:
 
 
 def test_a_welcome_carries_typed_ready_reports_and_the_current_view() -> None:
-    job = JobInfo("s", 2, 4, "1f1b", "cpu", 0, 30.0, memory_budget=[1, 2])
+    job = JobInfo("s", Settings(stages=2, microbatches=4, device="cpu", timeout=30.0, memory_budget=(1, 2)).to_json())
     welcome = Welcome(job, [ready(0), ready(1)], Current({"kind": "plan"}, 1, ["a"], 5, True, None), 3)
     got = decode(welcome.message("broker"))
     assert got == welcome
     spec = job.to_spec("key", "tcp://x:1")
-    assert spec.stages == 2 and spec.memory_budget == [1, 2] and spec.session_id == "s"
+    assert spec.settings.stages == 2 and spec.settings.memory_budget == (1, 2) and spec.session_id == "s"

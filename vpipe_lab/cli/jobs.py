@@ -6,16 +6,17 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from vpipe_lab.cli import lab
-from vpipe_lab.core import schedules
 from vpipe_lab.core.cost.costmodel import estimate
-from vpipe_lab.core.plan import VIRTUAL_HELP, Plan, default_virtual_stages
+from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.report import human_bytes, human_time, plan_table
+from vpipe_lab.core.settings import Settings
+from vpipe_lab.core.settings_flags import add_flags, from_args
 from vpipe_lab.examples import EXAMPLES
-from vpipe_lab.wire.jobspec import DEVICES, ENGINES, NONFINITE, NONFINITE_HELP, add_training_options
 from vpipe_lab.wire.private import DEFAULT_KEY_FILE
 
 
@@ -25,26 +26,19 @@ def _progress(total: int) -> Any:
     return tqdm(total=total, unit="it", file=sys.stderr, dynamic_ncols=True, leave=True)
 
 
-def virtual(args: argparse.Namespace) -> int:
-    """``--virtual-stages``, or the schedule's default (``plan.default_virtual_stages``)."""
-    given = getattr(args, "virtual_stages", None)
-    return given if given is not None else default_virtual_stages(args.schedule)
-
-
-def profile_and_plan(args: argparse.Namespace, budget: int | None) -> Plan:
+def profile_and_plan(model: str, settings: Settings) -> Plan:
     """Measure every layer on the real workers for two iterations, then let vPipe plan the measured profile."""
     import vpipe_lab
     from vpipe_lab.core.planning.planner import search
 
-    with vpipe_lab.launch(args.model, stages=args.stages, microbatches=args.microbatches, schedule=args.schedule,
-                          virtual_stages=virtual(args), device=args.device, memory_budget=budget,
-                          seed=args.seed) as probe:
+    probing = replace(settings, max_restarts=0, snapshot_every=None, auto_replan=False, log=None)
+    with vpipe_lab.launch(model, settings=probing) as probe:
         probe.run(2)
         probe.wait(timeout=600)
         profile = probe.profile()
         cluster = probe.cluster()
-    result = search(profile, cluster, microbatches=args.microbatches, schedule=args.schedule, method="vpipe",
-                    virtual_stages=virtual(args))
+    result = search(profile, cluster, microbatches=settings.microbatches, schedule=settings.schedule, method="vpipe",
+                    virtual_stages=settings.chunks)
     print(f"vpipe planned from the measured profile: {result.plan.describe()} "
           f"(predicted {human_time(result.estimate.iteration_s)} per iteration)")
     return result.plan
@@ -53,17 +47,14 @@ def profile_and_plan(args: argparse.Namespace, budget: int | None) -> Plan:
 def cmd_run(args: argparse.Namespace) -> int:
     import vpipe_lab
 
-    budget = args.memory_budget
+    settings = from_args(args, "run").validated()  # a bad setting is named before anything starts
     plan = None
     if args.plan == "auto":
-        plan = profile_and_plan(args, budget)
+        plan = profile_and_plan(args.model, settings)
     elif args.plan:
         plan = Plan.from_json(Path(args.plan))
-    print(f"starting {args.stages} stage workers for {args.model!r} ...", file=sys.stderr)
-    with vpipe_lab.launch(args.model, stages=args.stages, microbatches=args.microbatches, schedule=args.schedule,
-                          virtual_stages=virtual(args), device=args.device, memory_budget=budget, plan=plan,
-                          seed=args.seed, engine=args.engine, max_restarts=args.max_restarts,
-                          nonfinite=args.nonfinite) as session:
+    print(f"starting {settings.stages} stage workers for {args.model!r} ...", file=sys.stderr)
+    with vpipe_lab.launch(args.model, plan=plan, settings=settings) as session:
         bar = _progress(args.iterations)
 
         def on_event(event: dict[str, Any]) -> None:
@@ -79,7 +70,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         unsubscribe = session.on_event(on_event)
         session.run(args.iterations)
-        session.wait(timeout=args.timeout)
+        session.wait(timeout=args.wait_timeout)
         unsubscribe()
         # the last iteration's event comes on another thread than wait()'s answer: the bar counts what was done
         bar.update(max(0, len(session.metrics.records()) - bar.n))
@@ -138,21 +129,15 @@ def write_report(path: str, session: Any, timeline: Any, frame: Any, memory: Any
 
 
 def add_worker_arguments(p: argparse.ArgumentParser) -> None:
-    """Options of `vpipe-lab worker` (kept here, torch-free: parsing must not import the runtime)."""
+    """Options of `vpipe-lab worker` (kept here, torch-free: parsing must not import the runtime): what the job is
+    made of and how to reach it; its settings are ``Settings``' fields (``core/settings_flags.py``)."""
     p.add_argument("--model", required=True, help=f"bundled example ({', '.join(EXAMPLES)}) or package.module:factory")
     p.add_argument("--data", help="bundled example or package.module:data (default: the model's, if bundled)")
     p.add_argument("--loss", help="package.module:loss")
     p.add_argument("--optimizer", help="package.module:optimizer_factory")
-    p.add_argument("--microbatches", "-m", type=int, default=4)
-    p.add_argument("--replicas", type=int, default=1, help="data-parallel copies of the pipeline: torchrun starts "
-                   "stages x replicas processes")
-    p.add_argument("--schedule", choices=schedules.names(), default="1f1b")
-    p.add_argument("--device", choices=DEVICES, default="auto")
-    p.add_argument("--engine", choices=ENGINES, default="lab",
-                   help="lab: vpipe_lab's runtime; torch: torch.distributed.pipelining's (runtime/torch_engine.py)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr-scheduler", help="package.module:attr, an optimizer -> scheduler factory")
+    p.add_argument("--eval-data", help="evaluation data: a bundled example or package.module:attr")
     p.add_argument("--plan", help="plan JSON to start from (default: an even split)")
-    p.add_argument("--memory-budget", type=int, help="bytes per stage")
     p.add_argument("--control-host", default="127.0.0.1", help="where rank 0 listens for clients (default: loopback)")
     p.add_argument("--control-port", type=int, default=29600,
                    help="where rank 0 serves clients; 0: any free port (attach.json in --run-dir says which)")
@@ -161,17 +146,8 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
                    "every user of the machine can read (ps); give it in $VPIPE_LAB_KEY or --key-file")
     p.add_argument("--key-file", default=str(DEFAULT_KEY_FILE),
                    help="read the key from here; rank 0 creates it if missing")
-    p.add_argument("--timeout", type=float, default=300.0)
-    p.add_argument("--threads", type=int, default=1)
-    add_training_options(p.add_argument_group("training", "the same options as launch()"), "package.module:attr")
-    u = p.add_argument_group("unattended runs", "train without a client; attaching later still works")
-    u.add_argument("--iterations", type=int, help="train until this iteration, then save and exit (default: wait "
-                   "for a client's run command)")
-    u.add_argument("--save-every", type=int, help="checkpoint into --run-dir every this many iterations")
-    u.add_argument("--run-dir", help="checkpoints, snapshots, metrics.jsonl and attach.json; a restart (torchrun's "
-                   "--max-restarts) resumes from the newest complete snapshot or checkpoint here, whichever is newer")
-    u.add_argument("--snapshot-every", type=int, help="with --run-dir: snapshot every stage's state for a restart "
-                   "every this many iterations (default: as often as costs at most ~5%%; 0: no snapshots)")
+    add_flags(p.add_argument_group("settings", "a job's settings (vpipe_lab.Settings), as launch() takes them; the "
+                                   "stage count is torchrun's process count divided by --replicas"), "worker")
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -188,20 +164,9 @@ def add_commands(sub: Any) -> None:
     lab.add_command(sub)
     p = sub.add_parser("run", help="train a bundled example in a pipeline of worker processes")
     p.add_argument("--model", default="gpt-tiny", choices=list(EXAMPLES), help="bundled example")
-    p.add_argument("--stages", "-k", type=int, default=2)
-    p.add_argument("--microbatches", "-m", type=int, default=4)
     p.add_argument("--iterations", "-n", type=int, default=20)
-    p.add_argument("--schedule", choices=schedules.names(), default="1f1b")
-    p.add_argument("--virtual-stages", "-v", type=int, default=None, help=VIRTUAL_HELP)
-    p.add_argument("--device", choices=DEVICES, default="auto")
-    p.add_argument("--engine", choices=ENGINES, default="lab",
-                   help="lab: vpipe_lab's runtime; torch: torch.distributed.pipelining's, from the plan's export bundle")
     p.add_argument("--plan", default=None, help="'auto' (profile, then plan with vpipe) or a plan JSON file")
-    p.add_argument("--memory-budget", type=int, default=None, help="bytes per stage")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-restarts", type=int, default=0,
-                   help="replace a dead or hung worker and replay from the newest snapshot, this many times")
-    p.add_argument("--timeout", type=float, default=3600.0, help="give up after this many seconds")
-    p.add_argument("--nonfinite", choices=NONFINITE, default="pause", help=NONFINITE_HELP)
+    p.add_argument("--wait-timeout", type=float, default=3600.0, help="give up after this many seconds")
     p.add_argument("--report", help="write an HTML report (timeline, memory, loss) here")
+    add_flags(p.add_argument_group("settings", "a job's settings (vpipe_lab.Settings), as launch() takes them"), "run")
     p.set_defaults(func=cmd_run)

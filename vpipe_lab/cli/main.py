@@ -17,7 +17,7 @@ from vpipe_lab.core.plan import AUTO, Plan
 from vpipe_lab.core.planning.planner import METHODS, search
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.report import human_time, plan_table
-from vpipe_lab.wire.jobspec import byte_size
+from vpipe_lab.core.settings_flags import byte_size
 
 log = logging.getLogger("vpipe_lab.cli")
 

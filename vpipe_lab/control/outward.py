@@ -19,6 +19,7 @@ class Outward:
     ``cluster()``, ``apply()``, its requests), which is why this is a mixin and not a collaborator of its own."""
 
     spec: Any
+    settings: Any
     model: Any
     stages: int
     state: Any
@@ -49,7 +50,7 @@ class Outward:
         if source is None:
             raise ValueError("this session does not know how to build its model (it was attached): give "
                              "export(path, model=factory)")
-        return weights.export(self.state_dict(timeout), source, path, self.spec.seed)
+        return weights.export(self.state_dict(timeout), source, path, self.settings.seed)
 
     def export_plan(self, path: str | Path, *, plan: Plan | None = None, microbatch_size: int | None = None) -> Path:
         """Write the export bundle of the plan in force (or ``plan``) to the directory ``path``: ``pipeline.json``

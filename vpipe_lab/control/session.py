@@ -5,8 +5,7 @@ Session over an authenticated ZeroMQ channel (``wire/channel.py``). It is a smal
 ``Intake`` files incoming messages (hub thread), ``Requests`` sends commands and waits for answers under one
 deadline helper, ``FailureMonitor`` watches the workers and names the root cause of a failure (monitor thread, which
 also delivers ``Events``), and ``Live`` carries out plan, model and checkpoint changes. ``launch()`` and ``attach()``
-(``control/workers/launch.py``) build it. See docs/architecture.md for the threads and the message flow.
-"""
+(``control/workers/launch.py``) build it. See docs/architecture.md for the threads and the message flow."""
 
 from __future__ import annotations
 
@@ -56,10 +55,10 @@ class Session(Outward, Lifecycle, Record, MemoryView):
 
     def __init__(self, spec: JobSpec, hub: Endpoint, launcher: Launcher | None, job_dir: Path | None,
                  model: Any = None) -> None:
-        self.spec = spec
+        self.spec, self.settings = spec, spec.settings  # the job's Settings (core/settings.py), as validated
         self.model = model  # what builds the trained model (factory, instance or bundled name): export() uses it
-        self.stages, self.replicas = spec.stages, spec.replicas
-        self.workers = spec.stages * spec.replicas  # worker processes (ranks)
+        self.stages, self.replicas = spec.settings.stages, spec.settings.replicas
+        self.workers = self.stages * self.replicas  # worker processes (ranks)
         self.metrics = Metrics()
         self.logger = Logger(None)  # launch(log=...) sets the sink (telemetry/sinks.py)
         self.state = JobState(iteration=spec.start_iteration, target=spec.start_iteration)
@@ -67,8 +66,8 @@ class Session(Outward, Lifecycle, Record, MemoryView):
         self._cond = cond = threading.Condition()
         self._events = Events()
         self._monitor = FailureMonitor(launcher, job_dir, self.state, self._events, cond)
-        self._requests = Requests(hub, spec.timeout_s, cond, lambda: self._monitor.fatal)
-        self._intake = Intake(spec.stages, spec.replicas, self.state, self.metrics, self._requests, self._monitor,
+        self._requests = Requests(hub, spec.settings.timeout, cond, lambda: self._monitor.fatal)
+        self._intake = Intake(self.stages, self.replicas, self.state, self.metrics, self._requests, self._monitor,
                               self._events, self.logger, cond)
         self._profiles = Profiles()
         self._live = Live(spec, job_dir, self.state, self._requests, self._monitor, self._events.publish, self._check,
@@ -185,13 +184,14 @@ class Session(Outward, Lifecycle, Record, MemoryView):
         if self.closed:
             raise SessionClosed("this session was stopped; start a new one with vpipe_lab.launch()")
         if (err := self._monitor.take_budget()) is not None:  # raised with the earlier iterations' reports in
-            self._requests.settle(lambda: self.state.iteration >= getattr(err, "iteration", 0), self.spec.timeout_s)
+            self._requests.settle(lambda: self.state.iteration >= getattr(err, "iteration", 0), self.settings.timeout)
             raise err
 
     def cluster(self) -> Cluster:
         """The running hardware as the planners see it: budgets, bandwidths, time per step (``JobState.cluster``)."""
         m = self.metrics
-        return self.state.cluster(self.stages, self.spec.memory_budget, m.timeline(20).step_overhead_s(), m.iteration_gap_s())
+        return self.state.cluster(self.stages, self.settings.budgets, m.timeline(20).step_overhead_s(),
+                                  m.iteration_gap_s())
 
     def on_event(self, callback: EventCallback) -> Callable[[], None]:
         """Call ``callback(event)`` (from a background thread) for every event; returns an unsubscribe function.
@@ -234,7 +234,7 @@ class Session(Outward, Lifecycle, Record, MemoryView):
         at = self._command(Pause()).iteration
         self.state.paused = True
         # Rank 0 acknowledges at the boundary; the other stages' reports may still be on their way (other sockets).
-        self._requests.until(lambda: self.state.iteration >= at, self.spec.timeout_s,
+        self._requests.until(lambda: self.state.iteration >= at, self.settings.timeout,
                              f"the reports of the iterations before {at} did not arrive")
         return at
 

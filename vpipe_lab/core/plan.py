@@ -28,7 +28,6 @@ _CHECKED_LOCK = threading.Lock()
 # runs is a typo that would exhaust memory, so it is refused where a plan is read or made.
 MAX_MICROBATCHES = 16384
 AUTO = "auto"  # for the planner (``planner.search``, ``Session.replan``): choose the schedule too
-VIRTUAL_HELP = "model chunks per stage under interleaved-1f1b (default: 2 with it or zbv, which needs 2; else 1)"
 
 
 def schedule_kind(name: str) -> ScheduleKind:

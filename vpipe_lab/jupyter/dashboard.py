@@ -135,7 +135,7 @@ class Dashboard:
     def memory_figure(self) -> dict[str, Any]:
         s = self.session
         rows = sorted(s.metrics.latest_memory(), key=lambda r: (int(r.get("replica", 0)), int(r["stage"])))
-        budget = list(s.spec.memory_budget or [None] * s.stages)
+        budget = list(s.settings.budgets or [None] * s.stages)
         if rows:
             names = [f"stage {r['stage']}" if self.replicas == 1 else f"r{r.get('replica', 0)} stage {r['stage']}"
                      for r in rows]

@@ -14,22 +14,23 @@ from __future__ import annotations
 import argparse
 import logging
 import shlex
+from dataclasses import replace
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
-from vpipe_lab.core import checks, schedules
+from vpipe_lab.core import schedules
 from vpipe_lab.core.change import Applied, Change
 from vpipe_lab.core.cost.costmodel import estimate
 from vpipe_lab.core.errors import VpipeError
-from vpipe_lab.core.plan import AUTO, VIRTUAL_HELP, Policy, default_virtual_stages
+from vpipe_lab.core.plan import AUTO, Policy
 from vpipe_lab.core.planning.planner import METHODS
 from vpipe_lab.core.report import human_time, plan_table
+from vpipe_lab.core.settings_flags import add_flags, from_args
 from vpipe_lab.examples import EXAMPLES
 from vpipe_lab.jupyter import record_commands
 from vpipe_lab.jupyter.interop_commands import InteropCommands, add_commands
-from vpipe_lab.wire.jobspec import DEVICES, ENGINES, add_training_options, byte_size
 
 log = logging.getLogger(__name__)
 POLICIES = tuple(p.value for p in Policy)
@@ -59,22 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--optimizer", help="notebook variable holding the optimizer factory")
     s.add_argument("--split", help="where partition units begin: module names, comma-separated (transformer.h.4,...), "
                                    "or a notebook variable holding a function (name, module) -> bool")
-    s.add_argument("--stages", "-k", type=int, default=2)
-    s.add_argument("--microbatches", "-m", type=int, default=4)
-    s.add_argument("--replicas", type=int, default=1, help="data-parallel copies of the pipeline")
-    s.add_argument("--schedule", choices=schedules.names(), default="1f1b")
-    s.add_argument("--virtual-stages", "-v", type=int, default=None, help=VIRTUAL_HELP)
-    s.add_argument("--device", choices=DEVICES, default="auto")
-    s.add_argument("--engine", choices=ENGINES, default="lab",
-                   help="lab: vpipe_lab's runtime (live migration); torch: torch.distributed.pipelining's, from the "
-                        "plan's export bundle (plan changes reshard)")
-    s.add_argument("--budget", type=byte_size, help="memory budget per stage, e.g. 2GiB")
     s.add_argument("--plan", help="notebook variable holding a Plan")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--max-restarts", type=int, default=0,
-                   help="replace a dead or hung worker and replay from the newest snapshot, this many times")
-    s.add_argument("--auto-replan", action="store_true", help="let vPipe replan and migrate on its own")
-    add_training_options(s, "a notebook variable")
+    s.add_argument("--lr-scheduler", help="notebook variable holding an optimizer -> scheduler factory")
+    s.add_argument("--eval-data", help="evaluation data: a bundled example or a notebook variable")
+    add_flags(s.add_argument_group("settings", "a job's settings (vpipe_lab.Settings), as launch() takes them; "
+                                   "--log also takes a notebook variable holding a function"), "magics")
     s.add_argument("--run", default=None, help="start training right away: N iterations or 'forever'")
     s.add_argument("--name", default="session", help="notebook variable to bind the Session to (default: session)")
     u = sub.add_parser("use", help="act on the Session held by a notebook variable (e.g. one launch() returned)")
@@ -213,26 +203,23 @@ class VpipeMagics(InteropCommands, record_commands.RecordCommands, Magics):
             raise UsageError("a session is already running: %vpipe stop it first")
         if args.run is not None and args.run != "forever" and not (args.run.isdigit() and int(args.run) > 0):
             raise UsageError(f"--run {args.run!r}: give a number of iterations (>= 1) or 'forever'")
-        if args.virtual_stages is None:
-            args.virtual_stages = default_virtual_stages(args.schedule)
-        for name in ("stages", "microbatches", "replicas", "virtual_stages"):
-            checks.count(getattr(args, name), f"--{name.replace('_', '-')}", error=UsageError)
+        settings = from_args(args, "magics")
+        if isinstance(settings.log, str) and ":" not in settings.log:  # a notebook variable holding a function
+            settings = replace(settings, log=self._value(settings.log, "logging function"))
+        try:  # the settings are checked before anything else is looked up: a bad one is named, nothing started
+            settings = settings.validated()
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         model = args.model if args.model in EXAMPLES else self._value(args.model, "model")
         data = None if args.data is None else args.data if args.data in EXAMPLES else self._value(args.data, "data")
         try:
             session = launch(
-                model, data, stages=args.stages, microbatches=args.microbatches, schedule=args.schedule,
-                virtual_stages=args.virtual_stages, device=args.device, memory_budget=args.budget, seed=args.seed,
+                model, data, settings=settings,
                 loss=self._value(args.loss, "loss") if args.loss else None,
                 optimizer=self._value(args.optimizer, "optimizer factory") if args.optimizer else None,
-                plan=self._value(args.plan, "plan") if args.plan else None, auto_replan=args.auto_replan,
-                split=self._split(args.split),
+                plan=self._value(args.plan, "plan") if args.plan else None, split=self._split(args.split),
                 lr_scheduler=self._value(args.lr_scheduler, "LR scheduler factory") if args.lr_scheduler else None,
-                clip_grad_norm=args.clip_grad_norm, precision=args.precision, nonfinite=args.nonfinite,
-                replicas=args.replicas,
-                fused_wgrad=args.fused_wgrad, engine=args.engine, max_restarts=args.max_restarts,
-                eval_data=self._data(args.eval_data), eval_every=args.eval_every, eval_batches=args.eval_batches,
-                log=args.log if args.log is None or ":" in args.log else self._value(args.log, "logging function"),
+                eval_data=self._data(args.eval_data),
             )
         except ValueError as exc:  # a stage count the model cannot fill, say: the reason, not a traceback
             raise UsageError(str(exc)) from None

@@ -127,10 +127,10 @@ def build_chain(spec: JobSpec, factory: Any, split_at: Any, rank: int, world: in
     meta = order = layout = None
     if callable(factory) and not isinstance(factory, torch.nn.Module):
         try:
-            meta, order = on_meta(factory, spec.seed)
+            meta, order = on_meta(factory, spec.settings.seed)
         except Exception as exc:  # a factory that needs real tensors to build (data-dependent init)
             log.info("the model does not build on the meta device (%s: %s); building it whole", type(exc).__name__, exc)
-    model = meta if meta is not None else build_model(factory, spec.seed)
+    model = meta if meta is not None else build_model(factory, spec.settings.seed)
     example = _example(model, split_at, rank, world, peer, first_inputs)
     if meta is not None:
         try:
@@ -138,7 +138,7 @@ def build_chain(spec: JobSpec, factory: Any, split_at: Any, rank: int, world: in
                              peer.device)
         except Exception as exc:  # an op without a meta kernel, say; the real capture decides
             log.info("cannot lay the model out on the meta device (%s); building it whole", exc)
-            model = build_model(factory, spec.seed)
+            model = build_model(factory, spec.settings.seed)
     if layout is None:
         chain = capture(model, rebuild(example) if example else None, split_at)
         return chain, initial_plan(spec, chain, rank, world, peer)
@@ -146,7 +146,7 @@ def build_chain(spec: JobSpec, factory: Any, split_at: Any, rank: int, world: in
     plan = initial_plan(spec, layout, rank, world, peer)
     mine = [layout.tensors[i] for i in plan.layers_of(rank)]
     keep = {c for t in mine for _, c in t.params + t.buffers}
-    model = owned_only(factory, spec.seed, registered_names(meta, order), keep).train()
+    model = owned_only(factory, spec.settings.seed, registered_names(meta, order), keep).train()
     real = {name: t for t in list(model.parameters()) + list(model.buffers())
             if (name := canonical_names(model).get(id(t))) is not None}
     try:  # the meta capture's graphs, computing with this stage's real tensors: no second export
@@ -222,12 +222,12 @@ def initial_plan(spec: JobSpec, chain: Chain, rank: int, world: int, peer: Peer)
     if world > 1 and peer.broadcast_json(mine) != mine:
         raise RuntimeError(f"stage {rank} cut the model differently from stage 0: the model factory must "
                            "build the same model on every rank (seeded, no rank-dependent code)")
-    chunks = world * spec.virtual_stages
+    chunks = world * spec.settings.chunks
     if len(chain) < chunks:
         raise ValueError(f"the model has {len(chain)} partition units ({', '.join(chain.names)}) but the pipeline has "
                          f"{chunks} stages (virtual ones included): every stage needs at least one unit; use at most "
                          f"{len(chain)}, or more split points")
     if spec.plan is not None:
         return Plan.from_dict(spec.plan).validate(len(chain), world)
-    return Plan(uniform(len(chain), chunks), (Policy.KEEP,) * len(chain), spec.microbatches,
-                spec.schedule, spec.virtual_stages).validate(len(chain), world)
+    return Plan(uniform(len(chain), chunks), (Policy.KEEP,) * len(chain), spec.settings.microbatches,
+                spec.settings.schedule, spec.settings.chunks).validate(len(chain), world)

@@ -70,7 +70,7 @@ class IterationEnd:
         """Whether each stage steps as soon as its own backward is done (the last stage while the first still runs
         its last backward), as plain pipelines do: only when no rank can veto the step at the boundary (no memory
         budget, and non-finite losses trained on)."""
-        return self.spec.memory_budget is None and self.spec.nonfinite == "continue"
+        return self.spec.settings.memory_budget is None and self.spec.settings.nonfinite == "continue"
 
     def loss_verdict(self, result: IterationResult) -> int:
         """This rank's word for the boundary's all-reduce: 1 + the first micro-batch whose loss is not finite, 0 when
@@ -79,12 +79,12 @@ class IterationEnd:
         if mb < 0:
             return 0
         log.warning("the loss of iteration %d, micro-batch %d is %s", result.iteration, mb, value)
-        return 0 if self.spec.nonfinite == "continue" else mb + 1
+        return 0 if self.spec.settings.nonfinite == "continue" else mb + 1
 
     def refuse_batch(self, exc: BadBatch) -> None:
         """Every rank: the coming batch is bad data. Pause with nothing changed (the controller raises DataError);
         a resume reads and checks that batch again."""
-        if self.spec.iterations is not None:  # an unattended job has nobody to resume it: it fails with the cause
+        if self.spec.settings.iterations is not None:  # an unattended job has nobody to resume it: it fails with the cause
             raise exc
         self.ctl.paused = True
         self.shapes.start()
@@ -101,8 +101,8 @@ class IterationEnd:
         ``bad_loss`` is the boundary's agreed 1 + micro-batch of a non-finite loss (0: none)."""
         # PipeDream's stages updated their weights during the iteration: it cannot be undone, so it counts
         applied = self.stage.stash.on
-        pause_loss = bad_loss > 0 and self.spec.nonfinite == "pause"
-        if pause_loss and self.spec.iterations is not None:  # an unattended job has nobody to resume it
+        pause_loss = bad_loss > 0 and self.spec.settings.nonfinite == "pause"
+        if pause_loss and self.spec.settings.iterations is not None:  # an unattended job has nobody to resume it
             raise unattended_stop(result.iteration, bad_loss - 1, result.losses)
         dropped = failed or pause_loss
         if dropped and not applied:

@@ -64,15 +64,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.parent_fd >= 0:
         watch_parent(args.parent_fd)
     spec = JobSpec.load(Path(args.config))
-    world = spec.stages * spec.replicas
+    world = spec.settings.stages * spec.settings.replicas
     return run(spec, args.rank, world, args.rank, world)
 
 
 def run(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: int,
         worker_cls: type[Worker] | None = None) -> int:
     """A worker started by ``launch()``: connect to the controller, join the process group, serve."""
-    pin_cores(spec.device, local_rank, local_world, spec.threads)  # before the link's and torch's threads start
-    torch.set_num_threads(spec.threads)
+    # before the link's and torch's threads start
+    pin_cores(spec.settings.device, local_rank, local_world, spec.settings.threads)
+    torch.set_num_threads(spec.settings.threads)
     link = Link(spec.address, spec.key, f"rank{rank}", session=spec.session_id)
     link.send(Hello(rank, os.getpid(), socket.gethostname()).message())
 
@@ -80,10 +81,10 @@ def run(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: int,
         # a device that is gone takes down whichever rank is given it: the fault names the device, not the rank
         faults.hit(faults.parse(), "start", spec.devices[local_rank] if spec.devices else local_rank, spec.start_iteration)
         log.info("joining the process group at %s:%d as rank %d of %d", spec.master_addr, spec.master_port, rank, world)
-        placement = select(spec.device, local_rank, local_world, spec.devices)
+        placement = select(spec.settings.device, local_rank, local_world, spec.devices)
         dist.init_process_group(placement.backend, store=rendezvous(spec.master_addr, spec.master_port, rank, world,
-                                                                    spec.timeout_s),
-                                rank=rank, world_size=world, timeout=timedelta(seconds=spec.timeout_s))
+                                                                    spec.settings.timeout),
+                                rank=rank, world_size=world, timeout=timedelta(seconds=spec.settings.timeout))
 
     return serve(spec, rank, world, local_rank, local_world, link, join, worker_cls)
 
@@ -115,9 +116,9 @@ def scout(spec: JobSpec, link: Link) -> None:
 
     def first_inputs() -> Any:
         inputs, _ = source.peek(spec.start_iteration)
-        return split(shard(inputs, 0, spec.replicas, "inputs"), spec.microbatches, "inputs")[0]
+        return split(shard(inputs, 0, spec.settings.replicas, "inputs"), spec.settings.microbatches, "inputs")[0]
 
-    names = unit_names(fns.model, fns.split, spec.seed, first_inputs)
+    names = unit_names(fns.model, fns.split, spec.settings.seed, first_inputs)
     log.info("the model has %d partition units", len(names))
     link.send(Units(0, names).message())
 
@@ -133,7 +134,7 @@ def serve(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: in
             scout(spec, link)
         if join is not None:
             join()
-        if worker_cls is None and spec.engine == "torch":
+        if worker_cls is None and spec.settings.engine == "torch":
             from vpipe_lab.runtime.torch_engine import TorchWorker
 
             worker_cls = TorchWorker  # type: ignore[assignment]
@@ -150,9 +151,9 @@ def serve(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: in
         return 0
     except BaseException as exc:  # report anything, even KeyboardInterrupt, with the stage it happened on
         cause = f"{type(exc).__name__}: {exc}"
-        stage, replica = rank % spec.stages, rank // spec.stages
+        stage, replica = rank % spec.settings.stages, rank // spec.settings.stages
         iteration, microbatch, action = _where(worker, spec)
-        log.error("stage %s%s failed at iteration %s%s (%s): %s", stage, f" of replica {replica}" if spec.replicas > 1
+        log.error("stage %s%s failed at iteration %s%s (%s): %s", stage, f" of replica {replica}" if spec.settings.replicas > 1
                   else "", iteration, f", micro-batch {microbatch}" if microbatch >= 0 else "", action, cause)
         link.send(Failure("exception", stage, rank, replica, iteration, cause=cause, traceback=traceback.format_exc(),
                           microbatch=microbatch, action=action).message())

@@ -28,6 +28,7 @@ from torch.utils import _pytree as pytree
 
 from vpipe_lab.core.interop.bundle import UnitInfo, make
 from vpipe_lab.core.plan import Plan
+from vpipe_lab.core.settings import engine_refusal
 from vpipe_lab.core.timeline import KINDS
 from vpipe_lab.runtime.build import _example, initial_plan, on_meta
 from vpipe_lab.runtime.engine.comm import TAG_TARGET, Peer
@@ -46,7 +47,7 @@ from vpipe_lab.wire import events as E
 from vpipe_lab.wire.bundle import write as write_bundle
 from vpipe_lab.wire.channel import Link
 from vpipe_lab.wire.codec import Body, from_doc
-from vpipe_lab.wire.jobspec import JobSpec, engine_refusal
+from vpipe_lab.wire.jobspec import JobSpec
 
 log = logging.getLogger("vpipe_lab.torch_engine")
 KIND = {"F": "forward", "B": "backward", "I": "backward", "W": "wgrad"}
@@ -91,25 +92,25 @@ class TorchWorker(TorchState, WorkerCommands):
     """One rank of a pipeline that torch.distributed.pipelining runs (see the module docstring)."""
 
     def __init__(self, spec: JobSpec, rank: int, world: int, link: Link, local_rank: int, local_world: int) -> None:
-        problem = engine_refusal(spec.engine, spec.replicas, spec.precision, spec.schedule)
+        problem = engine_refusal(spec.settings.engine, spec.settings.replicas, spec.settings.precision, spec.settings.schedule)
         if problem:
             raise ValueError(problem)
         self.spec, self.link, self.global_rank, self.leader = spec, link, rank, rank == 0
         self.phase, self._in_loss = "starting", False  # what a failure names (``where``)
         self.index, self.world, self.replica = rank, world, 0
-        self.placement = select(spec.device, local_rank, local_world, spec.devices)
-        self.ctl = Control(iteration=spec.start_iteration, target=spec.iterations or 0)
+        self.placement = select(spec.settings.device, local_rank, local_world, spec.devices)
+        self.ctl = Control(iteration=spec.start_iteration, target=spec.settings.iterations or 0)
         fns = load_callables(spec)
         self.model_fn, self.split, self.train_data, self.eval_data = fns.model, fns.split, fns.data, None
         self.optimizer_fn, self.scheduler_fn, self.user_loss = fns.optimizer, fns.lr_scheduler, fns.loss or default_loss
         self.peer = Peer(rank, world, self.placement.device if self.placement.is_cuda else torch.device("cpu"),
-                         spec.timeout_s)
+                         spec.settings.timeout)
         self.source = Source(fns.data, spec.start_iteration) if rank == 0 else None
         self.chain, self.example = self._units(rank, world)
         self.names, self.num_layers = list(self.chain.names), len(self.chain)
         self.units = [UnitInfo.from_dict(d) for d in self.chain.infos()]
         self.plan = initial_plan(spec, self.chain, rank, world, self.peer)
-        self.record_spans, self.saved = spec.telemetry, SavedBytes()
+        self.record_spans, self.saved = spec.settings.telemetry, SavedBytes()
         self.model_version, self.samples = 0, 0
         self.stats: dict[int, dict[str, list[float]]] = {}  # torch stage -> action letter -> seconds (and "held")
         self._dir = Path(tempfile.mkdtemp(prefix=f"vpipe-torch-{spec.session_id}-r{rank}-"))
@@ -128,10 +129,10 @@ class TorchWorker(TorchState, WorkerCommands):
         meta = None
         if not isinstance(self.model_fn, torch.nn.Module):
             try:
-                meta = on_meta(self.model_fn, self.spec.seed)[0]
+                meta = on_meta(self.model_fn, self.spec.settings.seed)[0]
             except Exception:  # a factory that needs real tensors to build
                 meta = None
-        model = meta if meta is not None else build_model(self.model_fn, self.spec.seed)
+        model = meta if meta is not None else build_model(self.model_fn, self.spec.settings.seed)
         desc = _example(model, self.split, rank, world, self.peer, self._first_inputs)
         try:
             chain = capture(model.train(), rebuild(desc, device=torch.device("meta") if meta is not None else None)
@@ -139,12 +140,12 @@ class TorchWorker(TorchState, WorkerCommands):
         except Exception:
             if meta is None:
                 raise
-            chain = capture(build_model(self.model_fn, self.spec.seed), rebuild(desc) if desc else None, self.split)
+            chain = capture(build_model(self.model_fn, self.spec.settings.seed), rebuild(desc) if desc else None, self.split)
         return chain, rebuild(desc) if desc else None
 
     def _first_inputs(self) -> Any:
         inputs, _ = self.source.peek(self.ctl.iteration)  # type: ignore[union-attr]
-        return split(inputs, self.spec.microbatches, "inputs")[0]
+        return split(inputs, self.spec.settings.microbatches, "inputs")[0]
 
     # --- building the stages from a plan ------------------------------------------------------------------------
     def _loss(self, output: Any, target: Any) -> torch.Tensor:
@@ -174,7 +175,7 @@ class TorchWorker(TorchState, WorkerCommands):
         """This rank's stages of ``plan`` from a fresh build of the model, with a new optimizer and scheduler."""
         bundle = make(plan, self.units)
         path = write_bundle(self._dir / f"bundle-v{self.ctl.plan_version}", bundle)
-        model = build_model(self.model_fn, self.spec.seed)
+        model = build_model(self.model_fn, self.spec.settings.seed)
         model.to(self.placement.device)
         self.pp: TorchPipeline = torch_pipeline(model, path, self.index, example=self.example, loss_fn=self._loss,
                                                 device=self.placement.device)
@@ -242,7 +243,8 @@ class TorchWorker(TorchState, WorkerCommands):
                 self.dispatch(cmd)
             if self.ctl.stopping:
                 return
-            if self.spec.iterations is not None and self.ctl.iteration >= self.spec.iterations and not self.ctl.paused:
+            until = self.spec.settings.iterations
+            if until is not None and self.ctl.iteration >= until and not self.ctl.paused:
                 self._save_run(final=True)
                 return
             if self.ctl.active:
@@ -253,7 +255,7 @@ class TorchWorker(TorchState, WorkerCommands):
 
     def _save_run(self, final: bool = False) -> None:
         """An unattended job's checkpoints in its run directory, every ``save_every`` iterations and at its end."""
-        every, run_dir = self.spec.save_every, self.spec.run_dir
+        every, run_dir = self.spec.settings.save_every, self.spec.settings.run_dir
         if not run_dir or not (final or (every and self.ctl.iteration % every == 0)):
             return
         if final and every and self.ctl.iteration % every == 0:
@@ -306,15 +308,15 @@ class TorchWorker(TorchState, WorkerCommands):
         """Under nonfinite="pause"/"skip", every rank learns whether the loss stage saw a NaN or infinite loss (one
         all-reduce): False to step, True to skip the step, None when the iteration was dropped and training paused
         (as the lab's engine does, runtime/iteration_end.py)."""
-        if self.spec.nonfinite == "continue":
+        if self.spec.settings.nonfinite == "continue":
             return False
         mb, value = first_nonfinite(losses)
         bad = int(self.peer.all_max([mb + 1.0])[0])
         if not bad:
             return False
-        if self.spec.nonfinite == "skip":
+        if self.spec.settings.nonfinite == "skip":
             return True
-        if self.spec.iterations is not None:
+        if self.spec.settings.iterations is not None:
             raise unattended_stop(it, bad - 1, losses)
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
@@ -339,12 +341,12 @@ class TorchWorker(TorchState, WorkerCommands):
 
     def _clip(self) -> float | None:
         """``clip_grad_norm``: the global 2-norm over every rank's gradients, as one process's clip gets it."""
-        if self.spec.clip_grad_norm is None:
+        if self.spec.settings.clip_grad_norm is None:
             return None
         grads = [p.grad for p in self.named.values() if p.grad is not None]
         local = float(sum(float(g.detach().float().pow(2).sum()) for g in grads))
         total = self.peer.all_sum([local])[0] ** 0.5
-        scale = self.spec.clip_grad_norm / (total + 1e-6)
+        scale = self.spec.settings.clip_grad_norm / (total + 1e-6)
         if scale < 1:
             for g in grads:
                 g.mul_(scale)
@@ -360,7 +362,7 @@ class TorchWorker(TorchState, WorkerCommands):
         total = sum(static.values())
         return {**static, "static": total, "activations": self.saved.peak, "resident": self.saved.peak, "host": 0,
                 "stash": 0, "peak": total + self.saved.peak,
-                "budget": self.spec.memory_budget[self.index] if self.spec.memory_budget else None}
+                "budget": self.spec.settings.budgets[self.index] if self.spec.settings.budgets else None}
 
     def report(self, it: int, start: float, end: float, losses: list[float], grad_norm: float | None,
                lr: float | None, memory: dict[str, Any], skipped: bool = False) -> None:

@@ -68,7 +68,8 @@ class TorchState:
         """A new checkpoint version under ``root``, as ``session.save`` describes it; None, or why it failed."""
         version = root / (name or f"ckpt-{self.ctl.iteration:08d}-{self.ctl.plan_version}-{self.model_version}")
         return write_version(self.peer, self.index, self.world, 0, self.leader, version, self.state(), lambda: Manifest(
-            self.ctl.iteration, self.plan.to_dict(), self.num_layers, self.names, self.spec.seed, self.ctl.plan_version,
+            self.ctl.iteration, self.plan.to_dict(), self.num_layers, self.names, self.spec.settings.seed,
+            self.ctl.plan_version,
             self.model_version, format="dcp", units=self.chain.infos(),
             extra={"microbatch_size": self.samples // self.plan.microbatches if self.samples else None}),
             keep, self.ctl.iteration)

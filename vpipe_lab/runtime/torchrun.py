@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import uuid
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ import torch
 import torch.distributed as dist
 
 from vpipe_lab import examples
+from vpipe_lab.core.settings import SettingError, Settings
+from vpipe_lab.core.settings_flags import from_args
 from vpipe_lab.runtime.broker import Broker
 from vpipe_lab.runtime.engine.comm import Peer
 from vpipe_lab.runtime.engine.device import pin_cores, select
@@ -64,46 +67,26 @@ def _key(args: argparse.Namespace, rank: int) -> str:
     return read_key(path) if rank == 0 else ""
 
 
-def _check(args: argparse.Namespace) -> None:
-    """Refuse options that cannot work before joining anything, naming the value."""
+def job_settings(args: argparse.Namespace) -> Settings:
+    """This job's settings, validated before joining anything (``SettingError`` names a bad one in the words
+    ``launch()`` uses): the flags, with the stage count torchrun's process count gives."""
     if getattr(args, "key", None):
         raise ValueError("--key puts the session key in this process's command line, which every user of the machine "
                          "can read (ps, /proc/PID/cmdline): export VPIPE_LAB_KEY=... or give --key-file FILE (mode 0600)")
-    from vpipe_lab.telemetry.sinks import check
-    from vpipe_lab.wire.jobspec import check_training
-
-    check_training(args.clip_grad_norm, args.precision, args.eval_every, args.eval_batches, args.nonfinite)
-    from vpipe_lab.wire.jobspec import engine_refusal
-
-    if problem := engine_refusal(args.engine, args.replicas, args.precision, args.schedule):
-        raise ValueError(f"--engine {args.engine}: {problem}")
-    check(args.log)
-    from vpipe_lab.core import schedules  # as launch() refuses (a --plan file's schedule meets the stage's own check)
-
-    if problem := schedules.get(args.schedule).training_refusal(args.clip_grad_norm, args.precision, args.replicas):
-        raise ValueError(f"--schedule {args.schedule}: {problem}")
-    for name in ("iterations", "save_every"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    if args.save_every and not args.run_dir:
-        raise ValueError("--save-every needs --run-dir: where the checkpoints go")
-    every = getattr(args, "snapshot_every", None)
-    if every is not None and every < 0:
-        raise ValueError(f"--snapshot-every must be >= 0 (0: no snapshots), got {every}")
-    if every and not args.run_dir:
-        raise ValueError(f"--snapshot-every {every} needs --run-dir: where the snapshots go")
-    if every and args.engine != "lab":
-        raise ValueError(f"--snapshot-every {every} needs --engine lab (the torch engine takes no snapshots)")
+    world, replicas = _env("WORLD_SIZE"), args.replicas
+    if isinstance(replicas, int) and replicas >= 1 and world % replicas:
+        raise SettingError(f"replicas={replicas} does not divide the {world} ranks torchrun started: the job has "
+                           "stages x replicas ranks")
+    stages = world // replicas if isinstance(replicas, int) and replicas >= 1 else world
+    return from_args(args, "worker", stages=stages).validated()
 
 
-def _snapshots(args: argparse.Namespace, run_dir: Path | None) -> tuple[str | None, int | None]:
-    """Where this job's restart snapshots go and how often (None: chosen to cost at most ~5%): in the run directory
-    unless ``--snapshot-every 0``, no run directory, or the torch engine."""
-    every = getattr(args, "snapshot_every", None)
-    if run_dir is None or every == 0 or args.engine != "lab":
-        return None, None
-    return str(run_dir / "snapshots"), every
+def _snapshots(settings: Settings, run_dir: Path | None) -> str | None:
+    """Where this job's restart snapshots go: in the run directory unless ``--snapshot-every 0``, no run directory,
+    or the torch engine."""
+    if run_dir is None or settings.snapshot_every == 0 or settings.engine != "lab":
+        return None
+    return str(run_dir / "snapshots")
 
 
 def _resume_point(run_dir: Path, stages: int, snapshots: str | None = None) -> dict[str, Any] | None:
@@ -161,29 +144,23 @@ def _join(backend: str, rank: int, world: int, timeout: timedelta) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    _check(args)
+    settings = job_settings(args)
     rank, world = _env("RANK"), _env("WORLD_SIZE")
     local_rank, local_world = _env("LOCAL_RANK"), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
-    pin_cores(args.device, local_rank, local_world, args.threads)
-    torch.set_num_threads(args.threads)
-    placement = select(args.device, local_rank, local_world)
-    _join(placement.backend, rank, world, timedelta(seconds=args.timeout))
-    peer = Peer(rank, world, placement.device if placement.is_cuda else torch.device("cpu"), args.timeout)
-    if args.replicas < 1 or world % args.replicas:
-        raise ValueError(f"--replicas {args.replicas} does not divide the {world} ranks torchrun started: the job "
-                         "has stages x replicas ranks")
-    stages = world // args.replicas
-    budget = [args.memory_budget] * stages if args.memory_budget else None
-    job = JobInfo(uuid.uuid4().hex[:12], stages, args.microbatches, args.schedule, args.device, args.seed,
-                  args.timeout, args.replicas, budget, os.environ.get("MASTER_ADDR", ""),
+    pin_cores(settings.device, local_rank, local_world, settings.threads)
+    torch.set_num_threads(settings.threads)
+    placement = select(settings.device, local_rank, local_world)
+    _join(placement.backend, rank, world, timedelta(seconds=settings.timeout))
+    peer = Peer(rank, world, placement.device if placement.is_cuda else torch.device("cpu"), settings.timeout)
+    job = JobInfo(uuid.uuid4().hex[:12], settings.to_json(), os.environ.get("MASTER_ADDR", ""),
                   int(os.environ.get("MASTER_PORT", "0")))
     broker = runlog = None
     shared: dict[str, Any] | None = None
-    run_dir = Path(args.run_dir).absolute() if args.run_dir else None
-    snapshot_dir, snapshot_every = _snapshots(args, run_dir)
+    run_dir = Path(settings.run_dir).absolute() if settings.run_dir else None
+    snapshot_dir = _snapshots(settings, run_dir)
     if rank == 0:
-        resume = _resume_point(run_dir, stages, snapshot_dir) if run_dir is not None else None
+        resume = _resume_point(run_dir, settings.stages, snapshot_dir) if run_dir is not None else None
         key = _key(args, rank)
         master = socket.gethostbyname(os.environ.get("MASTER_ADDR", "127.0.0.1"))
         backend = f"tcp://{master}:{args.backend_port}" if args.backend_port else f"tcp://{master}:0"
@@ -195,8 +172,9 @@ def main(args: argparse.Namespace) -> int:
             from vpipe_lab.telemetry import runlog as runlogs
             from vpipe_lab.telemetry.sinks import open_sink
 
-            runlog = runlogs.RunLog(run_dir, stages, resume["iteration"] if resume else 0, open_sink(args.log),
-                                    replicas=args.replicas, note=resume["note"] if resume else "")
+            runlog = runlogs.RunLog(run_dir, settings.stages, resume["iteration"] if resume else 0,
+                                    open_sink(settings.log), replicas=settings.replicas,
+                                    note=resume["note"] if resume else "")
             broker.observer = runlog.observe
             key_file = None if os.environ.get("VPIPE_LAB_KEY") else str(Path(args.key_file).absolute())
             where = runlogs.write_attach(run_dir, broker.frontend, socket.gethostname(), key_file)
@@ -205,16 +183,9 @@ def main(args: argparse.Namespace) -> int:
     shared = peer.broadcast_json(shared)
     assert shared is not None
     spec = JobSpec(session_id=shared["session"], key=shared["key"], address=shared["backend"],
-                   master_addr=job.master_addr, master_port=job.master_port, stages=stages,
-                   replicas=args.replicas,
-                   microbatches=args.microbatches, schedule=args.schedule, device=args.device, seed=args.seed,
-                   memory_budget=budget, timeout_s=args.timeout, threads=args.threads,
-                   clip_grad_norm=args.clip_grad_norm, precision=args.precision, nonfinite=args.nonfinite,
-                   eval_every=args.eval_every,
-                   eval_batches=args.eval_batches, iterations=args.iterations, save_every=args.save_every,
-                   fused_wgrad=args.fused_wgrad, engine=args.engine,
-                   run_dir=str(run_dir) if run_dir is not None else None, snapshot_dir=snapshot_dir,
-                   snapshot_every=snapshot_every)
+                   master_addr=job.master_addr, master_port=job.master_port,
+                   settings=replace(settings, run_dir=str(run_dir) if run_dir is not None else None),
+                   snapshot_dir=snapshot_dir)
     resume = shared.get("resume")
     if resume is not None:
         spec.resume_path, spec.restore_snapshot = resume.get("path"), resume.get("snapshot")

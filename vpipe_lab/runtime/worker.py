@@ -69,34 +69,34 @@ class Worker(IterationEnd, WorkerCommands):
     def __init__(self, spec: JobSpec, rank: int, world: int, link: Link, local_rank: int, local_world: int) -> None:
         # ``rank``/``world`` arrive for the whole job (stages x replicas); ``index`` is this worker's stage in its
         # pipeline, ``world`` (from here on) the pipeline's stage count and ``replica`` which copy of the pipeline.
-        stages = spec.stages
-        if world != stages * spec.replicas:
-            raise ValueError(f"the job has {world} ranks but {stages} stages x {spec.replicas} replicas")
+        stages = spec.settings.stages
+        if world != stages * spec.settings.replicas:
+            raise ValueError(f"the job has {world} ranks but {stages} stages x {spec.settings.replicas} replicas")
         self.global_rank, self.leader = rank, rank == 0  # global rank 0 talks to the controller for everyone
-        self.replica, self.replicas = divmod(rank, stages)[0], spec.replicas
+        self.replica, self.replicas = divmod(rank, stages)[0], spec.settings.replicas
         index, world = rank % stages, stages
         self.spec, self.index, self.world, self.link = spec, index, world, link
-        self.placement = select(spec.device, local_rank, local_world, spec.devices)
+        self.placement = select(spec.settings.device, local_rank, local_world, spec.devices)
         self.clock, self.samples = Clock(0.0), None  # samples: the last batch's, on rank 0 (for reports and saves)
         # Unattended (``vpipe-lab worker --iterations N``): train until iteration N without waiting for a client.
-        self.ctl = Control(iteration=spec.start_iteration, target=spec.iterations or 0)
+        self.ctl = Control(iteration=spec.start_iteration, target=spec.settings.iterations or 0)
         fns = load_callables(spec)
         self.model_fn, self.split = fns.model, fns.split
         self.eval_data, self.train_data = fns.eval_data, fns.data
         self.loss_fn = fns.loss or default_loss
         self.peer = Peer(self.global_rank, world * self.replicas,
-                         self.placement.device if self.placement.is_cuda else torch.device("cpu"), spec.timeout_s,
+                         self.placement.device if self.placement.is_cuda else torch.device("cpu"), spec.settings.timeout,
                          base=self.replica * world, replicas=self.replicas)
         # Rank 0 reads the data: batches whose labels ignore positions are counted (runtime/model/counting.py)
-        self.rule = counting.Rule.of(_shell(fns.model, spec.seed)) if index == 0 else counting.Rule()
+        self.rule = counting.Rule.of(_shell(fns.model, spec.settings.seed)) if index == 0 else counting.Rule()
         buffer = BatchBuffer(Path(spec.snapshot_dir)) if spec.snapshot_dir else None
         self.source = Source(fns.data, spec.start_iteration, buffer) if index == 0 else None
         self.chain, self.plan = build_chain(spec, self.model_fn, self.split, index, world, self.peer, self._first_inputs)
         self.num_layers, self.names = len(self.chain), list(self.chain.names)
         if fns.optimizer is None and self.leader:
             log.warning("no optimizer was given: the parameters will not change; pass optimizer=lambda params: ...")
-        self.stage = Stage(self.placement.device, fns.optimizer, spec.seed, fns.lr_scheduler,
-                           autocast(spec.precision, self.placement.device), wgrad.threshold(spec.fused_wgrad))
+        self.stage = Stage(self.placement.device, fns.optimizer, spec.settings.seed, fns.lr_scheduler,
+                           autocast(spec.settings.precision, self.placement.device), wgrad.threshold(spec.settings.fused_wgrad))
         mine = set(self.plan.layers_of(index))
         for i, unit in enumerate(self.chain.units):
             if i in mine:
@@ -105,16 +105,17 @@ class Worker(IterationEnd, WorkerCommands):
                 to_meta(unit, self.chain.tensors[i])  # only the structure stays: a shell for migration
         self.stage.set_policies({i: self.plan.policies[i] for i in self.stage.owned})
         self.ties = Ties(self.peer, self.stage, index, world, self.replica, self.replicas, self.plan, self.chain)
-        self.scale = LossScale(spec.precision == "fp16")
+        self.scale = LossScale(spec.settings.precision == "fp16")
         self.data_parallel = DataParallel(self.peer.device, world, self.replicas)
-        self.stepper = Stepper(self.stage, self.ties, self.peer, index, world, spec.clip_grad_norm, self.scale,
+        self.stepper = Stepper(self.stage, self.ties, self.peer, index, world, spec.settings.clip_grad_norm, self.scale,
                                self.data_parallel)
-        self.shapes = ShapeEpochs(self.peer, Recaptures(self.model_fn, self.split, spec.seed, self.peer.device), self.replica,
+        recaptures = Recaptures(self.model_fn, self.split, spec.settings.seed, self.peer.device)
+        self.shapes = ShapeEpochs(self.peer, recaptures, self.replica,
                                   self.replicas, world * self.replicas)
         self.profiling = profiler.ProfileSchedule()
-        budget = spec.memory_budget[index] if spec.memory_budget else None
+        budget = spec.settings.budgets[index] if spec.settings.budgets else None
         self.executor = Executor(index, world, self.stage, self.peer, self.placement, self.clock, self.loss_fn, budget,
-                                 record_spans=spec.telemetry, chain=self.chain)
+                                 record_spans=spec.settings.telemetry, chain=self.chain)
         self.model_version = 0
         self.phase = "starting"  # what the control loop is doing outside an iteration's actions (``where``)
         self.heap = Trimmer()
@@ -130,7 +131,7 @@ class Worker(IterationEnd, WorkerCommands):
             C.Profile: self._profile, C.State: self._state, C.Telemetry: self._telemetry, C.Evaluate: self._evaluate,
             C.Save: self._save, C.Apply: self._apply_plan, C.SetModel: self._set_model,
         }
-        self.snapshots = Snapshots(spec.snapshot_dir, index, world, self.replica, spec.snapshot_every)
+        self.snapshots = Snapshots(spec.snapshot_dir, index, world, self.replica, spec.settings.snapshot_every)
         if spec.resume_path:
             self.restore(Path(spec.resume_path))
         if spec.restore_snapshot:  # a restarted job (control/workers/restarts.py): back to the newest snapshot
@@ -158,7 +159,7 @@ class Worker(IterationEnd, WorkerCommands):
     def _first_inputs(self) -> Any:
         """Rank 0: one micro-batch of the first batch's inputs (what a captured model is captured on)."""
         inputs, _ = self.source.peek(self.ctl.iteration)  # type: ignore[union-attr]
-        return split(shard(inputs, self.replica, self.replicas, "inputs"), self.spec.microbatches, "inputs")[0]
+        return split(shard(inputs, self.replica, self.replicas, "inputs"), self.spec.settings.microbatches, "inputs")[0]
 
     def agree_shapes(self, inputs: Any = None, sharded: bool = True) -> list[int] | None:
         """Every rank, before an iteration (or an evaluation batch: ``inputs``) whose shapes may be new: see
@@ -223,7 +224,8 @@ class Worker(IterationEnd, WorkerCommands):
         version = root / (name or f"ckpt-{self.ctl.iteration:08d}-{self.ctl.plan_version}-{self.model_version}")
         size = self.samples // self.plan.microbatches if self.samples else None  # an export from it keeps the size
         return self.checkpoints.save(version, lambda: Manifest(
-            self.ctl.iteration, self.plan.to_dict(), self.num_layers, self.names, self.spec.seed, self.ctl.plan_version,
+            self.ctl.iteration, self.plan.to_dict(), self.num_layers, self.names, self.spec.settings.seed,
+            self.ctl.plan_version,
             self.model_version, extra={"loss_scale": self.scale.state(), "microbatch_size": size}, format="dcp",
             units=self.chain.infos()), keep, self.ctl.iteration)
 
@@ -241,12 +243,12 @@ class Worker(IterationEnd, WorkerCommands):
 
     def _save_run(self) -> None:
         """An unattended job's checkpoint in its run directory (the newest three are kept)."""
-        assert self.spec.run_dir is not None
-        problem = self.save(Path(self.spec.run_dir) / "checkpoints", keep=3)
+        assert self.spec.settings.run_dir is not None
+        problem = self.save(Path(self.spec.settings.run_dir) / "checkpoints", keep=3)
         if problem is not None:  # training goes on; the next save may succeed (a full disk freed, say)
             log.error("the checkpoint at iteration %d failed: %s", self.ctl.iteration, problem)
         elif self.leader:
-            log.info("checkpoint at iteration %d in %s", self.ctl.iteration, self.spec.run_dir)
+            log.info("checkpoint at iteration %d in %s", self.ctl.iteration, self.spec.settings.run_dir)
 
     def evaluation(self, data: Any, batches: int, cid: int = 0) -> None:
         """Every rank: an evaluation pass at this boundary; the last stage reports its mean loss. Evaluation batches
@@ -259,16 +261,18 @@ class Worker(IterationEnd, WorkerCommands):
 
     def after_iteration(self) -> None:
         """Every rank, after an iteration was taken: the periodic evaluation and an unattended job's checkpoint."""
-        every = self.spec.eval_every
+        every = self.spec.settings.eval_every
         if every and self.ctl.iteration % every == 0:
             own = self.eval_data if self.eval_data is not None else self.train_data
-            self.evaluation(own if self.index == 0 else None, self.spec.eval_batches)
-        if self.spec.save_every and self.spec.run_dir and self.ctl.iteration % self.spec.save_every == 0:
+            self.evaluation(own if self.index == 0 else None, self.spec.settings.eval_batches)
+        every = self.spec.settings.save_every
+        if every and self.spec.settings.run_dir and self.ctl.iteration % every == 0:
             self._save_run()
 
     def unattended_done(self) -> bool:
         """An unattended job ends once it has trained the iterations it was started for (nobody will stop it)."""
-        return self.spec.iterations is not None and self.ctl.iteration >= self.spec.iterations and not self.ctl.paused
+        until = self.spec.settings.iterations
+        return until is not None and self.ctl.iteration >= until and not self.ctl.paused
 
     def loop(self) -> None:
         result: IterationResult | None = None
@@ -315,7 +319,8 @@ class Worker(IterationEnd, WorkerCommands):
 
     def finish_unattended(self) -> None:
         """An unattended job that is done saves a last checkpoint, so its last iterations are not lost to a restart."""
-        if self.spec.run_dir and not (self.spec.save_every and self.ctl.iteration % self.spec.save_every == 0):
+        every = self.spec.settings.save_every
+        if self.spec.settings.run_dir and not (every and self.ctl.iteration % every == 0):
             self._save_run()
         log.info("trained to iteration %d; the unattended job ends", self.ctl.iteration)
 

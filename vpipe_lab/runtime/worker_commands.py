@@ -149,7 +149,7 @@ class WorkerCommands:
     def _set_model(self, cmd: C.SetModel) -> None:
         factory = load_data(f"file:{cmd.path}", job_dir(self.spec))  # the controller wrote it into the job directory
         try:  # every rank reaches the same verdict: a model that cannot run here changes nothing, training goes on
-            chain, sources, plan = new_model(factory, self.spec.seed + 1_000_003 * (self.model_version + 1),
+            chain, sources, plan = new_model(factory, self.spec.settings.seed + 1_000_003 * (self.model_version + 1),
                                              self.chain, self.plan, self.world, cmd.mapping, cmd.plan,
                                              self.shapes.example, self.split)
         except Exception as exc:

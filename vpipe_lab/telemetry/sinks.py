@@ -21,7 +21,6 @@ from typing import Any
 from vpipe_lab.wire.events import IterationReport
 
 log = logging.getLogger(__name__)
-KINDS = ("tensorboard", "wandb", "mlflow")
 
 
 def scalars(record: dict[str, Any], memory: list[dict[str, Any]] | None = None,
@@ -149,12 +148,9 @@ class Callback(Sink):
 
 def check(spec: Any) -> None:
     """Refuse a ``log=`` value that cannot work, before anything starts."""
-    if spec is None or callable(spec):
-        return
-    kind, sep, target = str(spec).partition(":") if isinstance(spec, str) else ("", "", "")
-    if not sep or kind not in KINDS or not target:
-        raise ValueError(f"log={spec!r}: use 'tensorboard:DIR', 'wandb:PROJECT', 'mlflow:URI' or a function of "
-                         "one dict")
+    from vpipe_lab.core.settings import check_log
+
+    check_log("log", spec)
 
 
 def open_sink(spec: Any) -> Sink | None:

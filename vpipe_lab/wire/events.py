@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vpipe_lab.core.profile import LayerCost
+from vpipe_lab.core.settings import Settings
 from vpipe_lab.wire import protocol as P
 from vpipe_lab.wire.codec import Body, register
 from vpipe_lab.wire.jobspec import JobSpec
@@ -249,22 +250,13 @@ class JobInfo(Body):
     """What a client attaching to a torchrun job needs to build its Session (``to_spec``)."""
 
     session_id: str
-    stages: int
-    microbatches: int
-    schedule: str
-    device: str
-    seed: int
-    timeout_s: float
-    replicas: int = 1
-    memory_budget: list[int] | None = None
+    settings: dict[str, Any]  # the job's Settings (core/settings.py) as the job file holds them
     master_addr: str = ""
     master_port: int = 0
 
     def to_spec(self, key: str, address: str) -> JobSpec:
         return JobSpec(session_id=self.session_id, key=key, address=address, master_addr=self.master_addr,
-                       master_port=self.master_port, stages=self.stages, microbatches=self.microbatches,
-                       schedule=self.schedule, device=self.device, replicas=self.replicas, seed=self.seed,
-                       memory_budget=self.memory_budget, timeout_s=self.timeout_s)
+                       master_port=self.master_port, settings=Settings.from_json(self.settings))
 
 
 @register

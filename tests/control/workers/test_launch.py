@@ -1,16 +1,16 @@
 import pytest
 
-from vpipe_lab.control.workers.launch import _budgets, _free_port, launch
+from vpipe_lab.control.workers.launch import _free_port, job_settings, launch
 
 
-def test_budgets() -> None:
-    assert _budgets(None, 3) is None
-    assert _budgets(10, 2) == [10, 10]
-    assert _budgets([1, 2], 2) == [1, 2]
-    with pytest.raises(ValueError, match="one positive int or 3 of them"):
-        _budgets([1, 2], 3)
-    with pytest.raises(ValueError, match="memory_budget"):
-        _budgets([0, 5], 2)
+def test_a_plan_gives_the_job_its_stages_micro_batches_schedule_and_chunks_unless_they_are_given() -> None:
+    from vpipe_lab.core.plan import Plan
+
+    plan = Plan((0, 2, 4, 6, 8), ("keep",) * 8, 8, "interleaved-1f1b", 2)
+    settings = job_settings(None, {}, plan)
+    assert (settings.stages, settings.microbatches, settings.schedule, settings.virtual_stages) == (
+        2, 8, "interleaved-1f1b", 2)
+    assert job_settings(None, {"microbatches": 4}, plan).microbatches == 4  # then the plan is refused for it
 
 
 def test_free_port() -> None:
@@ -54,5 +54,5 @@ def test_restart_settings_are_checked_before_anything_starts() -> None:
         launch("mlp", stages=2, microbatches=4, max_restarts=-1, device="cpu")
     with pytest.raises(ValueError, match="max_restarts=1 needs engine='lab'"):
         launch("mlp", stages=2, microbatches=4, max_restarts=1, engine="torch", device="cpu")
-    with pytest.raises(ValueError, match="snapshot_every=5 without max_restarts"):
+    with pytest.raises(ValueError, match="snapshot_every=5: snapshots are for restarts"):
         launch("mlp", stages=2, microbatches=4, snapshot_every=5, device="cpu")

@@ -14,6 +14,7 @@ from vpipe_lab.control.state import JobState
 from vpipe_lab.control.workers.restarts import NotBack, Restart, Restarter
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.plan import Plan
+from vpipe_lab.core.settings import Settings
 from vpipe_lab.wire import snapshot
 from vpipe_lab.wire.jobspec import JobSpec
 from vpipe_lab.wire.snapshot import SnapshotMeta
@@ -28,7 +29,7 @@ class Launcher:
 
 
 def restarter(tmp_path: Path, limit: int) -> tuple[Restarter, Launcher]:
-    spec = JobSpec("s", "k", "tcp://x:1", "127.0.0.1", 1, 2, 2, snapshot_dir=str(tmp_path))
+    spec = JobSpec("s", "k", "tcp://x:1", "127.0.0.1", 1, Settings(stages=2, microbatches=2), snapshot_dir=str(tmp_path))
     launcher = Launcher()
     done: list[Any] = []
     r = Restarter(limit, spec, tmp_path, launcher, JobState(), None, threading.Condition(), 5.0,  # type: ignore[arg-type]
@@ -65,24 +66,25 @@ def test_a_replayed_loss_is_compared_with_the_first() -> None:
 def test_without_a_stage_the_spec_has_one_stage_fewer_and_skips_its_budget_and_device(tmp_path: Path) -> None:
     r, _ = restarter(tmp_path, 1)
     plan = Plan.from_counts([2, 2, 2], 3, policy="swap")
-    spec = replace(r.spec, stages=3, plan=plan.to_dict(), memory_budget=[10, 20, 30])
+    spec = replace(r.spec, settings=replace(r.spec.settings, stages=3, memory_budget=(10, 20, 30)), plan=plan.to_dict())
     fewer, note = r._without(spec, NotBack(1, "its replacement died as it started (exit code 17)"))
-    assert fewer.stages == 2 and fewer.memory_budget == [10, 30] and fewer.devices == [0, 2]
+    assert fewer.settings.stages == 2 and fewer.settings.memory_budget == (10, 30) and fewer.devices == [0, 2]
     assert Plan.from_dict(fewer.plan).boundaries == (0, 3, 6) and Plan.from_dict(fewer.plan).policies == plan.policies
     assert note.startswith("stage 1 could not come back: its replacement died as it started (exit code 17); going "
                            "on with 1f1b on 2 stages, equal layer counts")
-    assert r.spec.stages == 2  # the session's own spec changes only once the fewer stages are running
+    assert r.spec.settings.stages == 2  # the session's own spec changes only once the fewer stages are running
     again, _ = r._without(replace(fewer, plan=Plan.from_dict(fewer.plan).to_dict()), NotBack(0, "gone"))
     assert again.devices == [2]  # the second loss skips the first lost device too
 
 
 @pytest.mark.parametrize(("changes", "match"), [
     ({"replicas": 2}, "a job of 2 pipeline replicas is not re-planned onto fewer stages"),
-    ({"stages": 1, "plan": Plan.from_counts([4], 2).to_dict()}, "one stage has no stage to fall back on"),
+    ({"stages": 1}, "one stage has no stage to fall back on"),
 ])
 def test_a_job_that_cannot_go_on_with_fewer_stages_says_why(tmp_path: Path, changes: dict[str, Any],
                                                           match: str) -> None:
     r, _ = restarter(tmp_path, 1)
-    spec = replace(r.spec, **{"plan": Plan.from_counts([2, 2], 2).to_dict(), **changes})
+    plan = Plan.from_counts([4] if changes.get("stages") == 1 else [2, 2], 2)
+    spec = replace(r.spec, settings=replace(r.spec.settings, **changes), plan=plan.to_dict())
     with pytest.raises((RuntimeError, PlanError), match=match):
         r._without(spec, NotBack(0, "gone"))

@@ -3,13 +3,14 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
+from vpipe_lab.core.settings import Settings
 from vpipe_lab.runtime.model.callables import load_callables
 from vpipe_lab.wire.jobspec import JobSpec
 
 
 def spec(tmp_path: Path, **kw: object) -> JobSpec:
-    return JobSpec(session_id="s", key="k", address="tcp://x", master_addr="h", master_port=1, stages=2,
-                   microbatches=2, **kw)  # type: ignore[arg-type]
+    return JobSpec(session_id="s", key="k", address="tcp://x", master_addr="h", master_port=1,
+                   settings=Settings(stages=2, microbatches=2), **kw)  # type: ignore[arg-type]
 
 
 def test_bundled_and_user_callables(tmp_path: Path) -> None:

@@ -93,7 +93,7 @@ class Live:
         self.check()
         current = self.state.plan
         assert current is not None
-        plan = change.resolve(current, len(self.state.names), self.spec.stages)
+        plan = change.resolve(current, len(self.state.names), self.spec.settings.stages)
         self._admit(plan, current, force)
         predicted = self.predicted_s(plan, current)
         with self._lock:
@@ -149,9 +149,9 @@ class Live:
         """Refuse a checked plan this job cannot train (its settings) or whose estimate exceeds a stage's budget
         under the newest measured profile (no request to the workers when one is known)."""
         spec = self.spec
-        if problem := plan.kind.training_refusal(spec.clip_grad_norm, spec.precision, spec.replicas):
+        if problem := plan.kind.training_refusal(spec.settings.clip_grad_norm, spec.settings.precision, spec.settings.replicas):
             raise PlanError(f"{problem}; nothing changed")
-        if force or not spec.memory_budget:
+        if force or not spec.settings.memory_budget:
             return
         est = estimate(plan, self._sized(self.newest_profile(), plan, current), self.cluster())
         over = {s: o for s, o in enumerate(est.over_budget) if o > 0}

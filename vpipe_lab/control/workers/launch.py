@@ -6,20 +6,22 @@ import socket
 import tempfile
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from vpipe_lab.control.session import Session
 from vpipe_lab.control.workers import units
 from vpipe_lab.control.workers.processes import JOB_DIR_PREFIX, Launcher, reap_stale
-from vpipe_lab.core import checks, schedules
+from vpipe_lab.core import schedules
 from vpipe_lab.core.errors import PlanError
-from vpipe_lab.core.plan import Plan, default_virtual_stages
+from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.planning.partition import uniform
+from vpipe_lab.core.settings import Settings
 from vpipe_lab.wire import protocol as P
 from vpipe_lab.wire.channel import Client, Hub
 from vpipe_lab.wire.checkpoint import Manifest, is_foreign
-from vpipe_lab.wire.jobspec import DEVICES, JobSpec, check_nonfinite, check_training, engine_refusal
+from vpipe_lab.wire.jobspec import JobSpec
 from vpipe_lab.wire.private import DEFAULT_KEY_FILE, read_key, write_private
 
 
@@ -29,109 +31,46 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-def _budgets(memory_budget: int | Sequence[int] | None, stages: int) -> list[int] | None:
-    if memory_budget is None:
-        return None
-    if isinstance(memory_budget, int) and not isinstance(memory_budget, bool):
-        return [memory_budget] * stages
-    budgets = list(memory_budget)
-    if len(budgets) != stages or not all(isinstance(b, int) and b > 0 for b in budgets):
-        raise ValueError(f"memory_budget must be bytes per stage: one positive int or {stages} of them, "
-                         f"got {memory_budget!r}")
-    return budgets
-
-
-def launch(
-    model: Any,
-    data: Any = None,
-    *,
-    stages: int,
-    microbatches: int,
-    schedule: str = "1f1b",
-    loss: Any = None,
-    optimizer: Any = None,
-    device: str = "auto",
-    memory_budget: int | Sequence[int] | None = None,
-    plan: Plan | None = None,
-    seed: int = 0,
-    telemetry: bool = True,
-    timeout: float = 120.0,
-    threads: int = 1,
-    start_timeout: float = 120.0,
-    host: str = "127.0.0.1",
-    resume: str | Path | None = None,
-    auto_replan: bool | dict[str, Any] = False,
-    split: Sequence[str] | Any = None,
-    lr_scheduler: Any = None,
-    clip_grad_norm: float | None = None,
-    precision: str = "fp32",
-    nonfinite: str = "pause",
-    eval_data: Any = None,
-    eval_every: int | None = None,
-    eval_batches: int = 1,
-    log: Any = None,
-    replicas: int = 1,
-    fused_wgrad: bool | int = True,
-    virtual_stages: int | None = None,
-    engine: str = "lab",
-    max_restarts: int = 0,
-    snapshot_every: int | None = None,
-) -> Session:
+def launch(model: Any, data: Any = None, *, loss: Any = None, optimizer: Any = None, lr_scheduler: Any = None,
+           eval_data: Any = None, split: Sequence[str] | Any = None, plan: Plan | None = None,
+           resume: str | Path | None = None, settings: Settings | None = None, **options: Any) -> Session:
     """Start one worker process per stage and return the Session once every stage is ready (training not started).
 
-    ``model`` is any ``nn.Module``, a zero-argument callable returning one (built in each worker after
-    ``torch.manual_seed(seed)``), or a bundled example name. An ``nn.Sequential``'s children are the partition units;
-    any other model is captured with torch.export and cut at its repeated blocks (each transformer layer, each
+    What the job trains: ``model`` is any ``nn.Module``, a zero-argument callable returning one (built in each worker
+    after ``torch.manual_seed(seed)``), or a bundled example name. An ``nn.Sequential``'s children are the partition
+    units; any other model is captured with torch.export and cut at its repeated blocks (each transformer layer, each
     ResNet block), or at ``split``: module names (``["transformer.h.4", ...]``) or a function ``(name, module) ->
     bool`` choosing where units begin. ``data`` is ``data(iteration) -> (inputs, targets)`` (deterministic per
     iteration), any iterable of ``(inputs, targets)`` such as a DataLoader, or a bundled example name (default: the
     model's, when the model is one); inputs are a tensor, a tuple of positional arguments or a dict of keyword
     arguments. ``loss(output, targets)`` gets the model's own output object (default: the output's ``loss`` when
-    targets are None, else cross-entropy / MSE on the logits).
-    ``resume`` restores a ``Session.save()`` checkpoint (parameters, optimizer state, plan unless ``plan`` is given,
-    iteration) onto any partition, stage count or schedule, or a torch.distributed.checkpoint directory another job
-    wrote of the same model (its ``state_dict()`` keys; optimizer state where it holds torch's flattened layout);
-    ``auto_replan`` turns on vPipe's online replanning (True, or the options of ``Session.auto_replan``).
+    targets are None, else cross-entropy / MSE on the logits). ``optimizer`` is ``params -> Optimizer``;
+    ``lr_scheduler`` is ``optimizer -> scheduler`` (stepped once per iteration, carried through migration and
+    checkpoints); ``eval_data`` (like ``data``) is what ``eval_every`` evaluates (see ``Session.evaluate``).
+    ``plan`` is the partition and per-layer policies to start from (default: an even split); its stages,
+    micro-batches, schedule and chunks are the job's unless given. ``resume`` restores a ``Session.save()``
+    checkpoint (parameters, optimizer state, plan unless ``plan`` is given, iteration) onto any partition, stage
+    count or schedule, or a torch.distributed.checkpoint directory another job wrote of the same model (its
+    ``state_dict()`` keys, read without running code).
 
-    A training job's other parts: ``lr_scheduler`` is ``optimizer -> scheduler`` (stepped once per iteration, carried
-    through migration and checkpoints); ``clip_grad_norm`` clips by the global 2-norm over every stage, as
-    ``torch.nn.utils.clip_grad_norm_`` does on the whole model; ``precision`` is "fp32", "bf16" or "fp16" (autocast,
-    float32 master weights, a loss scale all stages agree on); ``nonfinite`` says what a NaN or infinite loss does:
-    "pause" (default) pauses before that iteration's optimizer step with nothing changed and ``wait()`` raises
-    ``NonFiniteLoss`` naming the iteration and micro-batch, "skip" skips that step on every stage and trains on,
-    "continue" trains on it; ``eval_data`` (like ``data``) is evaluated every
-    ``eval_every`` iterations on ``eval_batches`` batches (see ``Session.evaluate``); ``log`` sends the metrics to
-    "tensorboard:DIR", "wandb:PROJECT", "mlflow:URI" or a function (see ``telemetry/sinks.py``). ``replicas=R``
-    trains R data-parallel copies of the pipeline (stages x R worker processes), each on 1/R of every batch, with
-    gradients averaged per stage across them (see ``runtime/training/replicas.py``). ``fused_wgrad`` (default True) has every
-    ``nn.Linear`` (and HuggingFace ``Conv1D``) whose weight has at least 2**18 elements add its weight gradient
-    into ``.grad`` inside the backward's GEMM, not as a new tensor added afterwards: one pass over each weight less
-    per micro-batch (see ``runtime/engine/wgrad.py``); a number sets that size (0: every linear layer), False turns it off.
-    ``virtual_stages`` V > 1 (with ``schedule="interleaved-1f1b"``; unless given, the plan's, else 2) gives each
-    stage V chunks of the model in looped placement; the plan then has ``stages * V + 1`` boundaries (see
-    ``core/schedules/orders/interleaved.py``).
-    ``schedule="zbv"`` gives each stage two chunks in V placement (``core/schedules/orders/zbv.py``): stage s holds chunks s and
-    2 stages - 1 - s, and stage 0 computes the loss.
-    ``engine="torch"`` trains the plan on torch.distributed.pipelining's own runtime (the plan's export bundle, as
-    ``vpipe_lab.export.torch_pipeline`` builds it) with the lab around it: metrics, timeline and memory stream as
-    usual, and a plan change applies at the next iteration as a reshard (``runtime/torch_engine.py``). It runs one
-    pipeline in fp32 without PipeDream; the default ``"lab"`` is vpipe_lab's engine with live layer migration.
-    ``max_restarts=N`` (torchrun's word): a worker that dies, raises or hangs (no progress within ``timeout``) is
-    replaced, the pipeline goes back to its newest snapshot (taken every ``snapshot_every`` iterations, by default as
-    often as costs at most ~5% of training) and replays the lost iterations on the same batches; ``wait()`` does
-    not raise. The N+1st failure ends the job as without restarts (``control/workers/restarts.py``).
+    How it trains: every other keyword (``stages=``, ``microbatches=``, ``schedule=``, ``precision=``, ...) is a
+    field of ``vpipe_lab.Settings``, each with its default, help and check (``core/settings.py``); or pass a whole
+    ``settings=Settings(...)`` and keywords over it. They are checked together before anything starts, with the words
+    ``%vpipe start``, ``vpipe-lab run`` and ``vpipe-lab worker`` use. Among them: ``nonfinite`` says what a NaN or
+    infinite loss does ("pause", the default, pauses before that iteration's optimizer step and ``wait()`` raises
+    ``NonFiniteLoss``; "skip"; "continue"); ``replicas=R`` trains R data-parallel copies of the pipeline, gradients
+    averaged per stage (``runtime/training/replicas.py``); ``virtual_stages`` V gives each stage V chunks under
+    interleaved-1f1b (looped) or zbv (a V: stage s holds chunks s and 2 stages - 1 - s, stage 0 computes the loss);
+    ``engine="torch"`` trains on torch.distributed.pipelining's runtime with the lab around it
+    (``runtime/torch_engine.py``); ``max_restarts=N`` replaces a worker that dies, raises or hangs and replays from
+    the newest snapshot (``control/workers/restarts.py``); ``auto_replan`` turns on vPipe's online replanning.
     """
     from vpipe_lab.telemetry import sinks
 
-    virtual_stages = _check_settings(stages, microbatches, schedule, device, clip_grad_norm, precision, eval_every,
-                                     eval_batches, fused_wgrad, replicas, engine, virtual_stages, plan)
-    check_nonfinite(nonfinite)
-    _check_timeouts(timeout=timeout, start_timeout=start_timeout)
-    _check_restarts(max_restarts, snapshot_every, engine)
-    sinks.check(log)
-    plan, manifest = _plan_to_run(plan, resume, stages, microbatches, schedule, virtual_stages)
-    named, user = _roles(stages, model=model, data=data, loss=loss, optimizer=optimizer, lr_scheduler=lr_scheduler,
-                         eval_data=eval_data, split=split)
+    settings = job_settings(settings, options, plan)
+    plan, manifest = _plan_to_run(plan, resume, settings)
+    named, user = _roles(settings.stages, model=model, data=data, loss=loss, optimizer=optimizer,
+                         lr_scheduler=lr_scheduler, eval_data=eval_data, split=split)
     reap_stale()
     job_dir = Path(tempfile.mkdtemp(prefix=JOB_DIR_PREFIX))
     session_id = uuid.uuid4().hex[:12]
@@ -139,24 +78,19 @@ def launch(
     model_key = units.fingerprint(blob, named)
     seen = units.known(model_key)
     if seen is not None:
-        units.check(stages, seen)  # this model was launched before: refused before any worker starts
+        units.check(settings.stages, seen)  # this model was launched before: refused before any worker starts
     # Rank 0 cuts the model alone first when many workers would start: the others start only if it fills them.
-    scout = seen is None and stages * replicas > units.SCOUT_ABOVE and not isinstance(model, str)
+    scout = seen is None and settings.stages * settings.replicas > units.SCOUT_ABOVE and not isinstance(model, str)
     key = P.new_key()
-    hub = Hub(key, host, session=session_id)
+    hub = Hub(key, settings.host, session=session_id)
     spec = JobSpec(
-        session_id=session_id, key=key, address=hub.address, master_addr=host, master_port=_free_port(host),
-        stages=stages, microbatches=microbatches, schedule=schedule, device=device, seed=seed,
-        plan=plan.to_dict() if plan is not None else None, memory_budget=_budgets(memory_budget, stages),
-        telemetry=telemetry, timeout_s=timeout, threads=threads,
+        session_id=session_id, key=key, address=hub.address, master_addr=settings.host,
+        master_port=_free_port(settings.host), settings=settings,
+        plan=plan.to_dict() if plan is not None else None,
         callables_path=str(callables_path) if callables_path else None, job_dir=str(job_dir), examples=named,
         start_iteration=manifest.iteration if manifest else 0,
-        resume_path=str(Path(resume).absolute()) if resume is not None else None,
-        clip_grad_norm=None if clip_grad_norm is None else float(clip_grad_norm), precision=precision,
-        nonfinite=nonfinite,
-        eval_every=eval_every, eval_batches=eval_batches, replicas=replicas, fused_wgrad=fused_wgrad, scout=scout,
-        virtual_stages=virtual_stages, engine=engine,
-        snapshot_dir=str(job_dir / "snapshots") if max_restarts else None, snapshot_every=snapshot_every,
+        resume_path=str(Path(resume).absolute()) if resume is not None else None, scout=scout,
+        snapshot_dir=str(job_dir / "snapshots") if settings.max_restarts else None,
     )
     spec_path = job_dir / "job.json"
     spec.save(spec_path)
@@ -164,71 +98,38 @@ def launch(
     session = Session(spec, hub, launcher, job_dir, model=model)
     hub.set_handler(session.receive)
     try:
-        session.logger.sink = sinks.open_sink(log)
+        session.logger.sink = sinks.open_sink(settings.log)
     except Exception:
         session.stop()
         raise
-    _start_workers(session, launcher, spec_path, model_key, start_timeout)
-    if max_restarts:
-        session.restart_on_failure(max_restarts, start_timeout)
+    _start_workers(session, launcher, spec_path, model_key, settings.start_timeout)
+    if settings.max_restarts:
+        session.restart_on_failure(settings.max_restarts, settings.start_timeout)
     if manifest is not None:
         session.state.plan_version = manifest.plan_version
-    if auto_replan:
-        session.auto_replan(**(auto_replan if isinstance(auto_replan, dict) else {}))
+    if settings.auto_replan:
+        replan = settings.auto_replan
+        session.auto_replan(**(replan if isinstance(replan, dict) else {}))
     return session
 
 
-def _check_settings(stages: int, microbatches: int, schedule: str, device: str, clip_grad_norm: float | None,
-                    precision: str, eval_every: int | None, eval_batches: int, fused_wgrad: bool | int,
-                    replicas: int, engine: str, virtual_stages: int | None, plan: Plan | None) -> int:
-    """Refuse settings no job can run (ValueError naming the value and what would work); returns the chunks per
-    stage: ``virtual_stages``, else the plan's, else the schedule's default."""
-    checks.count(stages, "stages")
-    checks.count(microbatches, "microbatches")
-    if schedule not in schedules.names():
-        raise ValueError(f"unknown schedule {schedule!r}: use one of {', '.join(schedules.names())}")
-    if device not in DEVICES:
-        raise ValueError(f"unknown device {device!r}: use one of {', '.join(DEVICES)}")
-    check_training(clip_grad_norm, precision, eval_every, eval_batches)
-    if not isinstance(fused_wgrad, int) or fused_wgrad < 0:  # True and False are meant here: not a count
-        raise ValueError(f"fused_wgrad must be True, False or the smallest weight to fuse (elements, >= 0), got "
-                         f"{fused_wgrad!r}")
-    checks.count(replicas, "replicas")
-    if problem := engine_refusal(engine, replicas, precision, schedule):
-        raise ValueError(problem)
-    if virtual_stages is None:  # the given plan's chunks per stage, else the schedule's default
-        virtual_stages = plan.virtual_stages if plan is not None else default_virtual_stages(schedule)
-    checks.count(virtual_stages, "virtual_stages")
-    if problem := schedules.job_refusal(schedule, stages=stages, microbatches=microbatches,
-                                        virtual_stages=virtual_stages, clip_grad_norm=clip_grad_norm,
-                                        precision=precision, replicas=replicas):
-        raise ValueError(problem)
-    return virtual_stages
+def job_settings(given: Settings | None, options: dict[str, Any], plan: Plan | None) -> Settings:
+    """The settings ``launch()`` runs, validated: ``given`` (else the defaults) with ``options`` over it; what a plan
+    fixes (stages, micro-batches, schedule, chunks) is the plan's where neither says otherwise."""
+    Settings.of("api", **options)  # an unknown name, or one only a torchrun job takes: a TypeError saying so
+    base = given if given is not None else Settings()
+    if plan is not None and given is None:
+        taken = {"stages": plan.stages, "microbatches": plan.microbatches, "schedule": plan.schedule,
+                 "virtual_stages": plan.virtual_stages}
+        options = {**{k: v for k, v in taken.items() if k not in options}, **options}
+    return replace(base, **options).validated()
 
 
-def _check_timeouts(**timeouts: Any) -> None:
-    """A timeout is a number of seconds the workers and the controller wait at most: None (or anything else) would be
-    accepted here and fail in the workers, so it is refused before anything starts."""
-    for name, value in timeouts.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-            raise ValueError(f"{name}={value!r}: give the seconds to wait at most (a number > 0); a stuck worker is "
-                             "found only by a timeout")
-
-
-def _check_restarts(max_restarts: int, snapshot_every: int | None, engine: str) -> None:
-    checks.count(max_restarts, "max_restarts", 0)
-    checks.count(snapshot_every, "snapshot_every", optional=True)
-    if max_restarts and engine != "lab":
-        raise ValueError(f"max_restarts={max_restarts} needs engine='lab' (the torch engine takes no snapshots); "
-                         "under torchrun, torchrun's own --max-restarts restarts the job from its checkpoints")
-    if snapshot_every is not None and not max_restarts:
-        raise ValueError(f"snapshot_every={snapshot_every} without max_restarts: snapshots are for restarts; "
-                         "give max_restarts=N too (Session.save writes a checkpoint whenever you like)")
-
-
-def _plan_to_run(plan: Plan | None, resume: str | Path | None, stages: int, microbatches: int, schedule: str,
-                 virtual_stages: int) -> tuple[Plan | None, Manifest | None]:
+def _plan_to_run(plan: Plan | None, resume: str | Path | None,
+                 settings: Settings) -> tuple[Plan | None, Manifest | None]:
     """The plan the job starts on (None: the workers split evenly) and the lab checkpoint it resumes, if any."""
+    stages, microbatches, schedule = settings.stages, settings.microbatches, settings.schedule
+    virtual_stages = settings.chunks
     manifest = None
     if resume is not None and not is_foreign(resume):  # torch's own DCP checkpoint: weights by name, no plan in it
         manifest = Manifest.read(resume)
@@ -307,8 +208,8 @@ def _start_workers(session: Session, launcher: Launcher, spec_path: Path, model_
                              lambda: (0, "rank 0 did not report the model's partition units"))
             names = list(session.state.units or [])
             units.remember(model_key, names)
-            units.check(spec.stages, names)
-        for rank in range(1, spec.stages * spec.replicas):
+            units.check(spec.settings.stages, names)
+        for rank in range(1, spec.settings.stages * spec.settings.replicas):
             launcher.start_rank(rank, spec_path)
     except Exception:
         session.stop(timeout=2.0)  # nothing trains yet: rank 0 at most waits for the others to join

@@ -135,7 +135,7 @@ class Restarter:
                                iteration=error.iteration, microbatch=error.microbatch, action=error.action)
         start = spec.start_iteration
         restart = Restart(number, time.time(), error.stage, error.cause.splitlines()[0] if error.cause else "", start,
-                          max(0, self.state.iteration - start), time.monotonic() - began, stages=spec.stages,
+                          max(0, self.state.iteration - start), time.monotonic() - began, stages=spec.settings.stages,
                           note=note)
         self.done.append(restart)
         with self.cond:
@@ -152,7 +152,8 @@ class Restarter:
         restart.seconds = time.monotonic() - began
         self.restarted(restart)
         log.warning("restart %d of %d: stage %d %s, back at iteration %d, %d iteration(s) to replay, %.1f s",
-                    number, self.limit, restart.stage, f"planned away ({spec.stages} stages now)" if note else "replaced",
+                    number, self.limit, restart.stage,
+                    f"planned away ({spec.settings.stages} stages now)" if note else "replaced",
                     start, restart.replayed, restart.seconds)
         return None
 
@@ -160,10 +161,10 @@ class Restarter:
         """Spawn every rank of ``spec`` and wait until each is ready; NotBack names the first that died or was late."""
         path = self.job_dir / name
         spec.save(path)
-        workers = spec.stages * spec.replicas
+        workers = spec.settings.stages * spec.settings.replicas
         with self.cond:
             self.state.ready.clear()
-            self.forget_partial(spec.stages)
+            self.forget_partial(spec.settings.stages)
         for rank in range(workers):
             self.launcher.start_rank(rank, path)
 
@@ -183,19 +184,20 @@ class Restarter:
     def _without(self, spec: JobSpec, lost: NotBack) -> tuple[JobSpec, str]:
         """``spec`` for the stages that remain when ``lost``'s stage cannot come back (raises when the job cannot go
         on without it), and the words for what was done."""
-        stage = lost.rank % spec.stages
-        if spec.replicas > 1:
-            raise RuntimeError(f"stage {stage} cannot come back ({lost.why}), and a job of {spec.replicas} pipeline "
+        stage = lost.rank % spec.settings.stages
+        if spec.settings.replicas > 1:
+            raise RuntimeError(f"stage {stage} cannot come back ({lost.why}), and a job of {spec.settings.replicas} pipeline "
                                "replicas is not re-planned onto fewer stages")
         current = Plan.from_dict(spec.plan) if spec.plan else self.state.plan
         if current is None:
             raise RuntimeError(f"stage {stage} cannot come back ({lost.why}) and no plan is known to re-partition")
         fewer = fewer_stages(current, stage, self.layer_times())  # PlanError when one stage is all there was
-        keep = [s for s in range(spec.stages) if s != stage]
+        keep = [s for s in range(spec.settings.stages) if s != stage]
+        budget = spec.settings.budgets
         changes: dict[str, Any] = {
-            "stages": spec.stages - 1, "plan": fewer.plan.to_dict(),
-            "memory_budget": [spec.memory_budget[s] for s in keep] if spec.memory_budget else None,
-            "devices": [(spec.devices or list(range(spec.stages)))[s] for s in keep]}
+            "settings": replace(spec.settings, stages=spec.settings.stages - 1,
+                                memory_budget=tuple(budget[s] for s in keep) if budget else None),
+            "plan": fewer.plan.to_dict(), "devices": [(spec.devices or list(range(spec.settings.stages)))[s] for s in keep]}
         note = f"stage {stage} could not come back: {lost.why}; going on with {fewer.how}"
         log.warning("%s", note)
         return replace(spec, **changes), note

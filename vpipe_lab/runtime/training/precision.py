@@ -17,10 +17,10 @@ from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
-from vpipe_lab.wire.jobspec import PRECISIONS
+from vpipe_lab.core.settings import PRECISIONS
 
 _DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-assert tuple(_DTYPES) == PRECISIONS, "every precision of wire/jobspec.py needs its dtype here"
+assert tuple(_DTYPES) == PRECISIONS, "every precision of core/settings.py needs its dtype here"
 
 
 def check(precision: str) -> str:
