@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def swap_overlap(torch) -> dict[str, object]:  # type: ignore[no-untyped-def]
     """Swap out a layer's saved activations while the next layers compute, and measure from events on the copy
     stream and the compute stream how much of the copy ran concurrently with compute."""
-    from vpipe_lab.runtime.engine.memory import Ledger
-    from vpipe_lab.runtime.engine.swap import SwapEngine
+    from vpipe_lab.runtime.memory.ledger import Ledger
+    from vpipe_lab.runtime.memory.swap import SwapEngine
 
     device = torch.device("cuda", 0)
     engine = SwapEngine(device, Ledger())

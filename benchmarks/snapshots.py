@@ -4,7 +4,7 @@
 
 Per job, two sessions are started and trained in alternating blocks of ``--iterations`` (one runs while the other
 waits, so both see the same machine); the overhead is the ratio of their median wall time per iteration over the
-blocks (snapshots chosen by the workers to cost at most ~5%: ``runtime/snapshots.py``). At each block's end the
+blocks (snapshots chosen by the workers to cost at most ~5%: ``runtime/disk/snapshots.py``). At each block's end the
 distance from the newest complete snapshot to the iteration reached is sampled: the iterations a failure then would
 replay. Last, a worker of the snapshotting session is SIGKILLed and the restart measured (seconds from the failure
 being named to training again, iterations replayed) and training checked to go on.

@@ -85,3 +85,38 @@ def test_documentation_points_only_inside_the_repository() -> None:
     missing = {f"{src.relative_to(ROOT)}: {name}" for src in sources
                for name in re.findall(r"([\w.-]+\.md)\b", src.read_text()) if name not in known}
     assert missing == set()
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "static" not in p.parts)
+
+
+def test_no_room_holds_more_than_fifteen_modules() -> None:
+    """A folder past ~15 modules is several rooms sharing one: give each its own package."""
+    crowded = {str(d.relative_to(ROOT)): n for d in {p.parent for p in _modules()}
+               if (n := len([p for p in d.glob("*.py") if p.name != "__init__.py"])) > 15}
+    assert crowded == {}
+
+
+def test_no_function_runs_past_eighty_lines() -> None:
+    """Counting its signature and decorators: a longer one does several things, each of which can be named."""
+    import ast
+
+    long = {}
+    for path in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                if (n := (node.end_lineno or start) - start + 1) > 80:
+                    long[f"{path.relative_to(ROOT)}:{node.name}"] = n
+    assert long == {}
+
+
+def test_the_architecture_page_names_every_module() -> None:
+    """docs/architecture.md's module index lists each module by its path under vpipe_lab/ (a new one is added there)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    index = text[text.index("## Every module"):]
+    named = set(re.findall(r"^\| `([\w/]+\.py)` \|", index, re.MULTILINE))
+    modules = {str(p.relative_to(PACKAGE)) for p in _modules()}
+    assert modules - named == set(), "add these to the module index of docs/architecture.md"
+    assert named - modules == set(), "the module index names modules that are gone"

@@ -231,7 +231,7 @@ def test_any_magic_line_without_a_session_is_done_or_one_usage_error(words: list
     line = shlex.join(words) if quote else " ".join(words)
     cwd = os.getcwd()
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(None), \
-            mock.patch("vpipe_lab.control.workers.launch.launch", side_effect=_Launched), \
+            mock.patch("vpipe_lab.control.launch.launch", side_effect=_Launched), \
             mock.patch("vpipe_lab.control.sessions.latest", return_value=None):
         os.chdir(tmp)  # a line that writes a file writes it here
         try:

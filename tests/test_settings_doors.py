@@ -14,7 +14,7 @@ from IPython.testing import globalipapp
 
 from vpipe_lab.cli.main import build_parser as cli_parser
 from vpipe_lab.cli.main import main
-from vpipe_lab.control.workers.launch import job_settings, launch
+from vpipe_lab.control.launch import job_settings, launch
 from vpipe_lab.core.settings import DOORS, Settings, door_fields, meta_of
 from vpipe_lab.core.settings_flags import flag, from_args
 from vpipe_lab.jupyter.magics import build_parser as magics_parser

@@ -55,8 +55,8 @@ __all__ = [
 
 # The process-side API is imported on first use, so `import vpipe_lab` stays light (no sockets, no torch).
 _LAZY = {
-    "launch": "vpipe_lab.control.workers.launch",
-    "attach": "vpipe_lab.control.workers.launch",
+    "launch": "vpipe_lab.control.launch",
+    "attach": "vpipe_lab.control.launch",
     "Session": "vpipe_lab.control.session",
     "WorkerError": "vpipe_lab.control.errors",
     "BudgetError": "vpipe_lab.control.errors",

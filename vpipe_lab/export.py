@@ -1,6 +1,6 @@
 """Taking a plan out of the lab: an export bundle written and read (no torch needed), and run on
 torch.distributed.pipelining with ``torch_pipeline`` (imports torch when called). See ``wire/bundle.py`` and
-``runtime/torch_pipeline.py``."""
+``runtime/torch_pp/pipeline.py``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ __all__ = ["Bundle", "StageSpec", "UnitInfo", "make", "read", "torch_pipeline", 
 
 
 def torch_pipeline(*args: Any, **kwargs: Any) -> Any:
-    """This rank's stages and torch's schedule for an export bundle (``runtime/torch_pipeline.torch_pipeline``)."""
-    from vpipe_lab.runtime.torch_pipeline import torch_pipeline as build
+    """This rank's stages and torch's schedule for an export bundle (``runtime/torch_pp/pipeline.torch_pipeline``)."""
+    from vpipe_lab.runtime.torch_pp.pipeline import torch_pipeline as build
 
     return build(*args, **kwargs)

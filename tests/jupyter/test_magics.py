@@ -71,7 +71,7 @@ def test_completion() -> None:
     assert "gpt-tiny" in complete(None, SimpleNamespace(line="%vpipe start "))
     assert "recompute" in complete(None, SimpleNamespace(line="%vpipe policy 3="))
     from vpipe_lab.core import schedules
-    from vpipe_lab.core.planning.planner import METHODS
+    from vpipe_lab.core.planning.methods import METHODS
 
     assert set(complete(None, SimpleNamespace(line="%vpipe plan --method "))) == set(METHODS)
     assert set(complete(None, SimpleNamespace(line="%vpipe start gpt-tiny --schedule "))) == set(schedules.names())

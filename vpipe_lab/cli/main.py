@@ -14,7 +14,8 @@ from vpipe_lab.core.cost import scaling
 from vpipe_lab.core.cost.costmodel import estimate
 from vpipe_lab.core.errors import VpipeError
 from vpipe_lab.core.plan import AUTO, Plan
-from vpipe_lab.core.planning.planner import METHODS, search
+from vpipe_lab.core.planning.methods import METHODS
+from vpipe_lab.core.planning.planner import search
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.report import human_time, plan_table
 from vpipe_lab.core.settings_flags import byte_size

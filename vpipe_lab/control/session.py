@@ -5,7 +5,7 @@ Session over an authenticated ZeroMQ channel (``wire/channel.py``). It is a smal
 ``Intake`` files incoming messages (hub thread), ``Requests`` sends commands and waits for answers under one
 deadline helper, ``FailureMonitor`` watches the workers and names the root cause of a failure (monitor thread, which
 also delivers ``Events``), and ``Live`` carries out plan, model and checkpoint changes. ``launch()`` and ``attach()``
-(``control/workers/launch.py``) build it. See docs/architecture.md for the threads and the message flow."""
+(``control/launch.py``) build it. See docs/architecture.md for the threads and the message flow."""
 
 from __future__ import annotations
 

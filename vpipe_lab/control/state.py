@@ -85,7 +85,7 @@ class JobState:
             import psutil  # only to size a default budget; the controller needs nothing beyond the stdlib + zmq
 
             budgets = int(psutil.virtual_memory().total // stages)
-        # CPU ranks copy swapped activations on their compute thread (runtime/engine/swap.py): nothing hides them
+        # CPU ranks copy swapped activations on their compute thread (runtime/memory/swap.py): nothing hides them
         overlaps = all(b.device.startswith("cuda") for b in ready)
         return Cluster(stages, budgets, swap, link if link != float("inf") else 1e12, latency, False,
                        f"{stages} x {ready[0].device} (measured)", step_overhead_s, overlaps,

@@ -5,8 +5,9 @@ from vpipe_lab.core.cost.costmodel import CostModel, estimate
 from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError, ProfileError, ScheduleError, VpipeError
 from vpipe_lab.core.plan import Estimate, Plan, Policy
+from vpipe_lab.core.planning.methods import METHODS
 from vpipe_lab.core.planning.migration import LayerMove, layer_moves, match_layers, migration_time_s, moved_bytes
-from vpipe_lab.core.planning.planner import METHODS, PlanResult, plan, search
+from vpipe_lab.core.planning.planner import PlanResult, plan, search
 from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
 from vpipe_lab.core.schedule import Action, Op, Schedule
 from vpipe_lab.core.schedules.builders import for_plan, gpipe, interleaved_1f1b, one_f_one_b, zb_h1

@@ -25,7 +25,7 @@ from vpipe_lab.core.change import Applied, Change
 from vpipe_lab.core.cost.costmodel import estimate
 from vpipe_lab.core.errors import VpipeError
 from vpipe_lab.core.plan import AUTO, Policy
-from vpipe_lab.core.planning.planner import METHODS
+from vpipe_lab.core.planning.methods import METHODS
 from vpipe_lab.core.report import human_time, plan_table
 from vpipe_lab.core.settings_flags import add_flags, from_args
 from vpipe_lab.examples import EXAMPLES
@@ -196,7 +196,7 @@ class VpipeMagics(InteropCommands, record_commands.RecordCommands, Magics):
         print(f"vpipe: %vpipe commands now act on `{args.variable}` ({session.status})")
 
     def cmd_start(self, args: argparse.Namespace) -> Any:
-        from vpipe_lab.control.workers.launch import launch
+        from vpipe_lab.control.launch import launch
         from vpipe_lab.examples import EXAMPLES
 
         if self.session is not None and not self.session.closed:

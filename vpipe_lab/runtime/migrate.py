@@ -30,8 +30,8 @@ from vpipe_lab.core.planning.partition import uniform
 from vpipe_lab.runtime.engine import faults
 from vpipe_lab.runtime.engine.comm import TAG_MIGRATE, Peer
 from vpipe_lab.runtime.engine.device import Clock
-from vpipe_lab.runtime.engine.memory import unit_static_bytes
 from vpipe_lab.runtime.engine.stage import Stage
+from vpipe_lab.runtime.memory.ledger import unit_static_bytes
 from vpipe_lab.runtime.model.batches import rebuild
 from vpipe_lab.runtime.model.capture import Chain, UnitTensors, build_model, capture, to_meta
 from vpipe_lab.runtime.model.units import get_tensor, set_tensor

@@ -135,7 +135,7 @@ def serve(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: in
         if join is not None:
             join()
         if worker_cls is None and spec.settings.engine == "torch":
-            from vpipe_lab.runtime.torch_engine import TorchWorker
+            from vpipe_lab.runtime.torch_pp.engine import TorchWorker
 
             worker_cls = TorchWorker  # type: ignore[assignment]
         worker = (worker_cls or Worker)(spec, rank, world, link, local_rank, local_world)

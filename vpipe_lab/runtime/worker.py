@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from vpipe_lab.runtime.build import build_chain, on_meta
-from vpipe_lab.runtime.checkpoints import Checkpoints
+from vpipe_lab.runtime.disk.checkpoints import Checkpoints
+from vpipe_lab.runtime.disk.snapshots import BatchBuffer, Snapshots
 from vpipe_lab.runtime.engine import allocator, profiler, wgrad
 from vpipe_lab.runtime.engine.bandwidth import probe_bandwidth, probe_update
 from vpipe_lab.runtime.engine.comm import TAG_TARGET, Peer
@@ -35,7 +36,6 @@ from vpipe_lab.runtime.model.data_checks import BadBatch
 from vpipe_lab.runtime.progress import Control
 from vpipe_lab.runtime.recapture import Recaptures
 from vpipe_lab.runtime.shape_epochs import ShapeEpochs
-from vpipe_lab.runtime.snapshots import BatchBuffer, Snapshots
 from vpipe_lab.runtime.training.evaluate import evaluate
 from vpipe_lab.runtime.training.precision import LossScale, autocast
 from vpipe_lab.runtime.training.replicas import DataParallel, shard
@@ -220,7 +220,7 @@ class Worker(IterationEnd, WorkerCommands):
 
     # --- checkpoints --------------------------------------------------------------------------------------------------
     def save(self, root: Path, name: str | None = None, keep: int | None = None) -> str | None:
-        """A new checkpoint version under ``root`` (see ``runtime/checkpoints.py``); None, or why it failed."""
+        """A new checkpoint version under ``root`` (see ``runtime/disk/checkpoints.py``); None, or why it failed."""
         version = root / (name or f"ckpt-{self.ctl.iteration:08d}-{self.ctl.plan_version}-{self.model_version}")
         size = self.samples // self.plan.microbatches if self.samples else None  # an export from it keeps the size
         return self.checkpoints.save(version, lambda: Manifest(
@@ -235,7 +235,7 @@ class Worker(IterationEnd, WorkerCommands):
         self.ctl.plan_version, self.model_version = manifest.plan_version, manifest.model_version
 
     def snapshot(self) -> None:
-        """Every rank, at a boundary where one is due: copy this stage's state for a restart (runtime/snapshots.py)."""
+        """Every rank, at a boundary where one is due: copy this stage's state for a restart (runtime/disk/snapshots.py)."""
         it, version = self.ctl.iteration, (self.ctl.plan_version, self.model_version)
         meta = (lambda: SnapshotMeta(it, self.plan.to_dict(), *version, self.names, self.scale.state())
                 ) if self.leader else None

@@ -2,7 +2,7 @@
 
 A checkpoint path is a directory of versions. Each save writes a new version directory next to the others: a
 torch.distributed.checkpoint (DCP) checkpoint, every rank writing its own ``__<rank>_<n>.distcp`` files (fsynced) and
-rank 0 the ``.metadata``, keyed by the user's model's own ``state_dict()`` names (``runtime/dcp_state.py``), so
+rank 0 the ``.metadata``, keyed by the user's model's own ``state_dict()`` names (``runtime/disk/dcp_state.py``), so
 ``dcp.load(model.state_dict(), checkpoint_id=version)`` reads it without vpipe_lab; plus per-rank checksum lists.
 Then rank 0 writes the version's ``manifest.json`` (the plan, iteration, units and every file's SHA-256) and finally
 replaces ``latest`` (a one-line file naming the version) atomically: until that rename the previous version is what

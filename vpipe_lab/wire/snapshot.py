@@ -1,6 +1,6 @@
 """Restart snapshots on local disk: where each stage's copy lives, when a snapshot is complete, and what is pruned.
 
-The workers write them (``runtime/snapshots.py``); the controller restarts a failed job from the newest complete one
+The workers write them (``runtime/disk/snapshots.py``); the controller restarts a failed job from the newest complete one
 (``control/workers/restarts.py``) and reads nothing else of them. Layout under a job's snapshot root::
 
     it-0000000040-v2-m0/stage-0/       a DCP directory stage 0 wrote alone (its units' model keys and optimizer state)

@@ -7,8 +7,9 @@ from tests.core.strategies import exhaustive, problems
 from vpipe_lab.core.cost.costmodel import CostModel, estimate
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
 from vpipe_lab.core.plan import Plan, Policy
+from vpipe_lab.core.planning.methods import METHODS
 from vpipe_lab.core.planning.partition import balanced
-from vpipe_lab.core.planning.planner import METHODS, plan, search
+from vpipe_lab.core.planning.planner import plan, search
 from vpipe_lab.core.planning.vpipe_search import StageOracle, score
 from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
 from vpipe_lab.core.workloads import cluster, pressured_cluster, random_chain, workload

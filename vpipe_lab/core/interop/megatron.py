@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from vpipe_lab.core import checks
+from vpipe_lab.core import checks, schedules
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.interop.bundle import Bundle, UnitInfo
 from vpipe_lab.core.plan import Plan, Policy
@@ -80,7 +80,7 @@ def args_text(bundle: Bundle) -> str:
              f"# global batch: --global-batch-size = {plan.microbatches} micro-batches x micro-batch size x data "
              "parallel size"]
     runs = "interleaved 1F1B" if plan.virtual_stages > 1 else "1F1B"  # the orders Megatron-LM's layout runs
-    if plan.schedule not in ("1f1b", "interleaved-1f1b"):
+    if not plan.kind.megatron:
         notes.append(f"# Megatron-LM runs {runs} where the lab ran {plan.schedule}: the same gradients, another order")
     notes += [f"# not expressible per layer in Megatron-LM: {m}" for m in missing]
     return "\n".join(notes + flags) + "\n"
@@ -123,5 +123,10 @@ def plan_from_layout(text: str, ranks: int, units: Sequence[UnitInfo], *, microb
     for st in stages:
         bounds.append(bounds[-1] + len(st))
     virtual = len(stages) // ranks
-    chosen = "interleaved-1f1b" if virtual > 1 else (schedule or "1f1b")
+    chosen = _runs("interleaved") if virtual > 1 else (schedule or _runs("1f1b"))
     return Plan(tuple(bounds), (Policy.KEEP,) * len(units), microbatches, chosen, virtual).validate(len(units))
+
+
+def _runs(megatron: str) -> str:
+    """The lab's schedule for the order Megatron-LM calls ``megatron`` (the registry entry that says so)."""
+    return next(k.name for k in schedules.kinds() if k.megatron == megatron)

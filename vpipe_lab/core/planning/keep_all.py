@@ -6,6 +6,7 @@ import math
 
 from vpipe_lab.core.cost.costmodel import CostModel
 from vpipe_lab.core.planning.partition import Objective, pareto_dp
+from vpipe_lab.core.schedules.kind import BOTTLENECK
 
 
 def partition(cm: CostModel) -> tuple[tuple[int, ...] | None, int]:
@@ -20,7 +21,7 @@ def partition(cm: CostModel) -> tuple[tuple[int, ...] | None, int]:
     upper = math.inf
     if seed is not None:
         upper = max(sum(cm.base_times(s, seed[s], seed[s + 1])) for s in range(cm.stages)) * (1 + 1e-9)
-    result = pareto_dp(cm.num_layers, cm.stages, stage_fn, cm.compute_prefix, Objective("bottleneck"), upper)
+    result = pareto_dp(cm.num_layers, cm.stages, stage_fn, cm.compute_prefix, Objective(BOTTLENECK), upper)
     return result.boundaries, result.transitions
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from itertools import accumulate, pairwise
 
 from vpipe_lab.core.errors import PlanError
+from vpipe_lab.core.schedules.kind import BOTTLENECK, GPIPE_SHAPED
 
 # (forward_s, backward_s) of a stage, or None when the stage cannot hold those layers.
 StageFn = Callable[[int, int, int], "tuple[float, float] | None"]
@@ -76,27 +77,27 @@ def balanced(times: Sequence[float], stages: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Objective:
-    """How stage times combine: 'bottleneck' (max stage), or a schedule's iteration time ('gpipe'; '1f1b' and
-    'eager-1f1b' combine alike)."""
+    """How stage times combine: ``BOTTLENECK`` (max stage), or a schedule's iteration time by its ``flush`` shape
+    (``GPIPE_SHAPED`` or ``ONE_F_ONE_B_SHAPED``, ``core/schedules/kind.py``)."""
 
     kind: str
     microbatches: int = 1
 
     def start(self) -> tuple[float, ...]:
-        return (0.0,) if self.kind == "bottleneck" else (0.0, 0.0, 0.0) if self.kind == "gpipe" else (0.0, 0.0)
+        return (0.0,) if self.kind == BOTTLENECK else (0.0, 0.0, 0.0) if self.kind == GPIPE_SHAPED else (0.0, 0.0)
 
     def extend(self, key: tuple[float, ...], fwd: float, bwd: float) -> tuple[float, ...]:
         t = fwd + bwd
-        if self.kind == "bottleneck":
+        if self.kind == BOTTLENECK:
             return (max(key[0], t),)
-        if self.kind == "gpipe":
+        if self.kind == GPIPE_SHAPED:
             return (max(key[0], fwd), max(key[1], bwd), key[2] + t)
         return (max(key[0], t), key[1] + t)
 
     def value(self, key: tuple[float, ...]) -> float:
-        if self.kind == "bottleneck":
+        if self.kind == BOTTLENECK:
             return key[0]
-        if self.kind == "gpipe":
+        if self.kind == GPIPE_SHAPED:
             return (self.microbatches - 1) * (key[0] + key[1]) + key[2]
         return (self.microbatches - 1) * key[0] + key[1]
 
@@ -104,7 +105,7 @@ class Objective:
         """The largest stage time a plan better than ``upper`` can have."""
         if math.isinf(upper):
             return math.inf
-        if self.kind == "bottleneck":
+        if self.kind == BOTTLENECK:
             return upper
         if self.microbatches == 1:
             return upper
@@ -237,11 +238,11 @@ def _extend(front: _Front, source: _Front, l_pos: int, times: tuple[float, float
     beat ``upper`` even if the ``rest`` of the layers cost nothing more than their compute."""
     for idx, key in enumerate(source.keys):
         new = objective.extend(key, *times)
-        if objective.kind == "bottleneck":
+        if objective.kind == BOTTLENECK:
             if new[0] >= upper:
                 continue
             front.insert((max(new[0], floor),), new, (l_pos, idx))
-        elif objective.kind != "gpipe":  # 1f1b and eager-1f1b
+        elif objective.kind != GPIPE_SHAPED:  # 1F1B-shaped
             value = m1 * max(new[0], floor) + new[1]
             if value + rest >= upper:
                 continue

@@ -16,13 +16,12 @@ from vpipe_lab.core.plan import AUTO, Estimate, Plan, Policy
 from vpipe_lab.core.planning import keep_all
 from vpipe_lab.core.planning.chunk_plans import fit_chunks
 from vpipe_lab.core.planning.memory_plans import StageProblem, exact
+from vpipe_lab.core.planning.methods import get
 from vpipe_lab.core.planning.migration import LayerMove, layer_moves
 from vpipe_lab.core.planning.partition import Objective, balanced, check_fits, pareto_dp, uniform
 from vpipe_lab.core.planning.vpipe_search import vpipe_search
 from vpipe_lab.core.profile import Cluster, ModelProfile
 
-METHODS = ("uniform", "balanced", "gpipe", "pipedream", "pipedream-flush", "vpipe", "optimal")
-KEEP_ALL = ("pipedream", "pipedream-flush")  # PipeDream's planner: min-bottleneck partition, every activation kept
 K = TypeVar("K")  # what a search among several is keyed by: a schedule's label, a micro-batch count
 
 
@@ -74,19 +73,19 @@ def _raise_infeasible(cm: CostModel, bounds: tuple[int, ...], policies: tuple[Po
         f"budget {cm.budget(stage):,} bytes).",
         stage=stage,
         missing_bytes=missing[stage],
-        suggestions=_suggestions(cm, stage) if method not in KEEP_ALL else (
+        suggestions=_suggestions(cm, stage) if get(method).swaps else (
             "method='vpipe' to swap or recompute activations, which PipeDream does not do",
             *_suggestions(cm, stage)[1:],
         ),
     )
 
 
-def _pipedream(cm: CostModel) -> tuple[tuple[int, ...], int]:
+def _pipedream(cm: CostModel, method: str) -> tuple[tuple[int, ...], int]:
     """PipeDream's partition (``core/planning/keep_all.py``), or the refusal measured on the compute-balanced split."""
     bounds, transitions = keep_all.partition(cm)
     if bounds is None:  # report against the best partition that ignores memory, which PipeDream would try to run
         _raise_infeasible(cm, balanced([f + b for f, b in zip(cm.fwd, cm.bwd)], cm.stages), (Policy.KEEP,) * cm.num_layers,
-                          cm.schedule if cm.kind.asynchronous else "pipedream-flush")
+                          method)
     assert bounds is not None
     return bounds, transitions
 
@@ -155,8 +154,8 @@ def search(
     so every rank's chunks fit its budget (``core/planning/chunk_plans.py``, greedy: not proven optimal); vPipe's partition
     refinement works on one chunk per stage and is not applied to chunks.
     """
-    if method == "pipedream":  # the paper's PipeDream: its own schedule, weight stashing (schedules/orders/stashing.py)
-        schedule, virtual_stages = "pipedream", 1
+    if (own := get(method).schedule) is not None:  # PipeDream: its own schedule, weight stashing
+        schedule, virtual_stages = own, 1
     if schedule == AUTO:
         return _search_schedules(profile, cluster, microbatches=microbatches, batch_size=batch_size, method=method,
                                  current=current, node_limit=node_limit, counts=counts)
@@ -183,8 +182,7 @@ def search(
 
 
 def _check_method(method: str) -> None:
-    if method not in METHODS:
-        raise PlanError(f"unknown planning method {method!r}: use one of {', '.join(METHODS)}")
+    get(method)  # PlanError naming the methods
 
 
 def _chunked(profile: ModelProfile, cluster: Cluster, m: int, schedule: str, virtual: int, method: str,
@@ -194,11 +192,11 @@ def _chunked(profile: ModelProfile, cluster: Cluster, m: int, schedule: str, vir
     cm = CostModel(profile, cluster, m, schedule, virtual)
     check_fits(cm.num_layers, cm.chunks)
     compute = [f + b for f, b in zip(cm.fwd, cm.bwd)]
-    bounds = uniform(cm.num_layers, cm.chunks) if method == "uniform" else balanced(compute, cm.chunks)
-    # GPipe's rules recompute everything; the all-keep methods keep everything; vPipe and optimal keep, swap and
-    # recompute per layer across a rank's chunks (core/planning/chunk_plans.py).
-    fixed = {"gpipe": Policy.RECOMPUTE, "uniform": Policy.KEEP, "balanced": Policy.KEEP, "pipedream-flush": Policy.KEEP}
-    policies = (fixed[method],) * cm.num_layers if method in fixed else fit_chunks(cm, bounds)
+    how = get(method)
+    bounds = uniform(cm.num_layers, cm.chunks) if how.partition == "uniform" else balanced(compute, cm.chunks)
+    # A method that fixes the policy (GPipe recomputes everything, the all-keep ones keep everything) applies it;
+    # vPipe and optimal keep, swap and recompute per layer across a rank's chunks (core/planning/chunk_plans.py).
+    policies = (how.policy,) * cm.num_layers if how.policy is not None else fit_chunks(cm, bounds)
     found = Plan(bounds, policies, m, schedule, virtual)
     est = cm.estimate(found)
     if est.feasible:
@@ -294,24 +292,21 @@ def _search(
     evaluations = 0
     proven = False
     lower = cm.lower_bound_s()
-    if method == "uniform":
-        bounds, policies = uniform(n, k), keep
-    elif method == "balanced":
-        bounds, policies = balanced([f + b for f, b in zip(cm.fwd, cm.bwd)], k), keep
-    elif method == "gpipe":
-        bounds, policies = uniform(n, k), (Policy.RECOMPUTE,) * n
-        est = cm.estimate(Plan(bounds, policies, microbatches, schedule))
-        if not est.feasible:
+    how = get(method)
+    if how.partition in ("uniform", "balanced"):
+        bounds = uniform(n, k) if how.partition == "uniform" else balanced([f + b for f, b in zip(cm.fwd, cm.bwd)], k)
+        policies = (how.policy or Policy.KEEP,) * n
+        if how.refuses_overflow and not cm.estimate(Plan(bounds, policies, microbatches, schedule)).feasible:
             _raise_infeasible(cm, bounds, policies, method)
-    elif method in KEEP_ALL:
-        bounds, evaluations = _pipedream(cm)
+    elif how.partition == "bottleneck":
+        bounds, evaluations = _pipedream(cm, method)
         policies = keep
     else:
         start = current.boundaries if current is not None else balanced([f + b for f, b in zip(cm.fwd, cm.bwd)], k)
         bounds, policies, oracle = vpipe_search(cm, start)
         evaluations = oracle.evaluations
         stuck = {s: ev.deficit for s in range(k) if (ev := oracle(s, bounds[s], bounds[s + 1])).deficit > 0}
-        if method == "optimal":
+        if how.exact:
             found, policies, proven, lower, evals = _optimal(cm, bounds, policies, feasible=not stuck,
                                                              node_limit=node_limit)
             evaluations += evals

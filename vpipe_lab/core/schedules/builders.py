@@ -3,9 +3,25 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from vpipe_lab.core import schedules
-from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.schedule import Schedule
+from vpipe_lab.core.schedules.plan_view import PlanView as Plan
+
+
+class Planned(Plan, Protocol):
+    """A plan as ``for_plan`` reads it: what the schedules read, and which schedule for how many stages and
+    micro-batches (``core.plan.Plan``; the schedules never import it)."""
+
+    @property
+    def schedule(self) -> str: ...
+
+    @property
+    def stages(self) -> int: ...
+
+    @property
+    def microbatches(self) -> int: ...
 
 
 def gpipe(stages: int, microbatches: int, plan: Plan | None = None) -> Schedule:
@@ -33,6 +49,6 @@ def zbv_schedule(stages: int, microbatches: int, plan: Plan | None = None) -> Sc
     return schedules.get("zbv").build(stages, microbatches, plan, 2)
 
 
-def for_plan(plan: Plan) -> Schedule:
+def for_plan(plan: Planned) -> Schedule:
     """The schedule a plan runs: its kind, stages and micro-batches, with its swaps and recomputes."""
-    return plan.kind.build(plan.stages, plan.microbatches, plan)
+    return schedules.get(plan.schedule).build(plan.stages, plan.microbatches, plan)

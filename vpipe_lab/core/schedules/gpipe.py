@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vpipe_lab.core.cost import pipeline_time
 from vpipe_lab.core.schedule import Op
-from vpipe_lab.core.schedules.kind import ScheduleKind, Step, TorchSchedule
+from vpipe_lab.core.schedules import pipeline_time
+from vpipe_lab.core.schedules.kind import GPIPE_SHAPED, ScheduleKind, Step, TorchSchedule
 from vpipe_lab.core.schedules.plan_view import PlanView as Plan
 
 
 class GPipe(ScheduleKind):
     name = "gpipe"
     summary = "every forward, then every backward (each stage holds all M micro-batches)"
-    flush = "gpipe"
+    flush = GPIPE_SHAPED
     torch = TorchSchedule("GPipe", "loop", lambda k, v, m: True, "the same order")
 
     def orders(self, stages: int, virtual: int, microbatches: int, plan: Plan | None = None) -> list[list[Step]]:

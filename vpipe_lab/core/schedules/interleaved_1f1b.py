@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vpipe_lab.core.cost import pipeline_time
 from vpipe_lab.core.schedule import Op
+from vpipe_lab.core.schedules import pipeline_time
 from vpipe_lab.core.schedules.kind import ScheduleKind, Step, TorchSchedule
 from vpipe_lab.core.schedules.orders import interleaved
 from vpipe_lab.core.schedules.plan_view import PlanView as Plan
@@ -13,6 +13,7 @@ from vpipe_lab.core.schedules.plan_view import PlanView as Plan
 
 class Interleaved1F1B(ScheduleKind):
     name = "interleaved-1f1b"
+    megatron = "interleaved"  # what --num-layers-per-virtual-pipeline-stage (or a layout's extra stages) runs
     summary = "V chunks per stage, looped: the bubble shrinks V-fold for more transfers"
     chunked = True
     torch = TorchSchedule("Interleaved1F1B", "loop", lambda k, v, m: m % k == 0,

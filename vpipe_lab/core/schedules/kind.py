@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from vpipe_lab.core.schedules.plan_view import PlanView as Plan
 
 Step = tuple[Op, int, int]  # (F | B | W, chunk, micro-batch): one compute step of a row's order
+# How stage times combine into an iteration in the partition search (``planning/partition.Objective``): GPipe's shape
+# (every forward, then every backward), 1F1B's (the slowest stage's step M - 1 times, plus one pass), or the slowest
+# stage alone (PipeDream's planner, which plans throughput).
+GPIPE_SHAPED, ONE_F_ONE_B_SHAPED, BOTTLENECK = "gpipe", "1f1b", "bottleneck"
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,8 @@ class ScheduleKind:
     virtual_choices: ClassVar[tuple[int, ...]] = ()  # the chunks per stage it runs (empty: any, when chunked)
     split_backward: ClassVar[bool] = False  # B (input gradient) and W (weights' gradients) as separate steps
     asynchronous: ClassVar[bool] = False  # weights update after every micro-batch: other training semantics
-    flush: ClassVar[str] = "1f1b"  # how stage times combine in the partition search: "gpipe" or "1f1b" shaped
+    flush: ClassVar[str] = ONE_F_ONE_B_SHAPED  # how stage times combine in the partition search (or GPIPE_SHAPED)
+    megatron: ClassVar[str] = ""  # Megatron-LM's name for this very order ("": Megatron-LM runs another one)
     torch: ClassVar[TorchSchedule | None] = None  # the torch class that runs it, if one can
     export_refusal: ClassVar[str] = ""  # why torch cannot run it at all ("" when it can, by class or CSV)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from vpipe_lab.core.cost import pipeline_time
 from vpipe_lab.core.schedule import one_f_one_b_order
+from vpipe_lab.core.schedules import pipeline_time
 from vpipe_lab.core.schedules.kind import ScheduleKind, Step, TorchSchedule
 from vpipe_lab.core.schedules.plan_view import PlanView as Plan
 
@@ -15,6 +15,7 @@ class OneFOneB(ScheduleKind):
     """K - s - 1 warm-up forwards on stage s, then one forward and one backward alternately, then the drain."""
 
     name = "1f1b"
+    megatron = "1f1b"  # Megatron-LM's default pipeline schedule, without virtual stages
     summary = "K-s-1 warm-up forwards, then alternate (stage s holds K-s micro-batches)"
     torch: ClassVar[TorchSchedule | None] = TorchSchedule(
         "1F1B", "loop", lambda k, v, m: m >= k, "the same order; torch's 1F1B refuses fewer micro-batches than stages")
@@ -41,6 +42,7 @@ class EagerOneFOneB(OneFOneB):
     critical path (for one more micro-batch of activations on those stages)."""
 
     name = "eager-1f1b"
+    megatron = ""
     summary = "1F1B with one more warm-up forward per stage: transfer latency off the critical path"
     torch = TorchSchedule("1F1B", "loop", lambda k, v, m: False,
                           "one more warm-up forward per stage than torch's 1F1B: the CSV runs it")

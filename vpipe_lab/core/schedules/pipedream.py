@@ -9,6 +9,7 @@ from vpipe_lab.core.schedules.orders import stashing as pipedream
 
 class PipeDream(OneFOneB):
     name = "pipedream"
+    megatron = ""
     summary = "1F1B with an update after every micro-batch and stashed weight versions (asynchronous)"
     asynchronous = True
     torch = None

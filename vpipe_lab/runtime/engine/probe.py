@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from vpipe_lab.runtime.engine import recompute, wgrad
+from vpipe_lab.runtime.engine import wgrad
+from vpipe_lab.runtime.memory import recompute
 from vpipe_lab.runtime.model.units import Layer, tensors_of
 
 Timer = Callable[[], float]

@@ -24,8 +24,8 @@ import torch
 
 from vpipe_lab.core.profile import LayerCost
 from vpipe_lab.runtime.engine import wgrad
-from vpipe_lab.runtime.engine.memory import tensor_bytes
 from vpipe_lab.runtime.engine.stage import Stage
+from vpipe_lab.runtime.memory.ledger import tensor_bytes
 from vpipe_lab.wire.events import LayerMeasure
 
 

@@ -26,12 +26,13 @@ from typing import Any
 import torch
 
 from vpipe_lab.core.plan import Policy
-from vpipe_lab.runtime.engine import probe, recompute, wgrad
-from vpipe_lab.runtime.engine.memory import Ledger, optimizer_bytes, tensor_bytes
+from vpipe_lab.runtime.engine import probe, wgrad
 from vpipe_lab.runtime.engine.optim import OptimizerFactory, SchedulerFactory, StageOptimizer
 from vpipe_lab.runtime.engine.stage_state import UnitState
-from vpipe_lab.runtime.engine.stash import WeightStash
-from vpipe_lab.runtime.engine.swap import SwapEngine
+from vpipe_lab.runtime.memory import recompute
+from vpipe_lab.runtime.memory.ledger import Ledger, optimizer_bytes, tensor_bytes
+from vpipe_lab.runtime.memory.stash import WeightStash
+from vpipe_lab.runtime.memory.swap import SwapEngine
 from vpipe_lab.runtime.model import experts
 from vpipe_lab.runtime.model.capture import GraphUnit, UnitTensors
 from vpipe_lab.runtime.model.units import Layer, LayerStats, get_tensor, layer_seed, set_tensor, tensors_of

@@ -53,7 +53,7 @@ def to_device(value: Any, device: torch.device) -> Any:
 
 
 class Buffer(Protocol):
-    """Where batches read from an iterable are kept for a restart to replay (``runtime/snapshots.BatchBuffer``)."""
+    """Where batches read from an iterable are kept for a restart to replay (``runtime/disk/snapshots.BatchBuffer``)."""
 
     def get(self, iteration: int) -> Any | None: ...
 

@@ -1,6 +1,6 @@
 import torch
 
-from vpipe_lab.runtime.engine.recompute import detach, forward_without_saving, leafify, rematerialise
+from vpipe_lab.runtime.memory.recompute import detach, forward_without_saving, leafify, rematerialise
 
 
 def test_rematerialise_replays_dropout_and_gives_the_same_gradients() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from vpipe_lab.runtime.torch_engine import SavedBytes
+from vpipe_lab.runtime.torch_pp.engine import SavedBytes
 
 
 def test_saved_bytes_rise_with_forwards_and_fall_with_backwards() -> None:

@@ -4,7 +4,7 @@ plan's export bundle, with the lab around it.
 The rank speaks the lab's protocol (``WorkerCommands``: run, pause, stop, apply, save, state, profile) so the
 Session, the dashboard and the editor work unchanged; what differs is the engine underneath. Every rank builds the
 whole model (torch's ``pipeline()`` traces it whole), writes the plan's bundle into a directory of its own and takes
-its stages from ``runtime/torch_pipeline.py``; an iteration is torch's ``schedule.step``, timed action by action
+its stages from ``runtime/torch_pp/pipeline.py``; an iteration is torch's ``schedule.step``, timed action by action
 (``TorchPipeline.record``) and with the activations its autograd saves counted. A plan change is a reshard, not a
 live migration: every rank saves its state as a DCP checkpoint (the one ``session.save`` writes, into the job's
 checkpoint when the apply asks for one), builds the new plan's stages from a fresh model and loads its own units'
@@ -39,8 +39,8 @@ from vpipe_lab.runtime.model.batches import Source, batch_size, rebuild, split
 from vpipe_lab.runtime.model.callables import load_callables
 from vpipe_lab.runtime.model.capture import build_model, capture
 from vpipe_lab.runtime.progress import Control
-from vpipe_lab.runtime.torch_engine_state import TorchState
-from vpipe_lab.runtime.torch_pipeline import TorchPipeline, torch_pipeline
+from vpipe_lab.runtime.torch_pp.engine_state import TorchState
+from vpipe_lab.runtime.torch_pp.pipeline import TorchPipeline, torch_pipeline
 from vpipe_lab.runtime.worker_commands import WorkerCommands
 from vpipe_lab.wire import commands as C
 from vpipe_lab.wire import events as E

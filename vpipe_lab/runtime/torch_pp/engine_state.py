@@ -1,6 +1,6 @@
 """The torch engine's answers about its state: checkpoints (DCP, as the lab's engine writes them), the reshard a plan
 change is, the model's tensors, and a profile apportioned from each stage's measured times (mixed into
-``runtime/torch_engine.TorchWorker``, whose docstring says why a plan change is a reshard here)."""
+``runtime/torch_pp/engine.TorchWorker``, whose docstring says why a plan change is a reshard here)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import torch.distributed.checkpoint as dcp
 
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import LayerCost
-from vpipe_lab.runtime import dcp_state
-from vpipe_lab.runtime.checkpoints import check_files, write_version
+from vpipe_lab.runtime.disk import dcp_state
+from vpipe_lab.runtime.disk.checkpoints import check_files, write_version
 from vpipe_lab.runtime.model.callables import agreed_plan, job_dir
 from vpipe_lab.wire import commands as C
 from vpipe_lab.wire import events as E
@@ -59,7 +59,7 @@ class TorchState:
     # --- checkpoints ----------------------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """This rank's part of the job as a DCP state dict: its tensors under the model's own ``state_dict()`` names,
-        its optimizer flattened by parameter name, the step (``runtime/dcp_state.py``'s layout)."""
+        its optimizer flattened by parameter name, the step (``runtime/disk/dcp_state.py``'s layout)."""
         optimizer = dcp_state.flatten_optimizer(self.named, self.optimizer) if self.optimizer is not None else {}
         return {**self.pp.state_dict(), dcp_state.OPTIMIZER: optimizer,
                 dcp_state.TRAIN: {"step": torch.tensor(self.ctl.iteration, dtype=torch.int64)}}
@@ -102,10 +102,6 @@ class TorchState:
         self.scheduler.last_epoch = self.ctl.iteration
         self.scheduler._step_count = self.ctl.iteration + 1
         self.scheduler._last_lr = list(lrs)
-
-    def _save(self, cmd: C.Save) -> None:
-        problem = self.save(Path(cmd.path), cmd.name, cmd.keep)
-        self.ack(cmd, path=cmd.path, ok=problem is None, error=problem)
 
     # --- a plan change: a reshard -------------------------------------------------------------------------------
     def _apply_plan(self, cmd: C.Apply) -> None:

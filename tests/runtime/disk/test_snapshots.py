@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from vpipe_lab.runtime.disk.snapshots import LONGEST, BatchBuffer, Snapshots, copy
 from vpipe_lab.runtime.model.batches import Source
-from vpipe_lab.runtime.snapshots import LONGEST, BatchBuffer, Snapshots, copy
 from vpipe_lab.wire import snapshot
 from vpipe_lab.wire.snapshot import SnapshotMeta
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from vpipe_lab.runtime.engine.memory import Ledger, tensor_bytes
+from vpipe_lab.runtime.memory.ledger import Ledger, tensor_bytes
 
 
 class Handle:

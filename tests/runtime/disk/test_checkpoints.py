@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vpipe_lab.runtime.checkpoints import Checkpoints
+from vpipe_lab.runtime.disk.checkpoints import Checkpoints
 from vpipe_lab.runtime.engine.stage import Stage
 from vpipe_lab.wire.checkpoint import Manifest
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from vpipe_lab.runtime.engine.memory import tensor_bytes
+from vpipe_lab.runtime.memory.ledger import tensor_bytes
 
 Params = Sequence[tuple[str, torch.nn.Parameter]]
 

@@ -62,7 +62,7 @@ def launch(model: Any, data: Any = None, *, loss: Any = None, optimizer: Any = N
     averaged per stage (``runtime/training/replicas.py``); ``virtual_stages`` V gives each stage V chunks under
     interleaved-1f1b (looped) or zbv (a V: stage s holds chunks s and 2 stages - 1 - s, stage 0 computes the loss);
     ``engine="torch"`` trains on torch.distributed.pipelining's runtime with the lab around it
-    (``runtime/torch_engine.py``); ``max_restarts=N`` replaces a worker that dies, raises or hangs and replays from
+    (``runtime/torch_pp/engine.py``); ``max_restarts=N`` replaces a worker that dies, raises or hangs and replays from
     the newest snapshot (``control/workers/restarts.py``); ``auto_replan`` turns on vPipe's online replanning.
     """
     from vpipe_lab.telemetry import sinks

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-from vpipe_lab.runtime import dcp_state
+from vpipe_lab.runtime.disk import dcp_state
 
 
 def trained() -> tuple[torch.nn.Module, torch.optim.Optimizer]:

@@ -2,7 +2,7 @@
 version, the leader completes it; a restore reads each stage's units by name from any such checkpoint.
 
 The on-disk format (DCP files, checksums per stage, a manifest, an atomic ``latest`` switch) is
-``wire/checkpoint.py``'s and the keys are ``runtime/dcp_state.py``'s; this module is the workers' side of it. Replicas
+``wire/checkpoint.py``'s and the keys are ``runtime/disk/dcp_state.py``'s; this module is the workers' side of it. Replicas
 hold the same state, so only the first replica contributes tensors (every rank takes part in DCP's agreement and in
 ours on whether the save succeeded). A restore reads DCP checkpoints the lab wrote under any partition, stage count
 or schedule, DCP checkpoints torch or torchtitan wrote of the same model, and the per-layer files of earlier releases.
@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from vpipe_lab.runtime import dcp_state
+from vpipe_lab.runtime.disk import dcp_state
 from vpipe_lab.runtime.engine import faults
 from vpipe_lab.runtime.engine.comm import Peer
 from vpipe_lab.runtime.engine.stage import Stage

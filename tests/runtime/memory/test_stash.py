@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from vpipe_lab.runtime.engine.stash import WeightStash
+from vpipe_lab.runtime.memory.stash import WeightStash
 
 
 def test_a_backward_uses_the_weights_its_forward_used_while_updates_go_on() -> None:

@@ -1,6 +1,6 @@
 import torch
 
-from vpipe_lab.runtime.engine.memory import Ledger, module_grad_bytes, module_param_bytes, optimizer_bytes, tensor_bytes
+from vpipe_lab.runtime.memory.ledger import Ledger, module_grad_bytes, module_param_bytes, optimizer_bytes, tensor_bytes
 
 
 def test_ledger_moves_bytes_between_device_and_host() -> None:

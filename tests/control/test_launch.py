@@ -1,6 +1,6 @@
 import pytest
 
-from vpipe_lab.control.workers.launch import _free_port, job_settings, launch
+from vpipe_lab.control.launch import _free_port, job_settings, launch
 
 
 def test_a_plan_gives_the_job_its_stages_micro_batches_schedule_and_chunks_unless_they_are_given() -> None:

@@ -1,7 +1,7 @@
 import torch
 
-from vpipe_lab.runtime.engine.memory import Ledger
-from vpipe_lab.runtime.engine.swap import SwapEngine
+from vpipe_lab.runtime.memory.ledger import Ledger
+from vpipe_lab.runtime.memory.swap import SwapEngine
 
 
 def layer() -> torch.nn.Module:

@@ -3,7 +3,7 @@ that eager 1F1B's extra micro-batch in flight hides."""
 
 from __future__ import annotations
 
-from vpipe_lab.core.cost.pipeline_time import gpipe_time, one_f_one_b_time
+from vpipe_lab.core.schedules.pipeline_time import gpipe_time, one_f_one_b_time
 
 
 def test_iteration_time_gpipe_uses_separate_maxima() -> None:
