@@ -78,7 +78,7 @@ def main() -> None:
     samples: list[tuple[int, int, list[int]]] = []  # (iteration, controller RSS, worker RSS by rank)
     with vpipe_lab.launch(args.model, stages=args.stages, microbatches=args.microbatches, device="cpu",
                           timeout=120) as s:
-        workers = [psutil.Process(pid) for _, pid in sorted(s.pids().items())]
+        workers = [psutil.Process(pid) for _, pid in sorted(s.processes.pids().items())]
         logs = [os.readlink(f"/proc/{w.pid}/fd/2") for w in workers]  # each worker's stderr is its log file
         s.run(None)
         start = time.monotonic()

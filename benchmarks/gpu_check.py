@@ -168,8 +168,8 @@ def main() -> int:
     # 1. NCCL, CUDA memory counters, parity with plain training on the GPU.
     t0 = time.perf_counter()
     with session("k" * n, 3) as s:
-        checks["backend"] = s.started(0).get("backend")
-        checks["device"] = s.started(0).get("device")
+        checks["backend"] = s.processes.started(0).get("backend")
+        checks["device"] = s.processes.started(0).get("device")
         mem = s.metrics.memory
         checks["cuda_counters"] = bool("cuda_peak" in mem and (mem["cuda_peak"] > 0).all())
         state = s.state_dict()

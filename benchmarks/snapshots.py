@@ -58,12 +58,12 @@ def measure(job: dict[str, Any], blocks: int, iterations: int) -> dict[str, Any]
         snapped.run(None)
         snapped.wait(snapped.iteration + 3, timeout=120)
         killed_at = snapped.iteration
-        os.kill(snapped.pids()[1], signal.SIGKILL)
+        os.kill(snapped.processes.pids()[1], signal.SIGKILL)
         deadline = time.monotonic() + 120
-        while not snapped.restarts and time.monotonic() < deadline:
+        while not snapped.processes.restarts and time.monotonic() < deadline:
             time.sleep(0.05)
         snapped.wait(killed_at + 3, timeout=120)  # the lost iterations replayed, and training went on
-        restart = snapped.restarts[0]
+        restart = snapped.processes.restarts[0]
         ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
         return {"plain_ms": ms["plain"], "snap_ms": ms["snapshots"], "ratio": ms["snapshots"] / ms["plain"],
                 "behind": statistics.mean(behind), "restart_s": restart["seconds"], "replayed": restart["replayed"],

@@ -37,7 +37,7 @@ def one(model: str, schedule: str, iterations: int) -> dict[str, float]:
         s.set_partition(tuple(bounds))
         s.run(iterations)
         s.wait(timeout=600)
-        rows = s.history_rows()
+        rows = s.record.rows()
     first, changed = rows[0], rows[-1]
     return {"start_measured_s": first["median_s"], "start_predicted_s": start,
             "changed_measured_s": changed["median_s"], "changed_predicted_s": changed["predicted_s"],

@@ -73,7 +73,7 @@ def one(lab: Any, schedule: str, iterations: int, settle: float, after: int, run
         kc = kernel_client(lab, name)  # measured with the page still open, as it was before the drag
         try:
             text = ask(kc, f"import json\n_ = session.wait(session.iteration + {after}, timeout=300)\n"
-                           "row = session.history_rows()[-1]\n"
+                           "row = session.record.rows()[-1]\n"
                            "print(json.dumps({k: row[k] for k in ('source', 'plan', 'median_s', 'predicted_s')}))\n"
                            "session.stop()")
         finally:

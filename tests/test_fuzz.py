@@ -3,6 +3,7 @@ raise only their documented errors (never a crash, never another exception)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import shlex
 
@@ -164,6 +165,7 @@ def test_any_edit_of_a_pipeline_json_reads_back_or_is_refused_in_one_line(edits:
 
     doc: object = _bundle_doc()
     for path, value in edits:
+        value = copy.deepcopy(value)  # sampled_from hands out the same [] or {} twice: one put inside the other loops
         if not path:
             doc = value
             continue

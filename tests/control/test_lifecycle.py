@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vpipe_lab.control.lifecycle import Lifecycle
+from vpipe_lab.control.lifecycle import Lifecycle, Processes
+from vpipe_lab.control.state import JobState
 from vpipe_lab.telemetry.metrics import Metrics
 
 
@@ -12,11 +13,13 @@ class Attached(Lifecycle):
     def __init__(self) -> None:
         self._launcher = self._job_dir = None
         self.metrics = Metrics()
+        self.processes = Processes(None, self.metrics, JobState())
 
 
 def test_an_attached_session_has_no_processes_and_no_restarts_of_its_own() -> None:
     s = Attached()
-    assert s.pids() == {} and s.remaining() == [] and s.exit_codes() == {} and s.restarts == []
+    p = s.processes
+    assert p.pids() == {} and p.remaining() == [] and p.exit_codes() == {} and p.restarts == [] and p.started(0) == {}
     with pytest.raises(RuntimeError, match="torchrun's own --max-restarts"):
         s.restart_on_failure(1, 10.0)
     assert list(s.metrics.restarts.columns) == ["number", "time", "stage", "cause", "snapshot", "replayed", "seconds",

@@ -20,7 +20,7 @@ from vpipe_lab.telemetry.metrics import Metrics
 class Recorded(Record):
     def __init__(self, stages: int) -> None:
         self.state, self.stages, self.asked = JobState(), stages, []  # type: list[Change]
-        self._history = History(self.state, Metrics(), threading.Condition())
+        super().__init__(History(self.state, Metrics(), threading.Condition()), self.change, lambda: self.stages)
 
     def change(self, change: Change, **kw: Any) -> Applied:
         self.asked.append(change)

@@ -274,7 +274,7 @@ session.wait({switched_at} + 3, timeout=180)
 owned = session.layers_by_stage()
 frame = session.metrics.iterations
 print(json.dumps({{"bounds": list(session.plan.boundaries), "owned": owned, "schedule": session.plan.schedule,
-                   "sources": [a.source for a in session.applied], "record": session.history_rows()[1],
+                   "sources": [a.source for a in session.applied], "record": session.record.rows()[1],
                    "before": sorted(set(frame[frame.iteration < {applied_at}].plan_version)),
                    "moved": sorted(set(frame[(frame.iteration >= {applied_at}) &
                                              (frame.iteration < {switched_at})].plan_version)),

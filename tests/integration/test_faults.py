@@ -79,7 +79,7 @@ import sys, time, vpipe_lab
 s = vpipe_lab.launch("mlp", stages=2, microbatches=2, device="cpu", timeout=30)
 s.run(2); s.wait(timeout=60)
 s.save(sys.argv[1])
-print(" ".join(str(pid) for pid in s.pids().values()), flush=True)
+print(" ".join(str(pid) for pid in s.processes.pids().values()), flush=True)
 s.run(1); s.wait(timeout=60)
 s.save(sys.argv[1])  # rank 0 is slowed down inside this save; the test kills this process meanwhile
 """

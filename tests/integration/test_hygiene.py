@@ -28,7 +28,7 @@ def gone(pids: list[int], timeout: float = 10.0) -> bool:
 
 def test_stop_leaves_no_process() -> None:
     s = vpipe_lab.launch("mlp", stages=2, microbatches=2, device="cpu", timeout=30)
-    pids = list(s.pids().values())
+    pids = list(s.processes.pids().values())
     job_dir = s._job_dir
     assert job_dir is not None and (job_dir / "job.json").exists()
     s.run()
@@ -54,16 +54,16 @@ def test_stop_returns_only_when_every_worker_is_gone_under_load() -> None:
             s = vpipe_lab.launch(mlp.model, loader, stages=2, microbatches=2, device="cpu", timeout=60)
             s.run()
             s.wait(2, timeout=120)
-            started = [c.pid for p in s.pids().values() for c in psutil.Process(p).children(recursive=True)]
-            pids = list(s.pids().values()) + started
+            started = [c.pid for p in s.processes.pids().values() for c in psutil.Process(p).children(recursive=True)]
+            pids = list(s.processes.pids().values()) + started
             assert len(started) >= 2  # rank 0's DataLoader workers
             s.stop()
-            assert s.remaining() == [] and not [p for p in pids if psutil.pid_exists(p)]
+            assert s.processes.remaining() == [] and not [p for p in pids if psutil.pid_exists(p)]
 
 
 def test_a_killed_worker_is_reported_and_the_others_stopped() -> None:
     s = vpipe_lab.launch("mlp", stages=2, microbatches=2, device="cpu", timeout=30)
-    pids = list(s.pids().values())
+    pids = list(s.processes.pids().values())
     try:
         s.run()
         s.wait(2, timeout=60)
@@ -84,7 +84,7 @@ SCRIPT = """
 import sys, time, vpipe_lab
 s = vpipe_lab.launch("mlp", stages=2, microbatches=2, device="cpu", timeout=30)
 s.run()
-print(" ".join(str(pid) for pid in s.pids().values()), flush=True)
+print(" ".join(str(pid) for pid in s.processes.pids().values()), flush=True)
 time.sleep(300)
 """
 

@@ -48,7 +48,7 @@ def test_interrupt_pauses_training_instead_of_killing_it() -> None:
                 break
         assert "KeyboardInterrupt" in seen and any("training paused" in s for s in seen)
         check = ("it = session.iteration; import time; time.sleep(1.5)\n"
-                 "print(session.iteration == it, all(code is None for code in session.exit_codes().values()))")
+                 "print(session.iteration == it, all(code is None for code in session.processes.exit_codes().values()))")
         assert run(kc, check).split() == ["True", "True"]  # paused, and every worker still alive
         assert "resumed" in run(kc, "%vpipe resume\nsession.wait(session.iteration + 2, timeout=60)")
         assert "no worker process is left" in run(kc, "%vpipe stop")

@@ -54,18 +54,18 @@ def assert_equal(got: tuple[dict[str, torch.Tensor], list[float]],
 
 def kill(rank: int) -> Any:
     def fault(session: vpipe_lab.Session) -> None:
-        os.kill(session.pids()[rank], signal.SIGKILL)
+        os.kill(session.processes.pids()[rank], signal.SIGKILL)
     return fault
 
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_killed_stage_is_replaced_and_training_ends_equal(rank: int, undisturbed: Any) -> None:
     with launch(max_restarts=2, snapshot_every=10) as s:
-        first = s.pids()
+        first = s.processes.pids()
         got = train(s, fault=kill(rank))
         restarts = s.metrics.restarts
         assert s.status == "idle" and s.failure is None
-        assert set(s.pids().values()).isdisjoint(first.values())  # every worker is a replacement
+        assert set(s.processes.pids().values()).isdisjoint(first.values())  # every worker is a replacement
     assert_equal(got, undisturbed)
     assert len(restarts) == 1
     row = restarts.iloc[0]
@@ -82,7 +82,7 @@ def test_a_hung_stage_is_replaced(undisturbed: Any) -> None:
         stopped: list[int] = []
 
         def hang(session: vpipe_lab.Session) -> None:
-            stopped.append(session.pids()[1])
+            stopped.append(session.processes.pids()[1])
             os.kill(stopped[0], signal.SIGSTOP)
 
         got = train(s, fault=hang)
@@ -96,13 +96,13 @@ def test_after_max_restarts_a_failure_ends_the_job() -> None:
     with launch(max_restarts=1, snapshot_every=10) as s:
         s.run(10**6)
         s.wait(20, timeout=60)
-        os.kill(s.pids()[1], signal.SIGKILL)
+        os.kill(s.processes.pids()[1], signal.SIGKILL)
         deadline = time.monotonic() + 60
-        while not s.restarts and time.monotonic() < deadline:
+        while not s.processes.restarts and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(s.restarts) == 1
+        assert len(s.processes.restarts) == 1
         s.wait(s.iteration + 5, timeout=60)  # training goes on after the restart
-        os.kill(s.pids()[0], signal.SIGKILL)
+        os.kill(s.processes.pids()[0], signal.SIGKILL)
         with pytest.raises(WorkerError) as err:
             s.wait(10**6, timeout=60)
         assert err.value.stage == 0 and "signal 9" in str(err.value)
@@ -130,7 +130,7 @@ def test_batches_of_an_iterable_are_replayed_from_the_buffer() -> None:
     with launch(data=Stream(10**6), max_restarts=1, snapshot_every=10) as s:
         s.run(ITERATIONS)
         s.wait(25, timeout=60)
-        os.kill(s.pids()[0], signal.SIGKILL)
+        os.kill(s.processes.pids()[0], signal.SIGKILL)
         s.wait(timeout=120)
         row = s.metrics.restarts.iloc[0]
         losses = list(s.metrics.iterations["loss"])
@@ -165,19 +165,19 @@ def test_a_stage_that_cannot_come_back_is_planned_away(monkeypatch: pytest.Monke
 
         def lose_stage_1(session: vpipe_lab.Session) -> None:
             monkeypatch.setenv("VPIPE_LAB_FAULT", "start:1:exit@1")  # a worker started from now on on device 1 dies
-            os.kill(session.pids()[1], signal.SIGKILL)
+            os.kill(session.processes.pids()[1], signal.SIGKILL)
 
         state, losses = train(s, fault=lose_stage_1)
         monkeypatch.delenv("VPIPE_LAB_FAULT")
         row = s.metrics.restarts.iloc[0]
-        assert s.stages == 2 and s.plan.stages == 2 and len(s.pids()) == 2 and s.status == "idle"
+        assert s.stages == 2 and s.plan.stages == 2 and len(s.processes.pids()) == 2 and s.status == "idle"
         assert s.spec.devices == [0, 2]  # on a GPU machine the new rank 1 takes the third GPU, not the lost one
         assert sorted(i for layers in s.layers_by_stage() for i in layers) == list(range(10))
         s.set_partition((0, 4, 10))  # the session is a two-stage session now: live changes work on it
         s.run(2)
         s.wait(timeout=60)
         assert s.layers_by_stage() == [[0, 1, 2, 3], list(range(4, 10))]
-    assert len(losses) == ITERATIONS and row["stages"] == 2 and len(s.restarts) == 1
+    assert len(losses) == ITERATIONS and row["stages"] == 2 and len(s.processes.restarts) == 1
     assert "stage 1 could not come back: its replacement died as it started (exit code 17)" in row["note"]
     assert "1f1b on 2 stages, balanced by the measured layer times" in row["note"]
     assert losses == pytest.approx(expected[1], abs=1e-6)
@@ -192,7 +192,7 @@ def test_a_single_stage_that_cannot_come_back_ends_the_job_saying_why(monkeypatc
         s.run(10**6)
         s.wait(10, timeout=60)
         monkeypatch.setenv("VPIPE_LAB_FAULT", "start:0:exit@1")  # device 0 is gone
-        os.kill(s.pids()[0], signal.SIGKILL)
+        os.kill(s.processes.pids()[0], signal.SIGKILL)
         with pytest.raises(WorkerError) as err:
             s.wait(10**6, timeout=120)
         monkeypatch.delenv("VPIPE_LAB_FAULT")

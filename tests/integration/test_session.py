@@ -54,7 +54,7 @@ def test_background_training_pause_resume_events_profile() -> None:
         mem = s.metrics.memory
         assert set(mem["stage"]) == {0, 1} and (mem["params"] > 0).all() and (mem["activations"] > 0).all()
         if len(os.sched_getaffinity(0)) >= 2:  # each CPU stage keeps to its own core (runtime/device.pin_cores)
-            masks = [_cores(pid) for pid in s.pids().values()]
+            masks = [_cores(pid) for pid in s.processes.pids().values()]
             assert all(len(m) == 1 for m in masks) and masks[0] != masks[1]
         profile = s.profile()
         assert isinstance(profile, ModelProfile) and len(profile) == 8

@@ -59,20 +59,20 @@ def test_faults_and_changes_change_nothing_but_time() -> None:
                 except Exception as exc:  # a change under way when a worker died: the session says so; go on
                     refused += 1
                     print(f"change refused: {exc}")
-            if now >= next_kill and len(s.restarts) < kills:
+            if now >= next_kill and len(s.processes.restarts) < kills:
                 next_kill = now + KILL_EVERY_S
-                os.kill(s.pids()[rng.randrange(2)], signal.SIGKILL)
+                os.kill(s.processes.pids()[rng.randrange(2)], signal.SIGKILL)
                 killed += 1
             if now >= next_sample:
                 next_sample = now + 10
-                workers = sum(psutil.Process(p).memory_info().rss for p in s.pids().values() if psutil.pid_exists(p))
+                workers = sum(psutil.Process(p).memory_info().rss for p in s.processes.pids().values() if psutil.pid_exists(p))
                 samples.append((s.iteration, me.memory_info().rss, workers))
         at = s.pause()
-        assert s.failure is None and len(s.restarts) == killed > 0
+        assert s.failure is None and len(s.processes.restarts) == killed > 0
         frame = s.metrics.iterations
         assert list(frame["iteration"]) == list(range(at))  # every iteration recorded once
         got, losses = s.state_dict(), list(frame["loss"])
-        assert all(r["loss_diff"] in (None, 0.0) for r in s.restarts)
+        assert all(r["loss_diff"] in (None, 0.0) for r in s.processes.restarts)
         assert f"restarts: {killed} (last: stage" in board.header()["text"]
         board.close()
     assert worker_processes() == []

@@ -25,7 +25,8 @@ class Recorded(Record):
 
     def __init__(self) -> None:
         self.state, self.metrics, self.stages, self.callbacks = JobState(), Metrics(), 2, []  # type: ignore[var-annotated]
-        self._history = History(self.state, self.metrics, threading.Condition())
+        super().__init__(History(self.state, self.metrics, threading.Condition()), self.change, lambda: self.stages)
+        self.record = self  # the session's record is this Record (the Session answers history, revert, compare too)
         self.state.plan = Plan.from_counts([2, 2], 2)
         self.state.first = Applied(self.state.plan, 0, 0, source="launch")
 

@@ -223,11 +223,7 @@ class _SlowSession:
         self.asked.append(timeout)
         raise TimeoutError("not every stage answered 'profile' within 2 s")
 
-    def calibration(self, simulated_s: float) -> None:
-        return None
-
-    def history_rows(self) -> list[dict[str, object]]:
-        return []
+    record = types.SimpleNamespace(calibration=lambda simulated_s: None, rows=lambda: [])
 
 
 def test_a_draft_is_previewed_with_the_profile_in_hand_when_no_fresh_one_comes_in_time() -> None:

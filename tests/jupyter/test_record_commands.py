@@ -34,7 +34,7 @@ def test_history_revert_and_compare_on_a_session(capsys: pytest.CaptureFixture[s
         ip.run_line_magic("vpipe", "wait 12 --timeout 120")
         profile = pipe.profile()  # from now on each change is recorded with the cost model's prediction
         # calibrated by the running plan: its median over iterations 2..11 against its own simulation
-        found = pipe.calibration(simulate(pipe.plan, profile, pipe.cluster()).iteration_s)
+        found = pipe.record.calibration(simulate(pipe.plan, profile, pipe.cluster()).iteration_s)
         assert found is not None and found.samples == 10
         assert found.measured_s == pytest.approx(statistics.median(r["time_s"] for r in pipe.metrics.records()[2:]))
         expected = found.apply(simulate(pipe.plan.with_boundaries((0, 3, 10)), profile, pipe.cluster()).iteration_s)
@@ -78,7 +78,7 @@ def test_history_revert_and_compare_on_a_session(capsys: pytest.CaptureFixture[s
         for entry in (0, 1):  # each entry's split, entry 0's kept since iteration 12 rolled it out of the window
             shares = both[[f"{p}_share_{entry}" for p in ("compute", "recompute", "swap", "transfer", "bubble")]]
             assert ((shares.sum(axis=1) - 1).abs() < 0.05).all()
-        assert pipe.entry_split(0)[1] is not None and {s.iteration for s in pipe.entry_split(0)[1]} == {11}
+        assert pipe.record.entry_split(0)[1] is not None and {s.iteration for s in pipe.record.entry_split(0)[1]} == {11}
         view = ip.run_line_magic("vpipe", "compare 0 1")
         assert view.view.header["text"].startswith("entry 0 (launch)")
         with pytest.raises(UsageError, match="no entry 7"):

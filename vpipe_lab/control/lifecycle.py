@@ -1,35 +1,30 @@
-"""The Session's worker processes as the user sees them: their ids, what is left of them, their exit codes, and the
-restarts that replaced them (mixed into ``control/session.py``'s ``Session``, whose collaborators it wires)."""
+"""The Session's worker processes: as the user sees them (``session.processes``: their ids, what is left of them,
+their exit codes, the restarts that replaced them) and the restart wiring between the Session's collaborators."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from vpipe_lab.control.errors import WorkerError
+from vpipe_lab.control.state import JobState
+from vpipe_lab.control.workers.processes import Launcher
 from vpipe_lab.control.workers.restarts import Restart, Restarter
 from vpipe_lab.core.cost.breakdown import breakdown
 from vpipe_lab.core.planning.fewer import spread
+from vpipe_lab.telemetry.metrics import Metrics
+from vpipe_lab.wire import protocol as P
 
 
-class Lifecycle:
-    """The Session's processes and restarts. A mixin, because a restart is wired between the Session's own
-    collaborators (failure monitor, intake, requests, launcher), which only the Session holds."""
+class Processes:
+    """A session's worker processes (``session.processes``): ids, exit codes, what is left of them, and restarts."""
 
-    spec: Any
-    state: Any
-    metrics: Any
-    logger: Any
-    _launcher: Any
-    _job_dir: Any
-    _monitor: Any
-    _intake: Any
-    _requests: Any
-    _events: Any
-    _cond: Any
-    _profiles: Any
-    plan: Any
-    stages: int
-    workers: int
-    replicas: int
+    def __init__(self, launcher: Launcher | None, metrics: Metrics, state: JobState) -> None:
+        self._launcher, self._metrics, self._state = launcher, metrics, state
+
+    def started(self, rank: int) -> dict[str, Any]:
+        """What ``rank`` reported when it started: its stage, device, backend, measured bandwidths, plan."""
+        return ready.to_dict() if (ready := self._state.ready.get(rank)) is not None else {}
 
     def pids(self) -> dict[int, int]:
         """Each worker process's id by rank (a launched session's; after a restart, the replacements')."""
@@ -46,7 +41,50 @@ class Lifecycle:
     @property
     def restarts(self) -> list[dict[str, Any]]:
         """Each restart so far (``launch(max_restarts=N)``), oldest first; ``metrics.restarts`` as a DataFrame."""
-        return self.metrics.restart_records()
+        return self._metrics.restart_records()
+
+
+class Lifecycle:
+    """The Session's wiring to its processes: the messages in, the wait while they start, and restarts. A mixin,
+    because these are wired between the Session's own collaborators (failure monitor, intake, requests, launcher),
+    which only the Session holds."""
+
+    spec: Any
+    state: Any
+    metrics: Any
+    logger: Any
+    stop: Callable[..., None]  # the Session's
+    _launcher: Any
+    _job_dir: Any
+    _monitor: Any
+    _intake: Any
+    _requests: Any
+    _events: Any
+    _cond: Any
+    _profiles: Any
+    plan: Any
+    stages: int
+    workers: int
+    replicas: int
+
+    # --- wiring (launch, attach) ------------------------------------------------------------------------------------
+    def receive(self, msg: P.Message) -> None:
+        """Take one message from a worker (the channel's handler; it runs on the channel's thread)."""
+        self._intake.receive(msg)
+
+    def starting(self, done: Callable[[], bool], timeout: float, late: Callable[[], tuple[int, str]]) -> None:
+        """Wait for ``done()`` while workers start (``launch``); on a failure, or a timeout (``late()`` says which
+        rank missed what), stop the workers and raise."""
+        try:
+            self._requests.until(done, timeout, "the workers did not start")
+        except TimeoutError:
+            rank, what = late()
+            self._monitor.fail(WorkerError(rank % self.stages, f"{what} within {timeout:.0f} s"))
+        except WorkerError:
+            pass
+        if (err := self._monitor.fatal) is not None:
+            self.stop(timeout=2.0)  # nothing trains yet
+            raise err
 
     def restart_on_failure(self, limit: int, start_timeout: float) -> None:
         """From now on a failed worker is replaced and training goes back to the newest snapshot, ``limit`` times

@@ -1,8 +1,10 @@
-"""The Session's record of plans as the user sees it: ``history``, ``revert(N)`` and ``compare(A, B)`` (mixed into
-``control/session.py``'s ``Session``; the record itself is ``control/history.py``)."""
+"""The Session's record of plans as the user reads it (``session.record``): ``history``, ``revert(N)``,
+``compare(A, B)``, each entry's split and the calibration the what-if scales by (the record itself is
+``control/history.py``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from vpipe_lab.control.history import History
@@ -15,13 +17,11 @@ from vpipe_lab.core.timeline import Timeline
 
 
 class Record:
-    """History, revert and compare. A mixin: a revert is a live change, which only the Session makes."""
+    """History, revert and compare (``session.record``; the Session answers ``history``, ``revert`` and ``compare``
+    itself too). A revert is a live change, made by the Session's ``change``."""
 
-    _history: History
-    stages: int
-
-    def change(self, change: Change, **kw: Any) -> Applied:
-        raise NotImplementedError
+    def __init__(self, history: History, change: Callable[..., Applied], stages: Callable[[], int]) -> None:
+        self._history, self._change, self._stages = history, change, stages
 
     @property
     def history(self) -> Any:
@@ -35,11 +35,11 @@ class Record:
     def revert(self, entry: int, *, force: bool = False, timeout: float | None = None) -> Applied:
         """Run entry ``entry``'s plan of the ``history`` again from the next iteration boundary (layers migrate
         live); it is recorded as a new entry of source ``revert``."""
-        plan = self._history.entry(entry).applied.plan
-        if plan.stages != self.stages:
-            raise PlanError(f"entry {entry} ran on {plan.stages} stages and the pipeline has {self.stages} now (a stage "
-                            f"could not come back): apply a plan for {self.stages} stages; nothing changed")
-        return self.change(Change.to(plan, "revert"), force=force, timeout=timeout)
+        plan, stages = self._history.entry(entry).applied.plan, self._stages()
+        if plan.stages != stages:
+            raise PlanError(f"entry {entry} ran on {plan.stages} stages and the pipeline has {stages} now (a stage "
+                            f"could not come back): apply a plan for {stages} stages; nothing changed")
+        return self._change(Change.to(plan, "revert"), force=force, timeout=timeout)
 
     def compare(self, a: int, b: int) -> Any:
         """Entries ``a`` and ``b`` of the ``history`` side by side, a row per stage: where each one's iteration went
@@ -47,7 +47,7 @@ class Record:
         bottleneck and its median iteration time; columns suffixed ``_a`` and ``_b`` by entry number."""
         return self._history.compare(a, b)
 
-    def history_rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[dict[str, Any]]:
         """``history`` as a list of dicts (what the history panel draws)."""
         return self._history.rows()
 

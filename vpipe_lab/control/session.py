@@ -24,7 +24,7 @@ from vpipe_lab.control.evaluation import evaluate
 from vpipe_lab.control.events import EventCallback, Events
 from vpipe_lab.control.history import History
 from vpipe_lab.control.intake import Intake
-from vpipe_lab.control.lifecycle import Lifecycle
+from vpipe_lab.control.lifecycle import Lifecycle, Processes
 from vpipe_lab.control.memory_view import MemoryView
 from vpipe_lab.control.outward import Outward
 from vpipe_lab.control.record import Record
@@ -39,9 +39,9 @@ from vpipe_lab.core.cost.breakdown import breakdown
 from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.core.plan import Plan, Policy
 from vpipe_lab.core.profile import Cluster, ModelProfile
+from vpipe_lab.core.settings import Settings
 from vpipe_lab.telemetry.metrics import Metrics, breakdown_frame, chunk_frame
 from vpipe_lab.telemetry.sinks import Logger
-from vpipe_lab.wire import protocol as P
 from vpipe_lab.wire.channel import Endpoint
 from vpipe_lab.wire.commands import Command, Pause, Profile, Resume, Run, Stop, Telemetry
 from vpipe_lab.wire.events import Ack, Layers
@@ -50,12 +50,14 @@ from vpipe_lab.wire.jobspec import JobSpec
 log = logging.getLogger(__name__)
 
 
-class Session(Outward, Lifecycle, Record, MemoryView):
-    """A running pipeline. Every method is safe to call while training goes on in the background."""
+class Session(Outward, Lifecycle, MemoryView):
+    """A running pipeline. Every method is safe to call while training goes on in the background. Beside what a user
+    does with a running job, it hands out ``metrics`` (what the workers measured), ``record`` (every plan that ran:
+    history, compare, revert) and ``processes`` (worker pids, exit codes, restarts)."""
 
     def __init__(self, spec: JobSpec, hub: Endpoint, launcher: Launcher | None, job_dir: Path | None,
                  model: Any = None) -> None:
-        self.spec, self.settings = spec, spec.settings  # the job's Settings (core/settings.py), as validated
+        self.spec = spec
         self.model = model  # what builds the trained model (factory, instance or bundled name): export() uses it
         self.stages, self.replicas = spec.settings.stages, spec.settings.replicas
         self.workers = self.stages * self.replicas  # worker processes (ranks)
@@ -70,35 +72,23 @@ class Session(Outward, Lifecycle, Record, MemoryView):
         self._intake = Intake(self.stages, self.replicas, self.state, self.metrics, self._requests, self._monitor,
                               self._events, self.logger, cond)
         self._profiles = Profiles()
+        self._history = History(self.state, self.metrics, cond)  # session.record (control/record.py)
+        self._events.subscribe(self._history.observe)
+        self.record = Record(self._history, self.change, lambda: self.stages)
+        self.processes = Processes(launcher, self.metrics, self.state)
         self._live = Live(spec, job_dir, self.state, self._requests, self._monitor, self._events.publish, self._check,
                           self.profile, self.cluster, self._profiles.forget, self.newest_profile,
-                          lambda: self._profiles.newest, self.calibration)
+                          lambda: self._profiles.newest, self.record.calibration)
         self._autoplan: AutoReplanner | None = None
-        self._history = History(self.state, self.metrics, cond)  # session.history, revert, compare (control/record.py)
-        self._events.subscribe(self._history.observe)
         self._monitor.start()
         register(self)  # the %vpipe magics act on the newest session, however it was started
 
-    # --- wiring (launch/attach) ----------------------------------------------------------------------------------
-    def receive(self, msg: P.Message) -> None:
-        """Take one message from a worker (the channel's handler; it runs on the channel's thread)."""
-        self._intake.receive(msg)
-
-    def starting(self, done: Callable[[], bool], timeout: float, late: Callable[[], tuple[int, str]]) -> None:
-        """Wait for ``done()`` while workers start (``launch``); on a failure, or a timeout (``late()`` says which
-        rank missed what), stop the workers and raise."""
-        try:
-            self._requests.until(done, timeout, "the workers did not start")
-        except TimeoutError:
-            rank, what = late()
-            self._monitor.fail(WorkerError(rank % self.stages, f"{what} within {timeout:.0f} s"))
-        except WorkerError:
-            pass
-        if (err := self._monitor.fatal) is not None:
-            self.stop(timeout=2.0)  # nothing trains yet
-            raise err
-
     # --- state ---------------------------------------------------------------------------------------------------
+    @property
+    def settings(self) -> Settings:
+        """The job's settings (``core/settings.py``) as validated; after a stage was planned away, with fewer stages."""
+        return self.spec.settings  # type: ignore[no-any-return]
+
     @property
     def iteration(self) -> int:
         """Iterations completed so far."""
@@ -142,11 +132,18 @@ class Session(Outward, Lifecycle, Record, MemoryView):
     @property
     def device(self) -> str:
         """What rank 0 runs on ("cpu", "cuda:0", ...)."""
-        return str(self.started(0).get("device", "?"))
+        return str(self.processes.started(0).get("device", "?"))
 
-    def started(self, rank: int) -> dict[str, Any]:
-        """What ``rank`` reported when it started: its stage, device, backend, measured bandwidths, plan."""
-        return ready.to_dict() if (ready := self.state.ready.get(rank)) is not None else {}
+    # --- the record of plans (``record``: these three are the ones users reach for) -----------------------------
+    history = property(lambda self: self.record.history, doc="Every plan that ran, a row each: ``record.history``.")
+
+    def revert(self, entry: int, *, force: bool = False, timeout: float | None = None) -> Applied:
+        """Run ``history`` entry ``entry``'s plan again from the next iteration boundary (``record.revert``)."""
+        return self.record.revert(entry, force=force, timeout=timeout)
+
+    def compare(self, a: int, b: int) -> Any:
+        """Entries ``a`` and ``b`` of the ``history`` side by side, a row per stage (``record.compare``)."""
+        return self.record.compare(a, b)
 
     @property
     def failure(self) -> WorkerError | None:

@@ -92,7 +92,7 @@ class HistoryPanel:
             if self._closed:
                 return
             self._last = time.monotonic()
-            rows = self.session.history_rows()
+            rows = self.session.record.rows()
             self.table.value = table_html(rows)
             options = [(f"{r['entry']}: {r['source']}, {r['plan']}", r["entry"]) for r in rows]
             for dropdown in (self.pick, self.a, self.b):
@@ -112,7 +112,7 @@ class HistoryPanel:
                            series=record_spec(rows))
             return
         a, b = int(self.a.value), int(self.b.value)
-        (split_a, last_a), (split_b, last_b) = self.session.entry_split(a), self.session.entry_split(b)
+        (split_a, last_a), (split_b, last_b) = self.session.record.entry_split(a), self.session.record.entry_split(b)
         labels = (f"entry {a}", f"entry {b}")
         by = {r["entry"]: r for r in rows}
         text = "; ".join(f"entry {n} ({by[n]['source']}): {by[n]['plan']}, median "

@@ -280,7 +280,7 @@ class VpipeMagics(InteropCommands, record_commands.RecordCommands, Magics):
             return
         self.session.stop()  # the dashboard and editor stay on screen, frozen at their last state
         self.views.clear()
-        left = self.session.remaining()  # said as checked, not assumed
+        left = self.session.processes.remaining()  # said as checked, not assumed
         print("vpipe: stopped; no worker process is left" if not left else
               f"vpipe: stopped, but processes {left} have not exited yet")
 

@@ -252,7 +252,7 @@ class PartitionEditor(anywidget.AnyWidget):
         current = self.preview.get("current")
         if self.session is None or self.ended or not current:
             return False
-        found = self.session.calibration(current.get("simulated_s", current["iteration_s"]))
+        found = self.session.record.calibration(current.get("simulated_s", current["iteration_s"]))
         shown = self._calibration
         return found is not None and (shown is None or abs(found.factor / shown.factor - 1) > 0.01)
 
@@ -322,7 +322,7 @@ class PartitionEditor(anywidget.AnyWidget):
         measured = self.session.metrics.timeline(1) if self.session is not None else None
         now = self.preview.get("current", {}).get("peak_bytes", [])
         drafted = self.preview["draft"]["peak_bytes"] if draft is not None else None
-        record = self.session.history_rows() if self.session is not None else []
+        record = self.session.record.rows() if self.session is not None else []
         self.what_if.draw(measured, running, self._previews.timeline(draft),
                           (now, drafted), list(self._cluster.budgets), record, self._calibration)
 
@@ -330,7 +330,7 @@ class PartitionEditor(anywidget.AnyWidget):
         """Both plans' simulated iterations scaled by the running plan's recent measured median against its own
         simulation (``core/cost/calibration.py``), the session's ``predicted_s`` for the same change; the raw
         simulation kept as ``simulated_s``. Unchanged without a session or before enough iterations."""
-        self._calibration = (self.session.calibration(docs["current"]["iteration_s"])
+        self._calibration = (self.session.record.calibration(docs["current"]["iteration_s"])
                              if self.session is not None and "current" in docs else None)
         return calibrated(docs, self._calibration)
 

@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Restart:
-    """One restart, as ``session.restarts`` and the dashboard show it."""
+    """One restart, as ``session.processes.restarts`` and the dashboard show it."""
 
     number: int  # 1 for the first
     time: float  # when the failure was named (seconds since the epoch)
@@ -140,7 +140,7 @@ class Restarter:
         self.done.append(restart)
         with self.cond:
             if note:  # the session's spec from now on: its stage count, budgets, devices and plan
-                for key in ("stages", "plan", "memory_budget", "devices"):
+                for key in ("settings", "plan", "devices"):
                     setattr(self.spec, key, getattr(spec, key))
                 self.state.plan = Plan.from_dict(spec.plan)
                 # in the record from the first iteration it records (the replayed ones were recorded under the old)
