@@ -19,7 +19,8 @@ def test_run_trains_prints_a_summary_and_writes_a_report(tmp_path: Path, capsys:
     assert "4 iterations: loss" in out and "samples/s" in out and "stage 1:" in out
     assert "4/4" in captured.err.replace("\r", "\n").splitlines()[-1]  # the progress bar ends full
     html = report.read_text()
-    assert "measured timeline" in html and "loss per iteration" in html
+    assert "measured timeline" in html and "loss per iteration" in html and "predicted peak" in html
+    assert "; peak predicted" in out and ", measured" in out  # the planner's peak beside the allocator's, per stage
     header = next(line for line in html.splitlines() if "time/mb" in line).split("<pre>")[-1]
     assert header.split() == ["stage", "layers", "policies", "time/mb", "peak", "memory", "budget", "note"]
 

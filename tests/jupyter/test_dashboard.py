@@ -31,6 +31,14 @@ class FakeSession:
         self.status = "running"
         self.failure = None
         self.callbacks: list[Any] = []
+        self.asked: list[bool] = []
+
+    def memory(self, ask: bool = True) -> Any:
+        """The planner's prediction per stage (200 and 300 bytes over a profile in hand)."""
+        import pandas as pd
+
+        self.asked.append(ask)
+        return pd.DataFrame({"stage": [0, 1], "predicted_peak": [200 * 2**20, 300 * 2**20]})
 
     def on_event(self, cb: Any) -> Any:
         self.callbacks.append(cb)
@@ -40,7 +48,7 @@ class FakeSession:
         spans = spans_from_wire(0, it, [[0, 0, -1, it, it + 0.4, 0], [1, 0, -1, it + 0.5, it + 0.9, 0]])
         spans += spans_from_wire(1, it, [[0, 0, -1, it + 0.4, it + 0.5, 0], [5, 0, -1, it + 0.5, it + 0.55, 0]])
         memory = [{"iteration": it, "stage": s, "params": 10, "grads": 10, "optimizer": 20, "static": 40, "resident": 100,
-                   "activations": 120, "host": 0} for s in range(2)]
+                   "activations": 120, "host": 0, **({"allocated_peak": 400} if s == 1 else {})} for s in range(2)]
         self.metrics.add({"iteration": it, "loss": 2.0 / (it + 1), "time_s": 1.0, "samples_per_s": float("nan"),
                           "grad_norm": 0.5, "lr": 0.01}, spans, memory)
         if it % 10 == 9:
@@ -107,6 +115,11 @@ def test_refreshes_are_bounded_and_windows_roll() -> None:
         memory = view.memory["data"]
         assert memory[0]["x"] == ["stage 0", "stage 1"] and memory[1]["y"][0] == pytest.approx(100 / 2**30)
         assert memory[3]["name"] == "budget" and memory[3]["y"] == [1.0, 1.0]
+        # the bar's top is the allocator's peak where it was measured (stage 1), else the ledger's count (stage 0) ...
+        assert memory[2]["y"] == pytest.approx([(160 - 140) / 2**30, (400 - 140) / 2**30])
+        # ... and the planner's prediction stands beside it, read without asking the workers
+        assert memory[5]["name"] == "predicted peak" and memory[5]["y"] == pytest.approx([200 / 1024, 300 / 1024])
+        assert s.asked and not any(s.asked)
         json.dumps([view.header, view.timeline, view.memory, view.series], allow_nan=False)  # what the wire takes
     finally:
         board.close()

@@ -129,12 +129,15 @@ def memory_values(static: Sequence[float], activations: Sequence[float], peak: S
 
 
 def memory_spec(names: Sequence[str], budgets: Sequence[int | None] | None = None,
-                values: Sequence[Sequence[float]] | None = None, *, title: str = "memory per stage") -> Fig:
+                values: Sequence[Sequence[float]] | None = None, *, title: str = "memory per stage",
+                predicted: Sequence[int | None] | None = None) -> Fig:
     """Stacked bars of static, resident-activation and peak memory per stage (GiB; ``values`` as ``memory_values``
-    gives them), the budget as a marker line where a stage has one."""
+    gives them), the budget as a marker line where a stage has one, and the planner's ``predicted`` peak (bytes) as a
+    diamond beside the measured bar where there is one."""
     zeros = [0.0] * len(names)
     static, resident, transient, host = values if values is not None else (zeros, zeros, zeros, zeros)
     marks = [b / 2**30 if b else None for b in budgets] if budgets else [None] * len(names)
+    guess = [p / 2**30 if p else None for p in predicted] if predicted else [None] * len(names)
     bar = {"type": "bar", "x": list(names)}
     traces = [
         {**bar, "y": list(static), "name": "params+grads+optimizer", "marker": {"color": "#4C78A8"}},
@@ -145,6 +148,9 @@ def memory_spec(names: Sequence[str], budgets: Sequence[int | None] | None = Non
          "visible": any(m is not None for m in marks),
          "marker": {"symbol": "line-ew-open", "size": 40, "color": "#E45756", "line": {"width": 3}}},
         {**bar, "y": list(host), "name": "swapped to host", "marker": {"color": "#72B7B2"}, "visible": "legendonly"},
+        {"type": "scatter", "x": list(names), "y": guess, "name": "predicted peak", "mode": "markers",
+         "visible": any(g is not None for g in guess),
+         "marker": {"symbol": "diamond-open", "size": 12, "color": "#54A24B", "line": {"width": 2}}},
     ]
     layout = {"barmode": "stack", "title": {"text": title}, "yaxis": {"title": {"text": "GiB"}, "rangemode": "tozero"},
               "height": 330, "autosize": True, "margin": {"l": 56, "r": 16, "t": 40, "b": 40}, "legend": _LEGEND,

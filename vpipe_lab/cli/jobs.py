@@ -77,7 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         bar.close()
         frame = session.metrics.iterations
         memory = session.metrics.memory
-        profile = session.profile()
+        profile = session.profile()  # measured: the peaks predicted below are over it
         cluster = session.cluster()
         timeline = session.metrics.timeline(3)
         steady = frame.iloc[min(2, len(frame) - 1):]
@@ -86,9 +86,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(plan_table(session.plan, est, profile))
         print()
         last = memory[memory["iteration"] == memory["iteration"].max()]
+        both = session.memory(ask=False).set_index("stage")  # the planner's peak beside the allocator's
         for row in last.itertuples():
-            print(f"stage {row.stage}: params {human_bytes(row.params)}, optimizer {human_bytes(row.optimizer)}, "
-                  f"activations peak {human_bytes(row.activations)}, swapped to host {human_bytes(row.host)}")
+            line = (f"stage {row.stage}: params {human_bytes(row.params)}, optimizer {human_bytes(row.optimizer)}, "
+                    f"activations peak {human_bytes(row.activations)}, swapped to host {human_bytes(row.host)}")
+            predicted, held = both["predicted_peak"].get(row.stage), getattr(row, "allocated_peak", None)
+            if predicted == predicted and predicted is not None and held == held and held:
+                line += f"; peak predicted {human_bytes(predicted)}, measured {human_bytes(held)}"
+            print(line)
         loss0, loss1 = frame["loss"].iloc[0], frame["loss"].iloc[-1]
         print(f"{len(frame)} iterations: loss {loss0:.4f} -> {loss1:.4f}; median iteration "
               f"{human_time(float(steady['time_s'].median()))}, {float(steady['samples_per_s'].median()):.1f} samples/s "
@@ -109,10 +114,14 @@ def write_report(path: str, session: Any, timeline: Any, frame: Any, memory: Any
     mem = memory_figure(session.stages, [b if isinstance(b, int) else 0 for b in last["budget"].fillna(0)],
                         title="measured memory per stage")
     static = last["static"].tolist()
-    values = memory_values(static, last["resident"].tolist(), (static + last["activations"]).tolist(),
-                           last["host"].tolist())
+    held = last["allocated_peak"].tolist() if "allocated_peak" in last else [None] * len(last)
+    counted = (static + last["activations"]).tolist()
+    values = memory_values(static, last["resident"].tolist(),
+                           [h if h == h and h else c for h, c in zip(held, counted)], last["host"].tolist())
     for trace, ys in zip((mem.data[0], mem.data[1], mem.data[2], mem.data[4]), values):
         trace.y = ys
+    predicted = session.memory(ask=False)["predicted_peak"].tolist()  # the planner's, beside the allocator's bar
+    mem.data[5].y, mem.data[5].visible = [p / 2**30 if p == p and p else None for p in predicted], True
     loss = go.Figure(go.Scatter(x=frame["iteration"], y=frame["loss"], mode="lines+markers", name="loss"))
     loss.update_layout(title="loss per iteration", height=300, xaxis_title="iteration")
     if not math.isnan(float(frame["samples_per_s"].iloc[-1])):

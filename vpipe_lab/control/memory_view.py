@@ -24,18 +24,23 @@ class MemoryView:
     plan: Any
     metrics: Any
     device: str
+    _profiles: Any
     newest_profile: Callable[[], Any]  # the Session's own (attributes, not stub methods a mixin order could let win)
     cluster: Callable[[], Any]
 
-    def memory(self) -> Any:
+    def memory(self, ask: bool = True) -> Any:
         """A DataFrame by stage: ``predicted_peak`` (the cost model's, for the plan in force), ``allocated_peak``
         (what the allocator held, newest measurement; ``allocated_at`` its iteration), ``error`` (allocated over
         predicted, minus 1), ``counted_peak`` (the ledger's count), ``static`` and ``activations`` as predicted, and
-        the ``budget``. Measured columns are empty until the workers have measured."""
+        the ``budget``. Measured columns are empty until the workers have measured. ``ask=False`` asks the workers
+        for nothing: the prediction uses the profile in hand, and is None before one was measured."""
         import pandas as pd
 
         plan, cluster = self.plan, self.cluster()
-        est = estimate(plan, self.newest_profile(), dataclasses.replace(cluster, stages=plan.stages))
+        profile = self.newest_profile() if ask else self._profiles.newest
+        if profile is None:
+            return pd.DataFrame([{"stage": s, "predicted_peak": None} for s in range(plan.stages)])
+        est = estimate(plan, profile, dataclasses.replace(cluster, stages=plan.stages))
         on_cpu = self.device == "cpu"
         rows_now = {r["stage"]: r for r in self.metrics.latest_memory() if r.get("replica", 0) == 0}
         rows = []

@@ -54,6 +54,7 @@ class Dashboard:
         self._closed = False
         self.ended = False  # the session ended: the view is frozen at its last state
         self.refreshes = 0
+        self._predicted: tuple[object, list[int | None]] = (None, [])  # (plan version, second) -> peaks per stage
         self._unsubscribe = session.on_event(self._on_event)
         self._thread = threading.Thread(target=self._loop, name="vpipe-dashboard", daemon=True)
         self._thread.start()
@@ -132,6 +133,21 @@ class Dashboard:
             text += " - session ended: this view is frozen at its last state"
         return {"state": state, "detail": detail, "text": text}
 
+    def predicted_peaks(self) -> list[int | None]:
+        """The planner's predicted peak per stage for the plan in force over the profile in hand (None before one
+        was measured), computed again when the plan or the profile changes, at most once a second."""
+        s = self.session
+        key = (s.plan_version, int(time.monotonic()))
+        if self._predicted[0] != key:
+            try:
+                frame = s.memory(ask=False)  # asks the workers for nothing
+                peaks = [None if v is None or v != v else int(v) for v in frame["predicted_peak"]]
+            except Exception:  # a prediction the cost model cannot make must not stop the live view
+                log.debug("no predicted memory for the dashboard", exc_info=True)
+                peaks = []
+            self._predicted = (key, peaks)
+        return self._predicted[1]
+
     def memory_figure(self) -> dict[str, Any]:
         s = self.session
         rows = sorted(s.metrics.latest_memory(), key=lambda r: (int(r.get("replica", 0)), int(r["stage"])))
@@ -140,10 +156,14 @@ class Dashboard:
             names = [f"stage {r['stage']}" if self.replicas == 1 else f"r{r.get('replica', 0)} stage {r['stage']}"
                      for r in rows]
             static = [r["static"] for r in rows]
-            values = memory_values(static, [r.get("resident", r["activations"]) for r in rows],
-                                   [st + r["activations"] for st, r in zip(static, rows)], [r["host"] for r in rows])
+            # the bar's top is what the allocator held at its most (independent of the prediction), else the count
+            peaks = [r.get("allocated_peak") or st + r["activations"] for st, r in zip(static, rows)]
+            values = memory_values(static, [r.get("resident", r["activations"]) for r in rows], peaks,
+                                   [r["host"] for r in rows])
             budgets = [budget[int(r["stage"])] for r in rows]
-            return memory_spec(names, budgets, values, title="memory per stage (GiB)")
+            guess = self.predicted_peaks()
+            predicted = [guess[int(r["stage"])] if int(r["stage"]) < len(guess) else None for r in rows]
+            return memory_spec(names, budgets, values, title="memory per stage (GiB)", predicted=predicted)
         names = lane_names(s.stages, self.replicas)
         return memory_spec(names, budget * self.replicas, title="memory per stage (GiB)")
 
