@@ -78,3 +78,37 @@ def test_killed_job_resumes_with_the_same_losses_and_can_be_attached(tmp_path: P
     assert list(got["grad_norm"]) == list(expected["grad_norm"])
     assert list(got["lr"]) == list(expected["lr"]) == pytest.approx([0.05 * min(1.0, (s + 1) / 10) for s in range(12)])
     assert list(runlog.read(broken, "start")["iteration"]) == [0, resumed_from]  # it did resume
+
+
+def test_a_torchrun_job_takes_every_schedule_launch_takes_and_is_refused_before_the_rendezvous(tmp_path: Path) -> None:
+    """`--schedule zbv` was accepted at the command line and failed on the workers after the rendezvous; now a torchrun
+    job runs it with launch()'s two chunks per stage, to the same losses, and one it cannot run is refused at once."""
+    def worker(*flags: str, log: Path) -> subprocess.Popen[bytes]:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "--max-restarts", "0", "-m", "vpipe_lab.cli", "worker", "--model", "mlp", "--microbatches", "4",
+               "--device", "cpu", "--control-port", "0", *flags]
+        env = {**os.environ, "VPIPE_LAB_KEY": KEY, "PYTHONPATH": str(ROOT)}
+        return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+    proc = worker("--schedule", "zbv", "--iterations", "4", "--run-dir", str(tmp_path / "zbv"), log=tmp_path / "zbv.log")
+    try:
+        assert proc.wait(timeout=300) == 0, (tmp_path / "zbv.log").read_text()[-3000:]
+    finally:
+        kill_tree(proc)
+    got = list(runlog.read(tmp_path / "zbv")["loss"])
+    with vpipe_lab.launch("mlp", stages=2, microbatches=4, schedule="zbv", device="cpu") as s:
+        assert s.settings.virtual_stages == 2
+        s.run(4)
+        s.wait(timeout=120)
+        expected = list(s.metrics.iterations["loss"])
+    assert got == pytest.approx(expected, rel=1e-6) and len(got) == 4
+
+    proc = worker("--schedule", "zbv", "--virtual-stages", "3", log=tmp_path / "bad.log")
+    try:
+        assert proc.wait(timeout=120) != 0
+    finally:
+        kill_tree(proc)
+    said = (tmp_path / "bad.log").read_text()
+    assert "zbv runs 2 chunks per stage, not virtual_stages=3" in said
+    assert "joining the process group" not in said  # refused before the rendezvous
