@@ -9,7 +9,7 @@ from torch.distributed.pipelining import SplitPoint, pipeline
 
 from tests.integration import torch_jobs
 from vpipe_lab.core.interop.bundle import StageSpec
-from vpipe_lab.runtime import torch_pipeline as tp
+from vpipe_lab.runtime.torch_pp import pipeline as tp
 
 
 def test_values_passed_past_a_stage_are_found() -> None:
