@@ -22,12 +22,7 @@ class Method:
     refuses_overflow: bool = False  # a fixed plan that does not fit is refused, not returned with its overflow
     swaps: bool = True  # it may swap or recompute to fit, so a refusal suggests the policies it did not use
 
-    def check(self) -> None:
-        if self.partition not in PARTITIONS:
-            raise PlanError(f"method {self.name!r} partitions by {self.partition!r}: use one of {', '.join(PARTITIONS)}")
 
-
-PARTITIONS = ("uniform", "balanced", "bottleneck", "vpipe")
 BUILT_IN = (
     Method("uniform", "equal layer counts, every activation kept", "uniform", Policy.KEEP),
     Method("balanced", "stages balanced by compute (torchgpipe), every activation kept", "balanced", Policy.KEEP),
