@@ -99,12 +99,16 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"{human_time(float(steady['time_s'].median()))}, {float(steady['samples_per_s'].median()):.1f} samples/s "
               f"(cost model from the measured profile: {human_time(est.iteration_s)})")
         if args.report:
-            write_report(args.report, session, timeline, frame, memory, est, profile)
+            write_report(args.report, session, timeline, frame, memory, est, profile,
+                         both["predicted_peak"].tolist())
             print(f"report written to {args.report}")
     return 0
 
 
-def write_report(path: str, session: Any, timeline: Any, frame: Any, memory: Any, est: Any, profile: Any) -> None:
+def write_report(path: str, session: Any, timeline: Any, frame: Any, memory: Any, est: Any, profile: Any,
+                 predicted: list[Any]) -> None:
+    """The run's HTML report: its timeline, memory per stage (the allocator's peak, ``predicted`` by the planner beside
+    it), loss and the experts' load."""
     import plotly.graph_objects as go
 
     from vpipe_lab.charts.figures import gantt_figure, memory_figure, memory_values, save_html
@@ -120,7 +124,6 @@ def write_report(path: str, session: Any, timeline: Any, frame: Any, memory: Any
                            [h if h == h and h else c for h, c in zip(held, counted)], last["host"].tolist())
     for trace, ys in zip((mem.data[0], mem.data[1], mem.data[2], mem.data[4]), values):
         trace.y = ys
-    predicted = session.memory(ask=False)["predicted_peak"].tolist()  # the planner's, beside the allocator's bar
     mem.data[5].y, mem.data[5].visible = [p / 2**30 if p == p and p else None for p in predicted], True
     loss = go.Figure(go.Scatter(x=frame["iteration"], y=frame["loss"], mode="lines+markers", name="loss"))
     loss.update_layout(title="loss per iteration", height=300, xaxis_title="iteration")

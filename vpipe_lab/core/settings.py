@@ -246,9 +246,7 @@ class Settings:
                                                                 f"; the settings are {', '.join(known)}"))
             if door in (where := meta_of(known[name]).away):
                 raise TypeError(f"{name} is not set here: {where[door]}")
-        defaults = {f.name: meta_of(f).door_default[door] for f in fields(cls)
-                    if door in meta_of(f).door_default and f.name not in options}
-        return cls(**{**defaults, **options})
+        return cls(**{**door_defaults(door), **options})
 
 
 def meta_of(f: Field[Any]) -> Meta:
@@ -260,6 +258,11 @@ def door_fields(door: str) -> list[Field[Any]]:
     if door not in DOORS:
         raise ValueError(f"unknown door {door!r}: one of {', '.join(DOORS)}")
     return [f for f in fields(Settings) if door not in meta_of(f).away]
+
+
+def door_defaults(door: str) -> dict[str, Any]:
+    """The settings whose default differs at ``door``, with that door's default."""
+    return {f.name: meta_of(f).door_default[door] for f in fields(Settings) if door in meta_of(f).door_default}
 
 
 def default(f: Field[Any], door: str) -> Any:

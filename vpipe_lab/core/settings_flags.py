@@ -4,11 +4,10 @@ its parser (``%vpipe start``, ``vpipe-lab run``, ``vpipe-lab worker``), ``from_a
 from __future__ import annotations
 
 import argparse
-from dataclasses import Field
 from typing import Any
 
 from vpipe_lab.core.report import parse_bytes
-from vpipe_lab.core.settings import Settings, default, door_fields, meta_of
+from vpipe_lab.core.settings import Settings, default, door_defaults, door_fields, meta_of
 
 
 class Offered(tuple[str, ...]):
@@ -69,9 +68,4 @@ def from_args(args: argparse.Namespace, door: str, **derived: Any) -> Settings:
     """The settings a parsed command line gives at ``door`` (not yet validated), with ``derived`` ones (what that
     door takes from elsewhere, such as a torchrun worker's stage count) set beside them."""
     given = {f.name: getattr(args, f.name) for f in door_fields(door)}
-    return Settings(**{**_door_defaults(door), **given, **derived})
-
-
-def _door_defaults(door: str) -> dict[str, Any]:
-    fs: list[Field[Any]] = [f for f in Settings.__dataclass_fields__.values() if door in meta_of(f).door_default]
-    return {f.name: meta_of(f).door_default[door] for f in fs}
+    return Settings(**{**door_defaults(door), **given, **derived})

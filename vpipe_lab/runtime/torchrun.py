@@ -74,10 +74,11 @@ def job_settings(args: argparse.Namespace) -> Settings:
         raise ValueError("--key puts the session key in this process's command line, which every user of the machine "
                          "can read (ps, /proc/PID/cmdline): export VPIPE_LAB_KEY=... or give --key-file FILE (mode 0600)")
     world, replicas = _env("WORLD_SIZE"), args.replicas
-    if isinstance(replicas, int) and replicas >= 1 and world % replicas:
+    counted = isinstance(replicas, int) and replicas >= 1  # else the settings' own check refuses it, by name
+    if counted and world % replicas:
         raise SettingError(f"replicas={replicas} does not divide the {world} ranks torchrun started: the job has "
                            "stages x replicas ranks")
-    stages = world // replicas if isinstance(replicas, int) and replicas >= 1 else world
+    stages = world // replicas if counted else world
     return from_args(args, "worker", stages=stages).validated()
 
 
