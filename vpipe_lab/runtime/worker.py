@@ -354,6 +354,7 @@ class Worker(IterationEnd, WorkerCommands):
         profile, drop = self.profiling.next(it)
         if drop:
             self.stage.reset_stats()
-        self.stage.probing = not self.meter.start(it, allocator.held(self.stage), profile and not (drop or self.profiling.cold))
+        held = allocator.held(self.stage) + allocator.data_bytes(batch)  # the batch was allocated before the window
+        self.stage.probing = not self.meter.start(it, held, profile and not (drop or self.profiling.cold))
         self.phase = "the iteration"
         return self.executor.run(it, self.plan, batch, profile=profile, sizes=self.shapes.sizes, counts=counts)

@@ -70,3 +70,34 @@ def test_held_counts_each_tensor_once() -> None:
     layers = {0: SimpleNamespace(module=torch.nn.Sequential(shared)), 1: SimpleNamespace(module=shared)}
     stage = SimpleNamespace(owned=[0, 1], layers=layers, static_bytes=lambda: {"params": 100, "optimizer": 50})
     assert allocator.held(stage) == 150 + 2 * 4 * 4 + 8  # its running mean and variance, and its counter, once
+
+
+def test_a_layer_s_first_backward_which_allocates_the_gradients_is_not_its_working_set_when_others_follow() -> None:
+    """The optimizer step set the gradients to None, so a layer's first backward of the iteration allocates them
+    (counted with the static tensors already); its working set comes from the later micro-batches' backwards."""
+    meter = PeakMeter(torch.device("cpu"))
+    assert meter.start(iteration=3, held=0, profiling=True)
+    grads = []
+    for mb in range(2):
+        with region("b/0"):
+            scratch = floats(MB)
+            if mb == 0:
+                grads.append(floats(2 * MB))  # the gradients, once
+            del scratch
+    with region("b/1"):  # a single backward: its own figure stands
+        scratch = floats(MB)
+        grads.append(floats(MB))
+        del scratch
+    meter.stop()
+    assert meter.layer_extras == {0: MB, 1: 2 * MB}
+
+
+def test_the_batch_a_stage_holds_before_its_iteration_counts_once_each_tensor() -> None:
+    """Read before the profiler's window opens, the batch is counted by the bytes its tensors cover: a slice of a
+    larger dataset its slice, a tensor named twice or with a view of it once."""
+    dataset = torch.zeros(100, 8)
+    inputs = dataset[10:14]
+    targets = torch.zeros(3, dtype=torch.int64)
+    batch = (inputs, {"targets": targets, "again": inputs, "first_row": inputs[0]}, None, 3)
+    assert allocator.data_bytes(batch) == 4 * 8 * 4 + 3 * 8
+    assert allocator.data_bytes(None) == 0

@@ -12,8 +12,10 @@ iterations it watches, so on CPU only profiling iterations are measured: the fir
 plan change, then one in ``every``; their figure is carried until the next.
 
 A measured iteration also says what each layer allocates beyond what the cost model holds for it (``regions``: the
-stage marks each layer's forward, loss, rebuild and backward, and the optimizer step): a forward's peak above what it
-leaves behind, a backward's peak above what was held when it began, and the step's scratch above the static tensors.
+stage marks each layer's forward, loss, rebuild and backward, and the optimizer step): a forward's or a rebuild's peak
+above what it leaves behind, a backward's peak above what was held when it began (not the layer's first backward of the
+iteration where others follow: that one also allocates the weights' gradients), and the step's scratch above the static
+tensors.
 The online profiler reports them per layer (``LayerCost.transient_bytes`` and ``step_bytes``), so the planner's peak
 includes the working sets that counting saved tensors cannot see.
 """
@@ -27,6 +29,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
 log = logging.getLogger(__name__)
 EVERY = 200  # CPU: besides the first profiling iteration after a trigger, one in this many is measured
@@ -59,6 +62,20 @@ def held(stage: Any) -> int:
     return total
 
 
+def data_bytes(batch: Any) -> int:
+    """The bytes of the tensors in ``batch`` (any nesting of tuples, lists and dicts): the batch a stage holds before
+    its iteration begins (stage 0's inputs and targets, the loss stage's targets), which the allocator counts but the
+    profiler's window, opened after it was read, never sees allocated. Per storage the span its tensors cover: a
+    batch sliced out of an in-memory dataset counts its slice, a tensor named twice (or with a view of it) once."""
+    spans: dict[int, tuple[int, int]] = {}
+    for leaf in pytree.tree_leaves(batch):
+        if isinstance(leaf, torch.Tensor) and not leaf.is_meta and leaf.nbytes:
+            start = leaf.data_ptr()
+            lo, hi = spans.get(leaf.untyped_storage().data_ptr(), (start, start))
+            spans[leaf.untyped_storage().data_ptr()] = (min(lo, start), max(hi, start + leaf.nbytes))
+    return sum(hi - lo for lo, hi in spans.values())
+
+
 def timeline(events: Any) -> tuple[list[int], list[int]]:
     """The running sum of memory events' byte counts (allocations positive, frees negative) in time order: event
     times and the sum after each."""
@@ -79,8 +96,8 @@ def peak_of(events: Any) -> int:
 def ranges(events: Any, times: list[int], sums: list[int]) -> dict[str, tuple[int, int, int]]:
     """Each marked region's (bytes at its start, its peak, at its end), relative to the iteration's start; a region
     seen several times (micro-batches) keeps its largest transient."""
-    out: dict[str, tuple[int, int, int]] = {}
-    for e in events:
+    out = Largest()
+    for e in sorted(events, key=lambda e: e.start_ns()):
         name = e.name()
         if not name.startswith(PREFIX):
             continue
@@ -88,17 +105,34 @@ def ranges(events: Any, times: list[int], sums: list[int]) -> dict[str, tuple[in
         hi = bisect.bisect_right(times, e.end_ns())
         start = sums[lo - 1] if lo > 0 else 0
         inside = sums[lo:hi]
-        found = (start, max([start, *inside]), inside[-1] if inside else start)
-        key = name[len(PREFIX):]
-        old = out.get(key)
+        out.add(name[len(PREFIX):], (start, max([start, *inside]), inside[-1] if inside else start))
+    return out.regions()
+
+
+class Largest:
+    """Each region's largest transient over its occurrences, a layer's first backward of the iteration aside when
+    it has others: that one also allocates the weights' gradients (the optimizer step set them to None), which the
+    cost model counts with the static tensors already."""
+
+    def __init__(self) -> None:
+        self.found: dict[str, tuple[int, int, int]] = {}
+        self.first: dict[str, tuple[int, int, int]] = {}
+
+    def add(self, key: str, found: tuple[int, int, int]) -> None:
+        if key.startswith("b/") and key not in self.first:
+            self.first[key] = found
+            return
+        old = self.found.get(key)
         if old is None or found[1] - min(found[0], found[2]) > old[1] - min(old[0], old[2]):
-            out[key] = found
-    return out
+            self.found[key] = found
+
+    def regions(self) -> dict[str, tuple[int, int, int]]:
+        return {**{k: v for k, v in self.first.items() if k not in self.found}, **self.found}
 
 
 def extras(found: dict[str, tuple[int, int, int]]) -> tuple[dict[int, int], int]:
-    """Per layer, what it allocates beyond what the cost model holds for it (a forward or loss: its peak above what
-    it leaves behind; a rebuild or backward: its peak above what was held when it began), and the optimizer step's
+    """Per layer, what it allocates beyond what the cost model holds for it (a forward, loss or rebuild: its peak
+    above what it leaves behind; a backward: its peak above what was held when it began), and the optimizer step's
     scratch."""
     per: dict[int, int] = {}
     step = 0
@@ -107,7 +141,9 @@ def extras(found: dict[str, tuple[int, int, int]]) -> tuple[dict[int, int], int]
         if kind == "step":
             step = max(step, peak - start)
         elif index.isdigit():
-            extra = peak - end if kind in ("f", "l") else peak - start
+            # what a forward, loss or rebuild leaves behind the cost model holds already (a rebuild: the layer's
+            # activations, rebuilt), so only its peak above that is the layer's own
+            extra = peak - end if kind in ("f", "l", "r") else peak - start
             per[int(index)] = max(per.get(int(index), 0), extra)
     return per, step
 
@@ -135,7 +171,7 @@ class PeakMeter:
         self._profiler: Any = None
         self._base = 0
         self._iteration = 0
-        self._cuda: dict[str, tuple[int, int, int]] = {}
+        self._cuda = Largest()
         self._cuda_peak = 0
         self.pending = True  # measure the next profiling iteration (start-up, a plan change: ``soon``)
         self.last: int | None = None  # the newest measurement
@@ -161,7 +197,7 @@ class PeakMeter:
         self.stop(discard=True)
         if not self.due(iteration, profiling):
             return False
-        self._iteration, self._cuda, self._cuda_peak = iteration, {}, 0
+        self._iteration, self._cuda, self._cuda_peak = iteration, Largest(), 0
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
             self._profiler = "cuda"
@@ -189,9 +225,7 @@ class PeakMeter:
             finally:
                 peak, after = torch.cuda.max_memory_allocated(self.device), torch.cuda.memory_allocated(self.device)
                 self._cuda_peak = max(self._cuda_peak, peak)
-                old = self._cuda.get(name)
-                if old is None or peak - min(before, after) > old[1] - min(old[0], old[2]):
-                    self._cuda[name] = (before, peak, after)
+                self._cuda.add(name, (before, peak, after))
         else:
             with torch.profiler.record_function(PREFIX + name):
                 yield
@@ -208,7 +242,7 @@ class PeakMeter:
             return None
         if profiler == "cuda":
             peak = max(self._cuda_peak, int(torch.cuda.max_memory_allocated(self.device)))
-            found = self._cuda
+            found = self._cuda.regions()
         else:
             profiler.__exit__(None, None, None)
             if discard:
