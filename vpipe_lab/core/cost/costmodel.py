@@ -19,6 +19,11 @@ with ``hide`` the stage's compute time (less its boundary traffic when that shar
       backward, so one is held at a time); while layer i runs, its own micro-batch holds only what layers up to i
       keep (the later ones have not run or are done), which the estimate credits: ``max over i of (kept by layers up
       to i + what layer i adds) - kept by all`` (the memory planners count without that credit, an upper bound)
+    + what the transfers hold at their most along the stage's order (``StageCost.comm_bytes``, from
+      ``orders/held.py``'s ``transfers``): the runtime keeps every tensor a stage sent (input gradients back,
+      outputs on once their backward is done) until the iteration's sends are waited for, posts the next receive of
+      each kind ahead with its buffer, and holds a backward's received gradient; no policy changes it, so it is
+      added whole (not yet modelled for chunked schedules, whose stages count none)
 
 or, where it is more, static + the optimizer step's scratch (``step_bytes``; the step runs once the activations are
 gone)
@@ -51,6 +56,7 @@ from vpipe_lab.core.cost.stage_cost import RangeMax, StageCost, chunks_peak
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.plan import Estimate, Plan, Policy
 from vpipe_lab.core.profile import Cluster, ModelProfile
+from vpipe_lab.core.schedules.orders.held import Transfers
 
 __all__ = ["CostModel", "RangeMax", "StageCost", "chunks_peak", "estimate", "policy_overhead", "swap_buffers"]
 
@@ -208,7 +214,17 @@ class CostModel:
         top, or its optimizer step's scratch where that is more)."""
         return (self.static_bytes(lo, hi) + self.stash_bytes(stage, lo, hi)
                 + max(self.inflight(stage) * self.activation_sum(lo, hi) + self.waiting_bytes(stage, lo, hi)
-                      + self._trans_max(lo, hi), self._step_max(lo, hi)))
+                      + self._trans_max(lo, hi) + self.comm_bytes(stage, lo, hi), self._step_max(lo, hi)))
+
+    def comm_bytes(self, stage: int, lo: int, hi: int) -> int:
+        """The most the stage's transfers hold at once along its order (``StageCost.comm_bytes``), whatever the
+        activations' policies."""
+        return StageCost(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, transfers=self._transfers(stage),
+                         sent_in_bytes=self.inp[lo] if stage > 0 else 0,
+                         sent_out_bytes=self.out[hi - 1] if stage < self.chunks - 1 else 0).comm_bytes
+
+    def _transfers(self, stage: int) -> tuple[Transfers, ...]:
+        return () if self.chunks != self.stages else self.kind.transfers(self.stages, self.microbatches, stage)
 
     def planned_peak_bytes(self, stage: int, lo: int, hi: int, policies: Sequence[Policy]) -> int:
         """The stage's peak as the memory planners count it (``core/planning/memory_plans.py``): the largest working
@@ -217,7 +233,8 @@ class CostModel:
         under this bound, and every plan they find fits by the estimate too."""
         cost = self.stage_cost(stage, lo, hi, policies)
         top = max((self.act[i] if policies[i] is Policy.RECOMPUTE else 0) + self.trans[i] for i in range(lo, hi))
-        return cost.static_bytes + max(cost.activation_bytes + cost.swap_buffer_bytes + top, cost.step_bytes)
+        return cost.static_bytes + max(cost.activation_bytes + cost.swap_buffer_bytes + top + cost.comm_bytes,
+                                       cost.step_bytes)
 
     def step_peak_bytes(self, stage: int, lo: int, hi: int) -> int:
         """The stage's memory during its optimizer step, which no activation policy lowers."""
@@ -259,14 +276,15 @@ class CostModel:
             policy = policies[i]
             if policy is Policy.KEEP:
                 resident += self.act[i]
-                top = max(top, resident + self.trans[i])
+                here = resident + self.trans[i]
             elif policy is Policy.RECOMPUTE:
                 resident += self.inp[i]
                 recompute += self.fwd[i]
-                top = max(top, resident + self.act[i] + self.trans[i])
+                here = resident + self.act[i] + self.trans[i]
             else:
                 swapped += self.act[i]
-                top = max(top, resident + self.trans[i])
+                here = resident + self.trans[i]
+            top = max(top, here)
         rebuilt = max(0, top - resident)
         extra = policy_overhead(recompute, swapped, self.hide_s(stage, lo, hi), self.cluster.swap_bandwidth,
                                 self.cluster.swap_overlaps)
@@ -288,6 +306,9 @@ class CostModel:
             wait_bytes=self.wait_bytes(lo, hi) if self.kind.split_backward else 0,
             transient_bytes=self._trans_max(lo, hi),
             step_bytes=self._step_max(lo, hi),
+            transfers=self._transfers(stage),
+            sent_in_bytes=self.inp[lo] if stage > 0 else 0,
+            sent_out_bytes=self.out[hi - 1] if stage < self.chunks - 1 else 0,
         )
 
     def estimate(self, plan: Plan) -> Estimate:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from vpipe_lab.core.schedules.orders.held import Transfers
+
 
 @dataclass(frozen=True)
 class StageCost:
@@ -29,6 +31,11 @@ class StageCost:
     wait_bytes: int = 0  # per micro-batch held from B to W under a split backward (the GEMMs' inputs, out-gradients)
     transient_bytes: int = 0  # the largest working set of one of its layers (LayerCost.transient_bytes)
     step_bytes: int = 0  # the optimizer step's scratch, when no activation is held (LayerCost.step_bytes)
+    # What the stage's transfers hold along its order (``orders/held.py``: ``transfers``; a schedule without chunks):
+    # its points, and the bytes of one input gradient sent back and of one output sent on (of a gradient received)
+    transfers: tuple[Transfers, ...] = ()
+    sent_in_bytes: int = 0
+    sent_out_bytes: int = 0
 
     @property
     def total_s(self) -> float:
@@ -36,10 +43,21 @@ class StageCost:
 
     @property
     def peak_bytes(self) -> int:
-        """The static tensors plus, at their most, the held activations with the largest working set on top, or the
-        optimizer step's scratch (the step runs once the iteration's activations are gone)."""
-        return self.static_bytes + max(self.activation_bytes + self.swap_buffer_bytes + self.rebuild_bytes,
-                                       self.step_bytes)
+        """The static tensors plus, at their most, the held activations with the largest working set and what the
+        transfers hold on top, or the optimizer step's scratch (the step runs once the iteration's activations are
+        gone and its sends done)."""
+        return self.static_bytes + max(self.activation_bytes + self.swap_buffer_bytes + self.rebuild_bytes
+                                       + self.comm_bytes, self.step_bytes)
+
+    @property
+    def comm_bytes(self) -> int:
+        """The most the stage's transfers hold at once along its order: the tensors sent so far (held until the
+        iteration's sends are done), the receives posted ahead and a backward's received gradient. No activation
+        policy changes it; it is taken whole beside the activations' peak, which can come at another point of the
+        order (an upper bound)."""
+        g, o = self.sent_in_bytes, self.sent_out_bytes
+        return max(((sent_in + ahead_in) * g + (sent_out + ahead_grad + in_backward) * o
+                    for sent_in, sent_out, ahead_in, ahead_grad, in_backward in self.transfers), default=0)
 
 
 class RangeMax:

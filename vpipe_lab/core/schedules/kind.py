@@ -23,6 +23,7 @@ from vpipe_lab.core.schedules.orders import held as held_states
 if TYPE_CHECKING:
     from vpipe_lab.core.schedules.plan_view import PlanView as Plan
 
+TRANSFERS_LIMIT = 1 << 16  # stages x micro-batches beyond which the transfers' bytes are not walked along the order
 Step = tuple[Op, int, int]  # (F | B | W, chunk, micro-batch): one compute step of a row's order
 # How stage times combine into an iteration in the partition search (``planning/partition.Objective``): GPipe's shape
 # (every forward, then every backward), 1F1B's (the slowest stage's step M - 1 times, plus one pass), or the slowest
@@ -124,6 +125,14 @@ class ScheduleKind:
         mine = [c for c in range(stages * virtual) if where[c] == rank]
         return held_states.states([(op.value, c, mb) for op, c, mb in order], mine)
 
+    def transfers(self, stages: int, microbatches: int, rank: int) -> tuple[held_states.Transfers, ...]:
+        """What a stage's transfers hold along its order (``orders/held.py``: ``transfers``); empty for chunked
+        schedules, and for pipelines so long (over ``TRANSFERS_LIMIT`` stages x micro-batches) that walking every
+        stage's order would slow the planners down."""
+        if self.chunked or stages * microbatches > TRANSFERS_LIMIT:
+            return ()
+        return _transfers_cache(self, stages, microbatches)[rank]
+
     def waiting_w(self, stages: int, stage: int, microbatches: int) -> int:
         """Micro-batches of a split backward that wait only for their W on ``stage`` at its peak (0: none beyond the
         in-flight ones)."""
@@ -188,6 +197,13 @@ def _peak_cache(kind: ScheduleKind, stages: int, virtual: int, microbatches: int
             held[c] = held.get(c, 0) + (1 if op is Op.F else -1 if op is Op.B else 0)
             peak[c] = max(peak.get(c, 0), held[c])
     return tuple(peak.get(c, 0) for c in range(stages * virtual))
+
+
+@functools.cache
+def _transfers_cache(kind: ScheduleKind, stages: int, microbatches: int) -> tuple[tuple[held_states.Transfers, ...], ...]:
+    rows = kind.orders(stages, 1, microbatches)
+    return tuple(held_states.transfers([(op.value, c, mb) for op, c, mb in row], rank > 0, rank < stages - 1)
+                 for rank, row in enumerate(rows))
 
 
 def _peaks(kind: ScheduleKind, stages: int, virtual: int, microbatches: int) -> tuple[int, ...]:
