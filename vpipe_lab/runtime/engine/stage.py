@@ -4,16 +4,14 @@ Consecutive kept or swapped layers run as one *segment*: one autograd graph from
 to its output, one backward call, as a plain model would run them; swap boundaries split segments (a swapped
 segment's saved tensors leave the device between its forward and backward). A recomputed layer is a segment of its
 own: it runs without autograd, keeps its input, and is rebuilt in the backward right before its own (vPipe's order),
-so one recomputed layer's activations are held at a time, which is what the cost model charges
-(``core/cost/costmodel.py``). Saved tensors are attributed to the layer that saved them (the saved-tensor hooks know the
-layer running), so a layer's swap moves only its own.
-In a *profiling* iteration every layer is a segment of its own, timed with the device synchronised, which is what the
-online profiler reads; the executor decides which iterations profile (see ``executor.Executor``).
+so one recomputed layer's activations are held at a time, as the cost model charges. Saved tensors are attributed to
+the layer that saved them (the saved-tensor hooks know the layer running), so a layer's swap moves only its own.
+In a *profiling* iteration every layer is a segment of its own, timed with the device synchronised, for the online
+profiler; the executor decides which iterations profile (``executor.Executor``).
 
 Before each layer's forward the RNG is seeded from (seed, iteration, micro-batch, layer), so dropout draws the same
-masks whichever stage runs the layer and however the layers are grouped. Parameters and buffers live in a registry
-keyed by their model-wide canonical name, so a weight two layers share (a tied embedding and LM head) is one tensor
-with one gradient and one optimizer entry on this stage, whichever layers come and go.
+masks whichever stage runs the layer and however the layers are grouped. Parameters and buffers are keyed by their
+model-wide name: a weight two layers share (tied embedding and LM head) is one tensor, gradient and optimizer entry.
 """
 
 from __future__ import annotations
@@ -249,7 +247,7 @@ class Stage(UnitState):
         if timer is not None:
             st = self.layers[segment[0]].stats
             if policy is not Policy.RECOMPUTE:
-                st.activation_bytes = max(st.activation_bytes, self.ledger.device.get(key, 0))
+                st.note_saved(self.ledger.device.get(key, 0))
             st.input_bytes = max(st.input_bytes, sum(tensor_bytes(t) for t in leaves))
             st.output_bytes = max(st.output_bytes, sum(tensor_bytes(t) for t in tensors_of(out)))
             st.forwards += 1
@@ -307,8 +305,9 @@ class Stage(UnitState):
         """Make the last segment's backward start from its micro-batch's scaled loss; returns the loss (detached,
         still on the device: reading it would synchronise a GPU in the middle of the iteration).
 
-        The loss counts as part of the last layer's forward. A recomputed last segment ran without autograd, so its
-        loss is rebuilt when the segment is rematerialised.
+        The loss counts as part of the last layer's forward: its time, and what it saves for the backward (a
+        cross-entropy the logits' log-probabilities), held as long. A recomputed last segment ran without autograd, so
+        its loss is rebuilt when the segment is rematerialised.
         """
         start = timer() if timer is not None else 0.0
         key = (mb, segment[0])
@@ -319,10 +318,12 @@ class Stage(UnitState):
                 value = loss_fn(output, target).detach()
         else:
             leaves, out = ctx
-            with self.autocast():
+            with self.swap.recording(mb, segment[0], swapped=False), self.autocast():
                 loss = loss_fn(out, target)
             self._ctx[key] = (leaves, loss * self.scale_of(mb))
             value = loss.detach()
+            if timer is not None:
+                self.layers[segment[0]].stats.note_saved(self.ledger.device.get(key, 0))
         if timer is not None:
             self.layers[segment[-1]].stats.add_forward(timer() - start, extend=True)
         return value

@@ -76,6 +76,10 @@ class LayerStats:
         bwd.append(backward_s)
         del fwd[:-SAMPLES], bwd[:-SAMPLES]
 
+    def note_saved(self, nbytes: int) -> None:
+        """What one micro-batch's forward saved for its backward (the loss's included, on the last layer): the most."""
+        self.activation_bytes = max(self.activation_bytes, nbytes)
+
     def add_forward(self, seconds: float, extend: bool = False) -> None:
         """One forward's time; ``extend`` adds to the latest one (the loss belongs to the last layer's forward)."""
         if extend and self.forward_times:
