@@ -18,12 +18,12 @@ with ``hide`` the stage's compute time (less its boundary traffic when that shar
       runtime rebuilds each recomputed layer right before its own backward, vPipe's order, and frees it with that
       backward, so one is held at a time); while layer i runs, its own micro-batch holds only what layers up to i
       keep (the later ones have not run or are done), which the estimate credits: ``max over i of (kept by layers up
-      to i + what layer i adds) - kept by all`` (the memory planners count without that credit, an upper bound)
-    + what the transfers hold at their most along the stage's order (``StageCost.comm_bytes``, from
-      ``orders/held.py``'s ``transfers``): the runtime keeps every tensor a stage sent (input gradients back,
-      outputs on once their backward is done) until the iteration's sends are waited for, posts the next receive of
-      each kind ahead with its buffer, and holds a backward's received gradient; no policy changes it, so it is
-      added whole (not yet modelled for chunked schedules, whose stages count none)
+      to i + what layer i adds) - kept by all`` (the memory planners count without that credit, an upper bound);
+      where every forward comes before the stage's first backward (``inflight = M``), that backward also makes the
+      weights' gradients (counted static, but set to None by the last step) only as it reaches each layer
+    + what the transfers hold at their most along the stage's order (``StageCost.comm_bytes``: tensors sent, kept
+      until the iteration's sends are waited for, receives posted ahead, a backward's received gradient), added whole
+      as no policy changes it (``orders/held.py``'s ``transfers``; chunked schedules count none yet)
 
 or, where it is more, static + the optimizer step's scratch (``step_bytes``; the step runs once the activations are
 gone)
@@ -52,30 +52,20 @@ from collections.abc import Sequence
 from itertools import accumulate
 
 from vpipe_lab.core import checks, schedules
-from vpipe_lab.core.cost.stage_cost import RangeMax, StageCost, chunks_peak
+from vpipe_lab.core.cost.stage_cost import (
+    RangeMax,
+    StageCost,
+    chunks_peak,
+    policy_overhead,
+    swap_buffers,
+    transfers_peak,
+)
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.plan import Estimate, Plan, Policy
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.schedules.orders.held import Transfers
 
 __all__ = ["CostModel", "RangeMax", "StageCost", "chunks_peak", "estimate", "policy_overhead", "swap_buffers"]
-
-
-def policy_overhead(recompute_s: float, swap_bytes: int, hide_s: float, bandwidth: float,
-                    overlaps: bool = True) -> float:
-    """Extra backward time of a stage's memory plan: recompute plus the swap transfer time not hidden by compute;
-    without ``overlaps`` (copies on the compute thread, ``Cluster.swap_overlaps``) every byte is copied out and back
-    in on the stage's own time."""
-    if not overlaps:
-        return recompute_s + 2 * swap_bytes / bandwidth
-    if swap_bytes <= 0:
-        return recompute_s
-    return max(recompute_s, swap_bytes / bandwidth - hide_s)
-
-
-def swap_buffers(inflight: int) -> int:
-    """Micro-batches of a swapped layer resident at once: one being computed, one prefetched for its backward."""
-    return min(inflight, 2)
 
 
 class CostModel:
@@ -219,9 +209,10 @@ class CostModel:
     def comm_bytes(self, stage: int, lo: int, hi: int) -> int:
         """The most the stage's transfers hold at once along its order (``StageCost.comm_bytes``), whatever the
         activations' policies."""
-        return StageCost(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, transfers=self._transfers(stage),
-                         sent_in_bytes=self.inp[lo] if stage > 0 else 0,
-                         sent_out_bytes=self.out[hi - 1] if stage < self.chunks - 1 else 0).comm_bytes
+        return transfers_peak(self._transfers(stage), *self._sent_bytes(stage, lo, hi))
+
+    def _sent_bytes(self, stage: int, lo: int, hi: int) -> tuple[int, int]:  # an input gradient, an output
+        return self.inp[lo] if stage > 0 else 0, self.out[hi - 1] if stage < self.chunks - 1 else 0
 
     def _transfers(self, stage: int) -> tuple[Transfers, ...]:
         return () if self.chunks != self.stages else self.kind.transfers(self.stages, self.microbatches, stage)
@@ -271,7 +262,7 @@ class CostModel:
         # On top comes layer i's working set and, recomputed, its rebuilt activations. StageCost.rebuild_bytes is the
         # largest such top over one micro-batch's whole share (the memory planners count it without that credit:
         # ``planned_peak_bytes``).
-        top = 0
+        top = first = 0
         for i in range(lo, hi):
             policy = policies[i]
             if policy is Policy.KEEP:
@@ -285,10 +276,17 @@ class CostModel:
                 swapped += self.act[i]
                 here = resident + self.trans[i]
             top = max(top, here)
+            first = max(first, here - (self._pp[i] - self._pp[lo]))  # the gradients of layers before i not yet made
         rebuilt = max(0, top - resident)
+        if n == self.microbatches and self.chunks == self.stages and not (self.kind.split_backward
+                                                                          or self.kind.asynchronous):
+            # Every forward comes before the first backward, which makes the gradients (counted static) layer by
+            # layer: all micro-batches whole with its top, or one fewer with a later one's (below 0: gradients unmade)
+            rebuilt = max(first, top - resident) - resident
         extra = policy_overhead(recompute, swapped, self.hide_s(stage, lo, hi), self.cluster.swap_bandwidth,
                                 self.cluster.swap_overlaps)
         fwd, bwd = self.base_times(stage, lo, hi)
+        sent = self._sent_bytes(stage, lo, hi)
         return StageCost(
             forward_s=fwd,
             backward_s=bwd + extra,
@@ -306,9 +304,7 @@ class CostModel:
             wait_bytes=self.wait_bytes(lo, hi) if self.kind.split_backward else 0,
             transient_bytes=self._trans_max(lo, hi),
             step_bytes=self._step_max(lo, hi),
-            transfers=self._transfers(stage),
-            sent_in_bytes=self.inp[lo] if stage > 0 else 0,
-            sent_out_bytes=self.out[hi - 1] if stage < self.chunks - 1 else 0,
+            transfers=self._transfers(stage), sent_in_bytes=sent[0], sent_out_bytes=sent[1],
         )
 
     def estimate(self, plan: Plan) -> Estimate:

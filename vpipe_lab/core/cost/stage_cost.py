@@ -1,5 +1,6 @@
-"""What one stage (or chunk) of a plan costs: its times per micro-batch and the bytes it holds, and a stage's peak
-from its chunks' costs along a chunked schedule's order (``core/cost/costmodel.py`` computes them)."""
+"""What one stage (or chunk) of a plan costs: its times per micro-batch and the bytes it holds (with what its memory
+plan and its transfers add), and a stage's peak from its chunks' costs along a chunked schedule's order
+(``core/cost/costmodel.py`` computes them)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vpipe_lab.core.schedules.orders.held import Transfers
+
+
+def policy_overhead(recompute_s: float, swap_bytes: int, hide_s: float, bandwidth: float,
+                    overlaps: bool = True) -> float:
+    """Extra backward time of a stage's memory plan: recompute plus the swap transfer time not hidden by compute;
+    without ``overlaps`` (copies on the compute thread, ``Cluster.swap_overlaps``) every byte is copied out and back
+    in on the stage's own time."""
+    if not overlaps:
+        return recompute_s + 2 * swap_bytes / bandwidth
+    if swap_bytes <= 0:
+        return recompute_s
+    return max(recompute_s, swap_bytes / bandwidth - hide_s)
+
+
+def swap_buffers(inflight: int) -> int:
+    """Micro-batches of a swapped layer resident at once: one being computed, one prefetched for its backward."""
+    return min(inflight, 2)
 
 
 @dataclass(frozen=True)
@@ -25,6 +43,7 @@ class StageCost:
     inflight: int
     # the most a layer adds on top of what is held: a recomputed layer's activations, rebuilt right before its
     # backward, plus that layer's own working set (LayerCost.transient_bytes); for a kept layer its working set
+    # (below 0 where the weights' gradients, counted static, are not all made yet at the peak: costmodel.py)
     rebuild_bytes: int = 0
     wgrad_s: float = 0.0  # the weights' gradients' part of backward_s (a zero-bubble schedule's W step)
     resident_bytes: int = 0  # per micro-batch held from forward to backward (kept layers, recomputed layers' inputs)
@@ -55,9 +74,14 @@ class StageCost:
         iteration's sends are done), the receives posted ahead and a backward's received gradient. No activation
         policy changes it; it is taken whole beside the activations' peak, which can come at another point of the
         order (an upper bound)."""
-        g, o = self.sent_in_bytes, self.sent_out_bytes
-        return max(((sent_in + ahead_in) * g + (sent_out + ahead_grad + in_backward) * o
-                    for sent_in, sent_out, ahead_in, ahead_grad, in_backward in self.transfers), default=0)
+        return transfers_peak(self.transfers, self.sent_in_bytes, self.sent_out_bytes)
+
+
+def transfers_peak(points: Sequence[Transfers], sent_in_bytes: int, sent_out_bytes: int) -> int:
+    """The most ``points`` (``orders/held.py``: ``transfers``) hold, for one input gradient of ``sent_in_bytes`` and
+    one output (or received gradient) of ``sent_out_bytes``."""
+    return max(((sent_in + ahead_in) * sent_in_bytes + (sent_out + ahead_grad + in_backward) * sent_out_bytes
+                for sent_in, sent_out, ahead_in, ahead_grad, in_backward in points), default=0)
 
 
 class RangeMax:

@@ -65,7 +65,9 @@ def _raise_infeasible(cm: CostModel, bounds: tuple[int, ...], policies: tuple[Po
                       missing: dict[int, int] | None = None) -> None:
     if missing is None:
         est = cm.estimate(Plan(bounds, policies, cm.microbatches, cm.schedule))
-        missing = {s: o for s, o in enumerate(est.over_budget) if o > 0}
+        missing = {s: o for s, o in enumerate(est.over_budget) if o > 0} or {  # else as the planners count it
+            s: over for s in range(cm.stages)
+            if (over := cm.planned_peak_bytes(s, bounds[s], bounds[s + 1], policies) - cm.budget(s)) > 0}
     stage = max(missing, key=lambda s: missing[s])
     detail = ", ".join(f"stage {s} lacks {b:,} bytes" for s, b in sorted(missing.items()))
     raise InfeasiblePlan(
