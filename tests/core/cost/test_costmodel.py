@@ -103,7 +103,7 @@ def test_zb_h1_memory_and_time() -> None:
     assert [cm.waiting_bytes(s, s, s + 1) for s in range(k)] == [1 * 15, 1 * 15, 2 * 15, 3 * 15]
     plan = Plan.from_counts([1] * k, 8, "zb-h1")
     est = estimate(plan, profile, cluster)
-    assert est.activation_bytes == (415, 315, 230, 145)
+    assert est.activation_bytes == (415 + 4 * 10, 315, 230, 145)  # stage 0: the other 4 micro-batches' inputs too
     assert math.isclose(est.iteration_s, 8 * 3.0 + 3 * (3.0 - 2 * 1.0))  # W = half the backward (no measure given)
     assert est.iteration_s < estimate(plan.replace(schedule="1f1b"), profile, cluster).iteration_s
     slow = Cluster(k, 10**9, 1e9, 1e30, step_overhead_s=0.5)  # three steps per micro-batch instead of two
@@ -205,4 +205,19 @@ def test_gradients_count_from_the_first_backward_only_where_every_forward_comes_
     for m, made in ((2, -7), (4, 0)):
         cost = CostModel(profile, cluster, m, "1f1b").stage_cost(0, 0, 2, keep)
         assert cost.inflight == 2
-        assert cost.peak_bytes == cost.static_bytes + 2 * 1500 + made + cost.comm_bytes, m
+        held = 2 * 1500 + (m - 2) * 100  # and the inputs of the micro-batches not in flight (test below)
+        assert cost.peak_bytes == cost.static_bytes + held + made + cost.comm_bytes, m
+
+
+def test_stage_0_holds_the_whole_batch_it_read() -> None:
+    """Stage 0 reads the batch whole and holds it to the iteration's end: besides the inputs of its micro-batches in
+    flight (its first layer's saved input) the other micro-batches' inputs count; no other stage holds them."""
+    profile = ModelProfile((L("a", 1.0, 2.0, 1000, 100, 10, 7, 3), *two_layer_profile().layers))
+    cluster = Cluster(2, 10**9, swap_bandwidth=1000.0, link_bandwidth=1e9)
+    cm = CostModel(profile, cluster, 8, "1f1b")
+    keep = (Policy.KEEP,) * 3
+    assert [cm.batch_bytes(s) for s in (0, 1)] == [(8 - 2) * 100, 0]
+    first = cm.stage_cost(0, 0, 1, keep)
+    assert first.activation_bytes == 2 * 1000 + 6 * 100
+    assert cm.keep_all_bytes(0, 0, 1) == first.peak_bytes == first.static_bytes + 2 * 1000 + 600 + first.comm_bytes
+    assert CostModel(profile, cluster, 2, "1f1b").batch_bytes(0) == 0  # M = 2: both in flight

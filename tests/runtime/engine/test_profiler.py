@@ -50,3 +50,19 @@ def test_profile_schedule_after_a_trigger_and_periodically() -> None:
 
     with pytest.raises(ValueError, match="at least 2"):
         ProfileSchedule(after_trigger=1)
+
+
+def test_the_pipeline_s_data_input_and_what_the_loss_saves_are_measured() -> None:
+    """The first layer's input is the batch's data (no gradient): its bytes are what stage 0 holds per micro-batch
+    (the cost model counts the whole batch from them); what the loss saves for its backward (cross-entropy: the
+    log-probabilities, 5 x 4 floats) counts with the last layer's activations."""
+    stage = Stage(torch.device("cpu"), lambda p: torch.optim.SGD(p, lr=0.1), seed=0)
+    stage.add_layer(0, torch.nn.Linear(16, 4))
+    clock = iter(range(1000)).__next__
+    (segment,) = stage.segments(profile=True)
+    out = stage.forward(0, segment, torch.randn(5, 16), input_grad=False, timer=lambda: float(clock()))
+    stats = stage.layers[0].stats
+    assert stats.input_bytes == 5 * 16 * 4 and stats.activation_bytes == 5 * 16 * 4  # Linear saves its input
+    stage.attach_loss(0, segment, out, torch.nn.functional.cross_entropy, torch.zeros(5, dtype=torch.long),
+                      timer=lambda: float(clock()))
+    assert stats.activation_bytes >= 5 * 16 * 4 + 5 * 4 * 4

@@ -23,7 +23,8 @@ with ``hide`` the stage's compute time (less its boundary traffic when that shar
       weights' gradients (counted static, but set to None by the last step) only as it reaches each layer
     + what the transfers hold at their most along the stage's order (``StageCost.comm_bytes``: tensors sent, kept
       until the iteration's sends are waited for, receives posted ahead, a backward's received gradient), added whole
-      as no policy changes it (``orders/held.py``'s ``transfers``; chunked schedules count none yet)
+      as no policy changes it (``orders/held.py``'s ``transfers``; chunked schedules count none yet), and on stage 0
+      the inputs of the micro-batches not in flight: it reads the batch whole and holds it (``batch_bytes``)
 
 or, where it is more, static + the optimizer step's scratch (``step_bytes``; the step runs once the activations are
 gone)
@@ -204,7 +205,13 @@ class CostModel:
         top, or its optimizer step's scratch where that is more)."""
         return (self.static_bytes(lo, hi) + self.stash_bytes(stage, lo, hi)
                 + max(self.inflight(stage) * self.activation_sum(lo, hi) + self.waiting_bytes(stage, lo, hi)
-                      + self._trans_max(lo, hi) + self.comm_bytes(stage, lo, hi), self._step_max(lo, hi)))
+                      + self.batch_bytes(stage) + self._trans_max(lo, hi) + self.comm_bytes(stage, lo, hi),
+                      self._step_max(lo, hi)))
+
+    def batch_bytes(self, stage: int) -> int:
+        """Stage 0 reads the whole batch before its iteration and holds it to the end: besides the inputs of the
+        micro-batches in flight (its first layer's saved input, or a recomputed one's kept input), the others'."""
+        return 0 if stage or self.chunks != self.stages else (self.microbatches - self.inflight(0)) * self.inp[0]
 
     def comm_bytes(self, stage: int, lo: int, hi: int) -> int:
         """The most the stage's transfers hold at once along its order (``StageCost.comm_bytes``), whatever the
@@ -294,7 +301,7 @@ class CostModel:
             swap_exposed_s=extra - recompute,
             comm_s=self.send_forward_s(stage, hi) + self.send_backward_s(stage, lo),
             static_bytes=self.static_bytes(lo, hi) + self.stash_bytes(stage, lo, hi),
-            activation_bytes=n * resident + self.waiting_bytes(stage, lo, hi),
+            activation_bytes=n * resident + self.waiting_bytes(stage, lo, hi) + self.batch_bytes(stage),
             swap_buffer_bytes=swap_buffers(n) * swapped,
             host_bytes=(n - swap_buffers(n)) * swapped,
             inflight=n,

@@ -248,7 +248,7 @@ class Stage(UnitState):
             st = self.layers[segment[0]].stats
             if policy is not Policy.RECOMPUTE:
                 st.note_saved(self.ledger.device.get(key, 0))
-            st.input_bytes = max(st.input_bytes, sum(tensor_bytes(t) for t in leaves))
+            st.input_bytes = max(st.input_bytes, sum(tensor_bytes(t) for t in (leaves if input_grad else tensors_of(inp))))
             st.output_bytes = max(st.output_bytes, sum(tensor_bytes(t) for t in tensors_of(out)))
             st.forwards += 1
         result = recompute.detach(out)
