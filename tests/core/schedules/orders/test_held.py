@@ -59,3 +59,10 @@ def test_the_cost_model_counts_what_the_transfers_hold_on_top_of_the_activations
     assert [c.comm_bytes for c in keep] == [4 * 1024, 3 * 1024]
     assert cm.keep_all_bytes(1, 2, 4) == est.peak_bytes[1]  # the memory planners count them too
     assert CostModel(profile, cluster, 4, "interleaved-1f1b", 2).comm_bytes(0, 0, 1) == 0
+
+
+def test_a_long_pipeline_s_transfers_are_walked_in_linear_time() -> None:
+    """Only the latest point per kind survives the walk (what was sent only grows), so 16,384 micro-batches on 4
+    stages take one pass, not a comparison of every pair of points."""
+    got = schedules.get("1f1b").transfers(4, 16384, 1)
+    assert got == ((16380, 16380, 1, 1, 1), (16382, 16382, 0, 1, 1), (16383, 16383, 0, 0, 1))

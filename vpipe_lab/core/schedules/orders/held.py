@@ -57,14 +57,16 @@ def transfers(order: Sequence[tuple[str, int, int]], receives_input: bool, recei
     inputs = sum(op == "F" for op, _, _ in order) if receives_input else 0
     grads = sum(op == "B" for op, _, _ in order) if receives_grad else 0
     sent_in = sent_out = got_in = got_grad = 0
-    found: set[Transfers] = set()
+    latest: dict[tuple[int, int, int], Transfers] = {}
     for op, _, _ in order:
         got_in += op == "F" and receives_input
         got_grad += op == "B" and receives_grad
-        found.add((sent_in, sent_out, int(got_in < inputs), int(got_grad < grads), int(op == "B")))
+        flags = (int(got_in < inputs), int(got_grad < grads), int(op == "B"))
+        latest[flags] = (sent_in, sent_out, *flags)  # what was sent only grows: the latest point dominates the rest
         # an output is held for its backward anyway (the profile counts it there), and by its send after it
         sent_out += op == "B"
         sent_in += op == "B"
+    found = set(latest.values())
 
     def dominated(p: Transfers) -> bool:
         return any(q != p and all(x >= y for x, y in zip(q, p)) for q in found)
