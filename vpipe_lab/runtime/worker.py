@@ -354,7 +354,9 @@ class Worker(IterationEnd, WorkerCommands):
         profile, drop = self.profiling.next(it)
         if drop:
             self.stage.reset_stats()
-        held = allocator.held(self.stage) + allocator.data_bytes(batch)  # the batch was allocated before the window
-        self.stage.probing = not self.meter.start(it, held, profile and not (drop or self.profiling.cold))
+        measured = profile and not (drop or self.profiling.cold)
+        # what the stage holds as the window opens (the batch was read before it), only when this one is measured
+        held = allocator.held(self.stage) + allocator.data_bytes(batch) if self.meter.due(it, measured) else 0
+        self.stage.probing = not self.meter.start(it, held, measured)
         self.phase = "the iteration"
         return self.executor.run(it, self.plan, batch, profile=profile, sizes=self.shapes.sizes, counts=counts)

@@ -70,9 +70,9 @@ def data_bytes(batch: Any) -> int:
     spans: dict[int, tuple[int, int]] = {}
     for leaf in pytree.tree_leaves(batch):
         if isinstance(leaf, torch.Tensor) and not leaf.is_meta and leaf.nbytes:
-            start = leaf.data_ptr()
-            lo, hi = spans.get(leaf.untyped_storage().data_ptr(), (start, start))
-            spans[leaf.untyped_storage().data_ptr()] = (min(lo, start), max(hi, start + leaf.nbytes))
+            start, storage = leaf.data_ptr(), leaf.untyped_storage().data_ptr()
+            lo, hi = spans.get(storage, (start, start))
+            spans[storage] = (min(lo, start), max(hi, start + leaf.nbytes))
     return sum(hi - lo for lo, hi in spans.values())
 
 
@@ -97,10 +97,9 @@ def ranges(events: Any, times: list[int], sums: list[int]) -> dict[str, tuple[in
     """Each marked region's (bytes at its start, its peak, at its end), relative to the iteration's start; a region
     seen several times (micro-batches) keeps its largest transient."""
     out = Largest()
-    for e in sorted(events, key=lambda e: e.start_ns()):
+    marked = [e for e in events if e.name().startswith(PREFIX)]
+    for e in sorted(marked, key=lambda e: e.start_ns()):  # in time order: a layer's first backward comes first
         name = e.name()
-        if not name.startswith(PREFIX):
-            continue
         lo = bisect.bisect_left(times, e.start_ns())
         hi = bisect.bisect_right(times, e.end_ns())
         start = sums[lo - 1] if lo > 0 else 0
