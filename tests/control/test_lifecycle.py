@@ -21,6 +21,6 @@ def test_an_attached_session_has_no_processes_and_no_restarts_of_its_own() -> No
     p = s.processes
     assert p.pids() == {} and p.remaining() == [] and p.exit_codes() == {} and p.restarts == [] and p.started(0) == {}
     with pytest.raises(RuntimeError, match="torchrun's own --max-restarts"):
-        s.restart_on_failure(1, 10.0)
+        s._restart_on_failure(1, 10.0)
     assert list(s.metrics.restarts.columns) == ["number", "time", "stage", "cause", "snapshot", "replayed", "seconds",
                                                 "loss_diff"]

@@ -271,7 +271,7 @@ def test_drag_a_boundary_in_the_quickstart_and_apply_it(lab: Lab) -> None:
         result = ask(kc, f"""
 import json
 session.wait({switched_at} + 3, timeout=180)
-owned = session.layers_by_stage()
+owned = session.processes.layers()
 frame = session.metrics.iterations
 print(json.dumps({{"bounds": list(session.plan.boundaries), "owned": owned, "schedule": session.plan.schedule,
                    "sources": [a.source for a in session.applied], "record": session.record.rows()[1],
@@ -334,7 +334,7 @@ def test_the_history_panel_reverts_and_compares(lab: Lab) -> None:
         page.screenshot(path=str(ARTIFACTS / "history.png"), full_page=True)
     kc = kernel_client(lab, name)
     try:
-        owned = ask(kc, "print(session.layers_by_stage(), list(session.history['source']))")
+        owned = ask(kc, "print(session.processes.layers(), list(session.history['source']))")
         assert "[[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]] ['launch', 'magic', 'revert']" in owned
         assert "no worker process is left" in ask(kc, "%vpipe stop")
     finally:

@@ -43,7 +43,10 @@ def node(run_dir: Path, port: int, host: bool, log: Path) -> subprocess.Popen[by
     """One node's torchrun agent; ``host`` serves the c10d rendezvous store (the node that must stay)."""
     return torchrun(["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                      "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "elastic-test",
-                     "--rdzv-conf", f"is_host={int(host)},last_call_timeout=2,join_timeout=120",
+                     # a node that died is dropped from the rendezvous after 2 missed heartbeats of 1 s (the default,
+                     # 3 of 5 s, held the restart 15 s on a node everyone knew was gone)
+                     "--rdzv-conf", f"is_host={int(host)},last_call_timeout=2,join_timeout=120,keep_alive_interval=1,"
+                                    "keep_alive_max_attempt=2",
                      "--max-restarts", "2", "--monitor-interval", "0.5", *worker_args(run_dir)], log)
 
 

@@ -98,7 +98,7 @@ def test_interleaved_stages_migrate_switch_schedules_and_resume(tmp_path) -> Non
         session.run(2)
         session.wait(timeout=120)
         assert session.apply(Plan((0, 3, 5, 8, 10), tuple("kkrrsskkkk"), 4, "interleaved-1f1b", 2)) == 4
-        assert session.layers_by_stage() == [[0, 1, 2, 5, 6, 7], [3, 4, 8, 9]]
+        assert session.processes.layers() == [[0, 1, 2, 5, 6, 7], [3, 4, 8, 9]]
         session.run(2)
         session.wait(timeout=120)
         session.save(tmp_path / "ckpt")
@@ -123,7 +123,7 @@ def test_zbv_stages_migrate_switch_schedules_and_resume(tmp_path) -> None:  # ty
         session.run(1)
         session.wait(timeout=120)
         assert session.apply(Plan((0, 2, 5, 7, 10), tuple("ksrrskksrk"), 4, "zbv", 2)) == 1
-        assert session.layers_by_stage() == [[0, 1, 7, 8, 9], [2, 3, 4, 5, 6]]
+        assert session.processes.layers() == [[0, 1, 7, 8, 9], [2, 3, 4, 5, 6]]
         session.run(2)
         session.wait(timeout=120)
         assert session.apply(Plan((0, 3, 4, 8, 10), tuple("kkrskkrkkk"), 4, "zbv", 2)) == 3

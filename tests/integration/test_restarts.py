@@ -146,7 +146,7 @@ def test_a_live_change_survives_a_restart(undisturbed: Any) -> None:
         s.set_partition((0, 3, 10))
         got = train(s, ITERATIONS - 10, fault=kill(1), at=20)
         assert s.iteration == ITERATIONS
-        assert s.plan.boundaries == (0, 3, 10) and s.layers_by_stage() == [[0, 1, 2], list(range(3, 10))]
+        assert s.plan.boundaries == (0, 3, 10) and s.processes.layers() == [[0, 1, 2], list(range(3, 10))]
         row = s.metrics.restarts.iloc[0]
     assert row["snapshot"] == 10  # the snapshot taken as the change came into force
     state, losses = got
@@ -172,11 +172,11 @@ def test_a_stage_that_cannot_come_back_is_planned_away(monkeypatch: pytest.Monke
         row = s.metrics.restarts.iloc[0]
         assert s.stages == 2 and s.plan.stages == 2 and len(s.processes.pids()) == 2 and s.status == "idle"
         assert s.spec.devices == [0, 2]  # on a GPU machine the new rank 1 takes the third GPU, not the lost one
-        assert sorted(i for layers in s.layers_by_stage() for i in layers) == list(range(10))
+        assert sorted(i for layers in s.processes.layers() for i in layers) == list(range(10))
         s.set_partition((0, 4, 10))  # the session is a two-stage session now: live changes work on it
         s.run(2)
         s.wait(timeout=60)
-        assert s.layers_by_stage() == [[0, 1, 2, 3], list(range(4, 10))]
+        assert s.processes.layers() == [[0, 1, 2, 3], list(range(4, 10))]
     assert len(losses) == ITERATIONS and row["stages"] == 2 and len(s.processes.restarts) == 1
     assert "stage 1 could not come back: its replacement died as it started (exit code 17)" in row["note"]
     assert "1f1b on 2 stages, balanced by the measured layer times" in row["note"]

@@ -27,7 +27,6 @@ class FakeSession:
         self.plan = Plan((0, 2, 4), "kkkk", 2)
         self.plan_version = 0
         self.iteration = 0
-        self.running = True
         self.status = "running"
         self.failure = None
         self.callbacks: list[Any] = []
@@ -195,7 +194,7 @@ def test_the_view_stays_frozen_after_the_session_ends() -> None:
     try:
         for it in range(3):
             s.step(it)
-        s.status, s.running = "stopped", False
+        s.status = "stopped"
         for cb in list(s.callbacks):
             cb({"type": "closed", "status": "stopped"})
         deadline = time.monotonic() + 5
@@ -213,7 +212,7 @@ def test_the_view_stays_frozen_after_the_session_ends() -> None:
 
 def test_a_failed_session_says_why() -> None:
     s = FakeSession()
-    s.status, s.running = "failed", False
+    s.status = "failed"
     s.failure = SimpleNamespace(cause="stage 1: CUDA out of memory\ntraceback ...")
     board = Dashboard(s)  # type: ignore[arg-type]
     try:

@@ -213,7 +213,7 @@ def test_a_draft_and_its_preview_reach_the_browser_in_one_message() -> None:
 class _SlowSession:
     """A session whose iterations are longer than the editor waits for a fresh profile."""
 
-    running = True
+    status = "running"
     metrics = types.SimpleNamespace(timeline=lambda last: None)
 
     def __init__(self) -> None:

@@ -44,7 +44,7 @@ def test_history_revert_and_compare_on_a_session(capsys: pytest.CaptureFixture[s
         panel = ip.run_line_magic("vpipe", "history")
         assert isinstance(panel, HistoryPanel) and "<td>magic</td>" in panel.table.value
         ip.run_line_magic("vpipe", "revert 0")
-        assert pipe.plan.boundaries == (0, 5, 10) and pipe.layers_by_stage() == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+        assert pipe.plan.boundaries == (0, 5, 10) and pipe.processes.layers() == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
         editor = ip.run_line_magic("vpipe", "editor")
         assert [layer["name"] for layer in editor.layers] == pipe.names  # blocks at once, before any profile
         deadline = time.monotonic() + 30

@@ -40,7 +40,7 @@ def test_a_nan_loss_pauses_before_the_step_with_nothing_changed_and_names_where(
         err = caught.value
         assert (err.iteration, err.microbatch, err.stage, err.value) == (BAD_ITERATION, BAD_MICROBATCH, 1, "nan")
         assert "iteration 3, micro-batch 1 is nan" in str(err) and "nothing changed" in str(err)
-        assert session.iteration == BAD_ITERATION and session.paused
+        assert session.iteration == BAD_ITERATION and session.status == "paused"
         state = session.state_dict()
         session.resume()  # the same batch again: the same verdict, still nothing changed
         with pytest.raises(vpipe_lab.NonFiniteLoss, match="iteration 3, micro-batch 1"):

@@ -96,7 +96,7 @@ def launch(model: Any, data: Any = None, *, loss: Any = None, optimizer: Any = N
     spec.save(spec_path)
     launcher = Launcher(session_id, job_dir)
     session = Session(spec, hub, launcher, job_dir, model=model)
-    hub.set_handler(session.receive)
+    hub.set_handler(session._receive)
     try:
         session.logger.sink = sinks.open_sink(settings.log)
     except Exception:
@@ -104,7 +104,7 @@ def launch(model: Any, data: Any = None, *, loss: Any = None, optimizer: Any = N
         raise
     _start_workers(session, launcher, spec_path, model_key, settings.start_timeout)
     if settings.max_restarts:
-        session.restart_on_failure(settings.max_restarts, settings.start_timeout)
+        session._restart_on_failure(settings.max_restarts, settings.start_timeout)
     if manifest is not None:
         session.state.plan_version = manifest.plan_version
     if settings.auto_replan:
@@ -204,7 +204,7 @@ def _start_workers(session: Session, launcher: Launcher, spec_path: Path, model_
     try:
         launcher.start_rank(0, spec_path)
         if spec.scout:
-            session.starting(lambda: session.state.units is not None, start_timeout,
+            session._starting(lambda: session.state.units is not None, start_timeout,
                              lambda: (0, "rank 0 did not report the model's partition units"))
             names = list(session.state.units or [])
             units.remember(model_key, names)
@@ -218,7 +218,7 @@ def _start_workers(session: Session, launcher: Launcher, spec_path: Path, model_
         missing = sorted(set(range(session.workers)) - set(session.state.ready))
         return (missing or [0])[0], f"ranks {missing} did not start"
 
-    session.starting(lambda: len(session.state.ready) >= session.workers, start_timeout, late)
+    session._starting(lambda: len(session.state.ready) >= session.workers, start_timeout, late)
     session.state.adopt([], None)
     units.remember(model_key, session.names)
 
@@ -247,5 +247,5 @@ def attach(address: str, *, key: str | None = None, key_file: str | Path | None 
                            "shortly")
     session.state.adopt(welcome.ready, welcome.current)
     client.wait_replay(min(timeout, 10.0))
-    client.set_handler(session.receive)  # the replayed recent iterations fill the metrics first
+    client.set_handler(session._receive)  # the replayed recent iterations fill the metrics first
     return session

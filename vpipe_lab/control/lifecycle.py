@@ -19,12 +19,24 @@ from vpipe_lab.wire import protocol as P
 class Processes:
     """A session's worker processes (``session.processes``): ids, exit codes, what is left of them, and restarts."""
 
-    def __init__(self, launcher: Launcher | None, metrics: Metrics, state: JobState) -> None:
-        self._launcher, self._metrics, self._state = launcher, metrics, state
+    def __init__(self, launcher: Launcher | None, metrics: Metrics, state: JobState,
+                 layers: Callable[[float | None], list[list[int]]] | None = None) -> None:
+        self._launcher, self._metrics, self._state, self._layers = launcher, metrics, state, layers
 
     def started(self, rank: int) -> dict[str, Any]:
         """What ``rank`` reported when it started: its stage, device, backend, measured bandwidths, plan."""
         return ready.to_dict() if (ready := self._state.ready.get(rank)) is not None else {}
+
+    @property
+    def device(self) -> str:
+        """What rank 0 runs on ("cpu", "cuda:0", ...)."""
+        return str(self.started(0).get("device", "?"))
+
+    def layers(self, timeout: float | None = None) -> list[list[int]]:
+        """Which layers each stage holds now, as the workers themselves report it (at the next iteration boundary)."""
+        if self._layers is None:
+            raise RuntimeError("no session answers for these processes")
+        return self._layers(timeout)
 
     def pids(self) -> dict[int, int]:
         """Each worker process's id by rank (a launched session's; after a restart, the replacements')."""
@@ -47,7 +59,8 @@ class Processes:
 class Lifecycle:
     """The Session's wiring to its processes: the messages in, the wait while they start, and restarts. A mixin,
     because these are wired between the Session's own collaborators (failure monitor, intake, requests, launcher),
-    which only the Session holds."""
+    which only the Session holds; none of it is a user's, so its names are underscored, and ``control/launch.py``,
+    which builds the Session, is the one caller outside the class."""
 
     spec: Any
     state: Any
@@ -68,11 +81,11 @@ class Lifecycle:
     replicas: int
 
     # --- wiring (launch, attach) ------------------------------------------------------------------------------------
-    def receive(self, msg: P.Message) -> None:
+    def _receive(self, msg: P.Message) -> None:
         """Take one message from a worker (the channel's handler; it runs on the channel's thread)."""
         self._intake.receive(msg)
 
-    def starting(self, done: Callable[[], bool], timeout: float, late: Callable[[], tuple[int, str]]) -> None:
+    def _starting(self, done: Callable[[], bool], timeout: float, late: Callable[[], tuple[int, str]]) -> None:
         """Wait for ``done()`` while workers start (``launch``); on a failure, or a timeout (``late()`` says which
         rank missed what), stop the workers and raise."""
         try:
@@ -86,7 +99,7 @@ class Lifecycle:
             self.stop(timeout=2.0)  # nothing trains yet
             raise err
 
-    def restart_on_failure(self, limit: int, start_timeout: float) -> None:
+    def _restart_on_failure(self, limit: int, start_timeout: float) -> None:
         """From now on a failed worker is replaced and training goes back to the newest snapshot, ``limit`` times
         at most (``control/workers/restarts.py``); launch() calls this for ``max_restarts``."""
         if self._launcher is None or self._job_dir is None:

@@ -23,7 +23,7 @@ class MemoryView:
 
     plan: Any
     metrics: Any
-    device: str
+    processes: Any
     _profiles: Any
     newest_profile: Callable[[], Any]  # the Session's own (attributes, not stub methods a mixin order could let win)
     cluster: Callable[[], Any]
@@ -41,7 +41,7 @@ class MemoryView:
         if profile is None:
             return pd.DataFrame([{"stage": s, "predicted_peak": None} for s in range(plan.stages)])
         est = estimate(plan, profile, dataclasses.replace(cluster, stages=plan.stages))
-        on_cpu = self.device == "cpu"
+        on_cpu = self.processes.device == "cpu"
         rows_now = {r["stage"]: r for r in self.metrics.latest_memory() if r.get("replica", 0) == 0}
         rows = []
         for s in range(plan.stages):

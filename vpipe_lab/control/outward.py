@@ -32,7 +32,7 @@ class Outward:
     _check: Any
     profile: Any
     cluster: Any
-    microbatch_size: Any
+    _microbatch_size: Any
     apply: Any
 
     def state_dict(self, timeout: float | None = None) -> Any:
@@ -62,7 +62,7 @@ class Outward:
         profile = cluster = None
         if self.iteration > 0 and not self.closed:
             profile, cluster = self.profile(), self.cluster()
-        bundle = interop.bundle_of(plan, self.state.unit_info, microbatch_size=microbatch_size or self.microbatch_size(),
+        bundle = interop.bundle_of(plan, self.state.unit_info, microbatch_size=microbatch_size or self._microbatch_size(),
                                    profile=profile, cluster=cluster, measured=measured)
         return interop.write(path, bundle)
 

@@ -75,7 +75,7 @@ class Session(Outward, Lifecycle, MemoryView):
         self._history = History(self.state, self.metrics, cond)  # session.record (control/record.py)
         self._events.subscribe(self._history.observe)
         self.record = Record(self._history, self.change, lambda: self.stages)
-        self.processes = Processes(launcher, self.metrics, self.state)
+        self.processes = Processes(launcher, self.metrics, self.state, self._layers_by_stage)
         self._live = Live(spec, job_dir, self.state, self._requests, self._monitor, self._events.publish, self._check,
                           self.profile, self.cluster, self._profiles.forget, self.newest_profile,
                           lambda: self._profiles.newest, self.record.calibration)
@@ -113,10 +113,6 @@ class Session(Outward, Lifecycle, MemoryView):
         return len(self.state.names)
 
     @property
-    def last_checkpoint(self) -> Path | None:
-        return self.state.last_checkpoint
-
-    @property
     def last_migration(self) -> dict[str, Any] | None:
         return self.state.last_migration
 
@@ -128,11 +124,6 @@ class Session(Outward, Lifecycle, MemoryView):
     @property
     def last_mapping(self) -> dict[int, int | None] | None:  # set_model's new -> old layer mapping
         return self.state.last_mapping
-
-    @property
-    def device(self) -> str:
-        """What rank 0 runs on ("cpu", "cuda:0", ...)."""
-        return str(self.processes.started(0).get("device", "?"))
 
     # --- the record of plans (``record``: these three are the ones users reach for) -----------------------------
     history = property(lambda self: self.record.history, doc="Every plan that ran, a row each: ``record.history``.")
@@ -156,24 +147,19 @@ class Session(Outward, Lifecycle, MemoryView):
         return self._monitor.closed
 
     @property
-    def running(self) -> bool:
-        """Training now: iterations are asked for, and nothing paused, failed or stopped it."""
-        target = self.state.target
-        return (not self.closed and self.failure is None and not self.paused
-                and (target is None or self.state.iteration < target))
-
-    @property
-    def paused(self) -> bool:
-        """Paused by pause() or by an over-budget iteration; resume() or run() go on."""
-        return self.state.paused and not self.closed and self.failure is None
-
-    @property
     def status(self) -> str:
-        """'stopped', 'failed', 'restarting' (max_restarts: a failed worker is being replaced), 'paused', 'running',
-        or 'idle' (the iterations asked for are done)."""
-        return ("stopped" if self.closed else "failed" if self.failure is not None else
-                "restarting" if self._monitor.recovering else "paused" if self.paused else
-                "running" if self.running else "idle")
+        """'stopped', 'failed', 'restarting' (max_restarts: a failed worker is being replaced), 'paused' (by pause()
+        or an over-budget iteration: resume() or run() go on), 'running' (iterations are asked for), or 'idle' (the
+        iterations asked for are done)."""
+        if self.closed or self.failure is not None:
+            return "stopped" if self.closed else "failed"
+        target = self.state.target
+        return ("restarting" if self._monitor.recovering else "paused" if self._paused else
+                "running" if target is None or self.state.iteration < target else "idle")
+
+    @property
+    def _paused(self) -> bool:
+        return self.state.paused and not self.closed and self.failure is None
 
     def _check(self) -> None:
         if self._monitor.fatal is not None:
@@ -217,7 +203,7 @@ class Session(Outward, Lifecycle, MemoryView):
         if goal is None:
             raise ValueError("run() was asked to train until stopped: give wait() an iteration to wait for")
         self._check()
-        why = lambda: self.state.unreachable(goal, self.paused)
+        why = lambda: self.state.unreachable(goal, self._paused)
         self._requests.until(lambda: self.state.iteration >= goal or self.closed or self._monitor.paused_reported()
                              or why() is not None, timeout, lambda: f"iteration {goal} not reached (at {self.iteration})")
         self._check()
@@ -252,7 +238,7 @@ class Session(Outward, Lifecycle, MemoryView):
     def profile(self, reset: bool = False, timeout: float | None = None) -> ModelProfile:
         """Every layer's measured costs per micro-batch (medians over the profiling iterations since the last reset)."""
         measures = [m for answer in self._layers(reset, timeout) for m in answer.layers]
-        return self._profiles.merge(measures, self.microbatch_size())
+        return self._profiles.merge(measures, self._microbatch_size())
 
     def breakdown(self, last: int = 10, chunks: bool = False) -> Any:
         """Where each stage's (``chunks``: each chunk's) time went over the last ``last`` iterations, measured
@@ -267,11 +253,10 @@ class Session(Outward, Lifecycle, MemoryView):
         """The last profile measured (``profile()``, a replan), without asking the workers unless none was."""
         return self._profiles.newest or self.profile()
 
-    def layers_by_stage(self, timeout: float | None = None) -> list[list[int]]:
-        """Which layers each stage holds now, as the workers themselves report it (at the next iteration boundary)."""
+    def _layers_by_stage(self, timeout: float | None = None) -> list[list[int]]:  # processes.layers()
         return [sorted(m.index for m in answer.layers) for answer in self._layers(False, timeout)]
 
-    def microbatch_size(self) -> int:
+    def _microbatch_size(self) -> int:
         """Samples per micro-batch in the latest iteration (0 before the first): what a profile is measured at."""
         return self.metrics.microbatch_size(self.replicas)
 
@@ -382,8 +367,6 @@ class Session(Outward, Lifecycle, MemoryView):
         self._hub.close()
         self.logger.close()
         self._events.emit({"type": "closed", "status": self.status})  # views freeze at their last state
-
-    close = stop
 
     def __enter__(self) -> Session:
         return self

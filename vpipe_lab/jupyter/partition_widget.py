@@ -221,14 +221,15 @@ class PartitionEditor(anywidget.AnyWidget):
         """The profile in hand is older than ``reprofile_s`` while the session trains: time to measure again (the
         workers' per-layer times are medians over their profiling iterations, so one noisy iteration moves nothing)."""
         return (self.session is not None and not self.ended and self.reprofile_s > 0
-                and time.monotonic() - max(self._opened, self._profiled) >= self.reprofile_s and self.session.running)
+                and time.monotonic() - max(self._opened, self._profiled) >= self.reprofile_s
+                and self.session.status == "running")
 
     def _freshen(self) -> None:
         """Before a draft is previewed: a profile in hand older than ``fresh_s`` while the session trains is measured
         again, waiting at most ``fresh_wait_s`` for the workers' next iteration boundary (a longer iteration: the one
         in hand serves). The workers' medians then weigh the iterations since the page loaded, which a profile taken
         while JupyterLab and the browser shared the cores with the job did not (benchmarks/what_if_browser.py)."""
-        if (self.session is None or self.ended or not self.session.running
+        if (self.session is None or self.ended or self.session.status != "running"
                 or time.monotonic() - self._profiled < self.fresh_s):
             return
         try:
