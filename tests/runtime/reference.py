@@ -24,8 +24,10 @@ def train(model_fn: Callable[[], torch.nn.Module] | None, data: Callable[[int], 
     (``torch.tensor_split``), each micro-batch's loss weighted by its share of the samples, so the step is the full
     batch's mean; ``microbatches`` may be a function of the iteration (a count changed while training).
 
-    An nn.Sequential's layers are seeded as the pipeline seeds them, so models with dropout compare too; any other
-    model is called as the data gives its inputs (a tensor, positional tuple or keyword dict).
+    An nn.Sequential's layers are seeded as the pipeline seeds them, so models with dropout compare too (the CPU's
+    generator only, as the stages do on CPU: ``torch.manual_seed`` also queues every other device's seeding and formats
+    a stack trace each time, 4% of the parity tests' time); any other model is called as the data gives its inputs (a
+    tensor, positional tuple or keyword dict).
     """
     if model is None:
         assert model_fn is not None
@@ -50,7 +52,7 @@ def train(model_fn: Callable[[], torch.nn.Module] | None, data: Callable[[int], 
                 if isinstance(model, torch.nn.Sequential):
                     h = xm
                     for i, layer in enumerate(model):
-                        torch.manual_seed(layer_seed(seed, it, mb, i))
+                        torch.default_generator.manual_seed(layer_seed(seed, it, mb, i))
                         h = layer(h)
                 else:
                     args, kwargs = args_kwargs(xm)
@@ -107,7 +109,7 @@ def train_pipedream(model_fn: Callable[[], torch.nn.Sequential], data: Callable[
                 version = history[s][max(0, mb - min(k - s - 1, microbatches))][i]
                 values = {n: t.clone().requires_grad_() for n, t in version.items()}
                 leaves += [(params[i][n], v) for n, v in values.items()]
-                torch.manual_seed(layer_seed(seed, it, mb, i))
+                torch.default_generator.manual_seed(layer_seed(seed, it, mb, i))
                 h = torch.func.functional_call(layer, values, (h,))
             loss = loss_fn(h, ys[mb])
             loss.backward()

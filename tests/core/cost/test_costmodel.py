@@ -30,9 +30,12 @@ def test_memory_by_policy_matches_the_formula() -> None:
         # A recomputed layer keeps its input per micro-batch, and holds its activations again while one micro-batch
         # is rebuilt for its backward; b's backward is done by then, so that micro-batch holds only a's input.
         ("recompute", "keep", (m - 1) * (100 + 500) + 100 + 1000, 0, 0),
-        # A swapped layer keeps two micro-batches resident: one computed, one prefetched for its backward.
-        ("swap", "keep", m * 500, 2 * 1000, -unmade),
-        ("swap", "recompute", m * 10 + 500, 2 * 1000, -unmade),
+        # A swapped layer keeps two micro-batches resident: one computed, one prefetched for its backward; and the
+        # first of a run of swapped layers keeps its input (100) for every one: the stage holds the run's input.
+        ("swap", "keep", m * (100 + 500), 2 * 900, -unmade),
+        ("swap", "recompute", m * (100 + 10) + 500, 2 * 900, -unmade),
+        # b continues a's run: its input is swapped with it (a's output, no leaf the stage holds)
+        ("swap", "swap", m * 100, 2 * (900 + 500), 0),
         # each layer is rebuilt right before its own backward and freed by it: only the larger is held at once
         ("recompute", "recompute", (m - 1) * (100 + 10) + 100 + 1000, 0, 0),
     ]:
@@ -43,9 +46,10 @@ def test_memory_by_policy_matches_the_formula() -> None:
         # the memory planners count a rebuild on top of every micro-batch whole, and every gradient: never less
         planned = CostModel(profile, cluster, m, "gpipe").planned_peak_bytes(0, 0, 2, policies)
         credit = {("recompute", "keep"): 500, ("recompute", "recompute"): 10}.get((pa, pb), 0)  # b's share of a mb
-        assert planned == est.peak_bytes[0] + credit - made
+        run = (m - 2) * 10 if pb == "swap" else 0  # the planners keep every swapped layer's input (b's 10 bytes)
+        assert planned == est.peak_bytes[0] + credit - made + run
         if pa == "swap":
-            assert est.host_bytes == ((m - 2) * 1000,)
+            assert est.host_bytes == ((m - 2) * (900 + (500 if pb == "swap" else 0)),)
 
 
 def test_time_by_policy() -> None:

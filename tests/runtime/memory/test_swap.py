@@ -41,3 +41,28 @@ def test_unpack_fetches_synchronously_when_not_prefetched() -> None:
     engine.swap_out(1, 0)
     y.sum().backward()  # no swap_in: the hook brings the tensors back itself
     assert all(p.grad is not None for p in module.parameters())
+
+
+def test_a_held_input_stays_on_the_device_and_only_the_rest_moves() -> None:
+    """The segment's input is held by the stage for its backward anyway: a swap copies it nowhere (it would free
+    nothing), counts it as still on the device, and the gradients are those of a plain run."""
+    x = torch.randn(4, 8)
+    ref = layer()
+    ref(x).sum().backward()
+    module = layer()
+    ledger = Ledger()
+    engine = SwapEngine(torch.device("cpu"), ledger)
+    engine.set_parameters(module)
+    leaf = x.clone()
+    with engine.recording(0, 3, held=frozenset({leaf.untyped_storage().data_ptr()})):
+        y = module(leaf)
+    held, rest = 4 * 8 * 4, 4 * 16 * 4  # Linear's input (the held leaf) and Tanh's output
+    assert ledger.current == held + rest
+    assert [h.nbytes for h in engine.handles[(0, 3)]] == [rest]  # only Tanh's output has a handle to move
+    assert engine.swap_out(0, 3) == rest and ledger.current == held and ledger.host_current == rest
+    assert engine.swap_in(0, 3) == rest and ledger.current == held + rest
+    y.sum().backward()
+    engine.release(0, 3)
+    assert ledger.current == 0
+    for a, b in zip(module.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)

@@ -10,40 +10,39 @@ where swap transfers hide under the stage's compute: ``exposed = max(0, swap_byt
 with ``hide`` the stage's compute time (less its boundary traffic when that shares the swap link). Peak memory is
 
     static (parameters + gradients + optimizer state)
-    + inflight * (activation_bytes of kept layers + input_bytes of recomputed layers)
-    + min(inflight, 2) * activation_bytes of swapped layers (the micro-batch being computed and the one being
-      prefetched for its backward, which the schedule issues one compute step early; the rest live on the host)
+    + inflight * (activation_bytes of kept layers + input_bytes of recomputed layers and of the first layer of each
+      run of swapped ones: the run's input, which the stage holds for the backward, so its swap leaves it)
+    + min(inflight, 2) * the rest of the swapped layers' activation_bytes (the micro-batch computed and the one
+      prefetched for its backward, which the schedule issues one compute step early; the others on the host)
     + the most one layer adds on top: its working set (``transient_bytes``: a forward's scratch, a backward's input
-      gradients and temporaries, measured off the allocator) and, for a recomputed layer, its activation_bytes (the
-      runtime rebuilds each recomputed layer right before its own backward, vPipe's order, and frees it with that
-      backward, so one is held at a time); while layer i runs, its own micro-batch holds only what layers up to i
-      keep (the later ones have not run or are done), which the estimate credits: ``max over i of (kept by layers up
-      to i + what layer i adds) - kept by all`` (the memory planners count without that credit, an upper bound);
-      where every forward comes before the stage's first backward (``inflight = M``), that backward also makes the
-      weights' gradients (counted static, but set to None by the last step) only as it reaches each layer
+      gradients and temporaries, measured off the allocator) and, recomputed, its activation_bytes (rebuilt right
+      before its own backward, vPipe's order, and freed with it: one is held at a time); while layer i runs, its own
+      micro-batch holds only what layers up to i keep (the later ones have not run or are done), which the estimate
+      credits: ``max over i of (kept by layers up to i + what layer i adds) - kept by all`` (the planners count
+      without it, an upper bound); where every forward comes before the stage's first backward (``inflight = M``),
+      that backward also makes the weights' gradients (counted static, set to None by the last step) layer by layer
     + what the transfers hold at their most along the stage's order (``StageCost.comm_bytes``: tensors sent, kept
       until the iteration's sends are waited for, receives posted ahead, a backward's received gradient), added whole
       as no policy changes it (``orders/held.py``'s ``transfers``; chunked schedules count none yet), and on stage 0
       the inputs of the micro-batches not in flight: it reads the batch whole and holds it (``batch_bytes``)
 
-or, where it is more, static + the optimizer step's scratch (``step_bytes``; the step runs once the activations are
-gone)
-with ``inflight = M`` for GPipe, ``min(M, K - s)`` for 1F1B, ``min(M, K - s + 1)`` for eager 1F1B (but the last
-stage, which keeps one); ZB-H1 holds 1F1B's ``inflight`` and up to ``max(K, K - s + 1) - inflight`` more micro-batches
+or, where it is more, static + the optimizer step's scratch (``step_bytes``; once the activations are gone), with
+``inflight = M`` for GPipe, ``min(M, K - s)`` for 1F1B, ``min(M, K - s + 1)`` for eager 1F1B (but the last stage,
+which keeps one); ZB-H1 holds 1F1B's ``inflight`` and up to ``max(K, K - s + 1) - inflight`` more micro-batches
 waiting only for their weight step, each keeping its layers-with-parameters' inputs and output gradients (at most
 their activations): ``+ waiting * sum(min(activation_bytes, input_bytes + output_bytes))`` over those layers
 (``schedules/orders/zero_bubble.py``). A transfer costs its sender the link's latency ``L`` and arrives ``L`` after
 its send (see ``send_forward_s``), so the first forward and the last backward add ``2 (K - 1) L`` more. The iteration takes
 ``sum(T) + 2 (K - 1) L + (M - 1) * P`` for 1F1B and eager 1F1B, with ``P`` the slowest stage or, when latency is
 long, a round trip over the micro-batches in flight (``period``: what eager 1F1B's extra micro-batch hides), and
-``sum(T) + 2 (K - 1) L + (M - 1) * (max(F) + max(B))`` for GPipe, which both reduce
-to ``(M + K - 1) * T`` for equal stages and free communication. ZB-H1 takes ``M * T_b + sum over the other stages
+``sum(T) + 2 (K - 1) L + (M - 1) * (max(F) + max(B))`` for GPipe, which both reduce to ``(M + K - 1) * T`` for
+equal stages and free communication. ZB-H1 takes ``M * T_b + sum over the other stages
 of max(0, T - 2 W)`` (``P`` for ``T_b`` when latency makes it longer) with ``b`` the slowest stage and ``W`` a
 stage's weight-gradient time: the fill and drain pass each stage without its weight step (the paper's
 ``(K - 1)(F + B - W)`` bubble for equal stages). Interleaved 1F1B costs each chunk (virtual stage) as above, with its
 stage's peak count of chunk-forwards in flight and ``2 (K V - 1) L`` of latency
-(``core/schedules/orders/interleaved.py``), and sums a stage's chunks (``_estimate_chunks``); ZBV likewise, with its own fill
-(``chunks_iteration_s``). Both hold, per stage, the largest state of their order's chunk-forwards awaiting B (and
+(``core/schedules/orders/interleaved.py``), and sums a stage's chunks (``_estimate_chunks``); ZBV likewise, with
+its own fill (``chunks_iteration_s``). Both hold, per stage, the largest state of their order's chunk-forwards awaiting B (and
 backwards awaiting W) weighed by each chunk's bytes (``core/schedules/orders/held.py``).
 """
 
@@ -201,8 +200,7 @@ class CostModel:
         return max(0.0, hide)
 
     def keep_all_bytes(self, stage: int, lo: int, hi: int) -> int:
-        """Peak memory of the stage with every layer kept (its held activations with its largest layer working set on
-        top, or its optimizer step's scratch where that is more)."""
+        """Peak memory of the stage with every layer kept (held activations, largest working set on top; or the step)."""
         return (self.static_bytes(lo, hi) + self.stash_bytes(stage, lo, hi)
                 + max(self.inflight(stage) * self.activation_sum(lo, hi) + self.waiting_bytes(stage, lo, hi)
                       + self.batch_bytes(stage) + self._trans_max(lo, hi) + self.comm_bytes(stage, lo, hi),
@@ -226,13 +224,15 @@ class CostModel:
 
     def planned_peak_bytes(self, stage: int, lo: int, hi: int, policies: Sequence[Policy]) -> int:
         """The stage's peak as the memory planners count it (``core/planning/memory_plans.py``): the largest working
-        set, or recomputed layer's rebuild with its own, on top of every micro-batch in flight whole. Never less than
-        ``stage_cost``'s peak, which credits the later layers of the micro-batch a layer runs in; the planners are exact
-        under this bound, and every plan they find fits by the estimate too."""
+        set, or recomputed layer's rebuild with its own, on top of every micro-batch in flight whole, and every swapped
+        layer's input kept as if each began a run. Never less than ``stage_cost``'s peak (which credits the rest); the
+        planners are exact under this bound, and every plan they find fits by the estimate too."""
         cost = self.stage_cost(stage, lo, hi, policies)
         top = max((self.act[i] if policies[i] is Policy.RECOMPUTE else 0) + self.trans[i] for i in range(lo, hi))
-        return cost.static_bytes + max(cost.activation_bytes + cost.swap_buffer_bytes + top + cost.comm_bytes,
-                                       cost.step_bytes)
+        n, runs = cost.inflight, sum(min(self.inp[i], self.act[i]) for i in range(lo + 1, hi)
+                                     if policies[i] is Policy.SWAP and policies[i - 1] is Policy.SWAP)
+        return cost.static_bytes + max(cost.activation_bytes + cost.swap_buffer_bytes + top + cost.comm_bytes
+                                       + (n - swap_buffers(n)) * runs, cost.step_bytes)
 
     def step_peak_bytes(self, stage: int, lo: int, hi: int) -> int:
         """The stage's memory during its optimizer step, which no activation policy lowers."""
@@ -260,10 +260,9 @@ class CostModel:
     # --- full evaluation ----------------------------------------------------------------------------------------
     def stage_cost(self, stage: int, lo: int, hi: int, policies: Sequence[Policy]) -> StageCost:
         """Cost of layers lo:hi on ``stage`` with ``policies`` (indexed by global layer)."""
-        n = self.inflight(stage)
-        resident = 0
-        swapped = 0
-        recompute = 0.0
+        n, recompute = self.inflight(stage), 0.0
+        # per micro-batch: held, swapped off the device, and charged as copied (all, as the memory planners charge)
+        resident = swapped = moved = 0
         # While layer i runs (forward, rebuild or backward) the other micro-batches in flight are held whole, and its
         # own micro-batch holds what layers lo..i keep: the later ones have not run yet, or their backward is done.
         # On top comes layer i's working set and, recomputed, its rebuilt activations. StageCost.rebuild_bytes is the
@@ -279,8 +278,9 @@ class CostModel:
                 resident += self.inp[i]
                 recompute += self.fwd[i]
                 here = resident + self.act[i] + self.trans[i]
-            else:
-                swapped += self.act[i]
+            else:  # a run of swapped layers is one segment; its input stays (see the module's docstring)
+                held = min(self.inp[i], self.act[i]) if i == lo or policies[i - 1] is not Policy.SWAP else 0
+                resident, swapped, moved = resident + held, swapped + self.act[i] - held, moved + self.act[i]
                 here = resident + self.trans[i]
             top = max(top, here)
             first = max(first, here - (self._pp[i] - self._pp[lo]))  # the gradients of layers before i not yet made
@@ -290,7 +290,7 @@ class CostModel:
             # Every forward comes before the first backward, which makes the gradients (counted static) layer by
             # layer: all micro-batches whole with its top, or one fewer with a later one's (below 0: gradients unmade)
             rebuilt = max(first, top - resident) - resident
-        extra = policy_overhead(recompute, swapped, self.hide_s(stage, lo, hi), self.cluster.swap_bandwidth,
+        extra = policy_overhead(recompute, moved, self.hide_s(stage, lo, hi), self.cluster.swap_bandwidth,
                                 self.cluster.swap_overlaps)
         fwd, bwd = self.base_times(stage, lo, hi)
         sent = self._sent_bytes(stage, lo, hi)

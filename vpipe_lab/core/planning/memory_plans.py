@@ -43,7 +43,10 @@ class StageProblem:
         # charges the largest, core/cost/costmodel.py). ``rec_save`` charges each layer its own rebuild (additive, never
         # more than it frees: the greedy's), ``rec_most`` none (what it frees when a larger one is rebuilt anyway:
         # the exact search's bound); ``_Search`` tracks the largest rebuild for the exact figure.
-        object.__setattr__(self, "swap_save", tuple((n - swap_buffers(n)) * a for a in self.activation))
+        # A swapped layer's save of its input stays on the device where it begins a run of swapped layers (the
+        # stage holds the run's input anyway: costmodel.py); taken as staying for every one, so savings add up.
+        object.__setattr__(self, "swap_save", tuple((n - swap_buffers(n)) * (a - min(a, x))
+                                                    for a, x in zip(self.activation, self.inputs)))
         object.__setattr__(self, "rec_save", tuple(
             max(0, n * (a - x) - a) for a, x in zip(self.activation, self.inputs)))
         object.__setattr__(self, "rec_most", tuple(max(0, n * (a - x)) for a, x in zip(self.activation, self.inputs)))

@@ -2,10 +2,10 @@
 
 Consecutive kept or swapped layers run as one *segment*: one autograd graph from the segment's input (a fresh leaf)
 to its output, one backward call, as a plain model would run them; swap boundaries split segments (a swapped
-segment's saved tensors leave the device between its forward and backward). A recomputed layer is a segment of its
-own: it runs without autograd, keeps its input, and is rebuilt in the backward right before its own (vPipe's order),
-so one recomputed layer's activations are held at a time, as the cost model charges. Saved tensors are attributed to
-the layer that saved them (the saved-tensor hooks know the layer running), so a layer's swap moves only its own.
+segment's saved tensors but its input leave the device between its forward and backward). A recomputed layer is a
+segment of its own: it runs without autograd, keeps its input, and is rebuilt in the backward right before its own
+(vPipe's order), so one recomputed layer's activations are held at a time, as the cost model charges. Saved tensors
+are attributed to the layer that saved them (the saved-tensor hooks know the layer), so a swap moves only its own.
 In a *profiling* iteration every layer is a segment of its own, timed with the device synchronised, for the online
 profiler; the executor decides which iterations profile (``executor.Executor``).
 
@@ -200,13 +200,14 @@ class Stage(UnitState):
 
     def _run(self, mb: int, segment: Segment, x: Any, record: bool) -> Any:
         """The segment's layers in order, each seeded for itself; ``record`` registers what each saves."""
+        held = frozenset(t.untyped_storage().data_ptr() for t in tensors_of(x)) if record else frozenset()  # input
         if self._writes_input(segment[0]):  # see _writes_input: a copy, made once, that the layer may change
             x = recompute.copied(x)
         for index in segment:
             self.at_units = (index, index)  # a failure names the unit it happened in (runtime/process.py)
             self._seed(layer_seed(self.seed, self.iteration, mb + self.mb_offset, index))
             layer = self.layers[index]
-            with (self.swap.recording(mb, index, layer.policy is Policy.SWAP) if record else nullcontext(),
+            with (self.swap.recording(mb, index, layer.policy is Policy.SWAP, held) if record else nullcontext(),
                   self.autocast()):
                 x = self.stash.call(layer.module, layer.tensors.params, mb, x) if self.stash.on else layer.module(x)
         return x
@@ -303,12 +304,9 @@ class Stage(UnitState):
     def attach_loss(self, mb: int, segment: Segment, output: Any, loss_fn: Callable[[Any, Any], torch.Tensor],
                     target: Any, timer: Timer | None = None) -> torch.Tensor:
         """Make the last segment's backward start from its micro-batch's scaled loss; returns the loss (detached,
-        still on the device: reading it would synchronise a GPU in the middle of the iteration).
-
-        The loss counts as part of the last layer's forward: its time, and what it saves for the backward (a
-        cross-entropy the logits' log-probabilities), held as long. A recomputed last segment ran without autograd, so
-        its loss is rebuilt when the segment is rematerialised.
-        """
+        still on the device: reading it would synchronise a GPU in the middle of the iteration). The loss counts as
+        part of the last layer's forward: its time, and what it saves for the backward (a cross-entropy the logits'
+        log-probabilities), held as long. A recomputed last segment's loss is rebuilt with the segment."""
         start = timer() if timer is not None else 0.0
         key = (mb, segment[0])
         ctx = self._ctx[key]

@@ -46,11 +46,15 @@ class SwapEngine:
         self.param_storages = {p.untyped_storage().data_ptr() for p in module.parameters()}
 
     @contextmanager
-    def recording(self, mb: int, layer: int, swapped: bool = True) -> Iterator[None]:
+    def recording(self, mb: int, layer: int, swapped: bool = True, held: frozenset[int] = frozenset()
+                  ) -> Iterator[None]:
         """Run a layer's forward with its saved tensors counted under (mb, layer); a ``swapped`` layer's are also
-        registered (handles that can move them to the host). Others are not held by a handle: autograd frees each
-        as the backward consumes it, which a handle kept to the segment's end would prevent (a recomputed layer's
-        rebuild held 2.1 MB more through its backward than the same layer kept, on moe-tiny)."""
+        registered (handles that can move them to the host), but for those whose storage is in ``held``: the
+        segment's input, which the stage keeps for the backward whatever happens to the layer's copy, so moving it
+        would free nothing and cost a copy each way (the cost model keeps it resident: ``CostModel.stage_cost``).
+        Others are not held by a handle: autograd frees each as the backward consumes it, which a handle kept to the
+        segment's end would prevent (a recomputed layer's rebuild held 2.1 MB more through its backward than the same
+        layer kept, on moe-tiny)."""
         seen: set[tuple[int, int, tuple[int, ...], tuple[int, ...]]] = set()
         handles = self.handles.setdefault((mb, layer), []) if swapped else []
 
@@ -63,7 +67,7 @@ class SwapEngine:
             view = (ptr, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
             nbytes = 0 if view in seen else tensor_bytes(t)
             seen.add(view)
-            if not swapped:
+            if not swapped or ptr in held:
                 self.ledger.add(mb, layer, nbytes)
                 return t
             handle = Handle(t, nbytes)
