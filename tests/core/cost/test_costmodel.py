@@ -23,21 +23,21 @@ def test_memory_by_policy_matches_the_formula() -> None:
     m = 4
     static = (2 * 7 + 3) + (2 * 5 + 0)
     # Under GPipe every forward runs before the first backward, which makes the weights' gradients (counted with the
-    # static bytes) as it goes: where it peaks in b's backward, a's 7 bytes of gradients are not made yet.
-    unmade = 7
+    # static bytes) as it goes, a layer's own as its first backward runs: where it peaks in b's backward, neither
+    # b's 5 bytes of gradients nor a's 7 are made yet; where it peaks at a (its rebuild, or its backward), a's 7.
     for pa, pb, resident, swap_buffer, made in [
-        ("keep", "keep", m * (1000 + 500), 0, -unmade),
+        ("keep", "keep", m * (1000 + 500), 0, -12),
         # A recomputed layer keeps its input per micro-batch, and holds its activations again while one micro-batch
         # is rebuilt for its backward; b's backward is done by then, so that micro-batch holds only a's input.
-        ("recompute", "keep", (m - 1) * (100 + 500) + 100 + 1000, 0, 0),
+        ("recompute", "keep", (m - 1) * (100 + 500) + 100 + 1000, 0, -7),
         # A swapped layer keeps two micro-batches resident: one computed, one prefetched for its backward; and the
         # first of a run of swapped layers keeps its input (100) for every one: the stage holds the run's input.
-        ("swap", "keep", m * (100 + 500), 2 * 900, -unmade),
-        ("swap", "recompute", m * (100 + 10) + 500, 2 * 900, -unmade),
+        ("swap", "keep", m * (100 + 500), 2 * 900, -12),
+        ("swap", "recompute", m * (100 + 10) + 500, 2 * 900, -12),
         # b continues a's run: its input is swapped with it (a's output, no leaf the stage holds)
-        ("swap", "swap", m * 100, 2 * (900 + 500), 0),
+        ("swap", "swap", m * 100, 2 * (900 + 500), -7),
         # each layer is rebuilt right before its own backward and freed by it: only the larger is held at once
-        ("recompute", "recompute", (m - 1) * (100 + 10) + 100 + 1000, 0, 0),
+        ("recompute", "recompute", (m - 1) * (100 + 10) + 100 + 1000, 0, -7),
     ]:
         policies = (Policy(pa), Policy(pb))
         est = estimate(Plan((0, 2), policies, m, "gpipe"), profile, cluster)
@@ -188,25 +188,26 @@ def test_working_sets_and_the_optimizer_step_s_scratch_count_where_they_happen()
                   x.optimizer_bytes, transient_bytes=x.transient_bytes, step_bytes=40) for x in profile.layers)),
         cluster, 4, "gpipe")
     kept = small_step.stage_cost(0, 0, 2, (Policy.KEEP, Policy.KEEP))
-    # b's backward runs with its own micro-batch whole: its 200 on top (a's 7 bytes of gradients not made yet, the
-    # first backward under GPipe); a's 300 when b's share is gone
-    assert kept.peak_bytes == static + 4 * 1500 + 200 - 7
+    # b's backward runs with its own micro-batch whole: its 200 on top (a's 7 bytes of gradients and b's own 5 not
+    # made yet, the first backward under GPipe); a's 300 when b's share is gone
+    assert kept.peak_bytes == static + 4 * 1500 + 200 - 12
     assert small_step.keep_all_bytes(0, 0, 2) == static + 4 * 1500 + 300 == small_step.planned_peak_bytes(
         0, 0, 2, (Policy.KEEP, Policy.KEEP))  # the planners' count: the largest on top of everything
     rebuilt = small_step.stage_cost(0, 0, 2, (Policy.RECOMPUTE, Policy.KEEP))
-    assert rebuilt.peak_bytes == static + 3 * (100 + 500) + 100 + 1000 + 300  # a rebuilt with its working set
+    # a rebuilt with its working set, before its first backward makes its 7 bytes of gradients
+    assert rebuilt.peak_bytes == static + 3 * (100 + 500) + 100 + 1000 + 300 - 7
     assert cm.step_peak_bytes(0, 0, 2) == static + 9000
     assert LayerCost.from_dict(profile.layers[1].to_dict()) == profile.layers[1]  # the fields round-trip
 
 
 def test_gradients_count_from_the_first_backward_only_where_every_forward_comes_before_it() -> None:
     """1F1B on 2 stages: at M = 2 stage 0 runs both forwards before its first backward, which peaks in layer b's
-    backward before a's 7 bytes of gradients exist; at M = 4 it holds 2 micro-batches again after that backward,
-    with every gradient made, so they all count."""
+    backward before a's 7 bytes of gradients and b's own 5 exist; at M = 4 it holds 2 micro-batches again after that
+    backward, with every gradient made, so they all count."""
     profile = ModelProfile(two_layer_profile().layers * 2)
     cluster = Cluster(2, 10**9, swap_bandwidth=1000.0, link_bandwidth=1e9)
     keep = (Policy.KEEP,) * 4
-    for m, made in ((2, -7), (4, 0)):
+    for m, made in ((2, -12), (4, 0)):
         cost = CostModel(profile, cluster, m, "1f1b").stage_cost(0, 0, 2, keep)
         assert cost.inflight == 2
         held = 2 * 1500 + (m - 2) * 100  # and the inputs of the micro-batches not in flight (test below)
