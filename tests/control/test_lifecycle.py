@@ -24,3 +24,12 @@ def test_an_attached_session_has_no_processes_and_no_restarts_of_its_own() -> No
         s._restart_on_failure(1, 10.0)
     assert list(s.metrics.restarts.columns) == ["number", "time", "stage", "cause", "snapshot", "replayed", "seconds",
                                                 "loss_diff"]
+
+
+def test_the_device_and_the_layers_each_stage_holds_are_asked_of_the_processes() -> None:
+    asked: list[float | None] = []
+    p = Processes(None, Metrics(), JobState(), lambda timeout: asked.append(timeout) or [[0, 1], [2]])
+    assert p.device == "?"  # rank 0 has not reported yet
+    assert p.layers(5.0) == [[0, 1], [2]] and asked == [5.0]
+    with pytest.raises(RuntimeError, match=r"session\.processes\.layers\(\)"):
+        Processes(None, Metrics(), JobState()).layers()

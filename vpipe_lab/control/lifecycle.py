@@ -35,7 +35,8 @@ class Processes:
     def layers(self, timeout: float | None = None) -> list[list[int]]:
         """Which layers each stage holds now, as the workers themselves report it (at the next iteration boundary)."""
         if self._layers is None:
-            raise RuntimeError("no session answers for these processes")
+            raise RuntimeError("these processes were given no way to ask their workers (Processes(..., layers=None)); "
+                               "ask the session's own: session.processes.layers()")
         return self._layers(timeout)
 
     def pids(self) -> dict[int, int]:
