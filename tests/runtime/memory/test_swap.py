@@ -9,15 +9,24 @@ def layer() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh())
 
 
-def test_swap_out_moves_saved_bytes_to_the_host_and_back_with_the_same_gradients() -> None:
-    x = torch.randn(4, 8)
-    ref = layer()
-    ref(x).sum().backward()
-
-    module = layer()
+def engine_for(module: torch.nn.Module) -> tuple[Ledger, SwapEngine]:
     ledger = Ledger()
     engine = SwapEngine(torch.device("cpu"), ledger)
     engine.set_parameters(module)
+    return ledger, engine
+
+
+def assert_gradients_of_a_plain_run(module: torch.nn.Module, x: torch.Tensor) -> None:
+    ref = layer()
+    ref(x).sum().backward()
+    for a, b in zip(module.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_swap_out_moves_saved_bytes_to_the_host_and_back_with_the_same_gradients() -> None:
+    x = torch.randn(4, 8)
+    module = layer()
+    ledger, engine = engine_for(module)
     leaf = x.clone().requires_grad_(False)
     with engine.recording(0, 3):
         y = module(leaf)
@@ -28,14 +37,12 @@ def test_swap_out_moves_saved_bytes_to_the_host_and_back_with_the_same_gradients
     y.sum().backward()
     engine.release(0, 3)
     assert ledger.current == 0 and not engine.handles
-    for a, b in zip(module.parameters(), ref.parameters()):
-        torch.testing.assert_close(a.grad, b.grad)
+    assert_gradients_of_a_plain_run(module, x)
 
 
 def test_unpack_fetches_synchronously_when_not_prefetched() -> None:
     module = layer()
-    engine = SwapEngine(torch.device("cpu"), Ledger())
-    engine.set_parameters(module)
+    _, engine = engine_for(module)
     with engine.recording(1, 0):
         y = module(torch.randn(2, 8))
     engine.swap_out(1, 0)
@@ -47,12 +54,8 @@ def test_a_held_input_stays_on_the_device_and_only_the_rest_moves() -> None:
     """The segment's input is held by the stage for its backward anyway: a swap copies it nowhere (it would free
     nothing), counts it as still on the device, and the gradients are those of a plain run."""
     x = torch.randn(4, 8)
-    ref = layer()
-    ref(x).sum().backward()
     module = layer()
-    ledger = Ledger()
-    engine = SwapEngine(torch.device("cpu"), ledger)
-    engine.set_parameters(module)
+    ledger, engine = engine_for(module)
     leaf = x.clone()
     with engine.recording(0, 3, held=frozenset({leaf.untyped_storage().data_ptr()})):
         y = module(leaf)
@@ -64,5 +67,4 @@ def test_a_held_input_stays_on_the_device_and_only_the_rest_moves() -> None:
     y.sum().backward()
     engine.release(0, 3)
     assert ledger.current == 0
-    for a, b in zip(module.parameters(), ref.parameters()):
-        torch.testing.assert_close(a.grad, b.grad)
+    assert_gradients_of_a_plain_run(module, x)

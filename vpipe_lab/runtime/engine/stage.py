@@ -200,7 +200,8 @@ class Stage(UnitState):
 
     def _run(self, mb: int, segment: Segment, x: Any, record: bool) -> Any:
         """The segment's layers in order, each seeded for itself; ``record`` registers what each saves."""
-        held = frozenset(t.untyped_storage().data_ptr() for t in tensors_of(x)) if record else frozenset()  # input
+        swapped = record and self.layers[segment[0]].policy is Policy.SWAP  # a segment is of one policy
+        held = frozenset(t.untyped_storage().data_ptr() for t in tensors_of(x)) if swapped else frozenset()  # input
         if self._writes_input(segment[0]):  # see _writes_input: a copy, made once, that the layer may change
             x = recompute.copied(x)
         for index in segment:
