@@ -3,7 +3,7 @@ import json
 import pytest
 
 from vpipe_lab.core.errors import ProfileError
-from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
+from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile, SharedTensor
 
 
 def layer(i: int = 0, **kw: object) -> LayerCost:
@@ -64,3 +64,22 @@ def test_a_measured_weight_step_round_trips_and_must_fit_its_backward() -> None:
         LayerCost("l", 1.0, 2.0, 10, 1, 1, 4, weight_grad_s=3.0)
     cluster = Cluster(2, 10**9, 1e9, 1e9, step_overhead_s=1e-4)
     assert Cluster.from_dict(cluster.to_dict()) == cluster
+
+
+def test_a_shared_tensor_round_trips_and_names_units_the_profile_has() -> None:
+    tie = SharedTensor("shared.weight", (2, 0), param_bytes=40, optimizer_bytes=80)
+    profile = ModelProfile((layer(0), layer(1), layer(2)), shared=(tie,))
+    again = ModelProfile.from_json(profile.to_json())
+    assert again == profile and again.shared[0].units == (0, 2)
+    assert "shared" not in ModelProfile((layer(),)).to_dict()  # a profile without ties reads as before
+    with pytest.raises(ProfileError, match=r"names unit 2 but the profile has 2 layers"):
+        ModelProfile((layer(0), layer(1)), shared=(tie,))
+    with pytest.raises(ProfileError, match="two or more unit indices"):
+        SharedTensor("w", (1, 1), param_bytes=4)
+    doc = profile.to_dict()
+    doc["shared"][0]["units"] = "0,2"
+    with pytest.raises(ProfileError, match=r"shared\[0\]\.units must be a list of unit indices"):
+        ModelProfile.from_dict(doc)
+    doc["shared"] = {"w": 1}
+    with pytest.raises(ProfileError, match="profile.shared a list"):
+        ModelProfile.from_dict(doc)

@@ -9,6 +9,7 @@ import pytest
 import vpipe_lab
 from vpipe_lab import Cluster, Plan
 from vpipe_lab.core import schedules
+from tests.integration import zoo
 from vpipe_lab.core.cost.costmodel import CostModel
 
 pytestmark = pytest.mark.slow
@@ -102,3 +103,29 @@ def test_an_moe_model_s_peak_per_stage_is_predicted_within_10_percent_of_what_th
     assert all(layer.transient_bytes > 0 and layer.step_bytes > 0 for layer in moe)
     predicted = CostModel(profile, cluster, 4, "1f1b").estimate(plan).peak_bytes
     assert [p / m for p, m in zip(predicted, measured)] == [pytest.approx(1.0, rel=0.10)] * 2, (predicted, measured)
+
+
+@pytest.mark.parametrize(("model", "plan", "tie"), [
+    # layers 2 and 6 share a 16 x 16 weight, both on stage 0
+    (zoo.middle_tie, Plan((0, 7, 8), tuple("k" * 8), 4), ("2.weight", (2, 6))),
+    # ZBV: the embedding (chunk 0) and the head that reuses its weight (chunk 3) are both stage 0's
+    (zoo.tied_sequential, Plan((0, 1, 3, 5, 6), tuple("k" * 6), 4, "zbv", 2), ("0.weight", (0, 5))),
+])
+def test_a_stage_holding_two_users_of_a_tied_weight_is_predicted_to_hold_it_once(model, plan, tie) -> None:
+    """The profile names the tie and its bytes; the predicted static bytes of every stage (parameters, gradients and
+    Adam's state, the tie once where a stage holds both its users) equal what the stages hold, to the byte."""
+    data = zoo.vector_data if model is zoo.middle_tie else zoo.token_data
+    with vpipe_lab.launch(model, data, optimizer=zoo.adamw, stages=2, microbatches=4, plan=plan,
+                          device="cpu", timeout=60) as s:
+        s.run(2)
+        s.wait(timeout=120)
+        profile, memory = s.profile(), s.metrics.memory
+    last = memory[memory["iteration"] == memory["iteration"].max()].sort_values("stage")
+    name, units = tie
+    (shared,) = profile.shared
+    assert (shared.name, shared.units) == (name, units) and shared.optimizer_bytes == 2 * shared.param_bytes + 4
+    predicted = CostModel(profile, Cluster(2, 10**12, 1e9, 1e9), 4, plan.schedule, plan.virtual_stages).estimate(plan)
+    assert list(predicted.static_bytes) == [int(v) for v in last["static"]]
+    unshared = dataclasses.replace(profile, shared=())  # counted twice, as before the tie was named
+    twice = CostModel(unshared, Cluster(2, 10**12, 1e9, 1e9), 4, plan.schedule, plan.virtual_stages).estimate(plan)
+    assert twice.static_bytes[0] - predicted.static_bytes[0] == shared.static_bytes > 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -184,20 +184,61 @@ def check_kind(doc: Any, kind: str) -> Mapping[str, Any]:
 
 
 @dataclass(frozen=True)
+class SharedTensor:
+    """A parameter several units use (a tied embedding and LM head, ALBERT's shared layer): each unit's
+    ``param_bytes`` and ``optimizer_bytes`` count it, as each would need it alone on a stage, but a stage holding
+    several of ``units`` holds it once (``core/cost/shared_bytes.py`` takes the extra copies off)."""
+
+    name: str
+    units: tuple[int, ...]
+    param_bytes: int
+    optimizer_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "units", tuple(sorted({int(u) for u in self.units})))
+        if len(self.units) < 2 or self.units[0] < 0:
+            raise ProfileError(f"shared tensor {self.name!r} needs two or more unit indices >= 0, got {self.units!r}")
+        _check_nonneg(f"shared tensor {self.name!r}", param_bytes=self.param_bytes,
+                      optimizer_bytes=self.optimizer_bytes)
+
+    @property
+    def static_bytes(self) -> int:
+        """The tensor, its gradient and its optimizer state: what a stage holds once however many units use it."""
+        return 2 * self.param_bytes + self.optimizer_bytes
+
+    @classmethod
+    def from_dict(cls, doc: Any, where: str = "shared") -> SharedTensor:
+        if not isinstance(doc, Mapping) or not isinstance(doc.get("name"), str):
+            raise ProfileError(f"{where} must be an object with a string name, units, param_bytes, got {doc!r}")
+        units = doc.get("units")
+        if not isinstance(units, (list, tuple)) or not all(isinstance(u, int) and not isinstance(u, bool) for u in units):
+            raise ProfileError(f"{where}.units must be a list of unit indices, got {units!r}")
+        return cls(doc["name"], tuple(units), _number(doc, "param_bytes", where, integer=True),
+                   _number(doc, "optimizer_bytes", where, integer=True, default=0))
+
+
+@dataclass(frozen=True)
 class ModelProfile:
     """The partition units of a model in order, with their measured or analytic costs per micro-batch of
     ``microbatch_size`` samples (0: not known, so the costs cannot be rescaled to another size); ``source`` says
-    where the costs come from when they are not this run's measurement (a bundled workload's published curve)."""
+    where the costs come from when they are not this run's measurement (a bundled workload's published curve);
+    ``shared`` the parameters several units use (``SharedTensor``)."""
 
     layers: tuple[LayerCost, ...]
     name: str = ""
     microbatch_size: int = 0
     source: str = ""
+    shared: tuple[SharedTensor, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
+        object.__setattr__(self, "shared", tuple(self.shared))
         if not self.layers:
             raise ProfileError("a profile needs at least one layer: 'layers' is empty")
+        for tensor in self.shared:
+            if tensor.units[-1] >= len(self.layers):
+                raise ProfileError(f"shared tensor {tensor.name!r} names unit {tensor.units[-1]} but the profile has "
+                                   f"{len(self.layers)} layers (0..{len(self.layers) - 1})")
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -214,6 +255,7 @@ class ModelProfile:
             **({"microbatch_size": self.microbatch_size} if self.microbatch_size else {}),
             **({"source": self.source} if self.source else {}),
             "layers": [layer.to_dict() for layer in self.layers],
+            **({"shared": [asdict(t) for t in self.shared]} if self.shared else {}),
         }
 
     def to_json(self, indent: int | None = 1) -> str:
@@ -222,14 +264,15 @@ class ModelProfile:
     @classmethod
     def from_dict(cls, doc: Any) -> ModelProfile:
         doc = check_kind(doc, "profile")
-        layers = doc.get("layers")
-        if not isinstance(layers, list) or not layers:
-            raise ProfileError("profile.layers must be a non-empty list of layer objects")
+        layers, shared = doc.get("layers"), doc.get("shared", [])
+        if not isinstance(layers, list) or not layers or not isinstance(shared, (list, tuple)):
+            raise ProfileError("profile.layers must be a non-empty list of layer objects (and profile.shared a list)")
         return cls(
             layers=tuple(LayerCost.from_dict(item, f"layers[{i}]") for i, item in enumerate(layers)),
             name=str(doc.get("name", "")),
             microbatch_size=_number(doc, "microbatch_size", "profile", integer=True, default=0),
             source=str(doc.get("source", "")),
+            shared=tuple(SharedTensor.from_dict(item, f"shared[{i}]") for i, item in enumerate(shared)),
         )
 
     @classmethod

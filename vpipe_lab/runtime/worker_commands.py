@@ -106,7 +106,7 @@ class WorkerCommands:
         self.current()
 
     def _profile(self, cmd: C.Profile) -> None:
-        costs = profiler.layer_costs(self.stage, dict(enumerate(self.names)))
+        costs = profiler.layer_costs(self.stage, dict(enumerate(self.names)), self.chain.shared_params())
         if self.replica == 0:  # every replica measures the same layers; the first one answers
             self.send(E.Layers(cmd.id, self.index, costs))
         if cmd.reset:

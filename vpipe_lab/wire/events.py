@@ -123,13 +123,15 @@ class Ack(Body):
 class LayerMeasure(Body):
     """One layer's costs as its stage measured them since the last reset (``cost``: the core's own ``LayerCost``,
     with ``times`` per micro-batch size), with its global ``index`` and how many forwards were timed (``samples``). A
-    weight tied between layers counts with each of them. Under a zero-bubble schedule ``cost.backward_s`` is B plus W
-    and ``cost.weight_grad_s`` is W."""
+    weight tied between layers counts with each of them, and is named in ``shared`` (canonical name -> [its bytes,
+    its optimizer state's bytes]). Under a zero-bubble schedule ``cost.backward_s`` is B plus W and
+    ``cost.weight_grad_s`` is W."""
 
     index: int
     cost: LayerCost
     samples: int
     deferrable: float = 1.0  # the share of its parameter elements a split backward defers to W
+    shared: dict[str, list[int]] = field(default_factory=dict)
 
 
 @register

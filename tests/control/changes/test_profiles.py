@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from vpipe_lab.control.changes.profiles import Profiles
-from vpipe_lab.core.profile import LayerCost
+from vpipe_lab.core.profile import LayerCost, SharedTensor
 from vpipe_lab.wire.events import LayerMeasure
 
 
@@ -40,3 +40,13 @@ def test_a_weight_step_is_measured_kept_across_unsplit_schedules_or_estimated() 
     split = doc(0, "a", 0.1, 3, weight=0.07)
     assert profiles.merge([split], 4).layers[0].weight_grad_s == 0.07
     assert profiles.merge([unsplit], 4).layers[0].weight_grad_s == 0.07
+
+
+def test_a_tensor_two_layers_report_using_becomes_one_shared_tensor() -> None:
+    """Each stage reports the tied parameters of its own layers; the merge names every unit that uses one. A name only
+    one layer reports (its other user not measured yet) is no tie; optimizer state taken from whoever has it."""
+    cost = LayerCost("x", 0.1, 0.2, 100, 10, 10, 50)
+    measures = [LayerMeasure.from_dict(LayerMeasure(i, cost, 3, shared=tied).to_dict()) for i, tied in (
+        (0, {"emb": [40, 0]}), (1, {}), (2, {"emb": [40, 80], "lone": [8, 16]}))]
+    profile = Profiles().merge(measures, 4)
+    assert profile.shared == (SharedTensor("emb", (0, 2), 40, 80),)

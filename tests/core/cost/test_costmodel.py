@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from tests.core.strategies import layers
 from vpipe_lab.core.cost.costmodel import CostModel, estimate, policy_overhead
 from vpipe_lab.core.plan import Plan, Policy
-from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
+from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile, SharedTensor
 
 L = LayerCost
 
@@ -226,3 +226,38 @@ def test_stage_0_holds_the_whole_batch_it_read() -> None:
     assert first.activation_bytes == 2 * 1000 + 6 * 100
     assert cm.keep_all_bytes(0, 0, 1) == first.peak_bytes == first.static_bytes + 2 * 1000 + 600 + first.comm_bytes
     assert CostModel(profile, cluster, 2, "1f1b").batch_bytes(0) == 0  # M = 2: both in flight
+
+
+def test_a_tied_parameter_counts_once_on_a_stage_that_holds_several_of_its_users() -> None:
+    """Layers 0 and 2 share a 40-byte weight (with 40 of gradient and 80 of optimizer state: 160); each layer's
+    own figures count it, as each would need it alone. A stage holding both holds it once; split apart, each holds a
+    copy. The gradient credit at the first backward and PipeDream's stashed versions count it once too."""
+    layer = LayerCost("l", 1.0, 2.0, activation_bytes=8, input_bytes=4, output_bytes=4, param_bytes=50,
+                      optimizer_bytes=100)  # 40 tied + 10 own
+    plain = ModelProfile((layer,) * 3)
+    tied = ModelProfile((layer,) * 3, shared=(SharedTensor("w", (0, 2), param_bytes=40, optimizer_bytes=80),))
+    keep = (Policy.KEEP,) * 3
+    for schedule in ("1f1b", "gpipe", "pipedream"):
+        a, b = (CostModel(p, Cluster(2, 10**9, 1e9, 1e9), 2, schedule) for p in (plain, tied))
+        assert b.static_bytes(0, 3) == a.static_bytes(0, 3) - 160 == 3 * 200 - 160
+        assert b.static_bytes(0, 2) == a.static_bytes(0, 2) and b.static_bytes(1, 3) == a.static_bytes(1, 3)
+        assert b.param_bytes(0, 3) == 150 - 40
+        assert b.stash_bytes(0, 0, 3) == a.stash_bytes(0, 0, 3) * 110 // 150
+        stash_saved = a.stash_bytes(0, 0, 3) - b.stash_bytes(0, 0, 3)  # PipeDream's copies of the tie: one per version
+        assert b.stage_cost(0, 0, 3, keep).peak_bytes == a.stage_cost(0, 0, 3, keep).peak_bytes - 160 - stash_saved
+    gpipe = CostModel(tied, Cluster(1, 10**9, 1e9, 1e9), 2, "gpipe")
+    # GPipe on one stage: at layer 0's first backward (every forward done, two micro-batches of 3 x 8 bytes) the
+    # gradients of layers 0..0 are unmade: 50 bytes, the tie's 40 among them; layers 0..2 together make 110, not 150
+    assert gpipe.param_bytes(0, 1) == 50 and gpipe.param_bytes(0, 3) == 110
+    assert gpipe.estimate(Plan((0, 3), keep, 2, "gpipe")).static_bytes == (440,)
+
+
+def test_zbv_holds_a_tie_between_its_first_and_last_chunks_once() -> None:
+    """ZBV on two stages puts chunks 0 and 3 on stage 0: a tied embedding and head there are one tensor."""
+    layer = LayerCost("l", 1.0, 2.0, 8, 4, 4, param_bytes=50, optimizer_bytes=100)
+    tie = SharedTensor("w", (0, 3), param_bytes=40, optimizer_bytes=80)
+    plan = Plan((0, 1, 2, 3, 4), (Policy.KEEP,) * 4, 4, "zbv", 2)
+    plain, tied = (estimate(plan, ModelProfile((layer,) * 4, shared=s), Cluster(2, 10**9, 1e9, 1e9))
+                   for s in ((), (tie,)))
+    assert tied.static_bytes == (plain.static_bytes[0] - 160, plain.static_bytes[1]) == (240, 400)
+    assert tied.peak_bytes == (plain.peak_bytes[0] - 160, plain.peak_bytes[1])

@@ -5,6 +5,7 @@ from vpipe_lab.core.plan import Policy
 from vpipe_lab.core.profile import LayerCost
 from vpipe_lab.runtime.engine.profiler import layer_costs
 from vpipe_lab.runtime.engine.stage import Stage
+from vpipe_lab.runtime.model.capture import UnitTensors
 
 
 def test_layer_costs_are_measured_and_valid() -> None:
@@ -66,3 +67,25 @@ def test_the_pipeline_s_data_input_and_what_the_loss_saves_are_measured() -> Non
     stage.attach_loss(0, segment, out, torch.nn.functional.cross_entropy, torch.zeros(5, dtype=torch.long),
                       timer=lambda: float(clock()))
     assert stats.activation_bytes >= 5 * 16 * 4 + 5 * 4 * 4
+
+
+def test_a_tied_weight_is_named_with_its_bytes_by_each_layer_that_uses_it() -> None:
+    """Two layers on one stage share a weight (one tensor here); each layer's figures count it, and each names it as
+    shared with its bytes and its Adam state, so the cost model can take the second copy off."""
+    first, second = torch.nn.Linear(8, 8, bias=False), torch.nn.Linear(8, 8)
+    second.weight = first.weight
+    stage = Stage(torch.device("cpu"), lambda p: torch.optim.Adam(p), seed=0)
+    stage.add_layer(0, first, UnitTensors([("weight", "w")], []))
+    stage.add_layer(1, second, UnitTensors([("weight", "w"), ("bias", "1.bias")], []))
+    h = torch.randn(2, 8)
+    for segment in stage.segments(profile=True):
+        h = stage.forward(0, segment, h)
+    g = (torch.ones_like(h),)
+    for segment in reversed(stage.segments(profile=True)):
+        g = stage.backward(0, segment, g)
+    stage.step()
+    docs = layer_costs(stage, {0: "a", 1: "b"}, shared={"w"})
+    weight = 8 * 8 * 4
+    assert [d.shared for d in docs] == [{"w": [weight, 2 * weight + 4]}] * 2  # Adam: two moments and a step count
+    assert docs[0].cost.param_bytes == weight and docs[1].cost.param_bytes == weight + 8 * 4
+    assert layer_costs(stage, {0: "a", 1: "b"})[0].shared == {}  # nothing named tied: nothing reported

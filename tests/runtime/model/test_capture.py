@@ -74,6 +74,8 @@ def test_sequential_children_are_units_and_ties_share_a_name() -> None:
     chain = capture(model, None)
     assert not chain.graph and chain.names[0] == "0:Embedding" and chain.names[-1] == "5:Linear"
     assert chain.tensors[5].params == [("weight", "0.weight")]
+    assert chain.shared_params() == {"0.weight"}  # what the profile names so a stage holding both counts it once
+    assert capture(zoo.middle_tie(), None).shared_params() == {"2.weight"}
 
 
 def test_to_meta_frees_a_unit_but_not_its_tie_elsewhere() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from vpipe_lab.core.profile import LayerCost, ModelProfile
+from vpipe_lab.core.profile import LayerCost, ModelProfile, SharedTensor
 from vpipe_lab.wire.events import LayerMeasure
 
 
@@ -21,7 +21,12 @@ class Profiles:
 
     def merge(self, measures: Iterable[LayerMeasure], microbatch_size: int) -> ModelProfile:
         layers: dict[int, LayerCost] = {}
+        users: dict[str, set[int]] = {}  # a tied parameter: the units that reported using it, and its bytes
+        sizes: dict[str, tuple[int, int]] = {}
         for m in measures:
+            for name, (size, state) in m.shared.items():
+                users.setdefault(name, set()).add(m.index)
+                sizes[name] = (size, max(state, sizes.get(name, (0, 0))[1]))  # Adam's state exists after a step
             index = m.index
             cost = m.cost
             cached = self._last.get(index)
@@ -43,7 +48,9 @@ class Profiles:
                 cost = replace(cost, weight_grad_s=cost.backward_s / 2 * m.deferrable)
             layers[index] = cost
         self.newest = ModelProfile(tuple(layers[i] for i in sorted(layers)), name="measured",
-                                   microbatch_size=microbatch_size)
+                                   microbatch_size=microbatch_size,
+                                   shared=tuple(SharedTensor(n, tuple(users[n]), *sizes[n]) for n in sorted(users)
+                                                if len(users[n]) > 1))
         return self.newest
 
     def forget(self) -> None:

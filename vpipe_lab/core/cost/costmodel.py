@@ -9,7 +9,7 @@ Per micro-batch, stage ``s`` owning layers ``lo:hi`` takes
 where swap transfers hide under the stage's compute: ``exposed = max(0, swap_bytes / swap_bandwidth - hide - recompute)``
 with ``hide`` the stage's compute time (less its boundary traffic when that shares the swap link). Peak memory is
 
-    static (parameters + gradients + optimizer state)
+    static (parameters + gradients + optimizer state; a tied parameter once: ``shared_bytes.py``)
     + inflight * (activation_bytes of kept layers + input_bytes of recomputed layers and of the first layer of each
       run of swapped ones: the run's input, which the stage holds for the backward, so its swap leaves it)
     + min(inflight, 2) * the rest of the swapped layers' activation_bytes (the micro-batch computed and the one
@@ -32,18 +32,12 @@ which keeps one); ZB-H1 holds 1F1B's ``inflight`` and up to ``max(K, K - s + 1) 
 waiting only for their weight step, each keeping its layers-with-parameters' inputs and output gradients (at most
 their activations): ``+ waiting * sum(min(activation_bytes, input_bytes + output_bytes))`` over those layers
 (``schedules/orders/zero_bubble.py``). A transfer costs its sender the link's latency ``L`` and arrives ``L`` after
-its send (see ``send_forward_s``), so the first forward and the last backward add ``2 (K - 1) L`` more. The iteration takes
-``sum(T) + 2 (K - 1) L + (M - 1) * P`` for 1F1B and eager 1F1B, with ``P`` the slowest stage or, when latency is
-long, a round trip over the micro-batches in flight (``period``: what eager 1F1B's extra micro-batch hides), and
-``sum(T) + 2 (K - 1) L + (M - 1) * (max(F) + max(B))`` for GPipe, which both reduce to ``(M + K - 1) * T`` for
-equal stages and free communication. ZB-H1 takes ``M * T_b + sum over the other stages
-of max(0, T - 2 W)`` (``P`` for ``T_b`` when latency makes it longer) with ``b`` the slowest stage and ``W`` a
-stage's weight-gradient time: the fill and drain pass each stage without its weight step (the paper's
-``(K - 1)(F + B - W)`` bubble for equal stages). Interleaved 1F1B costs each chunk (virtual stage) as above, with its
-stage's peak count of chunk-forwards in flight and ``2 (K V - 1) L`` of latency
-(``core/schedules/orders/interleaved.py``), and sums a stage's chunks (``_estimate_chunks``); ZBV likewise, with
-its own fill (``chunks_iteration_s``). Both hold, per stage, the largest state of their order's chunk-forwards awaiting B (and
-backwards awaiting W) weighed by each chunk's bytes (``core/schedules/orders/held.py``).
+its send (see ``send_forward_s``), so the first forward and the last backward add ``2 (K - 1) L`` more. The
+iteration's closed forms per schedule are ``core/schedules/pipeline_time.py``'s. Interleaved 1F1B costs each chunk
+(virtual stage) as above, with its stage's peak count of chunk-forwards in flight and ``2 (K V - 1) L`` of latency
+(``core/schedules/orders/interleaved.py``), and sums a stage's chunks (``_estimate_chunks``); ZBV likewise, with its
+own fill (``chunks_iteration_s``). Both hold, per stage, the largest state of their order's chunk-forwards awaiting B
+(and backwards awaiting W) weighed by each chunk's bytes (``core/schedules/orders/held.py``).
 """
 
 from __future__ import annotations
@@ -52,6 +46,7 @@ from collections.abc import Sequence
 from itertools import accumulate
 
 from vpipe_lab.core import checks, schedules
+from vpipe_lab.core.cost.shared_bytes import SharedBytes
 from vpipe_lab.core.cost.stage_cost import (
     RangeMax,
     StageCost,
@@ -103,6 +98,7 @@ class CostModel:
         self._pa = [0, *accumulate(self.act)]
         self._ps = [0, *accumulate(x.static_bytes for x in layers)]
         self._pp = [0, *accumulate(x.param_bytes for x in layers)]
+        self._shared = SharedBytes(profile.shared)  # a tied parameter is counted by each unit; a stage holds it once
         self.trans = [x.transient_bytes for x in layers]
         self._trans_max = RangeMax(self.trans)
         self._step_max = RangeMax([x.step_bytes for x in layers])
@@ -143,12 +139,15 @@ class CostModel:
         return self._pw[hi] - self._pw[lo]
 
     def static_bytes(self, lo: int, hi: int) -> int:
-        return self._ps[hi] - self._ps[lo]
+        return self._ps[hi] - self._ps[lo] - self._shared.extra(lo, hi)[0]
+
+    def param_bytes(self, lo: int, hi: int) -> int:
+        return self._pp[hi] - self._pp[lo] - self._shared.extra(lo, hi)[1]
 
     def stash_bytes(self, stage: int, lo: int, hi: int) -> int:
         """PipeDream: the copies of layers lo:hi's weights ``stage`` keeps for forwards in flight (else 0)."""
         versions = self.kind.stashed_versions(self.stages, stage, self.microbatches)
-        return versions * (self._pp[hi] - self._pp[lo]) if versions else 0
+        return versions * self.param_bytes(lo, hi) if versions else 0
 
     def activation_sum(self, lo: int, hi: int) -> int:
         return self._pa[hi] - self._pa[lo]
@@ -244,7 +243,7 @@ class CostModel:
         if not self.kind.asynchronous:
             return 0.0
         share = self.kind.weight_copies(self.stages, stage, self.microbatches) / self.microbatches
-        return (self._pp[hi] - self._pp[lo]) * (self.cluster.update_s_per_byte + share * self.cluster.copy_s_per_byte)
+        return self.param_bytes(lo, hi) * (self.cluster.update_s_per_byte + share * self.cluster.copy_s_per_byte)
 
     def base_times(self, stage: int, lo: int, hi: int) -> tuple[float, float]:
         """Forward and backward time per micro-batch with every layer kept (communication and the runtime's
@@ -283,7 +282,7 @@ class CostModel:
             top = max(top, here)
             # the gradients of layers lo..i not yet made: i's own come as its first backward runs (measured on the
             # zoo's stage 0 of 4, where every forward comes first: within 1% but gpt-tiny's, 4 to 10% over before)
-            first = max(first, here - (self._pp[i + 1] - self._pp[lo]))
+            first = max(first, here - self.param_bytes(lo, i + 1))
         rebuilt = max(0, top - resident)
         if n == self.microbatches and self.chunks == self.stages and not (self.kind.split_backward
                                                                           or self.kind.asynchronous):
@@ -372,8 +371,9 @@ class CostModel:
         bwd = tuple(sum(c.backward_s for c in cs) for cs in mine)
         total = tuple(f + b for f, b in zip(fwd, bwd))
         it = self.chunks_time_s(costs)
-        static = tuple(sum(c.static_bytes for c in cs) for cs in mine)
-        peaks = tuple(self.rank_peak(r, cs) for r, cs in enumerate(mine))
+        dup = [self._shared.across([plan.chunk_layers(c) for c in plan.chunks_of(r)]) for r in range(k)]  # ZBV's ties
+        static = tuple(sum(c.static_bytes for c in cs) - d for cs, d in zip(mine, dup))
+        peaks = tuple(self.rank_peak(r, cs) - d for (r, cs), d in zip(enumerate(mine), dup))
         held = tuple(p - st for p, st in zip(peaks, static))  # with the rebuild its peak state runs into
         busy = sum(total) * m
         return Estimate(

@@ -67,7 +67,7 @@ def at(profile: ModelProfile, size: int) -> ModelProfile:
     if size == reference:
         return profile
     return ModelProfile(tuple(layer_at(layer, reference, size) for layer in profile.layers), profile.name, size,
-                        profile.source)
+                        profile.source, profile.shared)  # a parameter's bytes do not scale with the micro-batch
 
 
 def throughput_curve(profile: ModelProfile, sizes: list[int]) -> list[tuple[int, float]]:

@@ -1,5 +1,14 @@
 """Iteration time of the 1F1B-shaped schedules, GPipe, ZB-H1 and the chunked schedules (interleaved 1F1B, ZBV) from
-times per micro-batch: the closed forms their schedule kinds give the cost model (``core/schedules/``)."""
+times per micro-batch: the closed forms their schedule kinds give the cost model (``core/schedules/``).
+
+The iteration takes ``sum(T) + 2 (K - 1) L + (M - 1) * P`` for 1F1B and eager 1F1B, with ``P`` the slowest stage or,
+when latency is long, a round trip over the micro-batches in flight (``period``: what eager 1F1B's extra micro-batch
+hides), and ``sum(T) + 2 (K - 1) L + (M - 1) * (max(F) + max(B))`` for GPipe, which both reduce to ``(M + K - 1) *
+T`` for equal stages and free communication. ZB-H1 takes ``M * T_b + sum over the other stages of max(0, T - 2 W)``
+(``P`` for ``T_b`` when latency makes it longer) with ``b`` the slowest stage and ``W`` a stage's weight-gradient
+time: the fill and drain pass each stage without its weight step (the paper's ``(K - 1)(F + B - W)`` bubble for
+equal stages).
+"""
 
 from __future__ import annotations
 

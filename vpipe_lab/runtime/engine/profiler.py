@@ -20,6 +20,8 @@ from which the controller estimates W before it has been timed (``control/change
 
 from __future__ import annotations
 
+from collections.abc import Set
+
 import torch
 
 from vpipe_lab.core.profile import LayerCost
@@ -29,27 +31,33 @@ from vpipe_lab.runtime.memory.ledger import tensor_bytes
 from vpipe_lab.wire.events import LayerMeasure
 
 
-def layer_costs(stage: Stage, names_of: dict[int, str]) -> list[LayerMeasure]:
+def layer_costs(stage: Stage, names_of: dict[int, str], shared: Set[str] = frozenset()) -> list[LayerMeasure]:
     """One ``LayerCost`` (with its global index) per owned layer, averaged since the last reset. A weight
-    tied between layers counts with each of them (each would need it were it alone on a stage)."""
+    tied between layers counts with each of them (each would need it were it alone on a stage); those of ``shared``
+    (the tied ones) are named with their bytes too, so that a stage holding two of its users counts it once."""
     out = []
     for index in stage.owned:
         layer = stage.layers[index]
         st = layer.stats
-        names = [c for _, c in layer.tensors.params]
-        params = sum(tensor_bytes(stage.tensors[n]) for n in dict.fromkeys(names))
-        opt = sum(tensor_bytes(v) for state in stage.optimizer_state(names).values() for v in state.values()
-                  if isinstance(v, torch.Tensor))
+        names = list(dict.fromkeys(c for _, c in layer.tensors.params))
+        sizes = {n: [tensor_bytes(stage.tensors[n]), _optimizer_bytes(stage, [n])] for n in names}
+        params, opt = sum(p for p, _ in sizes.values()), _optimizer_bytes(stage, names)
         weight = st.typical(st.weight_times) if st.weight_times else None  # a split backward's W, timed apart
         routed, _ = wgrad.routed_elements(layer.module, wgrad.split_threshold(stage.fused_wgrad))
-        elements = sum(stage.tensors[n].numel() for n in dict.fromkeys(names))
+        elements = sum(stage.tensors[n].numel() for n in names)
         cost = LayerCost(names_of.get(index, str(index)), st.typical(st.forward_times),
                          st.typical(st.backward_times) + (weight or 0.0), int(st.activation_bytes), int(st.input_bytes),
                          int(st.output_bytes), int(params), int(opt),
                          tuple((size, st.typical(fwd), st.typical(bwd)) for size, (fwd, bwd) in sorted(st.sizes.items())),
                          weight, int(st.transient_bytes), int(st.step_bytes))
-        out.append(LayerMeasure(index, cost, st.forwards, min(1.0, routed / elements) if elements else 0.0))
+        out.append(LayerMeasure(index, cost, st.forwards, min(1.0, routed / elements) if elements else 0.0,
+                                {n: sizes[n] for n in names if n in shared}))
     return out
+
+
+def _optimizer_bytes(stage: Stage, names: list[str]) -> int:
+    return sum(tensor_bytes(v) for state in stage.optimizer_state(names).values() for v in state.values()
+               if isinstance(v, torch.Tensor))
 
 
 class ProfileSchedule:

@@ -126,6 +126,14 @@ class Chain:
                         "moe": [layer.to_dict() for layer in self.experts if layer.unit == i]})
         return out
 
+    def shared_params(self) -> set[str]:
+        """Canonical names of the parameters more than one unit uses (a tied embedding and head)."""
+        users: dict[str, int] = {}
+        for t in self.tensors:
+            for name in dict.fromkeys(c for _, c in t.params):
+                users[name] = users.get(name, 0) + 1
+        return {name for name, n in users.items() if n > 1}
+
     def signature(self) -> list[Any]:
         """What every rank must agree on: unit names, tensor names and what crosses each boundary."""
         return [[name, [c for _, c in t.params + t.buffers], getattr(unit, "carry_keys", None)]
