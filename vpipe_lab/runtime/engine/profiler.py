@@ -40,8 +40,7 @@ def layer_costs(stage: Stage, names_of: dict[int, str], shared: Set[str] = froze
         layer = stage.layers[index]
         st = layer.stats
         names = list(dict.fromkeys(c for _, c in layer.tensors.params))
-        sizes = {n: [tensor_bytes(stage.tensors[n]), _optimizer_bytes(stage, [n])] for n in names}
-        params, opt = sum(p for p, _ in sizes.values()), _optimizer_bytes(stage, names)
+        params, opt = sum(tensor_bytes(stage.tensors[n]) for n in names), _optimizer_bytes(stage, names)
         weight = st.typical(st.weight_times) if st.weight_times else None  # a split backward's W, timed apart
         routed, _ = wgrad.routed_elements(layer.module, wgrad.split_threshold(stage.fused_wgrad))
         elements = sum(stage.tensors[n].numel() for n in names)
@@ -51,7 +50,8 @@ def layer_costs(stage: Stage, names_of: dict[int, str], shared: Set[str] = froze
                          tuple((size, st.typical(fwd), st.typical(bwd)) for size, (fwd, bwd) in sorted(st.sizes.items())),
                          weight, int(st.transient_bytes), int(st.step_bytes))
         out.append(LayerMeasure(index, cost, st.forwards, min(1.0, routed / elements) if elements else 0.0,
-                                {n: sizes[n] for n in names if n in shared}))
+                                {n: [tensor_bytes(stage.tensors[n]), _optimizer_bytes(stage, [n])]
+                                 for n in names if n in shared}))
     return out
 
 
