@@ -81,5 +81,5 @@ def test_a_shared_tensor_round_trips_and_names_units_the_profile_has() -> None:
     with pytest.raises(ProfileError, match=r"shared\[0\]\.units must be a list of unit indices"):
         ModelProfile.from_dict(doc)
     doc["shared"] = {"w": 1}
-    with pytest.raises(ProfileError, match="profile.shared a list"):
+    with pytest.raises(ProfileError, match=r"profile\.shared a list"):
         ModelProfile.from_dict(doc)

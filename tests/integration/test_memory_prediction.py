@@ -1,4 +1,5 @@
-"""Swap and recompute lower a stage's measured resident activations by what the cost model predicts (within 10%)."""
+"""What stages hold against what the cost model predicts: the savings of swap and recompute (within 10%), the V
+schedules' and eager 1F1B's held micro-batches, an MoE model's allocator peak, and a tied weight counted once."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import dataclasses
 import pytest
 
 import vpipe_lab
+from tests.integration import zoo
 from vpipe_lab import Cluster, Plan
 from vpipe_lab.core import schedules
-from tests.integration import zoo
 from vpipe_lab.core.cost.costmodel import CostModel
 
 pytestmark = pytest.mark.slow
