@@ -61,9 +61,10 @@ def covered(ranges: list[tuple[int, int]]) -> int:
 
 def extent(t: torch.Tensor) -> tuple[int, int]:
     """The element range of its storage a strided tensor reaches, [start, end)."""
-    if t.numel() == 0:
-        return t.storage_offset(), t.storage_offset()
-    return t.storage_offset(), t.storage_offset() + 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    start, n = t.storage_offset(), t.numel()
+    if n == 0 or t.is_contiguous():  # most saved tensors: their elements, one after another
+        return start, start + n
+    return start, start + 1 + sum((size - 1) * step for size, step in zip(t.shape, t.stride()))
 
 
 class SwapEngine:
@@ -102,11 +103,15 @@ class SwapEngine:
                 self.ledger.add(mb, layer, tensor_bytes(t))
                 return t
             # A micro-batch chunk is a view of the whole batch: a tensor counts the range it reaches, not its storage.
-            key = (ptr, t.dtype)
-            ranges = counted.setdefault(key, [])
-            before = covered(ranges)
-            ranges.append(extent(t))
-            nbytes = (covered(ranges) - before) * t.element_size()
+            key, reach = (ptr, t.dtype), extent(t)
+            ranges = counted.get(key)
+            if ranges is None:  # the first view of this storage (most are): it counts whole
+                ranges = counted[key] = [reach]
+                nbytes = (reach[1] - reach[0]) * t.element_size()
+            else:
+                before = covered(ranges)
+                ranges.append(reach)
+                nbytes = (covered(ranges) - before) * t.element_size()
             self.ledger.add(mb, layer, nbytes)
             if not swapped or ptr in held:
                 return t
