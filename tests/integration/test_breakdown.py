@@ -75,7 +75,10 @@ def test_the_stage_that_computes_three_times_more_is_named_and_its_neighbour_wai
         # measured, the wire is a few percent; predicted, it rests on the link bandwidth the workers probed at start,
         # which a loaded machine measures low (10-16% seen): small either way, where it said 68%
         assert frame.loc[light, f"{prefix}transfer_share"] < (0.15 if not prefix else 0.3), (prefix, frame.T)
-        assert frame.loc[light, f"{prefix}bubble_share"] > 0.4, (prefix, frame.T)
+        # measured, the light stage waits 44-65% of its iteration; predicted, from a profile of two warm profiling
+        # iterations, 40-52% on a quiet machine and 32-62% beside another test file's training (a stall on the light
+        # stage's small layers inflates their medians): waiting is a large share either way
+        assert frame.loc[light, f"{prefix}bubble_share"] > (0.4 if not prefix else 0.25), (prefix, frame.T)
         # the rule behind the name: the heavy stage's own work is most of the critical path (about 8x the light
         # stage's when the machine is quiet; a busy one can put a stalled light-stage op on the path too)
         assert frame.loc[heavy, f"{prefix}critical_s"] > frame.loc[light, f"{prefix}critical_s"], (prefix, frame.T)
