@@ -27,15 +27,16 @@ def train(model_fn: Callable[[], torch.nn.Module] | None, data: Callable[[int], 
     run that is a function of its arguments is kept: a model built here from a factory, a count of micro-batches,
     data from a function of the iteration (not an iterator it would consume), no norms to report; the caller gets a
     copy, free to change."""
-    key = (model_fn, data, loss_fn, optimizer_fn, iterations, microbatches, seed, start, scheduler_fn, clip, precision)
-    if model is not None or norms is not None or callable(microbatches) or not callable(data) or not _hashable(key):
+    def run() -> tuple[torch.nn.Module, list[float]]:
         return plain_training(model_fn, data, loss_fn, optimizer_fn, iterations=iterations, microbatches=microbatches,
                               seed=seed, start=start, model=model, scheduler_fn=scheduler_fn, clip=clip,
                               precision=precision, norms=norms)
+
+    key = (model_fn, data, loss_fn, optimizer_fn, iterations, microbatches, seed, start, scheduler_fn, clip, precision)
+    if model is not None or norms is not None or callable(microbatches) or not callable(data) or not _hashable(key):
+        return run()
     if key not in _RUNS:
-        _RUNS[key] = plain_training(model_fn, data, loss_fn, optimizer_fn, iterations=iterations,
-                                    microbatches=microbatches, seed=seed, start=start, scheduler_fn=scheduler_fn,
-                                    clip=clip, precision=precision)
+        _RUNS[key] = run()
     trained, losses = _RUNS[key]
     return copy.deepcopy(trained), list(losses)
 

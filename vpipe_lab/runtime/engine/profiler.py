@@ -40,7 +40,10 @@ def layer_costs(stage: Stage, names_of: dict[int, str], shared: Set[str] = froze
         layer = stage.layers[index]
         st = layer.stats
         names = list(dict.fromkeys(c for _, c in layer.tensors.params))
-        params, opt = sum(tensor_bytes(stage.tensors[n]) for n in names), _optimizer_bytes(stage, names)
+        state = stage.optimizer_state(names)
+        opt_of = {n: sum(tensor_bytes(v) for v in state.get(n, {}).values() if isinstance(v, torch.Tensor))
+                  for n in names}
+        params, opt = sum(tensor_bytes(stage.tensors[n]) for n in names), sum(opt_of.values())
         weight = st.typical(st.weight_times) if st.weight_times else None  # a split backward's W, timed apart
         routed, _ = wgrad.routed_elements(layer.module, wgrad.split_threshold(stage.fused_wgrad))
         elements = sum(stage.tensors[n].numel() for n in names)
@@ -50,14 +53,8 @@ def layer_costs(stage: Stage, names_of: dict[int, str], shared: Set[str] = froze
                          tuple((size, st.typical(fwd), st.typical(bwd)) for size, (fwd, bwd) in sorted(st.sizes.items())),
                          weight, int(st.transient_bytes), int(st.step_bytes))
         out.append(LayerMeasure(index, cost, st.forwards, min(1.0, routed / elements) if elements else 0.0,
-                                {n: [tensor_bytes(stage.tensors[n]), _optimizer_bytes(stage, [n])]
-                                 for n in names if n in shared}))
+                                {n: [tensor_bytes(stage.tensors[n]), opt_of[n]] for n in names if n in shared}))
     return out
-
-
-def _optimizer_bytes(stage: Stage, names: list[str]) -> int:
-    return sum(tensor_bytes(v) for state in stage.optimizer_state(names).values() for v in state.values()
-               if isinstance(v, torch.Tensor))
 
 
 class ProfileSchedule:

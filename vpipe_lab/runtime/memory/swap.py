@@ -149,7 +149,7 @@ class SwapEngine:
             # The copies start once the compute that produced the tensors is done, and run beside what follows.
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
         for span in spans:
-            if span.anchor is None or span.host is not None:
+            if span.anchor is None:  # out already (a span is on the device or on the host, never both)
                 continue
             lo, hi = min(a for a, _ in span.ranges), max(b for _, b in span.ranges)
             flat = span.anchor.as_strided((hi - lo,), (1,), lo)  # the storage's bytes from the first view to the last
