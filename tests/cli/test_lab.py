@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import zipfile
 from pathlib import Path
@@ -47,7 +48,8 @@ def test_a_wheel_keeps_its_tutorials_inside_the_package(tmp_path: Path) -> None:
 
 
 def test_options_and_extra_arguments_go_to_jupyter(tmp_path: Path) -> None:
-    args = argparse.Namespace(port=9123, token="", no_browser=True, jupyter_args=["--", "--ServerApp.ip=0.0.0.0"])
+    args = argparse.Namespace(port=9123, token=None, no_token=True, no_browser=True,
+                              jupyter_args=["--", "--ServerApp.ip=0.0.0.0"])
     command = jupyter_command(tmp_path, args)
     assert command[1:4] == ["-m", "jupyter", "lab"] and command[4] == str(tmp_path / QUICKSTART)
     assert f"--ServerApp.root_dir={tmp_path}" in command and "--ServerApp.port=9123" in command
@@ -57,10 +59,70 @@ def test_options_and_extra_arguments_go_to_jupyter(tmp_path: Path) -> None:
     assert not any(a.startswith(("--ServerApp.port", "--IdentityProvider")) for a in defaults)
 
 
+def test_a_token_on_the_command_line_is_refused_in_one_line_and_nothing_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/security.md: the lab's token never reaches an argv (ours refuses it, as --key is refused)."""
+    from vpipe_lab.cli import main
+
+    assert main(["lab", "--dir", str(tmp_path / "t"), "--token", "T0PSECRET", "--no-browser"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "JUPYTER_TOKEN" in err and "--token-file" in err
+    assert not (tmp_path / "t").exists()  # refused before the tutorials were copied or a server started
+    assert main(["lab", "--dir", str(tmp_path / "t"), "--", "--IdentityProvider.token=T0PSECRET"]) == 2
+    assert "after -- puts the token on Jupyter's command line" in capsys.readouterr().err
+    loose = tmp_path / "token"
+    loose.write_text("T0PSECRET\n")
+    loose.chmod(0o644)
+    assert main(["lab", "--dir", str(tmp_path / "t"), "--token-file", str(loose)]) == 2
+    assert "chmod 600" in capsys.readouterr().err and not (tmp_path / "t").exists()
+
+
+@pytest.mark.slow
+def test_the_token_file_reaches_jupyter_in_its_environment_and_no_argv_shows_it(tmp_path: Path) -> None:
+    """`ps` shows no token; the API refuses a request without it and serves one with it."""
+    import psutil
+
+    secret = "s3cret-" + os.urandom(8).hex()
+    token_file = tmp_path / "token"
+    token_file.write_text(secret + "\n")
+    token_file.chmod(0o600)
+    port = free_port()
+    entry = Path(sys.executable).parent / "vpipe-lab"
+    env = {k: v for k, v in os.environ.items() if k != "JUPYTER_TOKEN"} | {"HOME": str(tmp_path)}
+    log = (tmp_path / "lab.log").open("wb")
+    proc = subprocess.Popen([str(entry), "lab", "--no-browser", "--port", str(port), "--token-file", str(token_file)],
+                            cwd=tmp_path, env=env, stdout=log, stderr=log, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        url = f"http://127.0.0.1:{port}/api/kernels"
+        while True:
+            try:
+                urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": f"token {secret}"}),
+                                       timeout=2)
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "lab.log").read_text()[-2000:]
+                time.sleep(0.5)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url, timeout=5)
+        assert refused.value.code == 403
+        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        assert len(family) >= 2
+        for member in family:
+            assert secret not in " ".join(member.cmdline()), member.cmdline()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def serve_and_list(command: list[str], cwd: Path, env: dict[str, str], timeout: float = 120) -> list[str]:
     """Start ``vpipe-lab lab`` as a user would, wait for its server, list what it serves, stop it."""
     port = free_port()
-    proc = subprocess.Popen([*command, "--no-browser", "--port", str(port), "--token", "secret"], cwd=cwd, env=env,
+    proc = subprocess.Popen([*command, "--no-browser", "--port", str(port)], cwd=cwd, env={**env, "JUPYTER_TOKEN": "secret"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + timeout
@@ -123,8 +185,9 @@ def test_a_stop_signal_stops_the_server_and_its_kernel_too(sig: signal.Signals, 
     port = free_port()
     entry = Path(sys.executable).parent / "vpipe-lab"
     log = (tmp_path / "lab.log").open("wb")  # a file, not a pipe: Jupyter's log must never block on a full pipe
-    proc = subprocess.Popen([str(entry), "lab", "--no-browser", "--port", str(port), "--token", "secret"],
-                            cwd=tmp_path, env={**os.environ, "HOME": str(tmp_path)}, stdout=log, stderr=log,
+    proc = subprocess.Popen([str(entry), "lab", "--no-browser", "--port", str(port)],
+                            cwd=tmp_path, env={**os.environ, "HOME": str(tmp_path), "JUPYTER_TOKEN": "secret"},
+                            stdout=log, stderr=log,
                             start_new_session=True)
     family: list[psutil.Process] = []
     try:

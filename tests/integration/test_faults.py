@@ -127,6 +127,48 @@ def test_an_unwritable_checkpoint_path_is_an_error_and_training_goes_on(tmp_path
     assert resolve(tmp_path / "ckpt") == first
 
 
+def test_a_full_disk_during_a_save_is_one_line_and_the_session_trains_on(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/security.md: a disk that fills during ``session.save``: one line saying no space was left and where, the
+    partial version removed, the previous one still ``latest``, training going on (a real full tmpfs where this
+    machine can mount one, else ENOSPC injected where stage 1 writes its files)."""
+    from tests.full_disk import fill, small_filesystem
+
+    with small_filesystem(tmp_path, 512 * 1024) as disk:  # the mlp example: about 70 MiB a stage
+        root = (disk if disk is not None else tmp_path) / "ckpt"
+        if disk is None:
+            monkeypatch.setenv("VPIPE_LAB_FAULT", "write:1:enospc@3")
+        with launch() as s:
+            s.run(2)
+            s.wait(timeout=60)
+            first = s.save(root)
+            if disk is not None:
+                fill(disk, leave=4096)
+            s.run(1)
+            s.wait(timeout=60)
+            with pytest.raises(OSError) as info:
+                s.save(root)
+            said = str(info.value)
+            assert "\n" not in said and "no space left" in said and str(root) in said, said
+            assert sorted(p.name for p in root.iterdir() if p.is_dir()) == [first.name]  # nothing half-written stays
+            assert resolve(root) == first
+            s.run(2)
+            assert s.wait(timeout=60) == 5 and s.failure is None  # the session trains on
+            if disk is not None:
+                (disk / "ballast").unlink()
+                assert s.save(root) != first  # space again: the next save is whole
+        with launch(resume=root) as again:
+            assert again.iteration == (5 if disk is not None else 2)
+
+
+def test_a_periodic_snapshot_on_a_full_disk_leaves_training_going(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restartable job's background snapshot meets ENOSPC on stage 0 from iteration 2 on: training goes on."""
+    monkeypatch.setenv("VPIPE_LAB_FAULT", "snapshot:0:enospc@2")
+    with launch(max_restarts=1) as s:
+        s.run(6)
+        assert s.wait(timeout=90) == 6 and s.failure is None
+
+
 def test_a_corrupted_checkpoint_file_or_a_forged_manifest_is_named_at_resume(tmp_path: Path) -> None:
     with launch() as s:
         s.run(1)

@@ -77,3 +77,33 @@ def test_resuming_a_dcp_folder_whose_metadata_would_run_code_is_refused_without_
     with pytest.raises(Exception, match=r"never holds.*could run code"):
         vpipe_lab.launch("mlp", stages=2, microbatches=4, device="cpu", timeout=30, resume=folder)
     assert not marker.exists()
+
+
+def test_resuming_a_checkpoint_whose_metadata_points_outside_it_is_refused_before_a_worker_reads(tmp_path: Path) -> None:
+    """A version's ``.metadata`` rewritten to name a shard by an absolute path, the manifest's hash of it updated to
+    match: resume refuses it, and the file outside is never read (its access time does not move)."""
+    import dataclasses
+    import json
+    import os
+
+    from vpipe_lab.runtime.disk.dcp_state import SafeReader
+    from vpipe_lab.wire.checkpoint import resolve, sha256
+
+    with vpipe_lab.launch("mlp", stages=2, microbatches=2, device="cpu", timeout=30) as s:
+        s.run(1)
+        s.wait(timeout=60)
+        s.save(tmp_path / "ckpt")
+    version = resolve(tmp_path / "ckpt")
+    decoy = tmp_path / "decoy.distcp"
+    decoy.write_bytes((version / "__1_0.distcp").read_bytes())
+    os.utime(decoy, (1_000_000, 1_000_000))
+    metadata = SafeReader(str(version)).read_metadata()
+    metadata.storage_data = {k: dataclasses.replace(v, relative_path=str(decoy)) if v.relative_path == "__1_0.distcp"
+                             else v for k, v in metadata.storage_data.items()}
+    (version / ".metadata").write_bytes(pickle.dumps(metadata))
+    manifest = json.loads((version / "manifest.json").read_text())
+    manifest["files"][".metadata"] = sha256((version / ".metadata").read_bytes())
+    (version / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(Exception, match=r"names the file .*decoy\.distcp.* not a plain file name inside the checkpoint"):
+        vpipe_lab.launch("mlp", stages=2, microbatches=2, device="cpu", timeout=30, resume=tmp_path / "ckpt")
+    assert os.stat(decoy).st_atime == 1_000_000

@@ -51,6 +51,37 @@ def test_a_bundle_replaces_a_bundle_and_nothing_else(tmp_path: Path) -> None:
         bundle.read(tmp_path / "missing")
 
 
+def test_a_directory_with_anything_beside_a_bundle_is_never_replaced(tmp_path: Path) -> None:
+    """docs/security.md: export replaces only a bundle holding nothing but bundle files."""
+    first = make(Plan((0, 3, 6), tuple("kkkkkk"), 4), UNITS)
+    cases = {
+        "notes": lambda d: (bundle.write(d, first), (d / "notes.txt").write_text("precious")),
+        "any pipeline.json": lambda d: (d.mkdir(), (d / "pipeline.json").write_text("{}"),
+                                        (d / "data.csv").write_text("precious")),
+        "a sub-directory": lambda d: (bundle.write(d, first), (d / "runs").mkdir(), (d / "runs" / "x").write_text("1")),
+    }
+    for name, make_dir in cases.items():
+        target = tmp_path / name.replace(" ", "_")
+        make_dir(target)
+        before = {p.relative_to(target): p.read_bytes() for p in target.rglob("*") if p.is_file()}
+        with pytest.raises(FileExistsError) as info:
+            bundle.write(target, first)
+        assert "\n" not in str(info.value) and "give a new or empty directory" in str(info.value), name
+        assert {p.relative_to(target): p.read_bytes() for p in target.rglob("*") if p.is_file()} == before, name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_sub-directory", "any_pipeline.json", "notes"]
+    (tmp_path / "empty").mkdir()
+    assert bundle.read(bundle.write(tmp_path / "empty", first)) == first  # an empty directory is taken
+
+
+def test_a_pipeline_json_that_is_not_a_small_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "pipeline.json").symlink_to("/dev/zero")
+    with pytest.raises(ProfileError, match="not a regular file"):
+        bundle.read(tmp_path / "b")
+    with pytest.raises(FileExistsError, match="not an export bundle"):
+        bundle.write(tmp_path / "b", make(Plan((0, 3, 6), tuple("kkkkkk"), 4), UNITS))
+
+
 def test_a_model_megatron_cannot_lay_out_gets_the_reason_in_its_readme(tmp_path: Path) -> None:
     units = [UnitInfo(str(i), (str(i),), "block:Linear") for i in range(4)]
     root = bundle.write(tmp_path / "b", make(Plan((0, 2, 4), tuple("kkkk"), 2), units))

@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     try:
         return int(args.func(args))
-    except (VpipeError, CliError, ValueError, TimeoutError) as exc:
+    except (VpipeError, CliError, ValueError, TimeoutError, OSError) as exc:  # OSError: a file given
         print(f"vpipe-lab: error: {exc}", file=sys.stderr)
         return 2
     except json.JSONDecodeError as exc:

@@ -4,8 +4,9 @@
 torch.distributed.pipelining's action format), ``torchtitan.toml`` and ``torchtitan_config.py``
 (``core/interop/torchtitan.py``), ``megatron.args`` for transformer stacks (``core/interop/megatron.py``) and a
 ``README.md`` that says what the plan is, what the lab measured and predicted for it and how to run it. The directory
-is written beside its destination and moved into place, so a reader never sees half a bundle; an existing bundle
-there is replaced, anything else is refused.
+is written beside its destination and moved into place, so a reader never sees half a bundle. A directory there is
+replaced only when it is a bundle this lab reads holding nothing but a bundle's files; anything else (a directory with
+notes beside a ``pipeline.json``, a file) is refused in one line and left as it was.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from vpipe_lab.core.errors import PlanError, ProfileError
 from vpipe_lab.core.interop import megatron, torch_schedules, torchtitan
 from vpipe_lab.core.interop.bundle import SCHEMA_FILE, Bundle, csv_name
 from vpipe_lab.core.report import human_time
+from vpipe_lab.wire import small_file
 
 PIPELINE = "pipeline.json"
 FILES = (PIPELINE, "schedule.csv", "torchtitan.toml", "torchtitan_config.py", "megatron.args", "README.md")
@@ -30,9 +32,10 @@ FILES = (PIPELINE, "schedule.csv", "torchtitan.toml", "torchtitan_config.py", "m
 def write(path: str | Path, bundle: Bundle) -> Path:
     """Write ``bundle`` as a directory at ``path`` (see the module docstring); returns the directory."""
     root = Path(path).absolute()
-    if root.exists() and (not root.is_dir() or (any(root.iterdir()) and not (root / PIPELINE).exists())):
-        raise FileExistsError(f"{root} exists and is not an export bundle: give a new directory (an existing bundle "
-                              "is replaced)")
+    problem = replaceable(root)
+    if problem is not None:
+        raise FileExistsError(f"{root} {problem}: give a new or empty directory (only a bundle holding nothing but "
+                              "bundle files is replaced)")
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
     try:
@@ -51,13 +54,39 @@ def write(path: str | Path, bundle: Bundle) -> Path:
         files["README.md"] = readme(bundle, no_megatron)
         for name, text in files.items():
             (staging / name).write_text(text)
-        if root.exists():
-            shutil.rmtree(root)
-        os.replace(staging, root)
+        if root.exists():  # the old bundle steps aside first, so a failure here leaves one of the two whole
+            old = Path(tempfile.mkdtemp(prefix=f".{root.name}-old-", dir=root.parent))
+            os.replace(root, old / root.name)
+            os.replace(staging, root)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, root)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return root
+
+
+def replaceable(root: Path) -> str | None:
+    """Why ``root`` may not be written over, or None: it does not exist, is an empty directory, or is a bundle this
+    lab reads (``pipeline.json`` admitted by the contract) whose entries are all plain files a bundle writes."""
+    if not root.exists() and not root.is_symlink():
+        return None
+    if root.is_symlink() or not root.is_dir():
+        return "exists and is not a directory"
+    entries = list(root.iterdir())
+    if not entries:
+        return None
+    try:
+        found = read(root)
+    except ProfileError:
+        return "exists and is not an export bundle"
+    allowed = {*FILES, found.schedule_csv}
+    strangers = sorted(e.name for e in entries if e.name not in allowed or e.is_symlink() or not e.is_file())
+    if strangers:
+        shown = ", ".join(repr(n) for n in strangers[:3]) + (f" and {len(strangers) - 3} more" if len(strangers) > 3 else "")
+        return f"holds {shown} beside its bundle files, which replacing it would delete"
+    return None
 
 
 def read(path: str | Path) -> Bundle:
@@ -66,7 +95,9 @@ def read(path: str | Path) -> Bundle:
     if target.is_dir():
         target = target / PIPELINE
     try:
-        doc = json.loads(target.read_text())
+        doc = json.loads(small_file.read_text(target, "the export bundle's pipeline.json"))
+    except small_file.TooLarge as exc:
+        raise ProfileError(str(exc)) from None
     except OSError as exc:
         raise ProfileError(f"cannot read the export bundle {str(path)[:200]!r}: {exc.strerror}; write one with "
                            "session.export_plan(path) or vpipe-lab export") from None

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from vpipe_lab.core.errors import ProfileError
+from vpipe_lab.wire import small_file
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -105,7 +106,7 @@ class Manifest:
         version = resolve(path)
         target = version / MANIFEST
         try:
-            doc = json.loads(target.read_text())
+            doc = json.loads(small_file.read_text(target, "the checkpoint's manifest"))
         except OSError as exc:
             raise ProfileError(f"{str(path)!r} is not a complete vpipe_lab checkpoint: cannot read {target.name} "
                                f"({exc.strerror}); save one with session.save(path)") from None

@@ -6,9 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.full_disk import small_filesystem
+from vpipe_lab.runtime.disk import checkpoints
 from vpipe_lab.runtime.disk.checkpoints import Checkpoints
 from vpipe_lab.runtime.engine.stage import Stage
-from vpipe_lab.wire.checkpoint import Manifest
+from vpipe_lab.wire.checkpoint import Manifest, resolve
 
 
 class OnePeer:
@@ -68,6 +70,32 @@ def test_a_failed_write_is_reported_and_a_wrong_model_refused(tmp_path: Path) ->
     assert saver.save(tmp_path / "ok" / "ckpt-1", manifest, keep=None, iteration=5) is None
     with pytest.raises(ValueError, match="holds 2 layers but the model has 3"):
         saver.restore(tmp_path / "ok", 3)
+
+
+def test_a_full_disk_is_one_line_the_partial_version_is_removed_and_the_previous_one_stays(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/security.md: torch's writer meets a real full file system (its CheckpointException is a BaseException,
+    its inner error "unexpected pos 704 vs 598"); the save says no space was left, where, and removes what it wrote."""
+    stage = trained_stage()
+    saver = Checkpoints(OnePeer(), stage, 0, 1, 0, True, torch.device("cpu"))  # type: ignore[arg-type]
+    with small_filesystem(tmp_path, 256) as disk:
+        if disk is None:
+            pytest.skip("this machine cannot mount a small file system; the injected ENOSPC test covers the path")
+        assert saver.save(disk / "ckpt" / "ckpt-1", manifest, keep=None, iteration=5) is None
+        first = resolve(disk / "ckpt")
+        big = torch.nn.Linear(400, 400)  # 640 KiB of weights: more than the 256 KiB disk holds
+        stage.add_layer(2, big)
+        # the early check (what it writes against what is free) is passed over, so torch's writer meets the full disk
+        monkeypatch.setattr(checkpoints, "state_bytes", lambda state: 0)
+        problem = saver.save(disk / "ckpt" / "ckpt-2", manifest, keep=None, iteration=6)
+        assert problem is not None and "\n" not in problem
+        assert "no space left on the device that holds" in problem and "ckpt-2" in problem, problem
+        assert not (disk / "ckpt" / "ckpt-2").exists()  # its partial files are gone: the disk has its space back
+        assert resolve(disk / "ckpt") == first and Manifest.read(disk / "ckpt").iteration == 5
+        monkeypatch.undo()
+        problem = saver.save(disk / "ckpt" / "ckpt-3", manifest, keep=None, iteration=6)  # refused before writing
+        assert problem is not None and problem.startswith("no space left for stage 0's") and "free there" in problem
+        assert not (disk / "ckpt" / "ckpt-3").exists()
 
 
 def test_units_written_by_two_stages_load_into_one_from_both_directories(tmp_path: Path) -> None:

@@ -89,3 +89,30 @@ def test_dcp_metadata_is_read_without_running_code(tmp_path) -> None:  # type: i
     (crafted / ".metadata").write_bytes(pickle.dumps({"not": "metadata"}))
     with pytest.raises(ValueError, match=r"holds a dict, not torch\.distributed\.checkpoint metadata"):
         dcp_state.SafeReader(str(crafted)).read_metadata()
+
+
+def test_a_metadata_that_names_a_file_outside_its_checkpoint_is_refused_before_a_tensor_is_read(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """docs/security.md: DCP joins the names in ``.metadata`` to the folder unchecked; the lab reads only plain names
+    of its own folder that the manifest checksums."""
+    import dataclasses
+    import pickle
+
+    import pytest
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"w": torch.nn.Linear(3, 2).state_dict()}, checkpoint_id=str(tmp_path / "real"))
+    reader = dcp_state.SafeReader(str(tmp_path / "real"), listed={"__0_0.distcp", ".metadata"})
+    assert "w.weight" in reader.read_metadata().state_dict_metadata
+    with pytest.raises(ValueError, match=r"'__0_0\.distcp', which the checkpoint's manifest does not list"):
+        dcp_state.SafeReader(str(tmp_path / "real"), listed={".metadata"}).read_metadata()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "__0_0.distcp").write_bytes((tmp_path / "real" / "__0_0.distcp").read_bytes())
+    pristine = dcp_state.SafeReader(str(tmp_path / "real")).read_metadata()
+    for name in (str(outside / "__0_0.distcp"), "../outside/__0_0.distcp"):
+        metadata = dataclasses.replace(pristine)
+        metadata.storage_data = {k: dataclasses.replace(v, relative_path=name) for k, v in pristine.storage_data.items()}
+        (tmp_path / "real" / ".metadata").write_bytes(pickle.dumps(metadata))
+        for listed in (None, {"__0_0.distcp", ".metadata", name}):
+            with pytest.raises(ValueError, match="is not a plain file name inside the checkpoint"):
+                dcp_state.SafeReader(str(tmp_path / "real"), listed=listed).read_metadata()

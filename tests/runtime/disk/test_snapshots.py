@@ -84,3 +84,31 @@ def test_a_restarted_source_replays_the_buffered_batches_then_reads_on(tmp_path:
     assert replayed == [1002.0, 1003.0, 1004.0, 2005.0]
     with pytest.raises(ValueError, match="read in order"):
         again.get(9)
+
+
+def test_a_snapshot_that_meets_a_full_disk_is_one_line_and_leaves_nothing_half_written(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """docs/security.md: the writer thread meets a real full file system; training's side never sees an exception."""
+    from tests.full_disk import fill, small_filesystem
+
+    with small_filesystem(tmp_path, 256) as disk:
+        if disk is None:
+            pytest.skip("this machine cannot mount a small file system; the injected ENOSPC test covers the path")
+        snaps = Snapshots(str(disk / "snaps"), 0, 1, 0, every=None)
+        snaps.take(0, (0, 0), lambda: {"w": torch.ones(4)}, lambda: SnapshotMeta(0, {"boundaries": [0, 1]}, 0, 0))
+        snaps.join()
+        assert snapshot.newest(disk / "snaps") is not None and snaps.failures == 0
+        fill(disk, leave=8192)
+        with caplog.at_level("ERROR"):
+            snaps.take(1, (0, 0), lambda: {"w": torch.ones(64 * 1024)}, lambda: SnapshotMeta(1, {"boundaries": [0, 1]},
+                                                                                              0, 0))
+            snaps.join()
+        assert snaps.failures == 1
+        said = [r.getMessage() for r in caplog.records if "was not written" in r.getMessage()]
+        assert len(said) == 1 and "no space left" in said[0] and "\n" not in said[0]
+        assert not (snapshot.directory(disk / "snaps", (1, 0, 0)) / "stage-0").exists()
+        newest = snapshot.newest(disk / "snaps")
+        assert newest is not None and newest[1].iteration == 0  # a restart still goes back to the whole one
+        buffer = BatchBuffer(disk / "snaps")
+        buffer.put(7, {"x": torch.ones(64 * 1024)})  # the batch buffer on the same full disk: said, not raised
+        assert buffer.get(7) is None and not list((disk / "snaps" / "batches").glob("*.tmp"))

@@ -20,6 +20,7 @@ from vpipe_lab.core.planning.planner import search
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.report import human_time
 from vpipe_lab.wire import bundle as files
+from vpipe_lab.wire import small_file
 from vpipe_lab.wire.checkpoint import Manifest
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ def read(source: Any, units: list[UnitInfo], current: Plan | None, *, ranks: int
         target = Path(source)
         if target.is_dir() or target.name == files.PIPELINE:
             return files.read(target).plan
-        text = target.read_text()
+        text = _small(target, "the plan to import")
         if target.suffix == ".toml":
             csv = _csv_next_to(text, target)
             return torchtitan.read_toml(text, units, batch_size=batch_size, microbatches=microbatches, csv_text=csv)
@@ -193,4 +194,14 @@ def _csv_next_to(text: str, toml: Path) -> str | None:
     path = Path(name) if Path(name).is_absolute() else toml.parent / name
     if not path.exists():
         raise PlanError(f"{toml} names the schedule CSV {name}, which does not exist")
-    return path.read_text()
+    return _small(path, "the schedule CSV")
+
+
+def _small(path: Path, what: str) -> str:
+    """A file to import, bounded (``wire/small_file.py``): refused in one line if it is not a small regular file."""
+    try:
+        return small_file.read_text(path, what)
+    except small_file.TooLarge as exc:
+        raise PlanError(str(exc)) from None
+    except UnicodeDecodeError:
+        raise PlanError(f"{what} {str(path)[:200]!r} is not UTF-8 text") from None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import pickle
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
 
 from vpipe_lab.runtime.engine.stage import Stage
+from vpipe_lab.wire.checkpoint import DCP_METADATA
 
 OPTIMIZER, TRAIN = "optimizer", "train_state"
 GROUP_SKIP = ("params", "vpipe_unit")  # a parameter group's keys that are not options
@@ -54,9 +56,34 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 class SafeReader(FileSystemReader):
     """torch's ``FileSystemReader``, reading ``.metadata`` with an unpickler that admits only what DCP metadata is
-    made of: a crafted ``.metadata`` (another job's, a downloaded checkpoint's) is refused, naming what it holds."""
+    made of: a crafted ``.metadata`` (another job's, a downloaded checkpoint's) is refused, naming what it holds.
+    Every file it names for a tensor must be a plain file name inside the checkpoint's own directory (torch joins the
+    name to the folder unchecked: ``/etc/...`` or ``../`` would read a file outside it) and, where the checkpoint has
+    a manifest (``listed``), one that the manifest checksums; anything else is refused before a tensor is read."""
+
+    def __init__(self, path: str, listed: set[str] | None = None) -> None:
+        super().__init__(path)
+        self.listed = listed
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        metadata = self._unpickled(*args, **kwargs)
+        directory = Path(str(self.path))
+        for info in (getattr(metadata, "storage_data", None) or {}).values():
+            name = getattr(info, "relative_path", None)
+            plain = (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+                     and "\0" not in name)
+            if not plain:
+                raise ValueError(f"{directory / DCP_METADATA} names the file {str(name)[:200]!r} for its tensors, which "
+                                 "is not a plain file name inside the checkpoint; it is not read (a forged or corrupt "
+                                 "checkpoint: resume from another version)")
+            if self.listed is not None and name not in self.listed:
+                raise ValueError(f"{directory / DCP_METADATA} names the file {name!r}, which the checkpoint's manifest "
+                                 "does not list with a checksum; it is not read (a forged or corrupt checkpoint)")
+            if not (directory / name).is_file():
+                raise ValueError(f"{directory / DCP_METADATA} names the file {name!r}, which is not in {directory}")
+        return metadata
+
+    def _unpickled(self, *args: Any, **kwargs: Any) -> Metadata:
         path = self._get_metadata_path(kwargs.get("rank"))
         with self.fs.create_stream(path, "rb") as fh:
             try:

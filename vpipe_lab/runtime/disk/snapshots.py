@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -22,9 +23,12 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.utils import _pytree as pytree
 
 from vpipe_lab.core.plan import Plan
+from vpipe_lab.runtime.disk.checkpoints import reason
+from vpipe_lab.runtime.engine import faults
 from vpipe_lab.wire import snapshot as layout
 from vpipe_lab.wire.snapshot import SnapshotMeta
 
@@ -53,6 +57,7 @@ class Snapshots:
         self.cost_s = 0.0  # the newest snapshot's copy + write time on this rank
         self.iteration_s = 0.0  # a running mean of the iteration time
         self.taken = 0
+        self.failures = 0  # snapshots this rank could not write (a full disk)
 
     @property
     def on(self) -> bool:
@@ -96,26 +101,40 @@ class Snapshots:
         staged = copy(state())
         key = (iteration, *version)
         where = layout.directory(root, key)
-        where.mkdir(parents=True, exist_ok=True)
-        if meta is not None:
-            meta().write(where)
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+            if meta is not None:
+                meta().write(where)
+        except OSError as exc:  # a full disk: training goes on, the previous snapshot stays the one a restart uses
+            self._failed(iteration, exc, layout.stage_dir(where, self.stage))
+            return
         copied = time.perf_counter() - start
 
         def write() -> None:
             begun = time.perf_counter()
+            target = layout.stage_dir(where, self.stage)
             try:
-                writer = dcp.FileSystemWriter(str(layout.stage_dir(where, self.stage)), sync_files=False, thread_count=1,
-                                              overwrite=True)
+                faults.hit(faults.parse(), "snapshot", self.stage, iteration)
+                writer = dcp.FileSystemWriter(str(target), sync_files=False, thread_count=1, overwrite=True)
                 dcp.save(staged, storage_writer=writer, no_dist=True)
                 layout.mark_done(root, key, self.stage)
                 if meta is not None:
                     layout.prune(root)
-            except Exception:  # training goes on; the previous snapshot stays the one a restart uses
-                log.exception("the snapshot of iteration %d on stage %d failed", iteration, self.stage)
+            # DCP's CheckpointException is a BaseException: ``except Exception`` let it end the writer with a traceback
+            except (Exception, CheckpointException) as exc:
+                self._failed(iteration, exc, target)
             self.cost_s = copied + time.perf_counter() - begun
 
         self._writer = threading.Thread(target=write, name="vpipe-snapshot", daemon=True)
         self._writer.start()
+
+    def _failed(self, iteration: int, exc: BaseException, target: Path) -> None:
+        """A snapshot that could not be written: said in one line, its partial files removed (a full disk gets its
+        space back); the previous complete snapshot stays the one a restart uses, and training goes on."""
+        shutil.rmtree(target, ignore_errors=True)
+        self.failures += 1
+        log.error("the snapshot of iteration %d on stage %d was not written: %s; training goes on and a restart "
+                  "would use the previous one", iteration, self.stage, reason(exc, target.parent))
 
     def join(self, timeout: float | None = None) -> None:
         if self._writer is not None:
@@ -141,11 +160,17 @@ class BatchBuffer:
         self.root = root
 
     def put(self, iteration: int, item: Any) -> None:
+        """Keep the batch of ``iteration``; a disk too full to hold it is said in one line and training goes on (a
+        restart to before it would then read the iterable afresh from there)."""
         path = layout.batch_file(self.root, iteration)
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        torch.save(item, tmp)
-        tmp.replace(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(item, tmp)
+            tmp.replace(path)
+        except (OSError, RuntimeError) as exc:  # torch's writer reports a full disk as a RuntimeError
+            tmp.unlink(missing_ok=True)
+            log.error("the batch of iteration %d was not kept for a restart: %s", iteration, reason(exc, self.root))
 
     def get(self, iteration: int) -> Any | None:
         path = layout.batch_file(self.root, iteration)

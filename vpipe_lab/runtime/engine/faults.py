@@ -1,16 +1,19 @@
 """Fault injection for the fault tests: ``VPIPE_LAB_FAULT=<point>:<rank>[:<how>][@<iteration>]``.
 
-Points: ``forward`` (inside a stage's forward pass), ``save`` (after a rank wrote its layer files, before the
+Points: ``forward`` (inside a stage's forward pass), ``write`` (where a rank's checkpoint files are written),
+``snapshot`` (where a rank's snapshot is written), ``save`` (after a rank wrote its layer files, before the
 checkpoint is complete), ``migrate`` (halfway through sending layers), ``start`` (a worker starting on a job that begins
 at that iteration, before it joins the process group; its number is the device the worker takes, not its rank: a
 replacement whose device is gone). How: ``exit`` (the default: exit at once with
-code 17), ``kill`` (SIGKILL itself), ``hang`` (sleep forever), ``slow`` (sleep 3 s, then go on). ``@N`` fires only from
+code 17), ``kill`` (SIGKILL itself), ``hang`` (sleep forever), ``slow`` (sleep 3 s, then go on), ``enospc`` (raise
+the OSError a full disk raises, where no real full file system can be made). ``@N`` fires only from
 iteration N on. Unset, nothing here runs on the hot path but a None check. Under torchrun a fault fires in the job's
 first attempt only (``TORCHELASTIC_RESTART_COUNT`` 0): a crash that happened once, which its restart then survives.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -49,5 +52,7 @@ def hit(fault: Fault | None, point: str, rank: int, iteration: int = 0) -> None:
             time.sleep(3600)
     elif fault.how == "slow":
         time.sleep(3.0)
+    elif fault.how == "enospc":
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"<injected at {point}>")
     else:
         os._exit(17)

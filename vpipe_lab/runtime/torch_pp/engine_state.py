@@ -76,13 +76,15 @@ class TorchState:
 
     def load(self, path: Path) -> None:
         """Read this rank's tensors and optimizer state by name from a DCP checkpoint (the lab's or torch's)."""
+        listed: set[str] | None = None  # torch's own checkpoint: plain file names inside it
         if not is_foreign(path):
             manifest = Manifest.read(path)
             if manifest.format != "dcp":
                 raise ValueError(f"checkpoint {path} is in the per-layer format of earlier releases: resume it with "
                                  "engine='lab' and save it again (as a DCP checkpoint) to use it here")
             check_files(self.peer, self.index, self.world, 0, manifest)
-        reader = dcp_state.SafeReader(str(resolve(path)))
+            listed = set(manifest.files)
+        reader = dcp_state.SafeReader(str(resolve(path)), listed)
         wanted = [([key], tensor) for key, tensor in self.pp.state_dict().items()]
         template, missing = dcp_state.template(wanted, set(self.named), reader.read_metadata())
         if missing:
