@@ -27,6 +27,7 @@ CASES: dict[str, tuple[list[str], Any, list[str] | None, dict[str, Any]]] = {
     "schedule": (["zbv"], "zbv", ["zigzag"], {}),
     "virtual_stages": (["2"], 2, ["0"], {"schedule": "interleaved-1f1b"}),
     "replicas": (["2"], 2, ["0"], {}),
+    "shards": (["2"], 2, ["0"], {}),
     "device": (["cpu"], "cpu", ["tpu"], {}),
     "engine": (["torch"], "torch", ["jax"], {}),
     "seed": (["7"], 7, None, {}),

@@ -115,3 +115,24 @@ def test_a_new_schedule_keeps_what_it_can_and_cuts_evenly_what_it_cannot() -> No
     assert (back.virtual_stages, back.boundaries) == (1, (0, 4, 8))
     four = Change.of(schedule="interleaved-1f1b", virtual_stages=4).on(CURRENT)
     assert four.chunks == 8 and four.validate(8, 2).placement == tuple(c % 2 for c in range(8))
+
+
+def test_a_change_keeps_the_jobs_mesh_and_refuses_another() -> None:
+    """The running job's mesh is its processes: a plan for another is refused with the way to get there; a plan that
+    names no mesh runs on the job's; each stage's sharding is a change like a policy."""
+    from vpipe_lab.core.sharding import Sharding
+
+    current = Plan((0, 2, 4), ("keep",) * 4, 2, shards=2)
+    moved = Change.of(boundaries=(0, 1, 4)).resolve(current, 4, 2)
+    assert (moved.shards, moved.replicas) == (2, 1)
+    plain = Change.to(Plan((0, 3, 4), ("keep",) * 4, 2)).resolve(current, 4, 2)
+    assert plain.shards == 2 and plain.boundaries == (0, 3, 4)
+    with pytest.raises(PlanError, match=r"the job runs 2 x 1: its processes are its mesh.*resume=path"):
+        Change.to(Plan((0, 3, 4), ("keep",) * 4, 2, shards=4)).resolve(current, 4, 2)
+    streamed = Change.of(sharding=("stream", "hold")).resolve(current, 4, 2)
+    assert streamed.sharding == (Sharding.STREAM, Sharding.HOLD)
+    assert Change.of(sharding=("stream", "hold")).describe() == "sharding stream/hold"
+    with pytest.raises(PlanError, match="this job runs shards=1"):
+        Change.of(sharding=("stream", "hold")).resolve(Plan((0, 2, 4), ("keep",) * 4, 2), 4, 2)
+    with pytest.raises(PlanError, match="one entry per stage, not a string"):
+        Change.of(sharding="stream")

@@ -3,8 +3,8 @@
 import pytest
 
 from vpipe_lab.core import schedules
-from vpipe_lab.core.errors import PlanError
-from vpipe_lab.core.plan import Estimate, Plan, Policy
+from vpipe_lab.core.errors import PlanError, ProfileError
+from vpipe_lab.core.plan import Estimate, Plan, Policy, Sharding
 
 
 def test_plan_round_trip_and_helpers() -> None:
@@ -51,3 +51,41 @@ def test_every_schedule_name_validates_and_estimates_round_trip() -> None:
         assert Plan((0, 1, 2), "kk", 2, name, virtual).validate(2).schedule == name
     est = Estimate(1.0, (0.4, 0.5), (10, 30), (20, 20), 0.2, False)
     assert est.bottleneck == 1 and est.over_budget == (0, 10) and est.to_dict()["peak_bytes"] == [10, 30]
+
+
+def test_a_plan_carries_its_mesh_and_each_stages_sharding_through_json_and_changes() -> None:
+    """plan.json says stages, shards and replicas when the plan is not one of whole devices; a partition or policy
+    edit keeps the mesh, a new stage count starts each stage's sharding over."""
+    plan = Plan((0, 2, 4), ("keep",) * 4, 4, shards=2, replicas=3, sharding=("stream", "hold"))
+    assert plan.devices == 12 and plan.data_parallel == 6 and plan.sharding_of(0) is Sharding.STREAM
+    doc = plan.to_dict()
+    assert (doc["stages"], doc["shards"], doc["replicas"], doc["sharding"]) == (2, 2, 3, ["stream", "hold"])
+    assert Plan.from_json(plan.to_json()) == plan
+    assert "stages" not in Plan((0, 2, 4), ("keep",) * 4, 4).to_dict()  # a pipeline of whole devices, as before
+    moved = plan.with_boundaries((0, 1, 4)).with_policies({0: "recompute"}).replace(microbatches=8)
+    assert (moved.shards, moved.replicas, moved.sharding) == (2, 3, plan.sharding)
+    assert plan.with_boundaries((0, 1, 2, 4)).sharding == ()
+    assert plan.with_mesh(shards=1).sharding == () and plan.with_mesh(shards=1).shards == 1
+    assert plan.describe().startswith("1f1b 2x2x3 stream/hold M=4")
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"shards": 0}, "shards"),
+    ({"replicas": 0}, "replicas"),
+    ({"sharding": ("hold", "hold")}, "for sharded stages, and this plan has shards=1"),
+    ({"shards": 2, "sharding": ("hold",)}, "1 sharding entries for 2 stages"),
+    ({"shards": 2, "schedule": "pipedream"}, "shards=2 reduce each stage's gradients over its shards once per step"),
+])
+def test_a_mesh_that_cannot_be_is_refused_naming_the_fix(kwargs: dict[str, object], match: str) -> None:
+    args = {"schedule": "1f1b", **kwargs}
+    with pytest.raises(PlanError, match=match):
+        Plan((0, 2, 4), ("keep",) * 4, 4, **args).validate()  # type: ignore[arg-type]
+
+
+def test_a_plan_json_with_a_wrong_mesh_is_refused_by_field() -> None:
+    doc = Plan((0, 2, 4), ("keep",) * 4, 4, shards=2).to_dict()
+    for key, value, match in (("shards", "2", "plan.shards must be a whole number"),
+                              ("stages", 3, "stages is 3 but its boundaries give 2"),
+                              ("sharding", "hold", "plan.sharding must be a list")):
+        with pytest.raises(ProfileError, match=match):
+            Plan.from_dict({**doc, key: value})

@@ -39,7 +39,7 @@ def test_what_cannot_be_split_is_refused_on_every_rank_with_the_reason() -> None
     with pytest.raises(BadBatch, match=r"^the inputs have batch size 3") as err:  # said once, not "ValueError: ValueError: ..."
         e.agree(doc, capture(zoo.length_switch(), torch.zeros(2, 16, dtype=torch.long)))
     assert "Error:" not in str(err.value)
-    assert "evenly across 2 pipeline replicas" in epochs(replicas=2).describe(torch.zeros(5, 4), 1)["error"]
+    assert "evenly across 2 data-parallel ranks" in epochs(replicas=2).describe(torch.zeros(5, 4), 1)["error"]
 
 
 def test_a_changed_batch_is_noticed_against_the_one_the_epoch_began_with() -> None:

@@ -23,6 +23,7 @@ from vpipe_lab.core.timeline import ASYNC_KINDS, KINDS, Span, Timeline
 COLORS = {
     "forward": "#4C78A8", "backward": "#F58518", "wgrad": "#EECA3B", "recompute": "#E45756", "swap_out": "#72B7B2",
     "swap_in": "#54A24B", "send": "#B279A2", "recv": "#FF9DA6", "idle": "#D8D8D8", "migrate": "#9D755D",
+    "all_gather": "#17BECF", "reduce_scatter": "#8C564B",
 }
 _COPY_OFFSET = 0.32  # the copy-engine lane sits just below its stage's compute lane
 # Under the plot, left-aligned; plotly wraps it into rows and grows the bottom margin to fit them. Axis titles that

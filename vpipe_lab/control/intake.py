@@ -61,6 +61,7 @@ class Intake:
                 self.state.ready[body.rank] = body
             elif isinstance(body, Units):
                 self.state.units = list(body.names)
+                self.state.refused = body.refused or None
             elif isinstance(body, IterationReport):
                 done = self.parts.add(body)
                 if done is not None and done.iteration < self.recorded:

@@ -17,7 +17,7 @@ from vpipe_lab.core import schedules
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.planning.partition import uniform
-from vpipe_lab.core.settings import Settings
+from vpipe_lab.core.settings import SettingError, Settings
 from vpipe_lab.wire import protocol as P
 from vpipe_lab.wire.channel import Client, Hub
 from vpipe_lab.wire.checkpoint import Manifest, is_foreign
@@ -59,7 +59,8 @@ def launch(model: Any, data: Any = None, *, loss: Any = None, optimizer: Any = N
     ``%vpipe start``, ``vpipe-lab run`` and ``vpipe-lab worker`` use. Among them: ``nonfinite`` says what a NaN or
     infinite loss does ("pause", the default, pauses before that iteration's optimizer step and ``wait()`` raises
     ``NonFiniteLoss``; "skip"; "continue"); ``replicas=R`` trains R data-parallel copies of the pipeline, gradients
-    averaged per stage (``runtime/training/replicas.py``); ``virtual_stages`` V gives each stage V chunks under
+    averaged per stage (``runtime/training/replicas.py``); ``shards=K`` shards each stage over K ranks with FSDP2
+    (``runtime/engine/shards.py``: stages x K x R processes); ``virtual_stages`` V gives each stage V chunks under
     interleaved-1f1b (looped) or zbv (a V: stage s holds chunks s and 2 stages - 1 - s, stage 0 computes the loss);
     ``engine="torch"`` trains on torch.distributed.pipelining's runtime with the lab around it
     (``runtime/torch_pp/engine.py``); ``max_restarts=N`` replaces a worker that dies, raises or hangs and replays from
@@ -79,8 +80,7 @@ def launch(model: Any, data: Any = None, *, loss: Any = None, optimizer: Any = N
     seen = units.known(model_key)
     if seen is not None:
         units.check(settings.stages, seen)  # this model was launched before: refused before any worker starts
-    # Rank 0 cuts the model alone first when many workers would start: the others start only if it fills them.
-    scout = seen is None and settings.stages * settings.replicas > units.SCOUT_ABOVE and not isinstance(model, str)
+    scout = _scouts(settings, seen is not None or isinstance(model, str))
     key = P.new_key()
     hub = Hub(key, settings.host, session=session_id)
     spec = JobSpec(
@@ -111,6 +111,13 @@ def launch(model: Any, data: Any = None, *, loss: Any = None, optimizer: Any = N
         replan = settings.auto_replan
         session.auto_replan(**(replan if isinstance(replan, dict) else {}))
     return session
+
+
+def _scouts(settings: Settings, units_known: bool) -> bool:
+    """Whether rank 0 starts alone first: many workers would start and the model's units are not known (the others
+    start if the units fill them), or the batch is split over data-parallel ranks (a first batch they cannot share
+    is refused in one line before the others start)."""
+    return settings.data_parallel > 1 or (not units_known and settings.workers > units.SCOUT_ABOVE)
 
 
 def job_settings(given: Settings | None, options: dict[str, Any], plan: Plan | None) -> Settings:
@@ -206,10 +213,12 @@ def _start_workers(session: Session, launcher: Launcher, spec_path: Path, model_
         if spec.scout:
             session._starting(lambda: session.state.units is not None, start_timeout,
                              lambda: (0, "rank 0 did not report the model's partition units"))
+            if session.state.refused:
+                raise SettingError(session.state.refused)
             names = list(session.state.units or [])
             units.remember(model_key, names)
             units.check(spec.settings.stages, names)
-        for rank in range(1, spec.settings.stages * spec.settings.replicas):
+        for rank in range(1, spec.settings.workers):
             launcher.start_rank(rank, spec_path)
     except Exception:
         session.stop(timeout=2.0)  # nothing trains yet: rank 0 at most waits for the others to join

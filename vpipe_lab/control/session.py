@@ -59,7 +59,8 @@ class Session(Outward, Lifecycle, MemoryView):
                  model: Any = None) -> None:
         self.spec = spec
         self.model = model  # what builds the trained model (factory, instance or bundled name): export() uses it
-        self.stages, self.replicas = spec.settings.stages, spec.settings.replicas
+        # replicas: the data-parallel pipelines that report (shards x replicas: each shard of a stage runs one)
+        self.stages, self.replicas = spec.settings.stages, spec.settings.data_parallel
         self.workers = self.stages * self.replicas  # worker processes (ranks)
         self.metrics = Metrics()
         self.logger = Logger(None)  # launch(log=...) sets the sink (telemetry/sinks.py)

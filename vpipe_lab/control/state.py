@@ -32,6 +32,7 @@ class JobState:
     names: list[str] = field(default_factory=list)
     unit_info: list[UnitInfo] = field(default_factory=list)  # each unit's modules and kind (the export's names)
     units: list[str] | None = None  # what rank 0 reported when it started alone (JobSpec.scout)
+    refused: str | None = None  # or why the job cannot run (a batch its data-parallel ranks cannot share)
     ready: dict[int, Ready] = field(default_factory=dict)  # rank -> its READY report
     migrating: int | None = None  # the plan version being moved to (its checkpoint is the fallback)
     last_checkpoint: Path | None = None

@@ -11,6 +11,7 @@ from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.plan import Plan, placement, schedule_kind
 from vpipe_lab.core.planning.partition import uniform
 from vpipe_lab.core.policy import Policy
+from vpipe_lab.core.sharding import Sharding
 
 # who asked: shown in the session's record (``session.history``); "auto" is the auto-replanner, "revert" a return to
 # an earlier plan of the record
@@ -27,6 +28,11 @@ class Change:
     is the plan the change asks for; ``resolve`` also checks it, once, against the running job's layers and stages.
     The same value comes from the editor's message, ``%vpipe partition``/``policy``/``apply`` and
     ``Session.apply``/``set_partition``/``set_policy``, and goes to ``Session.change``.
+
+    ``sharding`` sets each stage's (a sharded job's: when its shards gather and reduce, ``core/sharding.py``).
+    ``mesh`` (shards, replicas) is the mesh a whole plan was made for; the running job's mesh is its processes, so a
+    plan for another one is refused (save, then launch on the new mesh with ``resume=``); a plan that says nothing
+    of its mesh (one shard, one replica) runs on the job's.
     """
 
     boundaries: tuple[int, ...] | None = None
@@ -35,6 +41,8 @@ class Change:
     schedule: str | None = None
     virtual_stages: int | None = None
     source: str = field(default="api", compare=False)
+    sharding: tuple[Sharding, ...] | None = None
+    mesh: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -54,12 +62,16 @@ class Change:
         checks.count(self.virtual_stages, "virtual_stages", optional=True, error=PlanError)
         if self.schedule is not None and not isinstance(self.schedule, str):
             raise PlanError(f"schedule must be a schedule's name, not {self.schedule!r}")
+        if self.sharding is not None:
+            if isinstance(self.sharding, (str, bytes)):
+                raise PlanError(f"sharding {self.sharding!r} must be one entry per stage, not a string")
+            object.__setattr__(self, "sharding", tuple(Sharding.parse(m) for m in self.sharding))
 
     @classmethod
     def of(cls, *, boundaries: Sequence[int] | None = None,
            policies: Mapping[int, Policy | str] | Sequence[Policy | str] | None = None,
            microbatches: int | None = None, schedule: str | None = None, virtual_stages: int | None = None,
-           source: str = "api") -> Change:
+           source: str = "api", sharding: Sequence[Sharding | str] | None = None) -> Change:
         """Build a change from what a caller has: ``policies`` as ``{layer: policy}`` or one per layer."""
         if policies is None:
             pairs: tuple[tuple[int, Any], ...] = ()
@@ -70,18 +82,20 @@ class Change:
         else:
             pairs = tuple(enumerate(policies))
         return cls(None if boundaries is None else tuple(boundaries), pairs, microbatches, schedule, virtual_stages,
-                   source)
+                   source, _sharding(sharding))
 
     @classmethod
     def to(cls, plan: Plan, source: str = "api") -> Change:
-        """Run ``plan`` as it is: every field replaced."""
+        """Run ``plan`` as it is: every field replaced (its mesh checked against the job's, when it names one)."""
+        named = plan.shards != 1 or plan.replicas != 1
         return cls(plan.boundaries, tuple(enumerate(plan.policies)), plan.microbatches, plan.schedule,
-                   plan.virtual_stages, source)
+                   plan.virtual_stages, source, plan.sharding if plan.sharding else None,
+                   (plan.shards, plan.replicas) if named else None)
 
     @property
     def empty(self) -> bool:
         return (self.boundaries is None and not self.policies and self.microbatches is None and self.schedule is None
-                and self.virtual_stages is None)
+                and self.virtual_stages is None and self.sharding is None)
 
     def on(self, current: Plan) -> Plan:
         """The plan this change asks for, starting from ``current`` (not yet checked: see ``resolve``).
@@ -105,8 +119,19 @@ class Change:
             same = (virtual == current.virtual_stages and
                     placement(schedule, current.stages, current.stages * virtual) == current.placement)
             boundaries = current.boundaries if same else uniform(current.num_layers, current.stages * virtual)
+        if self.mesh is not None and self.mesh != (current.shards, current.replicas):
+            raise PlanError(f"the plan is for {self.mesh[0]} shard(s) x {self.mesh[1]} replica(s) of each stage, and "
+                            f"the job runs {current.shards} x {current.replicas}: its processes are its mesh, so a new "
+                            "one needs a restart: session.save(path), then launch(..., shards=N, replicas=R, "
+                            "resume=path)")
+        sharding = self.sharding if self.sharding is not None else current.sharding
+        if current.shards == 1 and sharding:
+            raise PlanError("sharding is for a job whose stages are sharded: this job runs shards=1 (launch with "
+                            "shards=N to shard each stage over N ranks)")
+        if self.sharding is None and len(boundaries) != len(current.boundaries):
+            sharding = ()  # another stage count: each stage's sharding starts at the default again
         return Plan(boundaries, tuple(policies), current.microbatches if self.microbatches is None else
-                    self.microbatches, schedule, virtual)
+                    self.microbatches, schedule, virtual, current.shards, current.replicas, sharding)
 
     def resolve(self, current: Plan, layers: int, stages: int) -> Plan:
         """The plan this change asks for, checked against a job of ``layers`` units on ``stages`` workers."""
@@ -125,7 +150,16 @@ class Change:
             parts.append(f"V={self.virtual_stages}")
         if self.microbatches is not None:
             parts.append(f"M={self.microbatches}")
+        if self.sharding is not None:
+            parts.append("sharding " + "/".join(m.value for m in self.sharding))
         return "; ".join(parts) or "no change"
+
+
+def _sharding(value: Any) -> tuple[Sharding, ...] | None:
+    """Each stage's sharding as a change takes it (a string is passed on whole, for ``Change`` to refuse)."""
+    if value is None or isinstance(value, (str, bytes)):
+        return value  # type: ignore[return-value]
+    return tuple(Sharding.parse(m) for m in value)
 
 
 @dataclass(frozen=True)

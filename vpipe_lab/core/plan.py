@@ -3,6 +3,7 @@ and the cost model's estimate of a plan. Frozen and JSON round-trippable."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -16,6 +17,7 @@ from vpipe_lab.core.policy import Policy as Policy  # re-exported: a plan is rea
 from vpipe_lab.core.profile import SCHEMA_VERSION, check_kind, load_doc
 from vpipe_lab.core.schedules import ScheduleKind, virtual_refusal
 from vpipe_lab.core.schedules import get as _get_kind
+from vpipe_lab.core.sharding import Sharding as Sharding  # re-exported: a plan is read with its stages' sharding
 
 # A plan names its schedule; what the name means (placement, chunks, split backward, per-micro-batch updates, its
 # order, checks and costs) is one object in the schedule registry (core/schedules/), which reads plans through a
@@ -61,7 +63,12 @@ class Plan:
     ``boundaries[s]:boundaries[s+1]``. With ``virtual_stages`` V > 1 (the interleaved schedule) there are
     ``stages * V + 1`` boundaries, one chunk (virtual stage) between each two, and chunk ``c`` lives on stage
     ``placement[c]``: ``c % stages`` (looped) under interleaved 1F1B, a V under ZBV (V = 2: stage ``s`` holds chunks
-    ``s`` and ``2 K - 1 - s``). A stage (one worker, one device) holds V chunks, ``layers_of`` their union.
+    ``s`` and ``2 K - 1 - s``). A stage holds V chunks, ``layers_of`` their union.
+
+    The devices: each stage runs on ``shards`` ranks that shard its parameters, gradients and optimizer state with
+    FSDP2 (``sharding``: per stage, when they gather and reduce; ``core/sharding.py``), and the whole pipeline is
+    copied ``replicas`` times; the batch is split over shards x replicas data-parallel ranks, so the job has
+    ``stages x shards x replicas`` ranks (``devices``). One of each is a pipeline of whole devices.
     """
 
     boundaries: tuple[int, ...]
@@ -69,10 +76,36 @@ class Plan:
     microbatches: int
     schedule: str = "1f1b"
     virtual_stages: int = 1
+    shards: int = 1
+    replicas: int = 1
+    sharding: tuple[Sharding, ...] = ()  # one per stage when shards > 1 (empty: ``hold`` on every stage)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "boundaries", tuple(int(b) for b in self.boundaries))
         object.__setattr__(self, "policies", tuple(Policy.parse(p) for p in self.policies))
+        object.__setattr__(self, "sharding", tuple(Sharding.parse(m) for m in self.sharding))
+
+    @property
+    def devices(self) -> int:
+        """The ranks the plan runs on: stages x shards x replicas."""
+        return self.stages * self.shards * self.replicas
+
+    @property
+    def data_parallel(self) -> int:
+        """The ranks the batch is split over: shards x replicas (each runs its share through its pipeline)."""
+        return self.shards * self.replicas
+
+    def sharding_of(self, stage: int) -> Sharding:
+        """When ``stage`` gathers and reduces (``hold`` unless the plan says otherwise; meaningless at one shard)."""
+        return self.sharding[stage] if self.sharding else Sharding.HOLD
+
+    def with_mesh(self, *, shards: int | None = None, replicas: int | None = None,
+                  sharding: Sequence[Sharding | str] | None = None) -> Plan:
+        """A copy on another mesh: ``shards`` per stage, ``replicas`` pipelines, each stage's ``sharding``."""
+        shards = self.shards if shards is None else shards
+        chosen = tuple(Sharding.parse(m) for m in sharding) if sharding is not None else self.sharding
+        return dataclasses.replace(self, shards=shards, replicas=self.replicas if replicas is None else replicas,
+                                   sharding=chosen if shards > 1 else ())
 
     @property
     def stages(self) -> int:
@@ -190,9 +223,25 @@ class Plan:
                      what="a schedule lays out every micro-batch's steps: more is a typo, not a batch")
         if problem := kind.check(self.stages, self.microbatches):
             raise PlanError(problem)
+        self._check_mesh(kind)
+
+    def _check_mesh(self, kind: ScheduleKind) -> None:
+        checks.count(self.shards, "shards", error=PlanError, what="ranks sharding each stage (FSDP's degree)")
+        checks.count(self.replicas, "replicas", error=PlanError, what="data-parallel copies of the pipeline")
+        if self.sharding and self.shards == 1:
+            raise PlanError(f"sharding {[m.value for m in self.sharding]} is for sharded stages, and this plan has "
+                            "shards=1: give shards > 1, or no sharding")
+        if self.sharding and len(self.sharding) != self.stages:
+            raise PlanError(f"the plan has {len(self.sharding)} sharding entries for {self.stages} stages: give one "
+                            "per stage ('hold', 'regather', 'scatter' or 'stream'), or none for 'hold' everywhere")
+        if kind.asynchronous and self.shards > 1:
+            raise PlanError(f"shards={self.shards} reduce each stage's gradients over its shards once per step; "
+                            f"{self.schedule} steps after every micro-batch: use shards=1 or a synchronous schedule")
 
     def with_boundaries(self, boundaries: Sequence[int]) -> Plan:
-        return Plan(tuple(boundaries), self.policies, self.microbatches, self.schedule, self.virtual_stages)
+        """A copy with other boundaries (the mesh kept; each stage's sharding too while the stage count is)."""
+        same = len(boundaries) == len(self.boundaries)
+        return dataclasses.replace(self, boundaries=tuple(boundaries), sharding=self.sharding if same else ())
 
     def with_policies(self, changes: Mapping[int, Policy | str] | Sequence[Policy | str]) -> Plan:
         """A copy with some policies changed: a mapping {layer: policy}, or a full sequence."""
@@ -202,17 +251,12 @@ class Plan:
                 if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < len(policies):
                     raise PlanError(f"layer {layer!r} does not exist: layers are 0..{len(policies) - 1}")
                 policies[layer] = Policy.parse(policy)
-            return Plan(self.boundaries, tuple(policies), self.microbatches, self.schedule, self.virtual_stages)
-        return Plan(self.boundaries, tuple(Policy.parse(p) for p in changes), self.microbatches, self.schedule,
-                    self.virtual_stages)
+            return dataclasses.replace(self, policies=tuple(policies))
+        return dataclasses.replace(self, policies=tuple(Policy.parse(p) for p in changes))
 
     def replace(self, *, microbatches: int | None = None, schedule: str | None = None) -> Plan:
-        return Plan(
-            self.boundaries, self.policies,
-            self.microbatches if microbatches is None else microbatches,
-            self.schedule if schedule is None else schedule,
-            self.virtual_stages,
-        )
+        return dataclasses.replace(self, microbatches=self.microbatches if microbatches is None else microbatches,
+                                   schedule=self.schedule if schedule is None else schedule)
 
     @classmethod
     def from_counts(
@@ -232,6 +276,9 @@ class Plan:
             "microbatches": self.microbatches,
             "schedule": self.schedule,
             **({"virtual_stages": self.virtual_stages} if self.virtual_stages != 1 else {}),
+            **({"stages": self.stages, "shards": self.shards, "replicas": self.replicas}
+               if self.shards != 1 or self.replicas != 1 else {}),
+            **({"sharding": [m.value for m in self.sharding]} if self.sharding else {}),
         }
 
     def to_json(self, indent: int | None = None) -> str:
@@ -248,11 +295,21 @@ class Plan:
             raise ProfileError(f"plan.boundaries must be a list of whole numbers, got {bounds!r}")
         if not isinstance(policies, list):
             raise ProfileError(f"plan.policies must be a list of 'keep'/'swap'/'recompute', got {policies!r}")
+        sharding = doc.get("sharding", [])
+        if not isinstance(sharding, list):
+            raise ProfileError(f"plan.sharding must be a list of 'hold'/'regather'/'scatter'/'stream', got {sharding!r}")
+        for key in ("shards", "replicas", "stages"):
+            value = doc.get(key, 1)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ProfileError(f"plan.{key} must be a whole number, got {value!r}")
         try:
             plan = cls(tuple(bounds), tuple(Policy.parse(p) for p in policies), doc["microbatches"],
-                       str(doc.get("schedule", "1f1b")), doc.get("virtual_stages", 1))
+                       str(doc.get("schedule", "1f1b")), doc.get("virtual_stages", 1), doc.get("shards", 1),
+                       doc.get("replicas", 1), tuple(Sharding.parse(m) for m in sharding))
         except PlanError as exc:
             raise ProfileError(f"plan: {exc}") from None
+        if "stages" in doc and doc["stages"] != plan.stages:
+            raise ProfileError(f"plan: stages is {doc['stages']} but its boundaries give {plan.stages} stages")
         try:
             return plan.validate()
         except PlanError as exc:
@@ -270,7 +327,12 @@ class Plan:
             tags = "".join(p.value[0].upper() for p in self.policies[rng.start:rng.stop])
             parts.append(f"[{rng.start}:{rng.stop}]{tags}" + (f"@{self.placement[c]}" if self.virtual_stages > 1 else ""))
         virtual = f" V={self.virtual_stages}" if self.virtual_stages > 1 else ""
-        return f"{self.schedule}{virtual} M={self.microbatches} " + " ".join(parts)
+        mesh = ""
+        if self.shards > 1 or self.replicas > 1:
+            mesh = f" {self.stages}x{self.shards}x{self.replicas}"
+            if self.shards > 1:
+                mesh += " " + "/".join(self.sharding_of(s).value for s in range(self.stages))
+        return f"{self.schedule}{virtual}{mesh} M={self.microbatches} " + " ".join(parts)
 
 
 @dataclass(frozen=True)

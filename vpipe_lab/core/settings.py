@@ -118,14 +118,17 @@ class Settings:
     """Everything that says how a job trains, apart from what it trains (the model, data, loss, optimizer and plan)."""
 
     stages: int = setting(2, "pipeline stages: one worker process each (per replica)", _count(), flags=("-k",),
-                          away={"worker": "torchrun's process count (WORLD_SIZE) divided by --replicas"})
+                          away={"worker": "torchrun's process count (WORLD_SIZE) divided by --shards x --replicas"})
     microbatches: int = setting(4, "micro-batches each batch is split into", _count(maximum=MAX_MICROBATCHES),
                                 flags=("-m",))
     schedule: str = setting("1f1b", "the pipeline schedule", _choice(schedules.names), choices=schedules.names)
     virtual_stages: int | None = setting(
         None, "model chunks per stage (default: the plan's, else 2 under interleaved-1f1b and zbv, which needs 2; "
         "else 1)", _count(optional=True), flags=("-v",))
-    replicas: int = setting(1, "data-parallel copies of the pipeline: stages x replicas worker processes", _count())
+    replicas: int = setting(1, "data-parallel copies of the pipeline: stages x shards x replicas worker processes",
+                            _count())
+    shards: int = setting(1, "ranks sharding each stage with FSDP2 (torch's fully_shard): its parameters, gradients and "
+                          "optimizer state split over them, the batch over shards x replicas", _count())
     device: str = setting("auto", "where the stages run: auto (a GPU per stage where there are enough), cpu or cuda",
                           _choice(lambda: DEVICES), choices=lambda: DEVICES)
     engine: str = setting("lab", "lab: vpipe_lab's runtime (live migration); torch: torch.distributed.pipelining's",
@@ -194,6 +197,16 @@ class Settings:
         return self.virtual_stages if self.virtual_stages is not None else default_virtual_stages(self.schedule)
 
     @property
+    def data_parallel(self) -> int:
+        """Data-parallel ranks: shards x replicas, each running its share of the batch through a pipeline."""
+        return self.shards * self.replicas
+
+    @property
+    def workers(self) -> int:
+        """The job's worker processes (ranks): stages x shards x replicas."""
+        return self.stages * self.data_parallel
+
+    @property
     def budgets(self) -> tuple[int, ...] | None:
         """Bytes per stage, one entry each (None: no budget)."""
         budget = self.memory_budget
@@ -201,12 +214,19 @@ class Settings:
 
     def refusal(self) -> str | None:
         """Why settings that are each fine cannot work together (None: they can)."""
-        if problem := engine_refusal(self.engine, self.replicas, self.precision, self.schedule):
+        if problem := engine_refusal(self.engine, self.replicas, self.precision, self.schedule, self.shards):
             return problem
         if problem := schedules.job_refusal(self.schedule, stages=self.stages, microbatches=self.microbatches,
                                             virtual_stages=self.virtual_stages, clip_grad_norm=self.clip_grad_norm,
                                             precision=self.precision, replicas=self.replicas):
             return problem
+        if self.shards > 1 and self.schedule in schedules.names() and schedules.get(self.schedule).asynchronous:
+            return (f"shards={self.shards} reduce each stage's gradients over its shards once per step; "
+                    f"{self.schedule} steps after every micro-batch: use shards=1 or a synchronous schedule")
+        if self.shards > 1 and (self.max_restarts or self.snapshot_every):
+            return (f"shards={self.shards}: restart snapshots hold whole stages, and a sharded stage's state is in its "
+                    "shards; checkpoint instead (session.save, or --save-every under torchrun: DCP, resumed onto any "
+                    "mesh)")
         if self.max_restarts and self.engine != "lab":
             return (f"max_restarts={self.max_restarts} needs engine='lab' (the torch engine takes no snapshots); "
                     "under torchrun, torchrun's own --max-restarts restarts the job from its checkpoints")
@@ -270,7 +290,7 @@ def default(f: Field[Any], door: str) -> Any:
     return meta_of(f).door_default.get(door, f.default if f.default is not MISSING else None)
 
 
-def engine_refusal(engine: str, replicas: int, precision: str, schedule: str) -> str | None:
+def engine_refusal(engine: str, replicas: int, precision: str, schedule: str, shards: int = 1) -> str | None:
     """What the chosen engine cannot run, said as the fix (None: it can); settings and live changes ask here."""
     if engine not in ENGINES:
         return f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}"
@@ -278,6 +298,8 @@ def engine_refusal(engine: str, replicas: int, precision: str, schedule: str) ->
         return None
     if replicas != 1:
         return "engine='torch' runs one pipeline: data-parallel replicas need engine='lab'"
+    if shards != 1:
+        return f"engine='torch' runs stages of whole devices: shards={shards} needs engine='lab'"
     if precision != "fp32":
         return f"engine='torch' trains in fp32; precision={precision!r} needs engine='lab'"
     if schedule in schedules.names() and (why := schedules.get(schedule).export_refusal):

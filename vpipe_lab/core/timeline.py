@@ -11,7 +11,10 @@ from typing import Any
 from vpipe_lab.core.errors import ProfileError
 
 # Appended, never reordered: a worker's iteration report sends a span's kind as its index here.
-KINDS = ("forward", "backward", "recompute", "swap_out", "swap_in", "send", "recv", "idle", "migrate", "wgrad")
+KINDS = ("forward", "backward", "recompute", "swap_out", "swap_in", "send", "recv", "idle", "migrate", "wgrad",
+         "all_gather", "reduce_scatter")
+# A sharded stage's collectives over its shards (FSDP2's all-gather of parameters, reduce-scatter of gradients).
+SHARD_KINDS = frozenset({"all_gather", "reduce_scatter"})
 COMPUTE_KINDS = frozenset({"forward", "backward", "wgrad", "recompute"})
 # Work that runs beside the compute stream (copy engines), drawn on a lane of its own.
 ASYNC_KINDS = frozenset({"swap_out", "swap_in"})

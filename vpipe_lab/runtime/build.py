@@ -227,7 +227,8 @@ def initial_plan(spec: JobSpec, chain: Chain, rank: int, world: int, peer: Peer)
         raise ValueError(f"the model has {len(chain)} partition units ({', '.join(chain.names)}) but the pipeline has "
                          f"{chunks} stages (virtual ones included): every stage needs at least one unit; use at most "
                          f"{len(chain)}, or more split points")
+    mesh = {"shards": spec.settings.shards, "replicas": spec.settings.replicas}  # the job's, whatever a plan says
     if spec.plan is not None:
-        return Plan.from_dict(spec.plan).validate(len(chain), world)
+        return Plan.from_dict(spec.plan).with_mesh(**mesh).validate(len(chain), world)
     return Plan(uniform(len(chain), chunks), (Policy.KEEP,) * len(chain), spec.settings.microbatches,
-                spec.settings.schedule, spec.settings.chunks).validate(len(chain), world)
+                spec.settings.schedule, spec.settings.chunks).with_mesh(**mesh).validate(len(chain), world)

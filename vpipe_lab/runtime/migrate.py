@@ -30,8 +30,9 @@ from vpipe_lab.core.planning.partition import uniform
 from vpipe_lab.runtime.engine import faults
 from vpipe_lab.runtime.engine.comm import TAG_MIGRATE, Peer
 from vpipe_lab.runtime.engine.device import Clock
+from vpipe_lab.runtime.engine.shards import unwrap
 from vpipe_lab.runtime.engine.stage import Stage
-from vpipe_lab.runtime.memory.ledger import unit_static_bytes
+from vpipe_lab.runtime.memory.ledger import local_tensor, unit_static_bytes
 from vpipe_lab.runtime.model.batches import rebuild
 from vpipe_lab.runtime.model.capture import Chain, UnitTensors, build_model, capture, to_meta
 from vpipe_lab.runtime.model.units import get_tensor, set_tensor
@@ -44,8 +45,8 @@ log = logging.getLogger(__name__)
 
 def flatten(obj: Any, tensors: list[torch.Tensor]) -> Any:
     """JSON-able structure with tensors replaced by references into ``tensors`` (dict keys keep their types)."""
-    if isinstance(obj, torch.Tensor):
-        tensors.append(obj.detach())
+    if isinstance(obj, torch.Tensor):  # a sharded stage's DTensor travels as this rank's shard, to the same shard
+        tensors.append(local_tensor(obj).detach())
         return {"__t__": len(tensors) - 1}
     if isinstance(obj, dict):
         return {"__d__": [[flatten(k, tensors), flatten(v, tensors)] for k, v in obj.items()]}
@@ -92,13 +93,21 @@ def renamed(state: dict[str, Any], old: UnitTensors, new: UnitTensors) -> dict[s
 
 
 def materialise(unit: torch.nn.Module, tensors: UnitTensors, values: dict[str, torch.Tensor],
-                device: torch.device) -> None:
-    """Fill a shell unit's parameters and buffers with ``values`` (by canonical name), on ``device``."""
+                device: torch.device) -> dict[str, torch.Tensor]:
+    """Fill a shell unit's parameters and buffers with ``values`` (by canonical name), on ``device``. A value that is
+    a shard (a sharded stage's parameter: not the shell's shape) is returned instead, to be copied into the stage's
+    shard once the stage has sharded the unit (``Stage.load_shards``)."""
+    shards: dict[str, torch.Tensor] = {}
     for local, name in tensors.params:
         old = get_tensor(unit, local)
-        set_tensor(unit, local, torch.nn.Parameter(values[name].to(device), requires_grad=old.requires_grad))
+        value = values[name]
+        if value.shape != old.shape:
+            shards[name] = value
+            value = torch.empty(old.shape, dtype=value.dtype)  # filled from the shards once sharded like them
+        set_tensor(unit, local, torch.nn.Parameter(value.to(device), requires_grad=old.requires_grad))
     for local, name in tensors.buffers:
         set_tensor(unit, local, values[name].to(device))
+    return shards
 
 
 def new_model(factory: Callable[[], Any], seed: int, old: Chain, old_plan: Plan, world: int,
@@ -129,7 +138,7 @@ def new_model(factory: Callable[[], Any], seed: int, old: Chain, old_plan: Plan,
     policies = [old_plan.policies[i] if i is not None else Policy.KEEP for _, i in sorted(sources.items())]
     v = old_plan.virtual_stages
     return chain, sources, Plan(uniform(len(chain), world * v), tuple(policies), old_plan.microbatches,
-                                old_plan.schedule, v)
+                                old_plan.schedule, v, old_plan.shards, old_plan.replicas)
 
 
 @dataclass(frozen=True)
@@ -292,13 +301,15 @@ class Migration:
         for index in list(stage.owned):
             layer = stage.remove_layer(index)
             if not any(layer is k for k in kept.values()):
+                unwrap(layer.module)  # a sharded unit leaves as a plain shell (engine/shards.py)
                 to_meta(layer.module, layer.tensors)
         for j, layer in sorted(kept.items()):
             stage.add_layer(j, self._kept_module(j, layer, chain, new_chain), chain.tensors[j], held[j]["groups"],
                             held[j]["optimizer"])
         for j, state in arrived.items():
-            materialise(chain.units[j], chain.tensors[j], state["tensors"], self.device)
+            shards = materialise(chain.units[j], chain.tensors[j], state["tensors"], self.device)
             stage.add_layer(j, chain.units[j], chain.tensors[j], state.get("groups"), state["optimizer"])
+            stage.load_values(shards, local=True)  # shard k of a stage arrives from shard k of another
         for j in routes.fresh:
             stage.add_layer(j, chain.units[j], chain.tensors[j])
         stage.set_policies({j: plan.policies[j] for j in stage.owned})

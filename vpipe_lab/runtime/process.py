@@ -25,6 +25,7 @@ from vpipe_lab.runtime.engine.device import pin_cores, select
 from vpipe_lab.runtime.model.batches import Source, split
 from vpipe_lab.runtime.model.callables import load_callables
 from vpipe_lab.runtime.model.compat import allow_torchvision_without_ops
+from vpipe_lab.runtime.training.place import Place
 from vpipe_lab.runtime.training.replicas import shard
 from vpipe_lab.runtime.worker import Worker
 from vpipe_lab.wire.channel import Link
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.parent_fd >= 0:
         watch_parent(args.parent_fd)
     spec = JobSpec.load(Path(args.config))
-    world = spec.settings.stages * spec.settings.replicas
+    world = spec.settings.workers
     return run(spec, args.rank, world, args.rank, world)
 
 
@@ -113,10 +114,15 @@ def scout(spec: JobSpec, link: Link) -> None:
     cannot fill is refused before the other ranks start (launch() asks for this when it does not know the model)."""
     fns = load_callables(spec)
     source = Source(fns.data, spec.start_iteration)
+    try:  # a first batch the data-parallel ranks cannot share: refused in one line before the others start
+        shard(source.peek(spec.start_iteration)[0], 0, spec.settings.data_parallel, "inputs")
+    except ValueError as exc:
+        link.send(Units(0, [], refused=str(exc)).message())
+        return
 
     def first_inputs() -> Any:
         inputs, _ = source.peek(spec.start_iteration)
-        return split(shard(inputs, 0, spec.settings.replicas, "inputs"), spec.settings.microbatches, "inputs")[0]
+        return split(shard(inputs, 0, spec.settings.data_parallel, "inputs"), spec.settings.microbatches, "inputs")[0]
 
     names = unit_names(fns.model, fns.split, spec.settings.seed, first_inputs)
     log.info("the model has %d partition units", len(names))
@@ -151,10 +157,11 @@ def serve(spec: JobSpec, rank: int, world: int, local_rank: int, local_world: in
         return 0
     except BaseException as exc:  # report anything, even KeyboardInterrupt, with the stage it happened on
         cause = f"{type(exc).__name__}: {exc}"
-        stage, replica = rank % spec.settings.stages, rank // spec.settings.stages
+        place = Place(rank, spec.settings.stages, spec.settings.shards, spec.settings.replicas)
+        stage, replica = place.stage, place.dp
         iteration, microbatch, action = _where(worker, spec)
-        log.error("stage %s%s failed at iteration %s%s (%s): %s", stage, f" of replica {replica}" if spec.settings.replicas > 1
-                  else "", iteration, f", micro-batch {microbatch}" if microbatch >= 0 else "", action, cause)
+        log.error("%s failed at iteration %s%s (%s): %s", place.describe(), iteration,
+                  f", micro-batch {microbatch}" if microbatch >= 0 else "", action, cause)
         link.send(Failure("exception", stage, rank, replica, iteration, cause=cause, traceback=traceback.format_exc(),
                           microbatch=microbatch, action=action).message())
         return 1

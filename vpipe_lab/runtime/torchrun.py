@@ -73,19 +73,20 @@ def job_settings(args: argparse.Namespace) -> Settings:
     if getattr(args, "key", None):
         raise ValueError("--key puts the session key in this process's command line, which every user of the machine "
                          "can read (ps, /proc/PID/cmdline): export VPIPE_LAB_KEY=... or give --key-file FILE (mode 0600)")
-    world, replicas = _env("WORLD_SIZE"), args.replicas
-    counted = isinstance(replicas, int) and replicas >= 1  # else the settings' own check refuses it, by name
-    if counted and world % replicas:
-        raise SettingError(f"replicas={replicas} does not divide the {world} ranks torchrun started: the job has "
-                           "stages x replicas ranks")
-    stages = world // replicas if counted else world
+    world, replicas, shards = _env("WORLD_SIZE"), args.replicas, getattr(args, "shards", 1)
+    # else the settings' own check refuses them, by name
+    counted = all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in (replicas, shards))
+    if counted and world % (replicas * shards):
+        raise SettingError(f"shards={shards} x replicas={replicas} does not divide the {world} ranks torchrun "
+                           "started: the job has stages x shards x replicas ranks (WORLD_SIZE)")
+    stages = world // (replicas * shards) if counted else world
     return from_args(args, "worker", stages=stages).validated()
 
 
 def _snapshots(settings: Settings, run_dir: Path | None) -> str | None:
     """Where this job's restart snapshots go: in the run directory unless ``--snapshot-every 0``, no run directory,
-    or the torch engine."""
-    if run_dir is None or settings.snapshot_every == 0 or settings.engine != "lab":
+    the torch engine, or sharded stages (whose restart resumes from the run's checkpoints)."""
+    if run_dir is None or settings.snapshot_every == 0 or settings.engine != "lab" or settings.shards > 1:
         return None
     return str(run_dir / "snapshots")
 

@@ -24,6 +24,7 @@ from vpipe_lab.runtime.engine.bandwidth import probe_bandwidth, probe_update
 from vpipe_lab.runtime.engine.comm import TAG_TARGET, Peer
 from vpipe_lab.runtime.engine.device import Clock, select
 from vpipe_lab.runtime.engine.executor import Executor, IterationResult, default_loss
+from vpipe_lab.runtime.engine.shards import Shards
 from vpipe_lab.runtime.engine.stage import Stage
 from vpipe_lab.runtime.heap import Trimmer
 from vpipe_lab.runtime.iteration_end import IterationEnd
@@ -37,6 +38,7 @@ from vpipe_lab.runtime.progress import Control
 from vpipe_lab.runtime.recapture import Recaptures
 from vpipe_lab.runtime.shape_epochs import ShapeEpochs
 from vpipe_lab.runtime.training.evaluate import evaluate
+from vpipe_lab.runtime.training.place import Place
 from vpipe_lab.runtime.training.precision import LossScale, autocast
 from vpipe_lab.runtime.training.replicas import DataParallel, shard
 from vpipe_lab.runtime.training.step import Stepper, StepReport
@@ -67,14 +69,16 @@ class Worker(IterationEnd, WorkerCommands):
     """One rank of the pipeline: builds its stage, runs the control loop and answers the controller's commands."""
 
     def __init__(self, spec: JobSpec, rank: int, world: int, link: Link, local_rank: int, local_world: int) -> None:
-        # ``rank``/``world`` arrive for the whole job (stages x replicas); ``index`` is this worker's stage in its
-        # pipeline, ``world`` (from here on) the pipeline's stage count and ``replica`` which copy of the pipeline.
-        stages = spec.settings.stages
-        if world != stages * spec.settings.replicas:
-            raise ValueError(f"the job has {world} ranks but {stages} stages x {spec.settings.replicas} replicas")
+        # ``rank``/``world`` arrive for the whole job (stages x shards x replicas); ``index`` is this worker's stage in
+        # its pipeline, ``world`` (from here on) the pipeline's stage count and ``replica`` which data-parallel copy
+        # of the pipeline it runs (a shard of a replica runs a pipeline of its own: ``place`` says which is which).
+        stages, shards, replicas = spec.settings.stages, spec.settings.shards, spec.settings.replicas
+        if world != stages * shards * replicas:
+            raise ValueError(f"the job has {world} ranks but {stages} stages x {shards} shards x {replicas} replicas")
+        self.place = Place(rank, stages, shards, replicas)
         self.global_rank, self.leader = rank, rank == 0  # global rank 0 talks to the controller for everyone
-        self.replica, self.replicas = divmod(rank, stages)[0], spec.settings.replicas
-        index, world = rank % stages, stages
+        self.replica, self.replicas = self.place.dp, self.place.dps
+        index, world = self.place.stage, stages
         self.spec, self.index, self.world, self.link = spec, index, world, link
         self.placement = select(spec.settings.device, local_rank, local_world, spec.devices)
         self.clock, self.samples = Clock(0.0), None  # samples: the last batch's, on rank 0 (for reports and saves)
@@ -97,6 +101,7 @@ class Worker(IterationEnd, WorkerCommands):
             log.warning("no optimizer was given: the parameters will not change; pass optimizer=lambda params: ...")
         self.stage = Stage(self.placement.device, fns.optimizer, spec.settings.seed, fns.lr_scheduler,
                            autocast(spec.settings.precision, self.placement.device), wgrad.threshold(spec.settings.fused_wgrad))
+        self.data_parallel = self._mesh()
         mine = set(self.plan.layers_of(index))
         for i, unit in enumerate(self.chain.units):
             if i in mine:
@@ -106,7 +111,6 @@ class Worker(IterationEnd, WorkerCommands):
         self.stage.set_policies({i: self.plan.policies[i] for i in self.stage.owned})
         self.ties = Ties(self.peer, self.stage, index, world, self.replica, self.replicas, self.plan, self.chain)
         self.scale = LossScale(spec.settings.precision == "fp16")
-        self.data_parallel = DataParallel(self.peer.device, world, self.replicas)
         self.stepper = Stepper(self.stage, self.ties, self.peer, index, world, spec.settings.clip_grad_norm, self.scale,
                                self.data_parallel)
         recaptures = Recaptures(self.model_fn, self.split, spec.settings.seed, self.peer.device)
@@ -120,8 +124,10 @@ class Worker(IterationEnd, WorkerCommands):
         self.phase = "starting"  # what the control loop is doing outside an iteration's actions (``where``)
         self.heap = Trimmer()
         self.meter = allocator.PeakMeter(self.placement.device)  # what the allocator held at its most
-        self.checkpoints = Checkpoints(self.peer, self.stage, index, world, self.replica, self.leader,
-                                       self.placement.device, lambda: (self.chain.aliases, self.chain.non_persistent))
+        # the first replica's every shard writes checkpoints: writer shard x stages + stage, which is its global rank
+        self.checkpoints = Checkpoints(self.peer, self.stage, self.place.shard * world + index, world * shards,
+                                       self.place.replica, self.leader, self.placement.device,
+                                       lambda: (self.chain.aliases, self.chain.non_persistent))
         self.migration = Migration(self.peer, self.stage, self.ties, self.clock, self.placement.device, index, world,
                                    self.replica, self.replicas, self.send, lambda path: self.save(path))
         # The one command table: what each controller command does on every rank (see wire/commands.py).
@@ -138,6 +144,17 @@ class Worker(IterationEnd, WorkerCommands):
             meta = self.snapshots.restore(Path(spec.restore_snapshot), self.checkpoints.load_directory)
             self.scale.load(meta.loss_scale)
             self.ctl.plan_version, self.model_version = meta.plan_version, meta.model_version
+
+    def _mesh(self) -> DataParallel:
+        """The job's mesh (collective: every rank makes it); a sharded stage's units then arrive sharded over its
+        shard ranks (engine/shards.py). Rank 0 of each pipeline refuses a first batch the ranks cannot share."""
+        data_parallel = DataParallel(self.peer.device, self.place)
+        if self.place.shards > 1:
+            self.stage.shard(Shards(data_parallel.shard_mesh, self.chain.shared_params(),
+                                    self.plan.sharding_of(self.index)))
+        if self.source is not None and self.replicas > 1:
+            shard(self.source.peek(self.spec.start_iteration)[0], self.replica, self.replicas, "inputs")
+        return data_parallel
 
     def where(self) -> tuple[int, int, str]:
         """Where a failure happened: (iteration, micro-batch or -1, what this rank was doing)."""

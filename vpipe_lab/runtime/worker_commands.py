@@ -23,6 +23,7 @@ from vpipe_lab.runtime.model.capture import Chain
 from vpipe_lab.runtime.progress import Control
 from vpipe_lab.runtime.shape_epochs import ShapeEpochs
 from vpipe_lab.runtime.tensors import pack_state
+from vpipe_lab.runtime.training.place import Place
 from vpipe_lab.wire import commands as C
 from vpipe_lab.wire import events as E
 from vpipe_lab.wire.channel import Link
@@ -40,6 +41,7 @@ class WorkerCommands:
     index: int
     world: int
     replica: int
+    place: Place
     leader: bool
     ctl: Control
     plan: Plan
@@ -114,9 +116,11 @@ class WorkerCommands:
             self.profile_soon()
 
     def _state(self, cmd: C.State) -> None:
-        if self.replica == 0:  # the replicas hold the same state
+        # the replicas hold the same state; a sharded stage's shards gather each tensor whole together
+        if self.replica == 0 or self.stage.shards is not None:
             meta, buffers = pack_state(self.stage, self.chain)
-            self.send(E.Tensors(cmd.id, self.index, meta, buffers))
+            if self.replica == 0:
+                self.send(E.Tensors(cmd.id, self.index, meta, buffers))
 
     def _telemetry(self, cmd: C.Telemetry) -> None:
         self.executor.record_spans = cmd.spans
@@ -142,6 +146,10 @@ class WorkerCommands:
 
     def _apply_plan(self, cmd: C.Apply) -> None:
         plan = agreed_plan(cmd.plan, cmd.schedules, self.num_layers, self.world, self.peer.all_max, job_dir(self.spec))
+        if not isinstance(plan, str) and (plan.shards, plan.replicas) != (self.place.shards, self.place.replicas):
+            plan = (f"the plan is for {plan.shards} shard(s) x {plan.replicas} replica(s) of each stage and the job "
+                    f"runs {self.place.shards} x {self.place.replicas}: a new mesh needs a restart (save, then resume "
+                    "on the new mesh)")  # every rank reads the same plan: all refuse together
         if isinstance(plan, str):
             return self.ack(cmd, ok=False, error=plan)
         self.ack_reconfigured(cmd, self.reconfigure(plan, {j: j for j in range(self.num_layers)}, None, cmd))
@@ -184,5 +192,7 @@ class WorkerCommands:
         self.chain = self.executor.chain = out.chain
         self.num_layers, self.names = len(out.chain), list(out.chain.names)
         self.plan, self.ctl.plan_version = plan, version
+        if self.stage.shards is not None:  # when this stage gathers and reduces, from the next iteration
+            self.stage.shards.set_sharding(plan.sharding_of(self.index))
         self.current()  # an attached client learns the plan in force from this
         return out.result

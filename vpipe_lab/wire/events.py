@@ -28,11 +28,13 @@ class Hello(Body):
 
 @register
 class Units(Body):
-    """Rank 0, started alone (``JobSpec.scout``): the model's partition units, before the others start."""
+    """Rank 0, started alone (``JobSpec.scout``): the model's partition units, before the others start; or
+    (``refused``) why the job cannot run, in one line: a first batch its data-parallel ranks cannot share."""
 
     TYPE = P.UNITS
     rank: int
     names: list[str]
+    refused: str = ""
 
 
 @register

@@ -78,7 +78,8 @@ def test_without_a_stage_the_spec_has_one_stage_fewer_and_skips_its_budget_and_d
 
 
 @pytest.mark.parametrize(("changes", "match"), [
-    ({"replicas": 2}, "a job of 2 pipeline replicas is not re-planned onto fewer stages"),
+    ({"replicas": 2}, "a job of 2 pipeline replicas x 1 shards is not re-planned onto fewer stages"),
+    ({"shards": 2}, "a job of 1 pipeline replicas x 2 shards is not re-planned onto fewer stages"),
     ({"stages": 1}, "one stage has no stage to fall back on"),
 ])
 def test_a_job_that_cannot_go_on_with_fewer_stages_says_why(tmp_path: Path, changes: dict[str, Any],

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from vpipe_lab.runtime.model.batches import split
+from vpipe_lab.runtime.training.place import Place
 from vpipe_lab.runtime.training.replicas import DataParallel, shard
 
 
@@ -20,12 +21,12 @@ def test_each_replica_takes_its_contiguous_share_and_together_they_are_the_micro
 
 
 def test_a_batch_that_does_not_split_is_refused() -> None:
-    with pytest.raises(ValueError, match="batch size 3, which does not split evenly across 2 pipeline replicas"):
+    with pytest.raises(ValueError, match="batch size 3, which does not split evenly across 2 data-parallel ranks"):
         shard(torch.zeros(3, 2), 0, 2, "inputs")
 
 
 def test_one_replica_needs_no_group() -> None:
-    dp = DataParallel(torch.device("cpu"), stages=2, replicas=1)
+    dp = DataParallel(torch.device("cpu"), Place(1, stages=2))
     g = torch.ones(3)
     dp.average([g])
-    assert dp.group is None and torch.equal(g, torch.ones(3))
+    assert dp.group is None and dp.shard_mesh is None and torch.equal(g, torch.ones(3))

@@ -229,6 +229,10 @@ class Live:
         self.check()
         if self.job_dir is None:
             raise PlanError("set_model needs a session started by launch(), which owns a job directory")
+        if self.spec.settings.shards > 1:
+            raise PlanError(f"set_model swaps the model in a pipeline of whole stages; this job shards each stage over "
+                            f"{self.spec.settings.shards} ranks: save it, and launch the new model (resume= carries "
+                            "the layers whose names and shapes match)")
         with self._lock:
             version = self.state.plan_version + 1
             path = self.job_dir / f"model-v{version}.pkl"

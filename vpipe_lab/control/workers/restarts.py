@@ -161,7 +161,7 @@ class Restarter:
         """Spawn every rank of ``spec`` and wait until each is ready; NotBack names the first that died or was late."""
         path = self.job_dir / name
         spec.save(path)
-        workers = spec.settings.stages * spec.settings.replicas
+        workers = spec.settings.workers
         with self.cond:
             self.state.ready.clear()
             self.forget_partial(spec.settings.stages)
@@ -185,9 +185,9 @@ class Restarter:
         """``spec`` for the stages that remain when ``lost``'s stage cannot come back (raises when the job cannot go
         on without it), and the words for what was done."""
         stage = lost.rank % spec.settings.stages
-        if spec.settings.replicas > 1:
-            raise RuntimeError(f"stage {stage} cannot come back ({lost.why}), and a job of {spec.settings.replicas} pipeline "
-                               "replicas is not re-planned onto fewer stages")
+        if spec.settings.data_parallel > 1:
+            raise RuntimeError(f"stage {stage} cannot come back ({lost.why}), and a job of {spec.settings.replicas} "
+                               f"pipeline replicas x {spec.settings.shards} shards is not re-planned onto fewer stages")
         current = Plan.from_dict(spec.plan) if spec.plan else self.state.plan
         if current is None:
             raise RuntimeError(f"stage {stage} cannot come back ({lost.why}) and no plan is known to re-partition")

@@ -27,7 +27,8 @@ from vpipe_lab.core.timeline import Span, Timeline
 
 PARTS = ("compute", "recompute", "swap", "transfer", "bubble")
 _KIND_PART = {"forward": "compute", "backward": "compute", "wgrad": "compute", "recompute": "recompute",
-              "swap_out": "swap", "swap_in": "swap", "send": "transfer", "recv": "transfer"}
+              "swap_out": "swap", "swap_in": "swap", "send": "transfer", "recv": "transfer",
+              "all_gather": "transfer", "reduce_scatter": "transfer"}
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,9 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
 
+from vpipe_lab.runtime.engine.shards import like
 from vpipe_lab.runtime.engine.stage import Stage
+from vpipe_lab.runtime.memory.ledger import local_tensor
 from vpipe_lab.wire.checkpoint import DCP_METADATA
 
 OPTIMIZER, TRAIN = "optimizer", "train_state"
@@ -147,8 +149,12 @@ def save_state(stage: Stage, aliases: Mapping[str, list[str]], non_persistent: s
     return {**model, OPTIMIZER: flat, TRAIN: {"step": torch.tensor(iteration, dtype=torch.int64)}}
 
 
-def _placeholder(meta: Any) -> Any:
+def _placeholder(meta: Any, param: torch.Tensor | None = None) -> Any:
+    """Where a checkpoint entry is read into: a sharded parameter's optimizer state of its shape is read as a DTensor
+    laid out like it (DCP reads this rank's slice of it, whatever mesh wrote it), anything else whole."""
     if isinstance(meta, TensorStorageMetadata):
+        if param is not None and local_tensor(param) is not param and tuple(meta.size) == tuple(param.shape):
+            return like(torch.empty(local_tensor(param).shape, dtype=meta.properties.dtype), param)
         return torch.empty(meta.size, dtype=meta.properties.dtype)
     if isinstance(meta, BytesStorageMetadata):
         return None
@@ -161,13 +167,14 @@ def load_template(stage: Stage, aliases: Mapping[str, list[str]], non_persistent
     names the checkpoint has), its parameters' optimizer entries; and the persistent tensors the checkpoint lacks."""
     wanted = [(model_keys(name, aliases, non_persistent), stage.tensors[name].detach())
               for index in stage.owned for name in dict.fromkeys(stage.layers[index].names)]
-    return template(wanted, {n for n, _ in stage.params()}, metadata)
+    return template(wanted, {n for n, _ in stage.params()}, metadata, dict(stage.params()))
 
 
 def template(wanted: list[tuple[list[str], torch.Tensor]], params: set[str],
-             metadata: Metadata) -> tuple[dict[str, Any], list[str]]:
+             metadata: Metadata, named: Mapping[str, torch.Tensor] | None = None) -> tuple[dict[str, Any], list[str]]:
     """A DCP load template: each wanted tensor (filled in place) under the first of its keys the checkpoint has,
-    the optimizer entries of ``params``; and the first key of each wanted tensor the checkpoint lacks."""
+    the optimizer entries of ``params`` (read sharded like their parameter in ``named``, where it is a DTensor);
+    and the first key of each wanted tensor the checkpoint lacks."""
     keys = metadata.state_dict_metadata
     out: dict[str, Any] = {}
     missing = []
@@ -181,8 +188,8 @@ def template(wanted: list[tuple[list[str], torch.Tensor]], params: set[str],
     for key, meta in keys.items():
         if key.startswith(f"{OPTIMIZER}.state.") or key.startswith(f"{OPTIMIZER}.param_groups."):
             rest = key[len(OPTIMIZER) + 1:]
-            if _param_of(rest, params) is not None:
-                flat[rest] = _placeholder(meta)
+            if (name := _param_of(rest, params)) is not None:
+                flat[rest] = _placeholder(meta, (named or {}).get(name))
     if flat:
         out[OPTIMIZER] = flat
     return out, list(dict.fromkeys(missing))

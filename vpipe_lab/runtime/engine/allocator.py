@@ -31,6 +31,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from vpipe_lab.runtime.memory.ledger import module_param_bytes, tensor_bytes
+
 log = logging.getLogger(__name__)
 EVERY = 200  # CPU: besides the first profiling iteration after a trigger, one in this many is measured
 PREFIX = "vpipe/"
@@ -58,7 +60,7 @@ def held(stage: Any) -> int:
         for b in stage.layers[index].module.buffers():
             if id(b) not in seen and not b.is_meta:
                 seen.add(id(b))
-                total += b.numel() * b.element_size()
+                total += tensor_bytes(b)
     return total
 
 
@@ -139,7 +141,7 @@ def extras(found: dict[str, tuple[int, int, int]]) -> tuple[dict[int, int], int]
         kind, _, index = key.partition("/")
         if kind == "step":
             step = max(step, peak - start)
-        elif index.isdigit():
+        elif index.isdigit() and kind in ("f", "l", "r", "b"):  # not a sharded stage's gathers and reduces
             # what a forward, loss or rebuild leaves behind the cost model holds already (a rebuild: the layer's
             # activations, rebuilt), so only its peak above that is the layer's own
             extra = peak - end if kind in ("f", "l", "r") else peak - start
@@ -151,8 +153,7 @@ def note(stage: Any, per_layer: dict[int, int], step: int) -> None:
     """Each owned layer's working set beyond what is held for it, and its share of the optimizer step's scratch:
     the step runs per parameter group (one per layer), so its scratch is taken as proportional to the largest
     layer's parameters and charged to every layer by its own."""
-    params = {i: sum(p.numel() * p.element_size() for p in stage.layers[i].module.parameters())
-              for i in stage.owned}
+    params = {i: module_param_bytes(stage.layers[i].module) for i in stage.owned}
     largest = max(params.values(), default=0)
     for i in stage.owned:
         stats = stage.layers[i].stats

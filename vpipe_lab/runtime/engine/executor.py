@@ -29,6 +29,7 @@ no autograd, the last stage returning the losses; no gradient, optimizer state o
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -222,8 +223,10 @@ class Executor:
             targets = [None] * m if batch[1] is None else split(batch[1], m, "targets")
         modules = {i: for_inference(stage.layers[i].module) for i in stage.owned}
         losses: list[torch.Tensor] = []
+        # a sharded stage's inference units share its gathered parameters: whole for the pass, on every shard
+        whole = stage.shards.gathered() if stage.shards is not None else nullcontext()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), whole:
                 for mb in range(m):
                     for c in plan.chunks_of(rank):  # each micro-batch through this rank's chunks, in model order
                         with torch.profiler.record_function(f"vpipe/eval mb{mb}"):

@@ -137,6 +137,7 @@ class StageIteration:
                                        self.local[action.stage]))
         ex.action = None
         peer.flush()
+        self.finish()
         return self.result
 
     # --- transfers -----------------------------------------------------------------------------------------------
@@ -192,6 +193,8 @@ class StageIteration:
         else:
             x = to_device(self.inputs[mb], ex.placement.device)  # type: ignore[index]
             x = self.chain.start(x) if self.chain is not None else x
+        if stage.shards is not None:  # a sharded stage gathers the chunk's parameters first (engine/shards.py)
+            start = self._gather(c, mb, start)
         for segment in self.segs[c]:  # the pipeline's data input needs no gradient
             with region(f"f/{segment[0]}"):  # what it allocates, where the allocator is measured (allocator.py)
                 x = stage.forward(mb, segment, x, input_grad=c > 0 or segment[0] > 0, timer=self.timer)
@@ -213,6 +216,8 @@ class StageIteration:
         mark = ex.watch.mark
         grads: tuple[torch.Tensor, ...] | None = None if c == self.top else self.grads_out.pop((c, mb)) if (
             not self.schedule.local(c, c + 1)) else self.grads_in.pop((c + 1, mb))
+        if stage.shards is not None and stage.shards.backward_needs_gather():
+            start = self._gather(c, mb, start)
         for segment in reversed(self.segs[c]):
             if stage.rebuilds(mb, segment):  # held only until its backward: one recomputed layer at a time
                 if ex.record_spans:
@@ -228,11 +233,55 @@ class StageIteration:
             self.grads_in[(c, mb)] = grads  # type: ignore[assignment]
         if stage.stash.on:
             stage.update(mb)
+        if stage.shards is not None and not self.plan.kind.split_backward:  # the micro-batch's backward is whole
+            self._reduce(c, mb)
         return start
 
     def weight_step(self, step: int, action: Action, start: float) -> float:
         self.stage.weight_step(action.microbatch, self.timer, self.local[action.stage])
+        if self.stage.shards is not None:  # a split backward's micro-batch is whole once its W has run
+            self._reduce(action.stage, action.microbatch)
         return start
+
+    # --- a sharded stage's collectives (engine/shards.py) ------------------------------------------------------------
+    def _units(self, c: int) -> list[int]:
+        return [i for segment in self.segs[c] for i in segment]
+
+    def _gather(self, c: int, mb: int, start: float) -> float:
+        """All-gather chunk ``c``'s parameters where they are sharded now, as a span of its own; returns where the
+        action's own work begins."""
+        shards = self.stage.shards
+        assert shards is not None
+        with region(f"g/{c}"):
+            gathered = shards.gather(self._units(c))
+        if gathered and self.ex.record_spans:
+            now = self.ex.watch.mark()
+            self.marks.append(("all_gather", mb, None, start, now, self.local[c]))
+            return now
+        return start
+
+    def _reduce(self, c: int, mb: int) -> None:
+        """Chunk ``c``'s backward of micro-batch ``mb`` is complete: reduce-scatter (and reshard) as the stage's
+        sharding says, as a span of its own."""
+        shards = self.stage.shards
+        assert shards is not None
+        start = self.ex.watch.mark()
+        with region(f"s/{c}"):
+            reduced = shards.after_backward(self._units(c))
+        if reduced and self.ex.record_spans:
+            self.marks.append(("reduce_scatter", mb, None, start, self.ex.watch.mark(), self.local[c]))
+
+    def finish(self) -> None:
+        """After the row: a sharded stage reduce-scatters what it held for the iteration and reshards (a span)."""
+        shards = self.stage.shards
+        if shards is None:
+            return
+        start = self.ex.watch.mark()
+        with region("s/end"):
+            reduced = shards.finish()
+        if reduced and self.ex.record_spans:
+            self.marks.append(("reduce_scatter", self.plan.microbatches - 1, None, start, self.ex.watch.mark(),
+                               self.local[self.plan.chunks_of(self.ex.rank)[0]]))
 
     # --- memory --------------------------------------------------------------------------------------------------
     def swap_out(self, step: int, action: Action, start: float) -> float:

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from vpipe_lab.runtime.engine.shards import like
+
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
 UNIT = "vpipe_unit"  # the key tagging a parameter group with its unit's index
@@ -85,12 +87,13 @@ class StageOptimizer:
         self._stale = True
         for name, p in new:
             if states and name in states:
-                self.optimizer.state[p] = self._put(states[name])
+                self.optimizer.state[p] = self._put(states[name], p)
 
-    def _put(self, state: dict[str, Any]) -> dict[str, Any]:
+    def _put(self, state: dict[str, Any], param: torch.Tensor) -> dict[str, Any]:
         """A parameter's saved state on this stage's device (0-dim step counters stay where the optimizer keeps
-        them)."""
-        return {k: v.to(self.device) if isinstance(v, torch.Tensor) and v.dim() else v for k, v in state.items()}
+        them); for a sharded parameter, a shard that travelled as a plain tensor becomes a DTensor like it."""
+        return {k: like(v.to(self.device), param) if isinstance(v, torch.Tensor) and v.dim() else v
+                for k, v in state.items()}
 
     def _fresh(self, params: list[torch.nn.Parameter]) -> list[dict[str, Any]]:
         assert self.factory is not None
@@ -149,7 +152,7 @@ class StageOptimizer:
         for name, state in states.items():
             p = tensors.get(name)
             if p is not None and p in self.names:
-                self.optimizer.state[p] = self._put(state)
+                self.optimizer.state[p] = self._put(state, p)
         for saved in groups or []:
             wanted = {tensors[n] for n in saved["params"] if n in tensors}
             for group in self.optimizer.param_groups:

@@ -9,6 +9,7 @@ layer is seeded afresh anyway.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -20,8 +21,22 @@ from vpipe_lab.runtime.engine import wgrad
 from vpipe_lab.runtime.memory import recompute
 from vpipe_lab.runtime.model.units import Layer, tensors_of
 
+log = logging.getLogger(__name__)
+
 Timer = Callable[[], float]
 Autocast = Callable[[], AbstractContextManager[object]]
+
+
+def probe_or_note(layer: Layer, autocast: Autocast, x: Any, timer: Timer, input_grad: bool,
+                  unprobed: set[int]) -> None:
+    """``probe``, or (a layer that only takes its own batch size: a fixed reshape, say) ``layer`` noted in
+    ``unprobed``, its time then taken as linear in the micro-batch size."""
+    try:
+        probe(layer, autocast, x, timer, input_grad)
+    except Exception as exc:
+        log.info("layer %d cannot be timed at other micro-batch sizes (%s: %s); its time is taken as linear in the "
+                 "micro-batch size", layer.index, type(exc).__name__, exc)
+        unprobed.add(layer.index)
 
 
 def probe(layer: Layer, autocast: Autocast, x: Any, timer: Timer, input_grad: bool = True) -> None:

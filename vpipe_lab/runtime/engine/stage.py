@@ -26,17 +26,28 @@ import torch
 from vpipe_lab.core.plan import Policy
 from vpipe_lab.runtime.engine import probe, wgrad
 from vpipe_lab.runtime.engine.optim import OptimizerFactory, SchedulerFactory, StageOptimizer
+from vpipe_lab.runtime.engine.shards import Shards
 from vpipe_lab.runtime.engine.stage_state import UnitState
 from vpipe_lab.runtime.memory import recompute
-from vpipe_lab.runtime.memory.ledger import Ledger, optimizer_bytes, tensor_bytes
+from vpipe_lab.runtime.memory.ledger import Ledger, local_tensor, optimizer_bytes, tensor_bytes
 from vpipe_lab.runtime.memory.stash import WeightStash
 from vpipe_lab.runtime.memory.swap import SwapEngine
 from vpipe_lab.runtime.model import experts
-from vpipe_lab.runtime.model.capture import GraphUnit, UnitTensors
-from vpipe_lab.runtime.model.units import Layer, LayerStats, get_tensor, layer_seed, set_tensor, tensors_of
+from vpipe_lab.runtime.model.capture import UnitTensors
+from vpipe_lab.runtime.model.units import (
+    Layer,
+    LayerStats,
+    Segment,
+    get_tensor,
+    layer_seed,
+    seed_generators,
+    segments_of,
+    set_tensor,
+    tensors_of,
+    writes_input,
+)
 
 log = logging.getLogger(__name__)
-Segment = tuple[int, ...]
 Timer = Callable[[], float]
 
 
@@ -73,6 +84,11 @@ class Stage(UnitState):
         # A short last batch splits unevenly: micro-batch m's loss then counts by its share of the samples, n_m / N
         # (times the loss multiplier), as one process's full-batch mean does; None: every one by loss_scale.
         self.scales: list[float] | None = None
+        self.shards: Shards | None = None  # a sharded stage's FSDP units (set before the first layer arrives)
+
+    def shard(self, shards: Shards) -> None:
+        """Hold this stage's units sharded, from before the first arrives: ``shards`` wraps each in FSDP2."""
+        self.shards, self.swap.gathered = shards, shards.live
 
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
@@ -88,13 +104,15 @@ class Stage(UnitState):
                                   [(n, f"{index}.{n}") for n, _ in module.named_buffers(remove_duplicate=False)])
         module.to(self.device)
         self._retarget(module)
+        for local, name in tensors.params + tensors.buffers:  # a tie binds to the one tensor held here
+            held = self.tensors.get(name)
+            if held is not None and held is not get_tensor(module, local):
+                set_tensor(module, local, held)
+        if self.shards is not None:  # its parameters become this rank's shards (engine/shards.py)
+            module = self.shards.wrap(index, module, tensors.params)
         self._fuse(module)
         for local, name in tensors.params + tensors.buffers:
-            held = self.tensors.get(name)
-            if held is None:
-                self.tensors[name] = get_tensor(module, local)
-            elif held is not get_tensor(module, local):
-                set_tensor(module, local, held)
+            self.tensors.setdefault(name, get_tensor(module, local))
         self.layers = dict(sorted({**self.layers, index: Layer(index, module, tensors)}.items()))  # run in order
         self._changed()
         self.optim.add_unit(index, self._trainable(index), groups, states)
@@ -128,6 +146,8 @@ class Stage(UnitState):
     def remove_layer(self, index: int) -> Layer:
         """Drop a layer with its optimizer groups and state; tensors another layer here uses stay (ties)."""
         layer = self.layers.pop(index)
+        if self.shards is not None:
+            self.shards.release(index)
         stays: dict[str, int] = {}
         for other in sorted(self.layers):
             for name in self.layers[other].names:
@@ -153,7 +173,8 @@ class Stage(UnitState):
         self._kept_bytes.clear()  # a layer index may now name another module
 
     def _storages(self) -> None:  # what the saved-tensor accounting takes for weights (stashed ones too)
-        self.swap.param_storages = {t.untyped_storage().data_ptr() for t in self.tensors.values()} | self.stash.storages()
+        self.swap.param_storages = {local_tensor(t).untyped_storage().data_ptr()
+                                    for t in self.tensors.values()} | self.stash.storages()
 
     def params(self) -> list[tuple[str, torch.nn.Parameter]]:
         """Trainable parameters held, each once, in layer order: what the optimizer steps."""
@@ -180,24 +201,10 @@ class Stage(UnitState):
         key = (profile, cuts, tuple((i, self.layers[i].policy) for i in self.owned))
         found = self._segments.get(key)
         if found is None:
-            found = []
-            for index in self.owned:
-                policy = self.layers[index].policy
-                if (found and not profile and policy is not Policy.RECOMPUTE and index not in cuts
-                        and self.layers[found[-1][-1]].policy is policy and found[-1][-1] == index - 1):
-                    found[-1] = (*found[-1], index)
-                else:
-                    found.append((index,))
-            self._segments[key] = found
+            found = self._segments[key] = segments_of(key[2], profile, cuts)
         return found
 
     # --- per-segment work ----------------------------------------------------------------------------------------
-    def _seed(self, value: int) -> None:
-        # torch.manual_seed walks every device's generator (~170 us); the generators this stage uses cost ~2 us.
-        torch.default_generator.manual_seed(value)
-        if self.device.type == "cuda":
-            torch.cuda.default_generators[self.device.index or 0].manual_seed(value)
-
     def _run(self, mb: int, segment: Segment, x: Any, record: bool) -> Any:
         """The segment's layers in order, each seeded for itself; ``record`` registers what each saves."""
         swapped = record and self.layers[segment[0]].policy is Policy.SWAP  # a segment is of one policy
@@ -206,7 +213,7 @@ class Stage(UnitState):
             x = recompute.copied(x)
         for index in segment:
             self.at_units = (index, index)  # a failure names the unit it happened in (runtime/process.py)
-            self._seed(layer_seed(self.seed, self.iteration, mb + self.mb_offset, index))
+            seed_generators(self.device, layer_seed(self.seed, self.iteration, mb + self.mb_offset, index))
             layer = self.layers[index]
             with (self.swap.recording(mb, index, layer.policy is Policy.SWAP, held) if record else nullcontext(),
                   self.autocast()):
@@ -256,26 +263,19 @@ class Stage(UnitState):
         result = recompute.detach(out)
         if timer is not None:
             self.layers[segment[0]].stats.add_forward(timer() - start)
-            if self.probing and mb == 0 and segment[0] not in self._unprobed:
-                try:
-                    probe.probe(self.layers[segment[0]], self.autocast, x, timer, input_grad)
-                except Exception as exc:  # a layer that only takes its own batch size (a fixed reshape, say)
-                    log.info("layer %d cannot be timed at other micro-batch sizes (%s: %s); its time is taken as "
-                             "linear in the micro-batch size", segment[0], type(exc).__name__, exc)
-                    self._unprobed.add(segment[0])
+            # a sharded unit is probed only while it is gathered, and kept so: a probe then runs no collective,
+            # which its shards would have to join
+            if (self.probing and mb == 0 and segment[0] not in self._unprobed
+                    and (self.shards is None or self.shards.is_gathered(segment[0]))):
+                with self.shards.kept(segment[0]) if self.shards is not None else nullcontext():
+                    probe.probe_or_note(self.layers[segment[0]], self.autocast, x, timer, input_grad, self._unprobed)
         return result
 
     def _writes_input(self, index: int) -> bool:
-        """Whether layer ``index`` (an ``nn.Sequential`` child) may write its input in place: it holds a module
-        built ``inplace=True`` (a ReLU). A received input is a leaf of its stage's autograd graph, which an in-place op
-        may not change, so the layer gets a copy (captured units know exactly which inputs they write:
-        ``capture.GraphUnit``)."""
+        """Whether layer ``index`` may write its input in place (``units.writes_input``), asked once per layer."""
         found = self._inplace.get(index)
         if found is None:
-            module = self.layers[index].module
-            found = not isinstance(module, GraphUnit) and any(getattr(m, "inplace", False) is True
-                                                              for m in module.modules())
-            self._inplace[index] = found
+            found = self._inplace[index] = writes_input(self.layers[index].module)
         return found
 
     def rebuilds(self, mb: int, segment: Segment) -> bool:
@@ -382,17 +382,16 @@ class Stage(UnitState):
         self.deferred.clear()
         self.swap.clear()
         self.stash.reset()
+        if self.shards is not None:
+            self.shards.discard()
         self._storages()
         self.zero_grad()
 
     def static_bytes(self) -> dict[str, int]:
         """What this stage holds whatever runs, by part (a layer's share: ``memory.unit_static_bytes``)."""
-        params = [p for _, p in self.params()]
-        return {
-            "params": sum(tensor_bytes(p) for p in params),
-            "grads": sum(tensor_bytes(p.grad) for p in params if p.grad is not None),
-            "optimizer": optimizer_bytes(self.optimizer),
-        }
+        params = [p for _, p in self.params()]  # a sharded stage's: this rank's shards (``ledger.tensor_bytes``)
+        return {"params": sum(tensor_bytes(p) for p in params), "optimizer": optimizer_bytes(self.optimizer),
+                "grads": sum(tensor_bytes(p.grad) for p in params if p.grad is not None)}
 
     def reset_stats(self) -> None:
         for layer in self.layers.values():

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from vpipe_lab.runtime.engine.optim import StageOptimizer
+from vpipe_lab.runtime.memory.ledger import local_tensor
 from vpipe_lab.runtime.model.units import Layer
 
 
@@ -37,11 +38,12 @@ class UnitState:
                 "optimizer": self.optimizer_state(names), "groups": self.unit_groups(index),
                 "policy": layer.policy.value}
 
-    def load_values(self, values: dict[str, torch.Tensor]) -> None:
-        """Copy saved values into the parameters and buffers this stage holds (by canonical name)."""
+    def load_values(self, values: dict[str, torch.Tensor], local: bool = False) -> None:
+        """Copy saved values into the parameters and buffers this stage holds (by canonical name); ``local``: the
+        values are this rank's shards of a sharded stage's parameters, copied into its shards."""
         with torch.no_grad():
             for name, value in values.items():
-                self.tensors[name].copy_(value)
+                (local_tensor(self.tensors[name]) if local else self.tensors[name]).copy_(value)
 
     def load_optimizer(self, states: dict[str, dict[str, Any]], groups: list[dict[str, Any]]) -> None:
         """Restore saved optimizer state and parameter-group options of the layers held here."""

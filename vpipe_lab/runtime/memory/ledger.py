@@ -9,17 +9,25 @@ from typing import Any
 import torch
 
 
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """What this rank holds of ``t``: its shard when ``t`` is a DTensor (a sharded stage's parameter, gradient or
+    optimizer state: ``runtime/engine/shards.py``), else ``t``. Bytes, storages and copies are of this."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if to_local is not None and hasattr(t, "placements") else t  # type: ignore[no-any-return]
+
+
 def tensor_bytes(t: torch.Tensor) -> int:
-    """Bytes of the tensor's own elements (not of a larger storage it may view)."""
+    """Bytes of the tensor's own elements on this rank (not of a larger storage it may view; a DTensor's shard)."""
+    t = local_tensor(t)
     return t.numel() * t.element_size()
 
 
 def module_param_bytes(module: torch.nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in module.parameters())
+    return sum(tensor_bytes(p) for p in module.parameters())
 
 
 def module_grad_bytes(module: torch.nn.Module) -> int:
-    return sum(p.grad.numel() * p.grad.element_size() for p in module.parameters() if p.grad is not None)
+    return sum(tensor_bytes(p.grad) for p in module.parameters() if p.grad is not None)
 
 
 def unit_static_bytes(state: dict[str, Any]) -> int:
@@ -37,7 +45,7 @@ def optimizer_bytes(optimizer: torch.optim.Optimizer | None) -> int:
     for state in optimizer.state.values():
         for value in state.values():
             if isinstance(value, torch.Tensor):
-                total += value.numel() * value.element_size()
+                total += tensor_bytes(value)
     return total
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from vpipe_lab.runtime.memory.ledger import Ledger, tensor_bytes
+from vpipe_lab.runtime.memory.ledger import Ledger, local_tensor, tensor_bytes
 
 
 class Span:
@@ -76,9 +76,12 @@ class SwapEngine:
         self.handles: dict[tuple[int, int], list[Span]] = {}
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.param_storages: set[int] = set()
+        # A sharded stage's gathered parameters (``engine/shards.py`` keeps this set as it gathers and reshards):
+        # weights too, though their storages come and go within the iteration.
+        self.gathered: set[int] = set()
 
     def set_parameters(self, module: torch.nn.Module) -> None:
-        self.param_storages = {p.untyped_storage().data_ptr() for p in module.parameters()}
+        self.param_storages = {local_tensor(p).untyped_storage().data_ptr() for p in module.parameters()}
 
     @contextmanager
     def recording(self, mb: int, layer: int, swapped: bool = True, held: frozenset[int] = frozenset()
@@ -97,7 +100,7 @@ class SwapEngine:
 
         def pack(t: torch.Tensor) -> Any:
             ptr = t.untyped_storage().data_ptr()
-            if ptr in self.param_storages or t.device != self.device:
+            if ptr in self.param_storages or ptr in self.gathered or t.device != self.device:
                 return t
             if t.layout is not torch.strided:  # no storage ranges to merge: counted whole, never moved
                 self.ledger.add(mb, layer, tensor_bytes(t))

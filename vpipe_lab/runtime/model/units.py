@@ -18,6 +18,14 @@ def layer_seed(seed: int, iteration: int, mb: int, layer: int) -> int:
     return (((seed * 1_000_003 + iteration) * 10_007 + mb) * 1_009 + layer) % (2**62)
 
 
+def seed_generators(device: torch.device, value: int) -> None:
+    """Seed the generators a stage on ``device`` draws from: torch.manual_seed walks every device's generator
+    (~170 us), these two cost ~2 us."""
+    torch.default_generator.manual_seed(value)
+    if device.type == "cuda":
+        torch.cuda.default_generators[device.index or 0].manual_seed(value)
+
+
 def tensors_of(value: Any) -> tuple[torch.Tensor, ...]:
     """The tensors in a value of any structure (tensor, tuple, dict, ModelOutput), in pytree order."""
     if isinstance(value, torch.Tensor):
@@ -35,6 +43,35 @@ def set_tensor(module: torch.nn.Module, path: str, value: torch.Tensor) -> None:
         owner._buffers[name] = value
     else:
         raise KeyError(f"{type(module).__name__} has no parameter or buffer {path!r}")
+
+
+Segment = tuple[int, ...]  # consecutive layers run as one autograd graph
+
+
+def segments_of(policies: tuple[tuple[int, Policy], ...], profile: bool, cuts: tuple[int, ...]) -> list[Segment]:
+    """A stage's (layer, policy) pairs as segments: maximal runs of one policy, one layer per recomputed layer (each
+    keeps its own input, so its rebuild holds only its activations), or one layer each when ``profile``; a segment
+    never runs across a layer in ``cuts``."""
+    found: list[Segment] = []
+    last: Policy | None = None
+    for index, policy in policies:
+        if (found and not profile and policy is not Policy.RECOMPUTE and index not in cuts and last is policy
+                and found[-1][-1] == index - 1):
+            found[-1] = (*found[-1], index)
+        else:
+            found.append((index,))
+        last = policy
+    return found
+
+
+def writes_input(module: torch.nn.Module) -> bool:
+    """Whether a unit (an ``nn.Sequential`` child) may write its input in place: it holds a module built
+    ``inplace=True`` (a ReLU). A received input is a leaf of its stage's autograd graph, which an in-place op may not
+    change, so the stage gives such a unit a copy (captured units know exactly which inputs they write:
+    ``capture.GraphUnit``)."""
+    from vpipe_lab.runtime.model.graph_unit import GraphUnit
+
+    return not isinstance(module, GraphUnit) and any(getattr(m, "inplace", False) is True for m in module.modules())
 
 
 def get_tensor(module: torch.nn.Module, path: str) -> torch.Tensor:

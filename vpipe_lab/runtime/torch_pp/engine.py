@@ -92,7 +92,8 @@ class TorchWorker(TorchState, WorkerCommands):
     """One rank of a pipeline that torch.distributed.pipelining runs (see the module docstring)."""
 
     def __init__(self, spec: JobSpec, rank: int, world: int, link: Link, local_rank: int, local_world: int) -> None:
-        problem = engine_refusal(spec.settings.engine, spec.settings.replicas, spec.settings.precision, spec.settings.schedule)
+        problem = engine_refusal(spec.settings.engine, spec.settings.replicas, spec.settings.precision,
+                                 spec.settings.schedule, spec.settings.shards)
         if problem:
             raise ValueError(problem)
         self.spec, self.link, self.global_rank, self.leader = spec, link, rank, rank == 0

@@ -21,6 +21,7 @@ import torch
 from vpipe_lab.core import checks
 from vpipe_lab.core.schedules.orders import stashing as pipedream
 from vpipe_lab.runtime.engine.allocator import region
+from vpipe_lab.runtime.memory.ledger import local_tensor
 from vpipe_lab.runtime.training.precision import LossScale
 from vpipe_lab.runtime.training.replicas import DataParallel
 
@@ -52,7 +53,12 @@ class Stepper:
         self.clip = None if clip is None else float(clip)
         self.scale = scale
         self.data_parallel = data_parallel
-        self.replicas = data_parallel.replicas if data_parallel is not None else 1
+        self.replicas = data_parallel.replicas if data_parallel is not None else 1  # data-parallel ranks in all
+        place = data_parallel.place if data_parallel is not None else None
+        # a sharded gradient's squares are this rank's shard's, repeated on every replica; a whole one's on every
+        # data-parallel rank: each counts once in the sum over the job's ranks (see _step)
+        self._sharded_weight = 1.0 / (place.replicas if place is not None else 1)
+        self._whole_weight = 1.0 / self.replicas
 
     def _counted(self) -> list[torch.Tensor]:
         """This stage's gradients that count towards the global norm: a tie only on its lowest holder."""
@@ -86,18 +92,20 @@ class Stepper:
             self.data_parallel.average([p.grad for _, p in stage.params() if p.grad is not None])
         self.ties.reduce_grads()
         report = StepReport(loss_scale=self.scale.scale if self.scale.enabled else None)
-        grads = [p.grad for _, p in stage.params() if p.grad is not None]
+        # a sharded stage's gradients are DTensors: each rank scales, clips and checks its own shard
+        grads = [local_tensor(p.grad) for _, p in stage.params() if p.grad is not None]
         overflow = self.scale.unscale(grads)
         if self.clip is not None or overflow is not None or self.scale.enabled:
-            squares = torch.zeros((), dtype=torch.float32, device=stage.device)
+            squares = 0.0
             if self.clip is not None:
                 counted = self._counted()
-                if counted:
-                    norms = torch._foreach_norm(counted, 2.0)
-                    squares = torch.stack(norms).float().pow(2).sum()
-            local = [float(overflow) if overflow is not None else 0.0, float(squares)]
+                for weight, part in ((self._sharded_weight, [local_tensor(g) for g in counted if local_tensor(g) is not g]),
+                                     (self._whole_weight, [g for g in counted if local_tensor(g) is g])):
+                    if part:
+                        norms = torch._foreach_norm(part, 2.0)
+                        squares += weight * float(torch.stack(norms).float().pow(2).sum())
+            local = [float(overflow) if overflow is not None else 0.0, squares]
             bad, total = self.peer.all_sum(local) if self.world * self.replicas > 1 else local
-            total /= self.replicas  # every replica added the same (averaged) gradients' squares
             report.skipped = bad > 0
             if self.clip is not None:
                 report.grad_norm = math.sqrt(total) if not report.skipped else float("inf")
