@@ -64,3 +64,30 @@ def test_plan_chooses_the_microbatch_count_for_a_batch(capsys: pytest.CaptureFix
     assert "micro-batches x size for a batch of 32: 1 x 32:" in out and "chosen" in out
     with pytest.raises(SystemExit):  # argparse: one or the other
         main(["plan", "bert-24", "--stages", "4", "--batch-size", "32", "-m", "4"])
+
+
+def test_plan_chooses_the_mesh_of_n_devices_and_says_it_beside_whole_stages(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`vpipe-lab plan --devices N`: every stages x shards x replicas planned; the chosen mesh beside the fastest
+    pipeline of whole devices, or that none fits; plan.json carries the mesh and each stage's sharding."""
+    out = tmp_path / "plan.json"
+    assert main(["plan", "gpt-cpm-large", "--devices", "8", "--memory", "6GiB", "--batch-size", "64", "--device",
+                 "h200", "-o", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "meshes of 8 devices (stages x shards x replicas), fastest first: 1x8x1:" in said
+    assert "chosen 1 stage x 8 shards x 1 replica" in said and "no pipeline of whole devices (shards=1) fits" in said
+    assert "peak/rank" in said and "(8 devices)" in said
+    doc = json.loads(out.read_text())
+    assert (doc["stages"], doc["shards"], doc["replicas"]) == (1, 8, 1) and len(doc["sharding"]) == 1
+    assert main(["plan", "gpt-cpm-large", "--devices", "8", "--batch-size", "64", "--device", "h200"]) == 0
+    assert "the fastest pipeline of whole devices, " in capsys.readouterr().out
+    assert main(["plan", "gpt-cpm-large", "--stages", "2", "--shards", "4", "--batch-size", "64", "--device",
+                 "h200"]) == 0
+    assert "2 stages x 4 shards x 1 replica (8 devices)" in capsys.readouterr().out
+
+
+def test_plan_devices_needs_a_batch_and_chooses_shards_itself(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "gpt-cpm-large", "--devices", "8", "-m", "4"]) == 2
+    assert "give --batch-size" in capsys.readouterr().err
+    assert main(["plan", "gpt-cpm-large", "--devices", "8", "--batch-size", "8", "--shards", "2"]) == 2
+    assert "--devices chooses shards and replicas itself" in capsys.readouterr().err

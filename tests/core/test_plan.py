@@ -61,7 +61,9 @@ def test_a_plan_carries_its_mesh_and_each_stages_sharding_through_json_and_chang
     doc = plan.to_dict()
     assert (doc["stages"], doc["shards"], doc["replicas"], doc["sharding"]) == (2, 2, 3, ["stream", "hold"])
     assert Plan.from_json(plan.to_json()) == plan
-    assert "stages" not in Plan((0, 2, 4), ("keep",) * 4, 4).to_dict()  # a pipeline of whole devices, as before
+    whole = Plan((0, 2, 4), ("keep",) * 4, 4).to_dict()  # a pipeline of whole devices says so too
+    assert {k: whole.get(k) for k in ("stages", "shards", "replicas", "sharding")} == {
+        "stages": 2, "shards": 1, "replicas": 1, "sharding": None}
     moved = plan.with_boundaries((0, 1, 4)).with_policies({0: "recompute"}).replace(microbatches=8)
     assert (moved.shards, moved.replicas, moved.sharding) == (2, 3, plan.sharding)
     assert plan.with_boundaries((0, 1, 2, 4)).sharding == ()

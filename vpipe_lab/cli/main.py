@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from vpipe_lab.core import schedules, workloads
@@ -14,10 +15,11 @@ from vpipe_lab.core.cost import scaling
 from vpipe_lab.core.cost.costmodel import estimate
 from vpipe_lab.core.errors import VpipeError
 from vpipe_lab.core.plan import AUTO, Plan
+from vpipe_lab.core.planning.mesh import choose, search_sharded
 from vpipe_lab.core.planning.methods import METHODS
-from vpipe_lab.core.planning.planner import search
+from vpipe_lab.core.planning.planner import PlanResult
 from vpipe_lab.core.profile import Cluster, ModelProfile
-from vpipe_lab.core.report import human_time, plan_table
+from vpipe_lab.core.report import human_time, mesh_words, plan_table
 from vpipe_lab.core.settings_flags import byte_size
 
 log = logging.getLogger("vpipe_lab.cli")
@@ -37,18 +39,30 @@ def _load_profile(source: str, device: str, microbatch_size: int | None) -> Mode
     return ModelProfile.from_json(Path(source))
 
 
-def _cluster(args: argparse.Namespace) -> Cluster:
+def _cluster(args: argparse.Namespace, stages: int | None = None) -> Cluster:
+    stages = args.stages if stages is None else stages
     if args.cluster:
         cluster = Cluster.from_json(Path(args.cluster))
-        if cluster.stages != args.stages:
-            raise CliError(f"--stages {args.stages} disagrees with {args.cluster}, which has {cluster.stages} stages")
-        return cluster
-    return workloads.cluster(args.device, args.stages, memory_bytes=args.memory)
+        if cluster.stages != stages and stages is not None:
+            if args.devices is None:
+                raise CliError(f"--stages {stages} disagrees with {args.cluster}, which has {cluster.stages} stages")
+            cluster = replace(cluster, stages=stages, memory_bytes=cluster.budgets[0])  # its device, per stage
+    else:
+        cluster = workloads.cluster(args.device, stages, memory_bytes=args.memory)
+    return replace(cluster, shard_bandwidth=args.shard_bandwidth) if args.shard_bandwidth else cluster
 
 
 def _add_planning_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("profile", help=f"profile JSON file, or a bundled workload: {', '.join(workloads.WORKLOADS)}")
-    p.add_argument("--stages", "-k", type=int, required=True, help="pipeline stages (one device each)")
+    devices = p.add_mutually_exclusive_group(required=True)
+    devices.add_argument("--stages", "-k", type=int, help="pipeline stages (one device each; --shards more)")
+    devices.add_argument("--devices", type=int, help="devices in all: the planner chooses stages x shards x replicas "
+                         "too (needs --batch-size)")
+    p.add_argument("--shards", type=int, default=1, help="ranks sharding each stage with FSDP2 (with --stages): the "
+                   "planner chooses each stage's sharding")
+    p.add_argument("--replicas", type=int, default=1, help="data-parallel copies of the pipeline (with --stages)")
+    p.add_argument("--shard-bandwidth", type=float, default=None, help="bytes/s of a sharded stage's collectives "
+                   "(default: the devices' link; give your inter-node bandwidth when shards span nodes)")
     count = p.add_mutually_exclusive_group(required=True)
     count.add_argument("--microbatches", "-m", type=int, help="micro-batches per mini-batch")
     count.add_argument("--batch-size", type=int, help="the global batch: the planner chooses how many micro-batches "
@@ -65,16 +79,24 @@ def _add_planning_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     profile = _load_profile(args.profile, args.device, args.microbatch_size)
-    cluster = _cluster(args)
-    result = search(profile, cluster, microbatches=args.microbatches, batch_size=args.batch_size,
-                    schedule=args.schedule, method=args.method)
+    if args.devices is not None:
+        result = chosen_mesh(args, profile)
+        cluster = _cluster(args, result.plan.stages)
+    else:
+        cluster = _cluster(args)
+        result = search_sharded(profile, cluster, shards=args.shards, replicas=args.replicas,
+                                microbatches=args.microbatches, batch_size=args.batch_size, schedule=args.schedule,
+                                method=args.method)
     print(f"{profile.name or args.profile}: {len(profile)} layers on {cluster.name or f'{cluster.stages} stages'}, "
           f"method {args.method}")
     if result.candidates:
-        tried = ", ".join(f"{m} x {args.batch_size // m}: " + (human_time(t) if t is not None else "does not fit")
+        share = args.batch_size // result.plan.data_parallel  # each data-parallel rank's share of the batch
+        tried = ", ".join(f"{m} x {share // m}: " + (human_time(t) if t is not None else "does not fit")
                           for m, t in result.candidates)
-        print(f"micro-batches x size for a batch of {args.batch_size}: {tried}; chosen {result.plan.microbatches} "
-              f"x {result.microbatch_size}")
+        whose = f"each of {result.plan.data_parallel} data-parallel ranks' {share}" if share != args.batch_size else (
+            f"a batch of {args.batch_size}")
+        print(f"micro-batches x size for {whose}: {tried}; chosen {result.plan.microbatches} x "
+              f"{result.microbatch_size}")
     if result.schedules:
         tried = ", ".join(f"{s}: " + (human_time(t) if t is not None else "does not fit") for s, t in result.schedules)
         print(f"schedules: {tried}; chosen {result.plan.schedule}")
@@ -87,17 +109,48 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def chosen_mesh(args: argparse.Namespace, profile: ModelProfile) -> PlanResult:
+    """``--devices N``: every mesh of N devices planned (core/planning/mesh.py); prints them and the chosen one beside
+    the fastest pipeline of whole devices."""
+    if args.batch_size is None:
+        raise CliError("--devices chooses the mesh for a global batch: give --batch-size (the batch is split over "
+                       "shards x replicas, then into micro-batches)")
+    if args.shards != 1 or args.replicas != 1:
+        raise CliError("--devices chooses shards and replicas itself: give --stages with --shards/--replicas instead")
+    found = choose(profile, lambda stages: _cluster(args, stages), devices=args.devices, batch_size=args.batch_size,
+                   schedule=args.schedule, method=args.method)
+    ranked = sorted(((t, shape) for shape, t in found.tried if t is not None))
+    shown = ", ".join(f"{s}x{k}x{r}: {human_time(t)}" for t, (s, k, r) in ranked[:8])
+    unfit = sum(1 for _, t in found.tried if t is None)
+    print(f"meshes of {args.devices} devices (stages x shards x replicas), fastest first: {shown}"
+          + (f"; {unfit} more do not fit" if unfit else ""))
+    line = f"chosen {mesh_words(*found.shape)}: {human_time(found.result.estimate.iteration_s)}"
+    whole = found.pipeline_only
+    if whole is None:
+        line += "; no pipeline of whole devices (shards=1) fits"
+    else:
+        ratio = whole.estimate.iteration_s / found.result.estimate.iteration_s
+        line += (f"; the fastest pipeline of whole devices, "
+                 f"{mesh_words(whole.plan.stages, whole.plan.shards, whole.plan.replicas)}: "
+                 f"{human_time(whole.estimate.iteration_s)} ({ratio:.2f}x as long)")
+    print(line)
+    return found.result
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from vpipe_lab.core.cost.simulator import simulate
 
     profile = _load_profile(args.profile, args.device, args.microbatch_size)
-    cluster = _cluster(args)
     if args.plan:
-        plan = Plan.from_json(Path(args.plan)).validate(len(profile), cluster.stages)
+        plan = Plan.from_json(Path(args.plan))
+        cluster = _cluster(args, plan.stages)
+        plan.validate(len(profile), cluster.stages)
     else:
-        found = search(profile, cluster, microbatches=args.microbatches, batch_size=args.batch_size,
-                       schedule=args.schedule, method=args.method)
+        found = chosen_mesh(args, profile) if args.devices is not None else search_sharded(
+            profile, _cluster(args), shards=args.shards, replicas=args.replicas, microbatches=args.microbatches,
+            batch_size=args.batch_size, schedule=args.schedule, method=args.method)
         plan = found.plan
+        cluster = _cluster(args, plan.stages)
         if found.microbatch_size is not None:
             profile = scaling.at(profile, found.microbatch_size)
     est = estimate(plan, profile, cluster)

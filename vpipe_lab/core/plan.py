@@ -276,8 +276,7 @@ class Plan:
             "microbatches": self.microbatches,
             "schedule": self.schedule,
             **({"virtual_stages": self.virtual_stages} if self.virtual_stages != 1 else {}),
-            **({"stages": self.stages, "shards": self.shards, "replicas": self.replicas}
-               if self.shards != 1 or self.replicas != 1 else {}),
+            "stages": self.stages, "shards": self.shards, "replicas": self.replicas,  # the mesh it runs on
             **({"sharding": [m.value for m in self.sharding]} if self.sharding else {}),
         }
 
@@ -308,12 +307,13 @@ class Plan:
                        doc.get("replicas", 1), tuple(Sharding.parse(m) for m in sharding))
         except PlanError as exc:
             raise ProfileError(f"plan: {exc}") from None
-        if "stages" in doc and doc["stages"] != plan.stages:
-            raise ProfileError(f"plan: stages is {doc['stages']} but its boundaries give {plan.stages} stages")
         try:
-            return plan.validate()
+            plan.validate()
         except PlanError as exc:
             raise ProfileError(f"plan: {exc}") from None
+        if "stages" in doc and doc["stages"] != plan.stages:
+            raise ProfileError(f"plan: stages is {doc['stages']} but its boundaries give {plan.stages} stages")
+        return plan
 
     @classmethod
     def from_json(cls, text_or_path: str | Path) -> Plan:

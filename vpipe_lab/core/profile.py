@@ -313,6 +313,7 @@ class Cluster:
     update_s_per_byte: float = 0.0
     copy_s_per_byte: float = 0.0
     iteration_overhead_s: float = 0.0
+    shard_bandwidth: float = 0.0  # bytes/s of a sharded stage's all-gathers and reduce-scatters (0: link_bandwidth)
     budgets: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -339,7 +340,7 @@ class Cluster:
             raise ProfileError(f"cluster.link_bandwidth must be a positive number of bytes/s, got {self.link_bandwidth!r}")
         _check_nonneg("cluster", link_latency_s=self.link_latency_s, step_overhead_s=self.step_overhead_s,
                       update_s_per_byte=self.update_s_per_byte, copy_s_per_byte=self.copy_s_per_byte,
-                      iteration_overhead_s=self.iteration_overhead_s)
+                      iteration_overhead_s=self.iteration_overhead_s, shard_bandwidth=self.shard_bandwidth)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -357,6 +358,7 @@ class Cluster:
             "update_s_per_byte": self.update_s_per_byte,
             "copy_s_per_byte": self.copy_s_per_byte,
             "iteration_overhead_s": self.iteration_overhead_s,
+            **({"shard_bandwidth": self.shard_bandwidth} if self.shard_bandwidth else {}),
         }
 
     def to_json(self, indent: int | None = 1) -> str:
@@ -389,6 +391,7 @@ class Cluster:
             update_s_per_byte=_number(doc, "update_s_per_byte", "cluster", default=0.0),
             copy_s_per_byte=_number(doc, "copy_s_per_byte", "cluster", default=0.0),
             iteration_overhead_s=_number(doc, "iteration_overhead_s", "cluster", default=0.0),
+            shard_bandwidth=_number(doc, "shard_bandwidth", "cluster", default=0.0),
         )
 
     @classmethod

@@ -47,9 +47,18 @@ def _policy_summary(policies: Sequence[Policy]) -> str:
     return ", ".join(parts)
 
 
+def mesh_words(stages: int, shards: int, replicas: int) -> str:
+    """"2 stages x 4 shards x 1 replica": a mesh as a sentence says it."""
+    def n(count: int, word: str) -> str:
+        return f"{count} {word}{'' if count == 1 else 's'}"
+    return f"{n(stages, 'stage')} x {n(shards, 'shard')} x {n(replicas, 'replica')}"
+
+
 def plan_table(plan: Plan, est: Estimate, profile: ModelProfile | None = None) -> str:
-    """One row per stage: layers, policies, time per micro-batch, peak memory against the budget."""
-    rows = [("stage", "layers", "policies", "time/mb", "peak memory", "budget", "note")]
+    """One row per stage: layers, policies, time per micro-batch, peak memory against the budget (a sharded plan's:
+    each rank's, with the stage's sharding)."""
+    sharded = plan.shards > 1
+    rows = [("stage", "layers", "policies", "time/mb", "peak/rank" if sharded else "peak memory", "budget", "note")]
     for s in range(plan.stages):
         ranges: list[range] = []  # one, or a stage's chunks, neighbouring ones joined (ZBV's turn)
         for c in plan.chunks_of(s):
@@ -67,14 +76,17 @@ def plan_table(plan: Plan, est: Estimate, profile: ModelProfile | None = None) -
             str(s), ", ".join(f"{r.start}:{r.stop}" for r in ranges) + names,
             _policy_summary([plan.policies[i] for i in plan.layers_of(s)]),
             human_time(est.stage_s[s]), human_bytes(est.peak_bytes[s]), human_bytes(est.budget_bytes[s]),
-            "OVER BUDGET" if over else ("bottleneck" if s == est.bottleneck else ""),
+            " ".join(filter(None, (f"{plan.sharding_of(s).value}" if sharded else "",
+                                   "OVER BUDGET" if over else ("bottleneck" if s == est.bottleneck else "")))),
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("")
+    mesh = f"{mesh_words(plan.stages, plan.shards, plan.replicas)} ({plan.devices} devices), " \
+        if plan.devices != plan.stages else ""
     lines.append(
-        f"{plan.schedule}, {plan.microbatches} micro-batches: iteration {human_time(est.iteration_s)}, "
+        f"{mesh}{plan.schedule}, {plan.microbatches} micro-batches: iteration {human_time(est.iteration_s)}, "
         f"bubble {est.bubble_fraction:.1%}, {'fits' if est.feasible else 'DOES NOT FIT'} in memory"
     )
     return "\n".join(lines)

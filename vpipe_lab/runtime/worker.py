@@ -352,12 +352,12 @@ class Worker(IterationEnd, WorkerCommands):
         if self.index == 0:
             assert self.source is not None
             inputs, targets = self.source.get(it)
+            if self.shapes.agreed is None:  # the whole batch's, as the boundary compares the next whole batch with it
+                self.shapes.agreed = signature(inputs, targets)
             inputs = shard(inputs, self.replica, self.replicas, "inputs")
             targets = shard(targets, self.replica, self.replicas, "targets")
             self.samples = batch_size(inputs)
             counts = counting.counts(inputs, targets, self.plan.microbatches, self.rule)
-            if self.shapes.agreed is None:
-                self.shapes.agreed = signature(inputs, targets)
             if self.plan.loss_stage != 0:  # the counts go along, always as M numbers (-1: none), so the shapes hold
                 told = torch.tensor(counts if counts is not None else [-1] * self.plan.microbatches)
                 self.peer.post_send({"targets": targets, "counts": told}, self.plan.loss_stage, TAG_TARGET,

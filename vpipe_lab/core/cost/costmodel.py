@@ -1,43 +1,9 @@
-"""The cost model: per-stage time and peak memory of a plan, and the pipeline's iteration time.
+"""The cost model: per-stage time and each rank's peak memory of a plan, and the pipeline's iteration time.
 
-Per micro-batch, stage ``s`` owning layers ``lo:hi`` takes
-
-    forward  = sum(forward_s) + send of its output to stage s+1 (latency + bytes over the link bandwidth)
-    backward = sum(backward_s) + recompute (forward_s of recomputed layers) + exposed swap + send of the input
-               gradient to stage s-1
-
-where swap transfers hide under the stage's compute: ``exposed = max(0, swap_bytes / swap_bandwidth - hide - recompute)``
-with ``hide`` the stage's compute time (less its boundary traffic when that shares the swap link). Peak memory is
-
-    static (parameters + gradients + optimizer state; a tied parameter once: ``shared_bytes.py``)
-    + inflight * (activation_bytes of kept layers + input_bytes of recomputed layers and of the first layer of each
-      run of swapped ones: the run's input, which the stage holds for the backward, so its swap leaves it)
-    + min(inflight, 2) * the rest of the swapped layers' activation_bytes (the micro-batch computed and the one
-      prefetched for its backward, which the schedule issues one compute step early; the others on the host)
-    + the most one layer adds on top: its working set (``transient_bytes``: a forward's scratch, a backward's input
-      gradients and temporaries, measured off the allocator) and, recomputed, its activation_bytes (rebuilt right
-      before its own backward, vPipe's order, and freed with it: one is held at a time); while layer i runs, its own
-      micro-batch holds only what layers up to i keep (the later ones have not run or are done), which the estimate
-      credits: ``max over i of (kept by layers up to i + what layer i adds) - kept by all`` (the planners count
-      without it, an upper bound); where every forward comes before the stage's first backward (``inflight = M``),
-      that backward also makes the weights' gradients (counted static, set to None by the last step) layer by layer
-    + what the transfers hold at their most along the stage's order (``StageCost.comm_bytes``: tensors sent, kept
-      until the iteration's sends are waited for, receives posted ahead, a backward's received gradient), added whole
-      as no policy changes it (``orders/held.py``'s ``transfers``; chunked schedules count none yet), and on stage 0
-      the inputs of the micro-batches not in flight: it reads the batch whole and holds it (``batch_bytes``)
-
-or, where it is more, static + the optimizer step's scratch (``step_bytes``; once the activations are gone), with
-``inflight = M`` for GPipe, ``min(M, K - s)`` for 1F1B, ``min(M, K - s + 1)`` for eager 1F1B (but the last stage,
-which keeps one); ZB-H1 holds 1F1B's ``inflight`` and up to ``max(K, K - s + 1) - inflight`` more micro-batches
-waiting only for their weight step, each keeping its layers-with-parameters' inputs and output gradients (at most
-their activations): ``+ waiting * sum(min(activation_bytes, input_bytes + output_bytes))`` over those layers
-(``schedules/orders/zero_bubble.py``). A transfer costs its sender the link's latency ``L`` and arrives ``L`` after
-its send (see ``send_forward_s``), so the first forward and the last backward add ``2 (K - 1) L`` more. The
-iteration's closed forms per schedule are ``core/schedules/pipeline_time.py``'s. Interleaved 1F1B costs each chunk
-(virtual stage) as above, with its stage's peak count of chunk-forwards in flight and ``2 (K V - 1) L`` of latency
-(``core/schedules/orders/interleaved.py``), and sums a stage's chunks (``_estimate_chunks``); ZBV likewise, with its
-own fill (``chunks_iteration_s``). Both hold, per stage, the largest state of their order's chunk-forwards awaiting B
-(and backwards awaiting W) weighed by each chunk's bytes (``core/schedules/orders/held.py``).
+The arithmetic is docs/cost_model.md's: time per micro-batch from the profile's layers, their transfers, recompute and
+exposed swaps; peak memory from the static tensors (a sharded stage's shards: ``sharded.py``), the activations in
+flight as each schedule holds them, the largest working set or rebuild on top, what the transfers hold and what a
+sharded stage holds whole; the iteration from each schedule's closed form (``core/schedules/pipeline_time.py``).
 """
 
 from __future__ import annotations
@@ -46,19 +12,14 @@ from collections.abc import Sequence
 from itertools import accumulate
 
 from vpipe_lab.core import checks, schedules
+from vpipe_lab.core.cost.sharded import ShardCost, ShardModel
 from vpipe_lab.core.cost.shared_bytes import SharedBytes
-from vpipe_lab.core.cost.stage_cost import (
-    RangeMax,
-    StageCost,
-    chunks_peak,
-    policy_overhead,
-    swap_buffers,
-    transfers_peak,
-)
+from vpipe_lab.core.cost.stage_cost import RangeMax, StageCost, chunks_peak, policy_overhead, swap_buffers, transfers_peak
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.plan import Estimate, Plan, Policy
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.schedules.orders.held import Transfers
+from vpipe_lab.core.sharding import Sharding
 
 __all__ = ["CostModel", "RangeMax", "StageCost", "chunks_peak", "estimate", "policy_overhead", "swap_buffers"]
 
@@ -67,7 +28,8 @@ class CostModel:
     """Prefix sums over a profile for O(1) stage queries; the single source of costs for planners and estimates."""
 
     def __init__(self, profile: ModelProfile, cluster: Cluster, microbatches: int, schedule: str = "1f1b",
-                 virtual_stages: int = 1) -> None:
+                 virtual_stages: int = 1, shards: int = 1, sharding: Sequence[Sharding] = (),
+                 replicas: int = 1) -> None:
         self.kind = schedules.get(schedule)  # what the schedule's name means: its costs are asked of it
         checks.count(microbatches, "microbatches", error=PlanError)
         self.profile = profile
@@ -103,6 +65,31 @@ class CostModel:
         self._trans_max = RangeMax(self.trans)
         self._step_max = RangeMax([x.step_bytes for x in layers])
         self.total_compute_s = self.compute_prefix[-1]
+        self.shards, self.sharding, self.replicas = shards, tuple(sharding), replicas  # sharded stages: sharded.py
+        self._sharded = ShardModel([x.param_bytes for x in layers], profile.shared, cluster, shards, replicas) \
+            if shards > 1 or replicas > 1 else None
+
+    @classmethod
+    def of(cls, plan: Plan, profile: ModelProfile, cluster: Cluster) -> CostModel:
+        """The cost model of ``plan``'s schedule, micro-batches, chunks and mesh."""
+        return cls(profile, cluster, *cls._key(plan))
+
+    def plan(self, bounds: Sequence[int], policies: Sequence[Policy]) -> Plan:
+        """A plan of this model's schedule, micro-batches, chunks and mesh over ``bounds`` with ``policies``."""
+        return Plan(tuple(bounds), tuple(policies), self.microbatches, self.schedule, self.virtual, self.shards,
+                    self.replicas, self.sharding)
+
+    @staticmethod
+    def _key(plan: Plan) -> tuple[int, str, int, int, tuple[Sharding, ...], int]:
+        return plan.microbatches, plan.schedule, plan.virtual_stages, plan.shards, plan.sharding, plan.replicas
+
+    def shard_cost(self, stage: int, lo: int, hi: int) -> ShardCost | None:
+        """What sharding adds to one rank of ``stage`` (a chunk, with virtual stages) over lo:hi; None: not sharded."""
+        if self._sharded is None:
+            return None
+        mode = self.sharding[self.placement[stage]] if self.sharding else Sharding.HOLD
+        return self._sharded.cost(lo, hi, self._whole_static(lo, hi), self.param_bytes(lo, hi), mode,
+                                  self.kind.split_backward)
 
     # --- O(1) stage queries -------------------------------------------------------------------------------------
     def inflight(self, stage: int) -> int:
@@ -138,8 +125,13 @@ class CostModel:
         """The weights' gradients' part of layers lo:hi's backward (``LayerCost.wgrad_s``)."""
         return self._pw[hi] - self._pw[lo]
 
-    def static_bytes(self, lo: int, hi: int) -> int:
+    def _whole_static(self, lo: int, hi: int) -> int:
         return self._ps[hi] - self._ps[lo] - self._shared.extra(lo, hi)[0]
+
+    def static_bytes(self, lo: int, hi: int) -> int:
+        """Parameters, gradients and optimizer state of layers lo:hi on one rank (a tie once; sharded: its shard)."""
+        whole = self._whole_static(lo, hi)
+        return whole if self._sharded is None else self._sharded.static(lo, hi, whole)
 
     def param_bytes(self, lo: int, hi: int) -> int:
         return self._pp[hi] - self._pp[lo] - self._shared.extra(lo, hi)[1]
@@ -199,11 +191,14 @@ class CostModel:
         return max(0.0, hide)
 
     def keep_all_bytes(self, stage: int, lo: int, hi: int) -> int:
-        """Peak memory of the stage with every layer kept (held activations, largest working set on top; or the step)."""
+        """Peak memory of the stage with every layer kept (held activations, largest working set on top; or the step;
+        sharded: what FSDP holds whole on top, ``sharded.py``)."""
+        shard = self.shard_cost(stage, lo, hi) or ShardCost(0)
+        whole, end = shard.whole_bytes, shard.end_bytes
         return (self.static_bytes(lo, hi) + self.stash_bytes(stage, lo, hi)
                 + max(self.inflight(stage) * self.activation_sum(lo, hi) + self.waiting_bytes(stage, lo, hi)
-                      + self.batch_bytes(stage) + self._trans_max(lo, hi) + self.comm_bytes(stage, lo, hi),
-                      self._step_max(lo, hi)))
+                      + self.batch_bytes(stage) + self._trans_max(lo, hi) + self.comm_bytes(stage, lo, hi) + whole,
+                      self._step_max(lo, hi), end))
 
     def batch_bytes(self, stage: int) -> int:
         """Stage 0 reads the whole batch before its iteration and holds it to the end: besides the inputs of the
@@ -231,11 +226,14 @@ class CostModel:
         n, runs = cost.inflight, sum(min(self.inp[i], self.act[i]) for i in range(lo + 1, hi)
                                      if policies[i] is Policy.SWAP and policies[i - 1] is Policy.SWAP)
         return cost.static_bytes + max(cost.activation_bytes + cost.swap_buffer_bytes + top + cost.comm_bytes
-                                       + (n - swap_buffers(n)) * runs, cost.step_bytes)
+                                       + (n - swap_buffers(n)) * runs + cost.whole_bytes, cost.step_bytes,
+                                       cost.end_bytes)
 
     def step_peak_bytes(self, stage: int, lo: int, hi: int) -> int:
-        """The stage's memory during its optimizer step, which no activation policy lowers."""
-        return self.static_bytes(lo, hi) + self.stash_bytes(stage, lo, hi) + self._step_max(lo, hi)
+        """The stage's memory during its optimizer step (and a sharded stage's end-of-iteration reduce), which no
+        activation policy lowers."""
+        shard = self.shard_cost(stage, lo, hi) or ShardCost(0)
+        return self.static_bytes(lo, hi) + self.stash_bytes(stage, lo, hi) + max(self._step_max(lo, hi), shard.end_bytes)
 
     def update_s(self, stage: int, lo: int, hi: int) -> float:
         """PipeDream: per micro-batch, the optimizer's step on layers lo:hi's weights and their share of the copies
@@ -250,11 +248,10 @@ class CostModel:
         overhead per step included: one for the forward, one for the backward and one for a split-off weight step;
         under PipeDream the update after each backward)."""
         step = self.cluster.step_overhead_s
-        return (
-            self.forward_compute_s(lo, hi) + self.send_forward_s(stage, hi) + step,
-            self.backward_compute_s(lo, hi) + self.send_backward_s(stage, lo) + step * self.backward_steps
-            + self.update_s(stage, lo, hi),
-        )
+        shard = self.shard_cost(stage, lo, hi) or ShardCost(0)  # a sharded stage's collectives per micro-batch
+        return (self.forward_compute_s(lo, hi) + self.send_forward_s(stage, hi) + step + shard.forward_s,
+                self.backward_compute_s(lo, hi) + self.send_backward_s(stage, lo) + step * self.backward_steps
+                + self.update_s(stage, lo, hi) + shard.backward_s)
 
     # --- full evaluation ----------------------------------------------------------------------------------------
     def stage_cost(self, stage: int, lo: int, hi: int, policies: Sequence[Policy]) -> StageCost:
@@ -284,8 +281,9 @@ class CostModel:
             # zoo's stage 0 of 4, where every forward comes first: within 1% but gpt-tiny's, 4 to 10% over before)
             first = max(first, here - self.param_bytes(lo, i + 1))
         rebuilt = max(0, top - resident)
-        if n == self.microbatches and self.chunks == self.stages and not (self.kind.split_backward
-                                                                          or self.kind.asynchronous):
+        shard = self.shard_cost(stage, lo, hi)  # sharded: its gradients are counted whole on top, not static
+        if n == self.microbatches and self.chunks == self.stages and self.shards == 1 and not (
+                self.kind.split_backward or self.kind.asynchronous):
             # Every forward comes before the first backward, which makes the gradients (counted static) layer by
             # layer: all micro-batches whole with its top, or one fewer with a later one's (below 0: gradients unmade)
             rebuilt = max(first, top - resident) - resident
@@ -311,13 +309,14 @@ class CostModel:
             transient_bytes=self._trans_max(lo, hi),
             step_bytes=self._step_max(lo, hi),
             transfers=self._transfers(stage), sent_in_bytes=sent[0], sent_out_bytes=sent[1],
-        )
+            whole_bytes=(shard or ShardCost(0)).whole_bytes, end_bytes=(shard or ShardCost(0)).end_bytes,
+            once_s=(shard or ShardCost(0)).once_s)
 
     def estimate(self, plan: Plan) -> Estimate:
         plan.validate(self.num_layers, self.stages)
-        if (plan.microbatches, plan.schedule, plan.virtual_stages) != (self.microbatches, self.schedule, self.virtual):
-            return CostModel(self.profile, self.cluster, plan.microbatches, plan.schedule,
-                             plan.virtual_stages).estimate(plan)
+        if self._key(plan) != (self.microbatches, self.schedule, self.virtual, self.shards, self.sharding,
+                               self.replicas):
+            return CostModel.of(plan, self.profile, self.cluster).estimate(plan)
         if self.kind.chunked:
             return self._estimate_chunks(plan)
         costs = [self.stage_cost(s, plan.boundaries[s], plan.boundaries[s + 1], plan.policies) for s in range(self.stages)]
@@ -325,7 +324,7 @@ class CostModel:
         bwd = tuple(c.backward_s for c in costs)
         step = self.cluster.step_overhead_s  # a weight step pays it too
         it = self.kind.iteration_time(fwd, bwd, self.microbatches, [c.wgrad_s + step for c in costs], self.hop_s,
-                                      [c.inflight for c in costs])
+                                      [c.inflight for c in costs]) + max(c.once_s for c in costs)
         busy = sum(c.total_s for c in costs) * self.microbatches
         peaks = tuple(c.peak_bytes for c in costs)
         budgets = self.cluster.budgets
@@ -354,8 +353,9 @@ class CostModel:
 
     def chunks_time_s(self, costs: Sequence[StageCost]) -> float:
         """``chunks_iteration_s`` from every chunk's cost (a W step pays the runtime's step overhead too)."""
-        step = self.cluster.step_overhead_s
-        return self.chunks_iteration_s([c.total_s for c in costs], [c.wgrad_s + step for c in costs])
+        step = self.cluster.step_overhead_s  # a sharded stage's once-per-iteration collectives delay it whole
+        once = max(sum(costs[c].once_s for c in range(len(costs)) if self.placement[c] == r) for r in range(self.stages))
+        return self.chunks_iteration_s([c.total_s for c in costs], [c.wgrad_s + step for c in costs]) + once
 
     def rank_peak(self, rank: int, costs: Sequence[StageCost]) -> int:
         """Peak bytes of ``rank`` from its chunks' costs: the states along its order weighed by them (``chunks_peak``)."""
@@ -391,10 +391,10 @@ class CostModel:
 
     def lower_bound_s(self) -> float:
         """A bound no plan beats: every stage is at least the largest layer and the average stage, all compute runs."""
-        largest = max(f + b for f, b in zip(self.fwd, self.bwd))
-        return self.total_compute_s + (self.microbatches - 1) * max(largest, self.total_compute_s / self.stages)
+        largest, total = max(f + b for f, b in zip(self.fwd, self.bwd)), self.total_compute_s
+        return total + (self.microbatches - 1) * max(largest, total / self.stages)
 
 
 def estimate(plan: Plan, profile: ModelProfile, cluster: Cluster) -> Estimate:
-    """The cost model's estimate of ``plan`` on ``cluster``."""
-    return CostModel(profile, cluster, plan.microbatches, plan.schedule, plan.virtual_stages).estimate(plan)
+    """The cost model's estimate of ``plan`` on ``cluster`` (each of its ranks, on a sharded plan)."""
+    return CostModel.of(plan, profile, cluster).estimate(plan)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from vpipe_lab.core.cost.costmodel import CostModel
+from vpipe_lab.core.cost.sharded import ShardCost
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.schedule import Action, Op, Schedule, chunk_indices, run_schedule
@@ -29,11 +30,14 @@ def durations(cm: CostModel, plan: Plan) -> Callable[[Action], float]:
 
     def duration(a: Action) -> float:
         lo, hi = bounds[a.stage], bounds[a.stage + 1]
+        # a sharded stage's collectives: per micro-batch with its forward and backward, and those once per
+        # iteration with the first forward (core/cost/sharded.py)
+        shard = cm.shard_cost(a.stage, lo, hi) or ShardCost(0)
         if a.op is Op.F:
-            return cm.forward_compute_s(lo, hi) + step
+            return cm.forward_compute_s(lo, hi) + step + shard.forward_s + (shard.once_s if a.microbatch == 0 else 0.0)
         if a.op is Op.B:  # (under PipeDream the stage's update follows each backward)
             return (cm.backward_compute_s(lo, hi) - (cm.wgrad_compute_s(lo, hi) if split else 0.0) + step
-                    + cm.update_s(cm.placement[a.stage], lo, hi))
+                    + cm.update_s(cm.placement[a.stage], lo, hi) + shard.backward_s)
         if a.op is Op.W:
             return cm.wgrad_compute_s(lo, hi) + step
         if a.op is Op.RECOMPUTE:
@@ -52,7 +56,7 @@ def durations(cm: CostModel, plan: Plan) -> Callable[[Action], float]:
 def simulate(plan: Plan, profile: ModelProfile, cluster: Cluster, *, schedule: Schedule | None = None,
              iteration: int = 0) -> Timeline:
     """The simulated timeline of one iteration of ``plan``; its ``iteration_s`` is the predicted iteration time."""
-    cm = CostModel(profile, cluster, plan.microbatches, plan.schedule, plan.virtual_stages)
+    cm = CostModel.of(plan, profile, cluster)
     plan.validate(cm.num_layers, cm.stages)
     sched = schedule if schedule is not None else for_plan(plan)
     return run_schedule(sched, durations(cm, plan), sends_use_copy_lane=cluster.shared_link, iteration=iteration,

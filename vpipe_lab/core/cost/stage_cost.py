@@ -55,6 +55,11 @@ class StageCost:
     transfers: tuple[Transfers, ...] = ()
     sent_in_bytes: int = 0
     sent_out_bytes: int = 0
+    # A sharded stage (``sharded.py``): whole parameters and gradients held on top of the activations while it
+    # computes, and at the iteration's end (the activations gone); the collectives run once per iteration
+    whole_bytes: int = 0
+    end_bytes: int = 0
+    once_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -66,7 +71,7 @@ class StageCost:
         transfers hold on top, or the optimizer step's scratch (the step runs once the iteration's activations are
         gone and its sends done)."""
         return self.static_bytes + max(self.activation_bytes + self.swap_buffer_bytes + self.rebuild_bytes
-                                       + self.comm_bytes, self.step_bytes)
+                                       + self.comm_bytes + self.whole_bytes, self.step_bytes, self.end_bytes)
 
     @property
     def comm_bytes(self) -> int:
@@ -113,5 +118,6 @@ def chunks_peak(costs: Sequence[StageCost], held: Sequence[tuple[int, ...]]) -> 
     scratch = max(c.transient_bytes for c in costs)  # a forward's working set, in a state before no B
     acts = max(sum(h[i] * costs[i].resident_bytes + h[n + i] * costs[i].wait_bytes for i in range(n))
                + (costs[h[-1]].rebuild_bytes if h[-1] >= 0 else scratch) for h in held)
-    return sum(c.static_bytes for c in costs) + max(acts + sum(c.swap_buffer_bytes for c in costs),
-                                                    max(c.step_bytes for c in costs))
+    whole = sum(c.whole_bytes for c in costs)  # a sharded stage's chunks: what each holds whole while it runs
+    return sum(c.static_bytes for c in costs) + max(acts + sum(c.swap_buffer_bytes for c in costs) + whole,
+                                                    max(c.step_bytes for c in costs), sum(c.end_bytes for c in costs))

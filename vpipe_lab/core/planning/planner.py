@@ -21,8 +21,11 @@ from vpipe_lab.core.planning.migration import LayerMove, layer_moves
 from vpipe_lab.core.planning.partition import Objective, balanced, check_fits, pareto_dp, uniform
 from vpipe_lab.core.planning.vpipe_search import vpipe_search
 from vpipe_lab.core.profile import Cluster, ModelProfile
+from vpipe_lab.core.sharding import Sharding
 
 K = TypeVar("K")  # what a search among several is keyed by: a schedule's label, a micro-batch count
+Mesh = tuple[int, int, tuple[Sharding, ...]]  # shards per stage, replicas, each stage's sharding (empty: hold)
+WHOLE: Mesh = (1, 1, ())  # a pipeline of whole devices
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,7 @@ def _suggestions(cm: CostModel, stage: int) -> tuple[str, ...]:
 def _raise_infeasible(cm: CostModel, bounds: tuple[int, ...], policies: tuple[Policy, ...], method: str,
                       missing: dict[int, int] | None = None) -> None:
     if missing is None:
-        est = cm.estimate(Plan(bounds, policies, cm.microbatches, cm.schedule))
+        est = cm.estimate(cm.plan(bounds, policies))
         missing = {s: o for s, o in enumerate(est.over_budget) if o > 0} or {  # else as the planners count it
             s: over for s in range(cm.stages)
             if (over := cm.planned_peak_bytes(s, bounds[s], bounds[s + 1], policies) - cm.budget(s)) > 0}
@@ -137,6 +140,7 @@ def search(
     node_limit: int = 200_000,
     counts: Sequence[int] | None = None,
     virtual_stages: int = 1,
+    mesh: Mesh = WHOLE,
 ) -> PlanResult:
     """Plan ``profile`` on ``cluster`` with ``method`` and report the estimate, a lower bound and the layer moves.
 
@@ -155,12 +159,16 @@ def search(
     balanced by compute (``uniform``: by count); ``vpipe`` and ``optimal`` then keep, swap or recompute each layer
     so every rank's chunks fit its budget (``core/planning/chunk_plans.py``, greedy: not proven optimal); vPipe's partition
     refinement works on one chunk per stage and is not applied to chunks.
+
+    ``mesh`` (shards, replicas, each stage's sharding) is what each stage runs on: its ranks' memory and the
+    collectives are priced by the cost model (``core/cost/sharded.py``); ``core/planning/mesh.py`` chooses the
+    sharding and the mesh itself around this search.
     """
     if (own := get(method).schedule) is not None:  # PipeDream: its own schedule, weight stashing
         schedule, virtual_stages = own, 1
     if schedule == AUTO:
         return _search_schedules(profile, cluster, microbatches=microbatches, batch_size=batch_size, method=method,
-                                 current=current, node_limit=node_limit, counts=counts)
+                                 current=current, node_limit=node_limit, counts=counts, mesh=mesh)
     kind = schedules.get(schedule)
     if kind.chunked or virtual_stages != 1:
         problem = schedules.virtual_refusal(schedule, virtual_stages) if virtual_stages != 1 or not kind.chunked else None
@@ -170,17 +178,17 @@ def search(
             raise PlanError(f"{schedule} plans a fixed micro-batch count: give microbatches (how many per iteration, "
                             "a multiple of the stages), not batch_size")
         virtual = kind.virtual_choices[0] if kind.virtual_choices and virtual_stages == 1 else virtual_stages
-        return _chunked(profile, cluster, microbatches, schedule, virtual, method, current)
+        return _chunked(profile, cluster, microbatches, schedule, virtual, method, current, mesh)
     if batch_size is not None:
         if microbatches is not None:
             raise PlanError("give either microbatches (a fixed count) or batch_size (the planner chooses the count), "
                             "not both")
         return _search_counts(profile, cluster, batch_size, counts, schedule=schedule, method=method,
-                              current=current, node_limit=node_limit)
+                              current=current, node_limit=node_limit, mesh=mesh)
     if microbatches is None:
         raise PlanError("give microbatches (how many per iteration) or batch_size (the global batch, to choose them)")
     return _search(profile, cluster, microbatches=microbatches, schedule=schedule, method=method, current=current,
-                   node_limit=node_limit)
+                   node_limit=node_limit, mesh=mesh)
 
 
 def _check_method(method: str) -> None:
@@ -188,10 +196,10 @@ def _check_method(method: str) -> None:
 
 
 def _chunked(profile: ModelProfile, cluster: Cluster, m: int, schedule: str, virtual: int, method: str,
-             current: Plan | None) -> PlanResult:
+             current: Plan | None, mesh: Mesh = WHOLE) -> PlanResult:
     """Interleaved 1F1B or ZBV: the layers cut into chunks balanced by compute, then each layer's policy."""
     _check_method(method)
-    cm = CostModel(profile, cluster, m, schedule, virtual)
+    cm = CostModel(profile, cluster, m, schedule, virtual, mesh[0], mesh[2], mesh[1])
     check_fits(cm.num_layers, cm.chunks)
     compute = [f + b for f, b in zip(cm.fwd, cm.bwd)]
     how = get(method)
@@ -199,7 +207,7 @@ def _chunked(profile: ModelProfile, cluster: Cluster, m: int, schedule: str, vir
     # A method that fixes the policy (GPipe recomputes everything, the all-keep ones keep everything) applies it;
     # vPipe and optimal keep, swap and recompute per layer across a rank's chunks (core/planning/chunk_plans.py).
     policies = (how.policy,) * cm.num_layers if how.policy is not None else fit_chunks(cm, bounds)
-    found = Plan(bounds, policies, m, schedule, virtual)
+    found = cm.plan(bounds, policies)
     est = cm.estimate(found)
     if est.feasible:
         moves = layer_moves(current.boundaries, bounds, cm.stages, (current.placement, found.placement)
@@ -283,9 +291,10 @@ def _search(
     method: str,
     current: Plan | None,
     node_limit: int,
+    mesh: Mesh = WHOLE,
 ) -> PlanResult:
     _check_method(method)
-    cm = CostModel(profile, cluster, microbatches, schedule)
+    cm = CostModel(profile, cluster, microbatches, schedule, 1, mesh[0], mesh[2], mesh[1])
     n, k = cm.num_layers, cm.stages
     check_fits(n, k)
     if current is not None:
@@ -298,7 +307,7 @@ def _search(
     if how.partition in ("uniform", "balanced"):
         bounds = uniform(n, k) if how.partition == "uniform" else balanced([f + b for f, b in zip(cm.fwd, cm.bwd)], k)
         policies = (how.policy or Policy.KEEP,) * n
-        if how.refuses_overflow and not cm.estimate(Plan(bounds, policies, microbatches, schedule)).feasible:
+        if how.refuses_overflow and not cm.estimate(cm.plan(bounds, policies)).feasible:
             _raise_infeasible(cm, bounds, policies, method)
     elif how.partition == "bottleneck":
         bounds, evaluations = _pipedream(cm, method)
@@ -319,7 +328,7 @@ def _search(
         elif stuck:
             _raise_infeasible(cm, bounds, policies, method, stuck)
     assert bounds is not None
-    plan = Plan(bounds, policies, microbatches, schedule)
+    plan = cm.plan(bounds, policies)
     est = cm.estimate(plan)
     moves = layer_moves(current.boundaries, bounds) if current is not None else ()
     return PlanResult(plan, est, method, lower if not proven else est.iteration_s, proven, moves, evaluations)
@@ -328,7 +337,7 @@ def _search(
 def _optimal(cm: CostModel, bounds: tuple[int, ...], policies: tuple[Policy, ...], *, feasible: bool, node_limit: int
              ) -> tuple[tuple[int, ...] | None, tuple[Policy, ...], bool, float, int]:
     """Exact search seeded with vPipe's plan as the bound to beat; returns (bounds, policies, proven, bound, work)."""
-    upper = cm.estimate(Plan(bounds, policies, cm.microbatches, cm.schedule)).iteration_s if feasible else math.inf
+    upper = cm.estimate(cm.plan(bounds, policies)).iteration_s if feasible else math.inf
     objective = Objective(cm.kind.flush, cm.microbatches)
     stages = _ExactStages(cm, node_limit)
     stages.cap = objective.stage_cap(upper, cm.total_compute_s)

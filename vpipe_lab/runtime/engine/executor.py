@@ -179,6 +179,10 @@ class Executor:
             stage.scales = [self.loss_multiplier * w for w in weights]
         stage.iteration = iteration
         stage.split_backward(plan.kind.split_backward)  # B then W (core/schedules/orders/zero_bubble.py), or one
+        if stage.shards is not None:  # its collectives are timed on this iteration's marks
+            stage.shards.clock = self.watch.mark
+            stage.shards.spans.clear()
+            stage.shards.whole_peak = 0
         stage.ledger.reset_peaks()
         if self.budget is not None:
             static = stage.static_bytes()
@@ -259,10 +263,12 @@ class Executor:
         static = self.stage.static_bytes()
         ledger = self.stage.ledger
         stash = self.stage.stash.reset_peak()  # PipeDream's stashed weight copies, at their most
+        # a sharded stage's whole parameters and gradients while it computes (engine/shards.py), at their most
+        whole = self.stage.shards.whole_peak if self.stage.shards is not None else 0
         snap: dict[str, Any] = {**static, "static": sum(static.values()), "activations": ledger.peak,
                                 "resident": ledger.resident_peak, "host": ledger.host_peak, "stash": stash,
-                                "peak": sum(static.values()) + stash + ledger.peak,
-                                "budget": self.budget}
+                                "peak": sum(static.values()) + stash + ledger.peak + whole,
+                                "budget": self.budget, **({"gathered": whole} if self.stage.shards is not None else {})}
         if self.placement.is_cuda:
             snap["cuda_allocated"] = torch.cuda.memory_allocated(self.placement.device)
             snap["cuda_peak"] = torch.cuda.max_memory_allocated(self.placement.device)

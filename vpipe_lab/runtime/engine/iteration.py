@@ -94,6 +94,9 @@ class StageIteration:
         self.segs = {c: [g for g in segments if plan.boundaries[c] <= g[0] < plan.boundaries[c + 1]]
                      for c in plan.chunks_of(ex.rank)}
         self.timer = ex.watch.exact if profile else None
+        if profile and (shards := self.stage.shards) is not None:  # a layer's time leaves out the collectives
+            exact = ex.watch.exact                                   # FSDP ran inside it (their own spans)
+            self.timer = lambda: exact() - shards.busy_s
         self.received: dict[Step, Any] = {}
         self.outputs: dict[Step, Any] = {}
         self.grads_out: dict[Step, tuple[torch.Tensor, ...]] = {}
@@ -135,6 +138,7 @@ class StageIteration:
                 if ex.record_spans:
                     self.marks.append((KIND[op], action.microbatch, action.layer, start, mark(),
                                        self.local[action.stage]))
+                self._drain(action.microbatch, action.stage)  # a sharded stage's collectives inside the action
         ex.action = None
         peer.flush()
         self.finish()
@@ -216,8 +220,6 @@ class StageIteration:
         mark = ex.watch.mark
         grads: tuple[torch.Tensor, ...] | None = None if c == self.top else self.grads_out.pop((c, mb)) if (
             not self.schedule.local(c, c + 1)) else self.grads_in.pop((c + 1, mb))
-        if stage.shards is not None and stage.shards.backward_needs_gather():
-            start = self._gather(c, mb, start)
         for segment in reversed(self.segs[c]):
             if stage.rebuilds(mb, segment):  # held only until its backward: one recomputed layer at a time
                 if ex.record_spans:
@@ -248,40 +250,45 @@ class StageIteration:
         return [i for segment in self.segs[c] for i in segment]
 
     def _gather(self, c: int, mb: int, start: float) -> float:
-        """All-gather chunk ``c``'s parameters where they are sharded now, as a span of its own; returns where the
-        action's own work begins."""
+        """All-gather chunk ``c``'s parameters where the stage keeps them gathered (its span: ``_drain``); returns
+        where the forward's own work begins."""
         shards = self.stage.shards
         assert shards is not None
         with region(f"g/{c}"):
             gathered = shards.gather(self._units(c))
-        if gathered and self.ex.record_spans:
-            now = self.ex.watch.mark()
-            self.marks.append(("all_gather", mb, None, start, now, self.local[c]))
-            return now
+        if gathered:
+            self._drain(mb, c)
+            return self.ex.watch.mark()
         return start
 
     def _reduce(self, c: int, mb: int) -> None:
-        """Chunk ``c``'s backward of micro-batch ``mb`` is complete: reduce-scatter (and reshard) as the stage's
-        sharding says, as a span of its own."""
+        """Chunk ``c``'s backward of micro-batch ``mb`` is complete: reduce-scatter as the stage's sharding says."""
         shards = self.stage.shards
         assert shards is not None
-        start = self.ex.watch.mark()
         with region(f"s/{c}"):
-            reduced = shards.after_backward(self._units(c))
-        if reduced and self.ex.record_spans:
-            self.marks.append(("reduce_scatter", mb, None, start, self.ex.watch.mark(), self.local[c]))
+            shards.after_backward(self._units(c))
+        self._drain(mb, c)
+
+    def _drain(self, mb: int, c: int) -> None:
+        """The collectives FSDP ran since the last drain (its own, in a forward or backward, and the executor's), as
+        spans of the micro-batch and chunk they served (``engine/shards.py`` times them)."""
+        shards = self.stage.shards
+        if shards is None or not shards.spans:
+            return
+        if self.ex.record_spans:
+            for kind, unit, begin, end in shards.spans:
+                self.marks.append((kind, mb, unit if unit >= 0 else None, begin, end, self.local[c]))
+        shards.spans.clear()
 
     def finish(self) -> None:
-        """After the row: a sharded stage reduce-scatters what it held for the iteration and reshards (a span)."""
+        """After the row: a sharded stage reduce-scatters what it held for the iteration and reshards."""
         shards = self.stage.shards
         if shards is None:
             return
-        start = self.ex.watch.mark()
         with region("s/end"):
-            reduced = shards.finish()
-        if reduced and self.ex.record_spans:
-            self.marks.append(("reduce_scatter", self.plan.microbatches - 1, None, start, self.ex.watch.mark(),
-                               self.local[self.plan.chunks_of(self.ex.rank)[0]]))
+            shards.finish()
+        self._drain(self.plan.microbatches - 1, self.plan.chunks_of(self.ex.rank)[-1])
+
 
     # --- memory --------------------------------------------------------------------------------------------------
     def swap_out(self, step: int, action: Action, start: float) -> float:

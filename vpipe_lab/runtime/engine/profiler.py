@@ -27,7 +27,6 @@ import torch
 from vpipe_lab.core.profile import LayerCost
 from vpipe_lab.runtime.engine import wgrad
 from vpipe_lab.runtime.engine.stage import Stage
-from vpipe_lab.runtime.memory.ledger import tensor_bytes
 from vpipe_lab.wire.events import LayerMeasure
 
 
@@ -41,9 +40,9 @@ def layer_costs(stage: Stage, names_of: dict[int, str], shared: Set[str] = froze
         st = layer.stats
         names = list(dict.fromkeys(c for _, c in layer.tensors.params))
         state = stage.optimizer_state(names)
-        opt_of = {n: sum(tensor_bytes(v) for v in state.get(n, {}).values() if isinstance(v, torch.Tensor))
+        opt_of = {n: sum(_whole(v) for v in state.get(n, {}).values() if isinstance(v, torch.Tensor))
                   for n in names}
-        params, opt = sum(tensor_bytes(stage.tensors[n]) for n in names), sum(opt_of.values())
+        params, opt = sum(_whole(stage.tensors[n]) for n in names), sum(opt_of.values())
         weight = st.typical(st.weight_times) if st.weight_times else None  # a split backward's W, timed apart
         routed, _ = wgrad.routed_elements(layer.module, wgrad.split_threshold(stage.fused_wgrad))
         elements = sum(stage.tensors[n].numel() for n in names)
@@ -53,8 +52,14 @@ def layer_costs(stage: Stage, names_of: dict[int, str], shared: Set[str] = froze
                          tuple((size, st.typical(fwd), st.typical(bwd)) for size, (fwd, bwd) in sorted(st.sizes.items())),
                          weight, int(st.transient_bytes), int(st.step_bytes))
         out.append(LayerMeasure(index, cost, st.forwards, min(1.0, routed / elements) if elements else 0.0,
-                                {n: [tensor_bytes(stage.tensors[n]), opt_of[n]] for n in names if n in shared}))
+                                {n: [_whole(stage.tensors[n]), opt_of[n]] for n in names if n in shared}))
     return out
+
+
+def _whole(t: torch.Tensor) -> int:
+    """A tensor's bytes whole: a profile describes the model, and a sharded stage's DTensor holds a shard of it
+    (the cost model divides by the shards, ``core/cost/sharded.py``)."""
+    return t.numel() * t.element_size()
 
 
 class ProfileSchedule:

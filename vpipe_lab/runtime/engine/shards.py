@@ -21,7 +21,8 @@ step. The reduce is FSDP's own ``post_backward`` with the sync flags set, as tor
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -95,11 +96,16 @@ class Shards:
         self.mesh = mesh  # the stage's shard mesh (1-D), or (replica, shard) for HSDP
         self.whole = set(whole_names)  # canonical names kept whole on every shard (ties)
         self.sharding = sharding
+        self.split = False  # the schedule splits each backward into B and W (W's gradients come after B's hooks)
         self.units: dict[int, FSDPModule] = {}
+        self._index: dict[int, int] = {}  # id(unit module) -> its index here (a kept unit may be renumbered)
         self._pending: set[int] = set()  # units whose gradients wait for a reduce-scatter
         self._storages: dict[int, set[int]] = {}  # unit -> its gathered parameters' storages (not activations)
-        self._index: dict[int, int] = {}  # id(unit module) -> its index here (a kept unit may be renumbered)
         self.live: set[int] = set()  # their union, one set object the swap engine reads (``SwapEngine.gathered``)
+        self.clock: Callable[[], float] | None = None  # the executor's marks, while an iteration runs
+        self.spans: list[tuple[str, int, float, float]] = []  # (kind, unit, start, end) since the executor drained
+        self.busy_s = 0.0  # wall seconds spent in the collectives so far (a profiling iteration's timer leaves it out)
+        self.whole_peak = 0  # the most whole parameters and gradients held at once since ``reset_peak``
 
     @property
     def size(self) -> int:
@@ -116,15 +122,48 @@ class Shards:
                         ignored_params=ignored or None)
             # after FSDP's own pre-forward (prepended): the storages it gathered into
             module.register_forward_pre_hook(lambda m, args: self._note(self._index.get(id(m), -1)))
+            for group in fully_shard.state(module)._fsdp_param_groups:  # type: ignore[attr-defined]
+                self._time(group, module)
         self._index[id(module)] = index
         unit = module
         assert isinstance(unit, FSDPModule)
-        state = fully_shard.state(unit)  # type: ignore[attr-defined]
-        state._lazy_init()  # a root of its own: what explicit gathers and reduces need in place first
-        self._accumulate(unit)
-        unit.set_reshard_after_forward(self.sharding.reshard_after_forward)
+        fully_shard.state(unit)._lazy_init()  # type: ignore[attr-defined]  # a root of its own
         self.units[index] = unit
+        self._configure(unit)
         return module
+
+    def _time(self, group: Any, module: torch.nn.Module) -> None:
+        """Time FSDP's collectives on this group as spans (an all-gather: the group was sharded; a reduce-scatter:
+        its gradients are reduced), wherever FSDP runs them: the executor's explicit calls, or FSDP's own hooks in a
+        forward or backward; and forget a gathered storage when it is freed."""
+        unshard, post_backward, reshard = group.unshard, group.post_backward, group.reshard
+
+        def timed(kind: str, call: Callable[..., Any], runs: bool, *args: Any, **kwargs: Any) -> Any:
+            if not runs:
+                return call(*args, **kwargs)
+            start, wall = self.clock() if self.clock is not None else 0.0, time.perf_counter()
+            out = call(*args, **kwargs)
+            self.busy_s += time.perf_counter() - wall
+            if self.clock is not None:
+                self.spans.append((kind, self._index.get(id(module), -1), start, self.clock()))
+            return out
+
+        def timed_unshard(*args: Any, **kwargs: Any) -> Any:
+            out = timed("all_gather", unshard, not group.is_unsharded, *args, **kwargs)
+            self.track()
+            return out
+
+        def timed_post_backward(*args: Any) -> Any:
+            self.track()  # the unit's whole gradients, at their most, just before they are reduced
+            return timed("reduce_scatter", post_backward, group.reduce_grads, *args)
+
+        def forgetting_reshard() -> Any:
+            out = reshard()
+            if group.is_sharded:
+                self._forget(self._index.get(id(module), -1))
+            return out
+
+        group.unshard, group.post_backward, group.reshard = timed_unshard, timed_post_backward, forgetting_reshard
 
     def release(self, index: int) -> None:
         """Unit ``index`` leaves the stage (its state was read first): whole parameters it held are freed."""
@@ -140,18 +179,37 @@ class Shards:
         """Gather and reduce as ``sharding`` says from the next iteration (between iterations: nothing is held)."""
         self.sharding = sharding
         for unit in self.units.values():
-            unit.set_reshard_after_forward(sharding.reshard_after_forward)
+            self._configure(unit)
 
-    @staticmethod
-    def _accumulate(unit: FSDPModule) -> None:
-        """FSDP's hooks only accumulate: the executor reduces and reshards (``after_backward``, ``finish``)."""
-        unit.set_requires_gradient_sync(False)
-        unit.set_reshard_after_backward(False)
-        unit.set_is_last_backward(False)
+    def set_split(self, split: bool) -> None:
+        """Whether the schedule splits the backward (B, then W): a split stage reduces after W, not in B's hooks."""
+        if split != self.split:
+            self.split = split
+            for unit in self.units.values():
+                self._configure(unit)
+
+    def _configure(self, unit: FSDPModule) -> None:
+        """FSDP's own hooks do what the stage's sharding lets them: under ``regather``/``stream`` each unit is
+        gathered before its forward and its backward and resharded after each (per unit, so one unit's parameters
+        are whole at a time); under ``stream`` (without a split backward) each unit's gradients are reduce-scattered
+        as its backward ends, so one unit's are whole at a time. Everything else, the executor does
+        (``after_backward``, ``finish``)."""
+        mode = self.sharding
+        unit.set_reshard_after_forward(mode.reshard_after_forward)
+        unit.set_reshard_after_backward(mode.reshard_after_forward)
+        in_backward = self._reduces_in_backward()
+        unit.set_requires_gradient_sync(in_backward)
+        unit.set_is_last_backward(in_backward)
+
+    def _reduces_in_backward(self) -> bool:
+        return self.sharding.reduce_per_microbatch and not self.split
 
     # --- inside an iteration ---------------------------------------------------------------------------------------
     def gather(self, indices: Iterable[int]) -> bool:
-        """All-gather these units' parameters where they are not whole now; whether any was."""
+        """Before a chunk's forward: all-gather its units' parameters at once where the stage keeps them gathered
+        (``hold``, ``scatter``); under ``regather``/``stream`` FSDP gathers each unit as it runs. Whether any was."""
+        if self.sharding.reshard_after_forward:
+            return False
         done = False
         for i in indices:
             unit = self.units.get(i)
@@ -161,30 +219,26 @@ class Shards:
                 done = True
         return done
 
-    def backward_needs_gather(self) -> bool:
-        return self.sharding.reshard_after_forward
-
     def after_backward(self, indices: Iterable[int]) -> bool:
-        """A micro-batch's backward of these units is complete: reduce-scatter now (``scatter``, ``stream``) and
-        reshard (``regather``, ``stream``); whether a collective ran."""
+        """A micro-batch's backward of these units is complete (its W too, under a split backward): under
+        ``scatter``/``stream`` reduce-scatter what FSDP's hooks left whole (all of it under ``scatter``, or W's
+        gradients under a split ``stream``); whether a collective ran."""
         wanted = [i for i in indices if i in self.units]
         self._pending.update(wanted)
-        if self.sharding.reduce_per_microbatch:
-            for i in wanted:
-                self._reduce(i, reshard=self.sharding.reshard_after_forward)
-            return bool(wanted)
-        if self.sharding.reshard_after_forward:
-            for i in wanted:
-                self.units[i].reshard()
-                self._forget(i)
-        return False
+        if not self.sharding.reduce_per_microbatch:
+            return False
+        ran = False
+        for i in wanted:
+            ran |= self._reduce(i, reshard=self.sharding.reshard_after_forward)
+        return ran
 
     def finish(self) -> bool:
         """The iteration's backwards are done: reduce-scatter every gradient still whole, reshard every unit;
         whether a reduce-scatter ran. Every shard of the stage calls it at the same point."""
-        reduced = bool(self._pending)
+        self.track()
+        reduced = False
         for i in sorted(self._pending):
-            self._reduce(i, reshard=True)
+            reduced |= self._reduce(i, reshard=True)
         for i, unit in self.units.items():
             unit.reshard()
             self._forget(i)
@@ -203,10 +257,17 @@ class Shards:
             unit.reshard()
             self._forget(i)
 
-    def _reduce(self, index: int, reshard: bool) -> None:
+    def _reduce(self, index: int, reshard: bool) -> bool:
         """FSDP's own post-backward for one unit with the sync flags set (as torch's ``_PipelineStage`` calls it):
-        the reduce-scatter of its whole gradients into the sharded ones (adding to what is there)."""
+        the reduce-scatter of its whole gradients into the sharded ones (adding to what is there); whether it had
+        any whole gradient to reduce."""
         unit = self.units[index]
+        self._pending.discard(index)
+        groups = fully_shard.state(unit)._fsdp_param_groups  # type: ignore[attr-defined]
+        if not any(_has_whole_grad(p) for g in groups for p in g.fsdp_params):
+            if reshard:
+                unit.reshard()
+            return False
         unit.set_requires_gradient_sync(True)
         unit.set_reshard_after_backward(reshard)
         unit.set_is_last_backward(True)
@@ -215,10 +276,28 @@ class Shards:
             for group in each._fsdp_param_groups:
                 group.post_backward()
         state._root_post_backward_final_callback()
-        self._accumulate(unit)
-        self._pending.discard(index)
-        if reshard:
-            self._forget(index)
+        self._configure(unit)
+        return True
+
+    def whole_bytes(self) -> tuple[int, int]:
+        """(whole parameters gathered, whole gradients held) on this rank now, over every unit."""
+        params = grads = 0
+        for unit in self.units.values():
+            for group in fully_shard.state(unit)._fsdp_param_groups:  # type: ignore[attr-defined]
+                for fsdp_param in group.fsdp_params:
+                    if not hasattr(fsdp_param, "_unsharded_param"):
+                        continue
+                    whole = fsdp_param.unsharded_param
+                    if group.is_unsharded:
+                        params += whole.numel() * whole.element_size()
+                    for grad in (whole.grad, fsdp_param.unsharded_accumulated_grad):
+                        if grad is not None:
+                            grads += grad.numel() * grad.element_size()
+        return params, grads
+
+    def track(self) -> None:
+        """Note the whole bytes held now toward ``whole_peak`` (at each gather and before each reduce)."""
+        self.whole_peak = max(self.whole_peak, sum(self.whole_bytes()))
 
     def is_gathered(self, index: int) -> bool:
         unit = self.units.get(index)
@@ -229,10 +308,11 @@ class Shards:
         """Unit ``index`` is not resharded after a forward run inside (a probe of a gathered unit)."""
         unit = self.units[index]
         unit.set_reshard_after_forward(False)
+        unit.set_reshard_after_backward(False)
         try:
             yield
         finally:
-            unit.set_reshard_after_forward(self.sharding.reshard_after_forward)
+            self._configure(unit)
 
     @staticmethod
     def _gathered(unit: FSDPModule) -> bool:
@@ -267,11 +347,21 @@ class Shards:
     # --- whole for a moment ----------------------------------------------------------------------------------------
     @contextmanager
     def gathered(self) -> Iterator[None]:
-        """Every unit's parameters whole (an evaluation pass, a probe), resharded after."""
-        self.gather(list(self.units))
+        """Every unit's parameters whole (an evaluation pass), resharded after."""
+        for i, unit in self.units.items():
+            if not self._gathered(unit):
+                unit.unshard()
+                self._note(i)
         try:
             yield
         finally:
             for i, unit in self.units.items():
                 unit.reshard()
                 self._forget(i)
+
+
+def _has_whole_grad(fsdp_param: Any) -> bool:
+    """Whether FSDP holds a whole (unsharded) gradient of this parameter waiting for its reduce-scatter."""
+    if getattr(fsdp_param, "unsharded_accumulated_grad", None) is not None:
+        return True
+    return hasattr(fsdp_param, "_unsharded_param") and fsdp_param.unsharded_param.grad is not None

@@ -132,6 +132,8 @@ class Stage(UnitState):
 
     def split_backward(self, on: bool) -> None:
         """Split each backward into B (input gradients) and W (``weight_step``) for a zero-bubble schedule, or not."""
+        if self.shards is not None:
+            self.shards.set_split(on)
         if on != self.split:
             self.split = on
             for layer in self.layers.values():
