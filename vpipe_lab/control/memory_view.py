@@ -29,7 +29,8 @@ class MemoryView:
     cluster: Callable[[], Any]
 
     def memory(self, ask: bool = True) -> Any:
-        """A DataFrame by stage: ``predicted_peak`` (the cost model's, for the plan in force), ``allocated_peak``
+        """A DataFrame with a row per worker (``stage``, ``shard``, ``replica``; a pipeline of whole devices has one
+        per stage): ``predicted_peak`` (the cost model's for that rank, for the plan in force), ``allocated_peak``
         (what the allocator held, newest measurement; ``allocated_at`` its iteration), ``error`` (allocated over
         predicted, minus 1), ``counted_peak`` (the ledger's count), ``static`` and ``activations`` as predicted, and
         the ``budget``. Measured columns are empty until the workers have measured. ``ask=False`` asks the workers
@@ -38,18 +39,23 @@ class MemoryView:
 
         plan, cluster = self.plan, self.cluster()
         profile = self.newest_profile() if ask else self._profiles.newest
+        # the workers: each stage's ranks by (shard, replica); a worker reports as its data-parallel pipeline
+        workers = [(s, dp % plan.shards, dp // plan.shards, dp) for s in range(plan.stages)
+                   for dp in range(plan.data_parallel)]
         if profile is None:
-            return pd.DataFrame([{"stage": s, "predicted_peak": None} for s in range(plan.stages)])
+            return pd.DataFrame([{"stage": s, "shard": k, "replica": r, "predicted_peak": None}
+                                 for s, k, r, _ in workers])
         est = estimate(plan, profile, dataclasses.replace(cluster, stages=plan.stages))
         on_cpu = self.processes.device == "cpu"
-        rows_now = {r["stage"]: r for r in self.metrics.latest_memory() if r.get("replica", 0) == 0}
+        rows_now = {(r["stage"], r.get("replica", 0)): r for r in self.metrics.latest_memory()}
         rows = []
-        for s in range(plan.stages):
+        for s, shard, replica, dp in workers:
             predicted = est.peak_bytes[s] + (est.host_bytes[s] if on_cpu and est.host_bytes else 0)
-            now = rows_now.get(s, {})
+            now = rows_now.get((s, dp), {})
             allocated = now.get("allocated_peak")
             rows.append({
-                "stage": s, "predicted_peak": predicted, "allocated_peak": allocated,
+                "stage": s, "shard": shard, "replica": replica, "predicted_peak": predicted,
+                "allocated_peak": allocated,
                 "allocated_at": now.get("allocated_at"),
                 "error": allocated / predicted - 1 if allocated and predicted else None,
                 "counted_peak": now.get("peak"), "static": est.static_bytes[s] if est.static_bytes else None,

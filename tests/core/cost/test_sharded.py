@@ -28,9 +28,10 @@ def test_each_sharding_holds_and_spends_what_the_table_says() -> None:
     mine = (static - 400) // 4 + 400  # a quarter of the rest, the tie (100 + 100 + 200) whole
     whole, unit = 1100, 800  # P (and G) without the tie; the largest unit
     collective = whole * 3 / 4 / 1000.0
+    unmade = whole // 4  # the sharded gradients, made by the iteration's one reduce under hold and regather
     expected = {
-        Sharding.HOLD: ShardCost(mine, 2 * whole, 2 * whole + unit, once_s=2 * collective),
-        Sharding.REGATHER: ShardCost(mine, whole + 2 * unit, whole + unit, collective, collective,
+        Sharding.HOLD: ShardCost(mine, 2 * whole - unmade, 2 * whole - unmade, once_s=2 * collective),
+        Sharding.REGATHER: ShardCost(mine, whole + 2 * unit - unmade, whole + unit - unmade, collective, collective,
                                      once_s=collective),
         Sharding.SCATTER: ShardCost(mine, whole + 2 * unit, whole, 0.0, collective, once_s=collective),
         Sharding.STREAM: ShardCost(mine, 3 * unit, 0, collective, 2 * collective),

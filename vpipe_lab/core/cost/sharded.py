@@ -5,7 +5,9 @@ to the stages that hold it). While it computes it also holds whole parameters an
 ``Sharding`` says (``core/sharding.py``), with U the largest unit's parameters, P and G the stage's (ties aside):
 
     hold      whole P + G (gathered at the first forward, gradients accumulating to the last backward);
-              at the end, P + G and one unit's reduce-scatter input (U)
+              at the end as much (each unit resharded before its reduce-scatter's input is made); its sharded gradients (G / K, counted
+              with the static bytes, as the optimizer step holds them) are not made until that reduce, nor
+              under regather
     regather  whole G, one unit gathered with FSDP's all-gather output beside it (2 U)
     scatter   whole P, one unit's gradients with their reduce-scatter input (2 U); under a split backward (B, then
               W) a micro-batch's W leaves the chunk's G whole until its reduce
@@ -91,10 +93,14 @@ class ShardModel:
         if self.shards == 1:  # whole stages in replicas: each stage's gradients all-reduced once per iteration
             return ShardCost(mine, once_s=self.reduce_s(whole, units) - self.collective_s(whole, units))
         gather, reduce = self.collective_s(whole, units), self.reduce_s(whole, units)
+        # the sharded gradients (counted static, as the optimizer step holds them) are made by the first reduce:
+        # a stage that reduces once per iteration computes without them
+        unmade = whole // self.shards
         if sharding is Sharding.HOLD:
-            return ShardCost(mine, 2 * whole, 2 * whole + unit, once_s=gather + reduce)
+            # at its end reduce a unit's parameters are freed before its reduce-scatter's input is made: no U more
+            return ShardCost(mine, 2 * whole - unmade, 2 * whole - unmade, once_s=gather + reduce)
         if sharding is Sharding.REGATHER:
-            return ShardCost(mine, whole + 2 * unit, whole + unit, gather, gather, once_s=reduce)
+            return ShardCost(mine, whole + 2 * unit - unmade, whole + unit - unmade, gather, gather, once_s=reduce)
         held = whole if split else unit  # a split backward's W leaves the chunk's gradients whole until reduced
         if sharding is Sharding.SCATTER:
             return ShardCost(mine, whole + held + unit, whole, 0.0, reduce, once_s=gather)
