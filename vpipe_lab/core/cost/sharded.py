@@ -5,9 +5,9 @@ to the stages that hold it). While it computes it also holds whole parameters an
 ``Sharding`` says (``core/sharding.py``), with U the largest unit's parameters, P and G the stage's (ties aside):
 
     hold      whole P + G (gathered at the first forward, gradients accumulating to the last backward);
-              at the end as much (each unit resharded before its reduce-scatter's input is made); its sharded gradients (G / K, counted
-              with the static bytes, as the optimizer step holds them) are not made until that reduce, nor
-              under regather
+              at the end as much (each unit resharded before its reduce-scatter's input is made); its sharded
+              gradients (G / K, counted with the static bytes, as the optimizer step holds them) are not made
+              until that reduce, nor under regather
     regather  whole G, one unit gathered with FSDP's all-gather output beside it (2 U)
     scatter   whole P, one unit's gradients with their reduce-scatter input (2 U); under a split backward (B, then
               W) a micro-batch's W leaves the chunk's G whole until its reduce
