@@ -119,3 +119,25 @@ def test_a_mixture_of_experts_plan_trains_on_torch_as_in_the_lab_and_torchtitan_
     for key, value in plain.state_dict().items():
         torch.testing.assert_close(got.state[key], value, atol=1e-5, rtol=1e-5, msg=lambda m, key=key: f"{key}: {m}")
         torch.testing.assert_close(lab_state[key], value, atol=1e-5, rtol=1e-5, msg=lambda m, key=key: f"{key}: {m}")
+
+
+
+def test_an_exported_sharded_plan_trains_on_torch_pipelining_with_fully_shard_as_in_the_lab(tmp_path: Path) -> None:
+    """2 stages x 2 shards (4 ranks): the lab trains it and exports the bundle; torch.distributed.pipelining with
+    fully_shard over the bundle's mesh (as torchtitan composes them) trains it from the bundle alone, equal to the
+    lab; the bundle's torchtitan settings carry the mesh."""
+    import tomllib
+
+    plan = Plan((0, 4, 10), tuple("kkrkkkkkkk"), 4, "1f1b", shards=2, sharding=("hold", "regather"))
+    with vpipe_lab.launch("mlp", stages=2, shards=2, microbatches=4, plan=plan, device="cpu", timeout=60) as session:
+        session.run(3)
+        session.wait(timeout=120)
+        session.export_plan(tmp_path / "sharded")
+        losses, state = list(session.metrics.iterations["loss"]), session.state_dict()
+    settings = tomllib.loads((tmp_path / "sharded" / "torchtitan.toml").read_text())["parallelism"]
+    assert (settings["data_parallel_shard_degree"], settings["data_parallel_replicate_degree"]) == (2, 1)
+    got = torch_jobs.run([torch_jobs.Job(str(tmp_path / "sharded"))], tmp_path, world=4)[0]
+    assert got.losses == pytest.approx(losses, rel=1e-5)
+    assert set(got.state) == set(state)
+    for key, value in state.items():
+        torch.testing.assert_close(got.state[key], value, msg=lambda m, key=key: f"{key}: {m}")

@@ -100,14 +100,14 @@ def _torchtitan_schedule(pp: Any, bundle: str, batch: int, loss: Any) -> Any:
                                     loss_fn=lambda out, y: (loss(out, y) / m, None))
 
 
-def _worker(rank: int, port: int, jobs: list[Job], out: str) -> None:
+def _worker(rank: int, port: int, jobs: list[Job], out: str, world: int = 2) -> None:
     import torch.distributed as dist
 
     from vpipe_lab.export import torch_pipeline
     from vpipe_lab.runtime.model.batches import split
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
     results = []
     for job in jobs:
@@ -115,8 +115,9 @@ def _worker(rank: int, port: int, jobs: list[Job], out: str) -> None:
         torch.manual_seed(0)
         model = model_fn().train()
         x0, _ = data(0)
+        dps = world // 2  # the data-parallel ranks (shards x replicas) of a 2-stage bundle: each its share
         pp = torch_pipeline(model, job.bundle, rank, loss_fn=loss, use_csv=job.use_csv,
-                            example=split(x0, _count(job.bundle), "inputs")[0])
+                            example=split(split(x0, dps, "inputs")[rank // 2], _count(job.bundle), "inputs")[0])
         actions = pp.record()
         if job.torchtitan:
             pp.schedule = _torchtitan_schedule(pp, job.bundle, x0.shape[0], loss)
@@ -145,21 +146,23 @@ def _count(bundle: str) -> int:
     return int(json.loads((Path(bundle) / "pipeline.json").read_text())["microbatches"])
 
 
-def run(jobs: list[Job], tmp: Path, timeout: float = 300) -> list[Result]:
-    """Train every job on one pair of ranks, one after the other; the results in job order."""
+def run(jobs: list[Job], tmp: Path, timeout: float = 300, world: int = 2) -> list[Result]:
+    """Train every job on ``world`` ranks (a 2-stage pipeline, copied over ``world / 2`` data-parallel ranks: shards
+    or replicas), one after the other; the results in job order: the losses are the mean over the data-parallel
+    ranks (the global batch's), the state the first pipeline's, whole."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     out = str(tmp / "torch-results")
-    procs = [ctx.Process(target=_worker, args=(r, port, jobs, out)) for r in range(2)]
+    procs = [ctx.Process(target=_worker, args=(r, port, jobs, out, world)) for r in range(world)]
     for p in procs:
         p.start()
     try:
         for p in procs:
             p.join(timeout)
         codes = [p.exitcode for p in procs]
-        if codes != [0, 0]:
+        if codes != [0] * world:
             raise RuntimeError(f"the torch.distributed.pipelining ranks ended with {codes} (None: still running after "
                                f"{timeout:.0f} s)")
     finally:
@@ -167,10 +170,11 @@ def run(jobs: list[Job], tmp: Path, timeout: float = 300) -> list[Result]:
             if p.is_alive():
                 p.kill()
                 p.join(10)
-    ranks = [torch.load(f"{out}.{r}", weights_only=False) for r in range(2)]
+    ranks = [torch.load(f"{out}.{r}", weights_only=False) for r in range(world)]
     results = []
     for j in range(len(jobs)):
-        losses = next((ranks[r][j][0] for r in range(2) if ranks[r][j][0]), [])
+        each = [ranks[r][j][0] for r in range(world) if ranks[r][j][0]]  # the last stage of each pipeline
+        losses = [sum(v) / len(v) for v in zip(*each)] if each else []
         state = {**ranks[0][j][1], **ranks[1][j][1]}
-        results.append(Result(losses, state, {r: ranks[r][j][2] for r in range(2)}))
+        results.append(Result(losses, state, {r: ranks[r][j][2] for r in range(world)}))
     return results

@@ -146,6 +146,19 @@ def _table(bundle: Bundle) -> list[str]:
     return rows
 
 
+def _mesh(plan: Any) -> list[str]:
+    """The README's words on a plan of sharded stages or replicas (nothing for a pipeline of whole devices)."""
+    if plan.devices == plan.stages:
+        return []
+    lines = [f"On {plan.devices} ranks: {plan.stages} stages x {plan.shards} shards x {plan.replicas} replicas "
+             f"(`WORLD_SIZE` {plan.devices}; the batch split over {plan.data_parallel} data-parallel ranks)."]
+    if plan.shards > 1:
+        lines[0] += (" Each stage's units are sharded with `fully_shard` over its shards; by stage they gather and "
+                     "reduce as: " + ", ".join(f"{s}: `{plan.sharding_of(s).value}`" for s in range(plan.stages))
+                     + " (torchtitan: `fsdp_reshard_after_forward`, one for all stages).")
+    return [*lines, ""]
+
+
 def readme(bundle: Bundle, no_megatron: str | None) -> str:
     """The bundle's README: the plan, the lab's numbers for it and how to run it where users train."""
     plan = bundle.plan
@@ -162,6 +175,7 @@ def readme(bundle: Bundle, no_megatron: str | None) -> str:
         f"{plan.microbatches} micro-batches" + (f" of {bundle.microbatch_size} samples" if bundle.microbatch_size
                                                  else "") + f", schedule {plan.schedule} ({runs}).", "",
         *([f"- {t}" for t in timing] + [""] if timing else []),
+        *_mesh(plan),
         *_table(bundle), "",
         "## Run it with torch.distributed.pipelining", "",
         "```python",

@@ -67,3 +67,10 @@ def test_bundles_get_megatron_args_and_what_megatron_cannot_is_said() -> None:
                          ("Et*3|t*3X", "characters"), ("Et*6||L", "empty stage")):
         with pytest.raises(PlanError, match=message):
             megatron.plan_from_layout(bad, 1 if bad.count("|") == 0 else bad.count("|") + 1, UNITS, microbatches=2)
+
+
+def test_a_sharded_plan_says_its_data_parallel_size_and_takes_the_distributed_optimizer() -> None:
+    plan = Plan((0, 3, 8), tuple("k" * 8), 4, "1f1b", shards=4, replicas=2)
+    text = megatron.args_text(make(plan, UNITS, microbatch_size=2))
+    assert "--use-distributed-optimizer" in text and "data-parallel size 8: launch 16 ranks" in text
+    assert "--use-distributed-optimizer" not in megatron.args_text(make(Plan((0, 3, 8), tuple("k" * 8), 4), UNITS))

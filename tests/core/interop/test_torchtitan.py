@@ -118,3 +118,25 @@ def test_a_csv_is_read_as_the_lab_schedule_it_runs() -> None:
     read = torchtitan.read_toml(toml, units)
     assert (read.schedule, read.microbatches, read.boundaries) == ("gpipe", 4, (0, 2, 4))
     assert [p.value for p in read.policies] == ["keep", "recompute", "recompute", "keep"]
+
+
+def test_a_sharded_plans_mesh_is_torchtitans_data_parallel_degrees_and_reads_back() -> None:
+    """2 stages x 4 shards x 2 replicas: torchtitan's own ParallelismConfig takes the degrees and the reshard policy;
+    read back, the plan is on the same mesh."""
+    for sharding, policy, back in ((("regather", "stream"), "always", ("regather", "regather")),
+                                   (("hold", "scatter"), "never", ())):
+        plan = Plan((0, 3, 6), ("keep",) * 6, 4, "1f1b", shards=4, replicas=2, sharding=sharding)
+        doc = tomllib.loads(torchtitan.toml_text(make(plan, titan_units(4), microbatch_size=2), "/x/schedule.csv"))
+        config = configs.ParallelismConfig(**doc["parallelism"])
+        assert (config.pipeline_parallel_degree, config.data_parallel_shard_degree,
+                config.data_parallel_replicate_degree, config.fsdp_reshard_after_forward) == (2, 4, 2, policy)
+        again = torchtitan.read(doc["parallelism"], titan_units(4), microbatches=4)
+        assert (again.shards, again.replicas, tuple(m.value for m in again.sharding)) == (4, 2, back)
+    whole = tomllib.loads(torchtitan.toml_text(make(Plan((0, 3, 6), ("keep",) * 6, 4), titan_units(4)), "/x.csv"))
+    assert whole["parallelism"]["data_parallel_shard_degree"] == 1 and "fsdp_reshard_after_forward" not in whole[
+        "parallelism"]
+    assert torchtitan.read({"data_parallel_shard_degree": -1}, titan_units(4), microbatches=4).shards == 1
+    with pytest.raises(PlanError, match="fsdp_reshard_after_forward must be"):
+        torchtitan.read({"fsdp_reshard_after_forward": "sometimes"}, titan_units(4), microbatches=4)
+    with pytest.raises(PlanError, match="data_parallel_shard_degree"):
+        torchtitan.read({"data_parallel_shard_degree": 0}, titan_units(4), microbatches=4)

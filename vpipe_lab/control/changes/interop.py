@@ -15,8 +15,8 @@ from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.interop import megatron, torchtitan
 from vpipe_lab.core.interop.bundle import Bundle, UnitInfo, make, plan_from_parts
 from vpipe_lab.core.plan import Plan
+from vpipe_lab.core.planning.mesh import search_sharded
 from vpipe_lab.core.planning.migration import LayerMove
-from vpipe_lab.core.planning.planner import search
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.report import human_time
 from vpipe_lab.wire import bundle as files
@@ -89,8 +89,9 @@ class Comparison:
 
 def compare(imported: Plan, profile: ModelProfile, cluster: Cluster, method: str = "vpipe") -> Comparison:
     """What the lab's planner would change about ``imported`` (same schedule and micro-batches) and by how much."""
-    found = search(profile, cluster, microbatches=imported.microbatches, schedule=imported.schedule, method=method,
-                   current=imported, virtual_stages=imported.virtual_stages)
+    found = search_sharded(profile, cluster, microbatches=imported.microbatches, schedule=imported.schedule,
+                           method=method, current=imported, virtual_stages=imported.virtual_stages,
+                           shards=imported.shards, replicas=imported.replicas)  # on the mesh it was made for
     now = estimate(imported, profile, cluster).iteration_s
     better = found.estimate.iteration_s < now
     return Comparison(imported, now, found.plan if better else imported, found.estimate.iteration_s if better else now,

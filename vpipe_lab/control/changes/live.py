@@ -27,8 +27,8 @@ from vpipe_lab.core.cost.costmodel import estimate
 from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
 from vpipe_lab.core.plan import AUTO, Plan, default_virtual_stages
+from vpipe_lab.core.planning.mesh import search_sharded
 from vpipe_lab.core.planning.migration import LayerMove, layer_moves, migration_time_s, moved_bytes
-from vpipe_lab.core.planning.planner import search
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.report import human_bytes
 from vpipe_lab.wire.checkpoint import Manifest
@@ -274,19 +274,21 @@ class Live:
         assert current is not None
         asked = schedule
         schedule = schedule or current.schedule
+        # the job's mesh is its processes: a sharded job's planner chooses each stage's sharding on it
+        mesh = {"shards": current.shards, "replicas": current.replicas}
         if choose_microbatches:
             if not profile.microbatch_size:
                 raise PlanError("no iteration has run yet, so the micro-batch size is not known: run a few "
                                 "iterations before choose_microbatches")
-            result = search(profile, cluster, batch_size=profile.microbatch_size * current.microbatches,
-                            schedule=schedule, method=method, current=current)
+            result = search_sharded(profile, cluster, batch_size=profile.microbatch_size * current.microbatches,
+                                    schedule=schedule, method=method, current=current, **mesh)
         else:
             # a chunked schedule keeps the session's chunks per stage (or takes its default when it is new)
             chunked = schedule != AUTO and schedules.get(schedule).chunked
             virtual = (current.virtual_stages if schedule == current.schedule else default_virtual_stages(schedule)
                        ) if chunked else 1
-            result = search(profile, cluster, microbatches=current.microbatches, schedule=schedule,
-                            method=method, current=current, virtual_stages=virtual)
+            result = search_sharded(profile, cluster, microbatches=current.microbatches, schedule=schedule,
+                                    method=method, current=current, virtual_stages=virtual, **mesh)
         if (apply and result.plan.kind.asynchronous and not current.kind.asynchronous
                 and asked != result.plan.schedule):
             # the method plans its own schedule: applying it would change what training computes, not only its speed

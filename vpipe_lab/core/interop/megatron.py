@@ -76,9 +76,17 @@ def args_text(bundle: Bundle) -> str:
         flags.append(f"--micro-batch-size {bundle.microbatch_size}")
     recompute, missing = recompute_args(plan, units)
     flags += recompute
+    dp = plan.data_parallel
     notes = [f"# {plan.describe()}",
              f"# global batch: --global-batch-size = {plan.microbatches} micro-batches x micro-batch size x data "
-             "parallel size"]
+             f"parallel size ({dp})",
+             f"# data-parallel size {dp}: launch {plan.stages * dp} ranks (--pipeline-model-parallel-size x {dp}); "
+             "Megatron-LM takes it from the world size"]
+    if plan.shards > 1:  # Megatron's nearest: the optimizer's state sharded over the data-parallel ranks (ZeRO-1)
+        flags.append("--use-distributed-optimizer")
+        notes.append(f"# the lab sharded each stage's parameters and gradients too, over {plan.shards} ranks (FSDP2): "
+                     "Megatron-LM's distributed optimizer shards the optimizer's state and reduce-scatters the "
+                     "gradients; its parameters stay whole on every rank")
     runs = "interleaved 1F1B" if plan.virtual_stages > 1 else "1F1B"  # the orders Megatron-LM's layout runs
     if not plan.kind.megatron:
         notes.append(f"# Megatron-LM runs {runs} where the lab ran {plan.schedule}: the same gradients, another order")

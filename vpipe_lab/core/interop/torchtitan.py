@@ -22,6 +22,7 @@ from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.interop import torch_schedules
 from vpipe_lab.core.interop.bundle import Bundle, UnitInfo, plan_from_parts
 from vpipe_lab.core.plan import MAX_MICROBATCHES, Plan, Policy
+from vpipe_lab.core.sharding import Sharding
 
 # torch's schedule classes by how they place stages, and how many each rank holds by default (torchtitan's rule).
 SINGLE = ("GPipe", "1F1B", "PipelineScheduleSingle")
@@ -45,9 +46,23 @@ def parallelism(bundle: Bundle, csv_path: str) -> dict[str, Any]:
     }
     if bundle.microbatch_size:
         out["pipeline_parallel_microbatch_size"] = bundle.microbatch_size
+    # the mesh: FSDP2 shards each stage over data_parallel_shard_degree ranks, HSDP replicates over the other degree
+    out["data_parallel_shard_degree"] = plan.shards
+    out["data_parallel_replicate_degree"] = plan.replicas
+    if plan.shards > 1:
+        out["fsdp_reshard_after_forward"] = reshard_policy(plan)
     if any(moe_modules(bundle)):  # each stage holds every expert of its MoE layers (no expert parallelism)
         out["expert_parallel_degree"] = 1
     return out
+
+
+def reshard_policy(plan: Plan) -> str:
+    """torchtitan's one ``fsdp_reshard_after_forward`` for every stage: "always" where every stage reshards after its
+    forward (regather, stream), "never" where none does (hold, scatter); stages that differ take the majority, ties
+    "always" (the choice that fits memory). torch's pipelining reduces each stage's gradients once per iteration
+    whatever the lab's scatter or stream said: torchtitan cannot do that per micro-batch."""
+    resharding = sum(plan.sharding_of(s).reshard_after_forward for s in range(plan.stages))
+    return "always" if 2 * resharding >= plan.stages else "never"
 
 
 def moe_modules(bundle: Bundle) -> list[list[str]]:
@@ -191,8 +206,20 @@ def read(par: Mapping[str, Any], units: Sequence[UnitInfo], *, batch_size: int |
     if csv_given:
         if csv_text is None:
             raise PlanError("the config names a schedule CSV: pass its text (csv_text=) to read the order it runs")
-        return _from_csv(csv_text, plan)
-    return plan
+        plan = _from_csv(csv_text, plan)
+    return _with_mesh(plan, par)
+
+
+def _with_mesh(plan: Plan, par: Mapping[str, Any]) -> Plan:
+    """The plan on the config's data-parallel mesh: its shard degree (-1, torchtitan's "the rest", is not known
+    without the world size: taken as 1), replicate degree and reshard policy ("default" under PP: "never")."""
+    shards = par.get("data_parallel_shard_degree", 1)
+    shards = 1 if shards == -1 else shards
+    replicas = par.get("data_parallel_replicate_degree", 1)
+    policy = par.get("fsdp_reshard_after_forward", "default")
+    mode = Sharding.REGATHER if policy == "always" else Sharding.HOLD
+    return plan.with_mesh(shards=shards, replicas=replicas,
+                          sharding=(mode,) * plan.stages if shards > 1 and policy == "always" else None)
 
 
 # torchtitan's [parallelism] keys the lab reads, with what each must hold: a config is a file from someone else, read
@@ -207,6 +234,13 @@ def _check(par: Mapping[str, Any]) -> None:
         checks.count(par.get(key), key, optional=True, error=PlanError, maximum=1 << 20)
     for key in _LESS:
         checks.count(par.get(key), key, 0, optional=True, error=PlanError, maximum=1 << 20)
+    for key in ("data_parallel_shard_degree", "data_parallel_replicate_degree"):
+        value = par.get(key)
+        if value is not None and value != -1:
+            checks.count(value, key, error=PlanError, maximum=1 << 20)
+    if par.get("fsdp_reshard_after_forward", "default") not in ("default", "always", "never"):
+        raise PlanError(f"fsdp_reshard_after_forward must be 'default', 'always' or 'never', got "
+                        f"{par.get('fsdp_reshard_after_forward')!r:.80}")
     for key in ("pipeline_parallel_schedule", "pipeline_parallel_schedule_csv"):
         if par.get(key) is not None and not isinstance(par.get(key), str):
             raise PlanError(f"{key} must be a string, got {par.get(key)!r:.80}")

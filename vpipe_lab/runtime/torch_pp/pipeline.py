@@ -26,7 +26,10 @@ import torch.distributed as dist
 from torch import nn
 
 from vpipe_lab.core.interop.bundle import Bundle, StageSpec
+from vpipe_lab.runtime.engine.shards import like
+from vpipe_lab.runtime.memory.ledger import local_tensor
 from vpipe_lab.runtime.model.capture import args_kwargs
+from vpipe_lab.runtime.torch_pp.sharded import Mesh, mesh_of, shard_module, tie_grads, whole_state
 from vpipe_lab.wire import bundle as bundle_files
 
 log = logging.getLogger(__name__)
@@ -122,8 +125,9 @@ class TorchPipeline:
     """One rank's part of a bundle on torch.distributed.pipelining: its stages, their modules and the schedule."""
 
     def __init__(self, bundle: Bundle, rank: int, stages: list[Any], modules: list[nn.Module], schedule: Any,
-                 ties: list[tuple[tuple[str, ...], Any]]) -> None:
-        self.bundle, self.rank = bundle, rank
+                 ties: list[tuple[tuple[str, ...], Any]], mesh: Mesh | None = None) -> None:
+        self.bundle, self.rank = bundle, rank  # rank: this rank's place in its pipeline (its stage's rank)
+        self.mesh = mesh  # a sharded or replicated bundle's: its place in the data-parallel mesh
         self.stages, self.modules, self.schedule = stages, modules, schedule
         self._ties = ties  # (this rank's names of the tied weight, the process group of the ranks holding it)
         self.actions: list[Action] | None = None  # what ran, once ``record()`` was called
@@ -163,19 +167,19 @@ class TorchPipeline:
         return [p for _, p in self.named_parameters()]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """This rank's parameters and buffers under the user's model's names."""
-        out: dict[str, torch.Tensor] = {}
-        for module in self.modules:
-            for name, t in module.state_dict(keep_vars=False).items():
-                out.setdefault(plain_name(name), t)
-        return out
+        """This rank's parameters and buffers under the user's model's names, whole (a sharded stage's gathered: its
+        shards call this together)."""
+        return whole_state(self.modules, plain_name)
 
     def step(self, inputs: Any = None, target: Any = None, losses: list[Any] | None = None) -> list[Any] | None:
         """One training iteration: torch's schedule over this rank's stages (``inputs`` go in on the first stage's
-        rank, ``target`` on the last's: give both everywhere, each rank takes what it needs), then the tied
-        weights' gradients summed across the ranks that hold a copy. Returns the last stage's micro-batch losses."""
+        rank, ``target`` on the last's: give both everywhere, each rank takes what it needs; with data-parallel ranks
+        (shards, replicas) each takes its share of the global batch, as the lab's do), then the tied weights'
+        gradients summed across the ranks that hold a copy. Returns the last stage's micro-batch losses."""
         args: tuple[Any, ...] = ()
         kwargs: dict[str, Any] = {}
+        if self.mesh is not None:
+            inputs, target = self.mesh.share(inputs, "inputs"), self.mesh.share(target, "targets")
         if self.first and inputs is not None:
             args, kwargs = args_kwargs(inputs)
         if self.last:
@@ -192,12 +196,15 @@ class TorchPipeline:
         for names, group in self._ties:
             local = list({id(p): p for m in self.modules for n, p in m.named_parameters()
                           if plain_name(n) in names}.values())
-            grads = [p.grad for p in local if p.grad is not None]
-            total = torch.stack(grads).sum(0) if grads else torch.zeros_like(local[0])
+            grads = tie_grads(local)
+            total = torch.stack(grads).sum(0) if grads else torch.zeros_like(local_tensor(local[0]))
             if group is not None:
                 dist.all_reduce(total, group=group)
-            for p in local:
-                p.grad = total.clone()
+            for p in local:  # every copy gets the sum (a sharded one, its shard of it)
+                if p.grad is None:
+                    p.grad = like(total.clone(), p)
+                else:
+                    local_tensor(p.grad).copy_(total)
 
 
 def _example(example: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -274,38 +281,47 @@ def torch_pipeline(model: nn.Module, bundle: str | Path | Bundle, rank: int | No
     if rank is None:
         rank = dist.get_rank(group)
     world = dist.get_world_size(group) if dist.is_initialized() else bundle.ranks
-    if world != bundle.ranks:
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    mesh = None
+    if bundle.plan.data_parallel > 1:  # sharded stages or replicas: the lab's mesh, this rank's pipeline in it
+        mesh = mesh_of(bundle.plan, rank, world, dev)
+        rank, group = mesh.stage, mesh.pipeline_group
+    elif world != bundle.ranks:
         raise ValueError(f"the bundle is for {bundle.ranks} pipeline ranks but the process group has {world}: start "
                          f"{bundle.ranks} ranks (torchrun --nproc-per-node {bundle.ranks})")
-    dev = torch.device(device) if device is not None else torch.device("cpu")
     mine = bundle.stages_of(rank)
+    ready = (lambda module: shard_module(module, mesh, bundle.plan)) if mesh is not None else (lambda module: module)
     total = len(bundle.stages)
     if trace is None:
         trace = not isinstance(model, nn.Sequential)
     if trace:
-        every, modules, stages = _traced_stages(model, bundle, mine, example, dev, group, schedule, use_csv)
+        every, modules, stages = _traced_stages(model, bundle, mine, example, dev, group, schedule, use_csv, ready)
     else:
         if not isinstance(model, nn.Sequential):
             raise ValueError("only an nn.Sequential splits by module names alone; trace any other model")
         from torch.distributed.pipelining import PipelineStage
 
         every = {s.stage: _sequential_stage(model, s) for s in bundle.stages}
-        modules = {spec.stage: apply_policies(every[spec.stage], spec, dev).to(dev) for spec in mine}
+        modules = {spec.stage: ready(apply_policies(every[spec.stage], spec, dev).to(dev)) for spec in mine}
         stages = [PipelineStage(modules[spec.stage], spec.stage, total, dev, group=group) for spec in mine]
     # Every rank sees every stage's module (torch's split builds them all), so every rank makes the same process
     # groups for the tied weights, in the same order.
     ties: list[tuple[tuple[str, ...], Any]] = []
+    pipelines = mesh.place.dps if mesh is not None else 1  # a group per data-parallel pipeline, made by every rank
     for aliases, ranks in _tie_groups(model, every, bundle):
-        pg = dist.new_group(ranks) if len(ranks) > 1 and dist.is_initialized() else None
-        if rank in ranks:
-            ties.append((aliases, pg))
-            log.info("rank %d sums the gradients of the tied weight %s (ranks %s)", rank, list(aliases), ranks)
+        for dp in range(pipelines):
+            members = [dp * bundle.ranks + r for r in ranks]
+            pg = dist.new_group(members) if len(ranks) > 1 and dist.is_initialized() else None
+            if rank in ranks and (mesh is None or mesh.place.dp == dp):
+                ties.append((aliases, pg))
+                log.info("stage rank %d sums the gradients of the tied weight %s (ranks %s)", rank, list(aliases),
+                         members)
     runner = _runner(bundle, path, stages, schedule or bundle.schedule, use_csv, loss_fn)
-    return TorchPipeline(bundle, rank, stages, [modules[s.stage] for s in mine], runner, ties)
+    return TorchPipeline(bundle, rank, stages, [modules[s.stage] for s in mine], runner, ties, mesh)
 
 
 def _traced_stages(model: nn.Module, bundle: Bundle, mine: list[StageSpec], example: Any, dev: torch.device,
-                   group: Any, schedule: str | None, use_csv: bool
+                   group: Any, schedule: str | None, use_csv: bool, ready: Callable[[nn.Module], nn.Module]
                    ) -> tuple[dict[int, nn.Module], dict[int, nn.Module], list[Any]]:
     """torch's ``pipeline()`` split at the bundle's split points: every stage's module, this rank's (with their
     policies) and its ``PipelineStage``s. Refuses a split torch's runtime cannot run (inputs read after the first
@@ -333,7 +349,7 @@ def _traced_stages(model: nn.Module, bundle: Bundle, mine: list[StageSpec], exam
                          "run only stage-to-next-stage transfers; export a plan with one stage per rank under GPipe "
                          "or 1F1B (torch's single-stage schedules pass skipped values on), or train it in the lab")
     every = {s.stage: pipe.get_stage_module(s.stage) for s in bundle.stages}
-    modules = {spec.stage: apply_policies(every[spec.stage], spec, dev) for spec in mine}
+    modules = {spec.stage: ready(apply_policies(every[spec.stage], spec, dev)) for spec in mine}  # sharded in place
     return every, modules, [pipe.build_stage(spec.stage, dev, group) for spec in mine]
 
 
