@@ -85,12 +85,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         print()
         print(plan_table(session.plan, est, profile))
         print()
-        last = memory[memory["iteration"] == memory["iteration"].max()]
-        both = session.memory(ask=False).set_index("stage")  # the planner's peak beside the allocator's
+        last = memory[memory["iteration"] == memory["iteration"].max()].sort_values(["stage", "replica"])
+        both = session.memory(ask=False)  # the planner's peak beside the allocator's, a row per worker
+        shards = session.plan.shards
+        predicted_of = {(r.stage, r.replica * shards + r.shard): r.predicted_peak for r in both.itertuples()}
         for row in last.itertuples():
-            line = (f"stage {row.stage}: params {human_bytes(row.params)}, optimizer {human_bytes(row.optimizer)}, "
+            dp = getattr(row, "replica", 0)  # a worker reports as its data-parallel pipeline (shard, replica)
+            who = f"stage {row.stage}" + (f" shard {dp % shards}" if shards > 1 else "") + (
+                f" replica {dp // shards}" if session.plan.replicas > 1 else "")
+            line = (f"{who}: params {human_bytes(row.params)}, optimizer {human_bytes(row.optimizer)}, "
                     f"activations peak {human_bytes(row.activations)}, swapped to host {human_bytes(row.host)}")
-            predicted, held = both["predicted_peak"].get(row.stage), getattr(row, "allocated_peak", None)
+            predicted, held = predicted_of.get((row.stage, dp)), getattr(row, "allocated_peak", None)
             if predicted == predicted and predicted is not None and held == held and held:
                 line += f"; peak predicted {human_bytes(predicted)}, measured {human_bytes(held)}"
             print(line)
@@ -98,9 +103,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{len(frame)} iterations: loss {loss0:.4f} -> {loss1:.4f}; median iteration "
               f"{human_time(float(steady['time_s'].median()))}, {float(steady['samples_per_s'].median()):.1f} samples/s "
               f"(cost model from the measured profile: {human_time(est.iteration_s)})")
-        if args.report:
+        if args.report:  # by stage: its largest rank's
             write_report(args.report, session, timeline, frame, memory, est, profile,
-                         both["predicted_peak"].tolist())
+                         both.groupby("stage")["predicted_peak"].max().tolist())
             print(f"report written to {args.report}")
     return 0
 
@@ -114,7 +119,10 @@ def write_report(path: str, session: Any, timeline: Any, frame: Any, memory: Any
     from vpipe_lab.charts.figures import gantt_figure, memory_figure, memory_values, save_html
 
     gantt = gantt_figure(timeline.with_idle(), title="measured timeline (last iterations)", stages=session.stages)
-    last = memory[memory["iteration"] == memory["iteration"].max()].sort_values("stage")
+    last = memory[memory["iteration"] == memory["iteration"].max()]
+    if "allocated_peak" in last:  # by stage: the rank that held the most (a sharded stage's ranks hold alike)
+        last = last.sort_values("allocated_peak", ascending=False, na_position="last")
+    last = last.drop_duplicates("stage").sort_values("stage")
     mem = memory_figure(session.stages, [b if isinstance(b, int) else 0 for b in last["budget"].fillna(0)],
                         title="measured memory per stage")
     static = last["static"].tolist()

@@ -88,7 +88,8 @@ class JobState:
             budgets = int(psutil.virtual_memory().total // stages)
         # CPU ranks copy swapped activations on their compute thread (runtime/memory/swap.py): nothing hides them
         overlaps = all(b.device.startswith("cuda") for b in ready)
+        sharded = [b.shard_bandwidth for b in ready if b.shard_bandwidth > 0]  # the slowest stage's shards
         return Cluster(stages, budgets, swap, link if link != float("inf") else 1e12, latency, False,
                        f"{stages} x {ready[0].device} (measured)", step_overhead_s, overlaps,
                        max(b.update_s_per_byte for b in ready), max(b.copy_s_per_byte for b in ready),
-                       iteration_overhead_s)
+                       iteration_overhead_s, min(sharded) if sharded else 0.0)

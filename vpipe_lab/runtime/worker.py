@@ -20,7 +20,7 @@ from vpipe_lab.runtime.build import build_chain, on_meta
 from vpipe_lab.runtime.disk.checkpoints import Checkpoints
 from vpipe_lab.runtime.disk.snapshots import BatchBuffer, Snapshots
 from vpipe_lab.runtime.engine import allocator, profiler, wgrad
-from vpipe_lab.runtime.engine.bandwidth import probe_bandwidth, probe_update
+from vpipe_lab.runtime.engine.bandwidth import probe_bandwidth, probe_shards, probe_update
 from vpipe_lab.runtime.engine.comm import TAG_TARGET, Peer
 from vpipe_lab.runtime.engine.device import Clock, select
 from vpipe_lab.runtime.engine.executor import Executor, IterationResult, default_loss
@@ -171,6 +171,8 @@ class Worker(IterationEnd, WorkerCommands):
     def probe(self) -> dict[str, float]:
         """What the planners' Cluster needs of this rank: its bandwidths and its optimizer's step per byte."""
         bandwidth = probe_bandwidth(self.peer, self.placement, self.index, self.world)
+        if self.data_parallel.shard_group is not None:  # a sharded stage: its all-gathers' bandwidth too
+            bandwidth |= probe_shards(self.data_parallel.shard_group, self.place.shards, self.placement)
         return bandwidth | probe_update(self.stage.optim.factory, self.placement, [p for _, p in self.stage.params()])
 
     def _first_inputs(self) -> Any:

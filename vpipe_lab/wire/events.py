@@ -56,6 +56,7 @@ class Ready(Body):
     link_latency_s: float
     update_s_per_byte: float = 0.0  # the optimizer's step per parameter byte (PipeDream's per-micro-batch cost)
     copy_s_per_byte: float = 0.0  # a copy of the weights per byte (PipeDream moving its live weights)
+    shard_bandwidth: float = 0.0  # a sharded stage's all-gathers over its shards, bytes/s (0: not sharded)
     units: list[dict[str, Any]] = field(default_factory=list)  # core.interop.bundle.UnitInfo documents, per unit
 
 

@@ -111,3 +111,23 @@ def probe_bandwidth(peer: Peer, placement: Placement, rank: int, world: int, nby
         latency = min(rtts) if rank + 1 < world or rank % 2 else 0.0  # one transfer each way
         return {"swap_bandwidth": swap, "link_bandwidth": link, "link_latency_s": latency}
     return {"swap_bandwidth": swap, "link_bandwidth": link, "link_latency_s": 0.0}
+
+
+def probe_shards(group: Any, shards: int, placement: Placement, nbytes: int = 8 << 20) -> dict[str, float]:
+    """A sharded stage's collective bandwidth: an all-gather of ``nbytes`` whole over its ``shards`` ranks (as FSDP
+    gathers a unit), the best of three, as the cost model charges it (``b (K - 1) / K / shard_bandwidth``). Every
+    shard of the stage calls it together."""
+    import torch.distributed as dist
+
+    local = torch.ones(max(1, nbytes // 4 // shards), dtype=torch.float32, device=placement.device)
+    outs = [torch.empty_like(local) for _ in range(shards)]
+    best = float("inf")
+    for _ in range(3):
+        dist.barrier(group=group)
+        start = time.perf_counter()
+        dist.all_gather(outs, local, group=group)
+        if placement.is_cuda:
+            torch.cuda.synchronize(placement.device)
+        best = min(best, time.perf_counter() - start)
+    whole = local.numel() * 4 * shards
+    return {"shard_bandwidth": whole * (shards - 1) / shards / max(best, 1e-9)}

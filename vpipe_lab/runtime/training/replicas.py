@@ -48,6 +48,7 @@ class DataParallel:
         self.replicas = place.dps  # the ranks a whole gradient is averaged over
         self.group: Any = None
         self.shard_mesh: Any = None  # what fully_shard takes: ("shard",), or ("replica", "shard") for HSDP
+        self.shard_group: Any = None  # the process group of this stage's shards (its gathers and reduce-scatters)
         if place.dps == 1:
             return
         from torch.distributed.device_mesh import init_device_mesh
@@ -56,6 +57,7 @@ class DataParallel:
                                 mesh_dim_names=("replica", "shard", "stage"))
         if place.shards > 1:
             self.shard_mesh = mesh["replica", "shard"] if place.replicas > 1 else mesh["shard"]
+            self.shard_group = mesh["shard"].get_group()
         # every rank makes every stage's group, in the same order (new_group is collective)
         for stage in range(place.stages):
             group = dist.new_group([place.rank_of(stage, dp) for dp in range(place.dps)])
