@@ -16,6 +16,7 @@ from vpipe_lab.core import (
     InfeasiblePlan,
     LayerCost,
     LayerMove,
+    MeshResult,
     ModelProfile,
     Op,
     Plan,
@@ -28,11 +29,13 @@ from vpipe_lab.core import (
     Span,
     Timeline,
     VpipeError,
+    choose_mesh,
     estimate,
     for_plan,
     layer_moves,
     plan,
     search,
+    search_sharded,
     simulate,
 )
 from vpipe_lab.core.settings import Settings
@@ -47,10 +50,10 @@ _import_guard.arm()
 
 __all__ = [
     "KINDS", "METHODS", "Action", "Applied", "Change", "Cluster", "CostModel", "Estimate", "InfeasiblePlan",
-    "LayerCost", "LayerMove",
+    "LayerCost", "LayerMove", "MeshResult",
     "ModelProfile", "Op", "Plan", "PlanError", "PlanResult", "Policy", "ProfileError", "Schedule", "ScheduleError", "Settings",
-    "Span", "Timeline", "VpipeError", "__version__", "estimate", "for_plan", "layer_moves", "plan", "search",
-    "simulate",
+    "Span", "Timeline", "VpipeError", "__version__", "choose_mesh", "estimate", "for_plan", "layer_moves", "plan",
+    "search", "search_sharded", "simulate",
 ]
 
 # The process-side API is imported on first use, so `import vpipe_lab` stays light (no sockets, no torch).

@@ -102,6 +102,10 @@ def test_a_session_driven_from_magics(ip, tmp_path: Path, capsys: pytest.Capture
         ip.run_line_magic("vpipe", "partition 0 0 10")
     found = ip.run_line_magic("vpipe", "plan")
     assert found.plan.num_layers == 10
+    mesh = ip.run_line_magic("vpipe", "plan --devices 4")  # the mesh for 4 devices, from this job's measured profile
+    assert mesh.result.plan.devices == 4 and mesh.result.plan.num_layers == 10
+    with pytest.raises(UsageError, match="runs after a restart: drop --apply"):
+        ip.run_line_magic("vpipe", "plan --devices 4 --apply")
     ip.run_line_magic("vpipe", "run 2")
     ip.run_line_magic("vpipe", "wait --timeout 120")
     trace = tmp_path / "trace.json"

@@ -5,6 +5,8 @@ from vpipe_lab.core.cost.costmodel import CostModel, estimate
 from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError, ProfileError, ScheduleError, VpipeError
 from vpipe_lab.core.plan import Estimate, Plan, Policy
+from vpipe_lab.core.planning.mesh import MeshResult, search_sharded
+from vpipe_lab.core.planning.mesh import choose as choose_mesh
 from vpipe_lab.core.planning.methods import METHODS
 from vpipe_lab.core.planning.migration import LayerMove, layer_moves, match_layers, migration_time_s, moved_bytes
 from vpipe_lab.core.planning.planner import PlanResult, plan, search
@@ -25,6 +27,7 @@ __all__ = [
     "InfeasiblePlan",
     "LayerCost",
     "LayerMove",
+    "MeshResult",
     "ModelProfile",
     "Op",
     "Plan",
@@ -37,6 +40,7 @@ __all__ = [
     "Span",
     "Timeline",
     "VpipeError",
+    "choose_mesh",
     "estimate",
     "for_plan",
     "gpipe",
@@ -48,6 +52,7 @@ __all__ = [
     "one_f_one_b",
     "plan",
     "search",
+    "search_sharded",
     "simulate",
     "zb_h1",
 ]

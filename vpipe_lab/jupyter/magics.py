@@ -27,10 +27,11 @@ from vpipe_lab.core.errors import VpipeError
 from vpipe_lab.core.plan import AUTO, Policy
 from vpipe_lab.core.planning.methods import METHODS
 from vpipe_lab.core.report import human_time, plan_table
-from vpipe_lab.core.settings_flags import add_flags, from_args
+from vpipe_lab.core.settings_flags import add_flags, byte_size, from_args
 from vpipe_lab.examples import EXAMPLES
 from vpipe_lab.jupyter import record_commands
 from vpipe_lab.jupyter.interop_commands import InteropCommands, add_commands
+from vpipe_lab.jupyter.mesh_command import plan_mesh
 
 log = logging.getLogger(__name__)
 POLICIES = tuple(p.value for p in Policy)
@@ -85,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="let the planner choose the micro-batch count too, for the same global batch")
     pl.add_argument("--schedule", choices=(*schedules.names(), AUTO), default=None,
                     help="plan for this schedule, or auto to let the planner choose it (default: the current one)")
+    pl.add_argument("--devices", type=int, default=None,
+                    help="choose stages x shards x replicas for this many devices, the job's global batch and its "
+                         "measured profile (a new mesh runs after a restart: save, then launch on it)")
+    pl.add_argument("--memory", type=byte_size, default=None, help="bytes per device for --devices (default: the "
+                    "job's budget per stage)")
     a = sub.add_parser("apply", help="apply a Plan held in a notebook variable")
     a.add_argument("plan")
     a.add_argument("--force", action="store_true", help="even if its estimate exceeds a memory budget")
@@ -286,6 +292,8 @@ class VpipeMagics(InteropCommands, record_commands.RecordCommands, Magics):
 
     def cmd_plan(self, args: argparse.Namespace) -> Any:
         s = self._need()
+        if args.devices is not None:
+            return plan_mesh(s, args)
         found = s.replan(args.method, apply=args.apply, choose_microbatches=args.choose_microbatches,
                          schedule=args.schedule)
         if args.schedule is not None:

@@ -86,14 +86,17 @@ def shapes(devices: int, layers: int, batch_size: int) -> list[Shape]:
     return out
 
 
-def choose(profile: ModelProfile, cluster_of: Callable[[int], Cluster], *, devices: int, batch_size: int,
+def choose(profile: ModelProfile, cluster_of: Cluster | Callable[[int], Cluster], *, devices: int, batch_size: int,
            shapes_to_try: Sequence[Shape] | None = None, **options: Any) -> MeshResult:
     """The fastest plan of ``devices`` devices for a global batch of ``batch_size``, over every mesh ``shapes``
     allows (or ``shapes_to_try``): each runs ``batch_size / (shards x replicas)`` samples per pipeline in the
-    micro-batch count the planner chooses, on ``cluster_of(stages)``, its stages' sharding chosen by
-    ``search_sharded``. A pipeline of whole devices is among the meshes, so the choice is never slower by the cost
-    model than the best one."""
+    micro-batch count the planner chooses, on ``cluster_of(stages)`` (a Cluster: its device, its first stage's
+    budget, any number of them), its stages' sharding chosen by ``search_sharded``. A pipeline of whole devices is
+    among the meshes, so the choice is never slower by the cost model than the best one."""
     checks.count(batch_size, "batch_size", error=PlanError)
+    if isinstance(cluster_of, Cluster):
+        device = cluster_of
+        cluster_of = lambda stages: replace(device, stages=stages, memory_bytes=device.budgets[0])
     candidates = list(shapes_to_try) if shapes_to_try is not None else shapes(devices, len(profile), batch_size)
     if not candidates:
         raise PlanError(f"no mesh of {devices} devices splits a batch of {batch_size} evenly over its data-parallel "
