@@ -33,7 +33,6 @@ def test_validated_resolves_the_chunks_and_gives_every_stage_its_budget() -> Non
     ({"telemetry": "yes"}, "telemetry must be True or False"),
     ({"auto_replan": "often"}, "auto_replan must be True, False or the options"),
     ({"host": ""}, "host must be a non-empty string"),
-    ({"engine": "torch", "replicas": 2}, "engine='torch' runs one pipeline"),
     ({"schedule": "zbv", "virtual_stages": 3}, "zbv runs 2 chunks per stage, not virtual_stages=3"),
     ({"schedule": "pipedream", "precision": "fp16"}, "precision='fp16'"),
     ({"max_restarts": 1, "engine": "torch"}, "max_restarts=1 needs engine='lab'"),

@@ -92,9 +92,36 @@ def test_a_traced_model_trains_on_the_torch_engine_as_in_the_lab() -> None:
         torch.testing.assert_close(state[key], value, atol=1e-5, rtol=1e-5, msg=lambda m, key=key: f"{key}: {m}")
 
 
+def test_sharded_stages_on_torchs_pipelining_with_fully_shard_equal_one_process_and_the_lab_engine(
+        tmp_path: Path) -> None:
+    """engine="torch" with shards=2 (4 ranks): torch's pipelining composed with fully_shard, as torchtitan does,
+    trains exactly as one process over the global batch does, through a plan change (a reshard from the DCP
+    checkpoint of the sharded state), and its checkpoint resumes on the lab's engine, equal to it."""
+    with vpipe_lab.launch("mlp", stages=2, shards=2, microbatches=2, engine="torch", device="cpu",
+                          timeout=90) as session:
+        session.run(2)
+        session.wait(timeout=180)
+        session.apply(session.plan.with_boundaries((0, 3, 10)))
+        assert session.plan.shards == 2 and session.plan.boundaries == (0, 3, 10)
+        session.run(1)
+        session.wait(timeout=180)
+        losses, state = list(session.metrics.iterations["loss"]), session.state_dict()
+        version = session.save(tmp_path / "ckpt")
+    model, ref_losses = reference.train(mlp.model, mlp.data, mlp.loss, mlp.optimizer, iterations=3, microbatches=4)
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    reference.assert_state_matches(state, model)
+    with vpipe_lab.launch("mlp", stages=2, shards=2, microbatches=2, device="cpu", timeout=90,
+                          resume=version) as lab:
+        back = lab.state_dict()
+        lab.run(1)
+        lab.wait(timeout=180)
+        more = list(lab.metrics.iterations["loss"])
+    assert all(torch.equal(back[k], state[k]) for k in state)
+    _, four = reference.train(mlp.model, mlp.data, mlp.loss, mlp.optimizer, iterations=4, microbatches=4)
+    assert more == pytest.approx(four[3:], rel=1e-5)
+
+
 def test_what_the_torch_engine_cannot_run_is_refused_before_it_starts() -> None:
-    with pytest.raises(ValueError, match="replicas need engine='lab'"):
-        vpipe_lab.launch("mlp", stages=2, microbatches=4, replicas=2, engine="torch")
     with pytest.raises(ValueError, match="precision='bf16' needs engine='lab'"):
         vpipe_lab.launch("mlp", stages=2, microbatches=4, precision="bf16", engine="torch")
     with pytest.raises(ValueError, match="unknown engine 'jax'"):

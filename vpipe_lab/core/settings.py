@@ -296,10 +296,6 @@ def engine_refusal(engine: str, replicas: int, precision: str, schedule: str, sh
         return f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}"
     if engine == "lab":
         return None
-    if replicas != 1:
-        return "engine='torch' runs one pipeline: data-parallel replicas need engine='lab'"
-    if shards != 1:
-        return f"engine='torch' runs stages of whole devices: shards={shards} needs engine='lab'"
     if precision != "fp32":
         return f"engine='torch' trains in fp32; precision={precision!r} needs engine='lab'"
     if schedule in schedules.names() and (why := schedules.get(schedule).export_refusal):

@@ -9,7 +9,9 @@ its stages from ``runtime/torch_pp/pipeline.py``; an iteration is torch's ``sche
 live migration: every rank saves its state as a DCP checkpoint (the one ``session.save`` writes, into the job's
 checkpoint when the apply asks for one), builds the new plan's stages from a fresh model and loads its own units'
 tensors and optimizer state back by name. What the lab's engine measures per layer, torch's cannot: a profile here
-is each stage's measured forward and backward time spread over its units by their parameter bytes.
+is each stage's measured forward and backward time spread over its units by their parameter bytes. With shards or
+replicas each data-parallel rank runs a pipeline of its own over its share of the batch, its stages sharded with
+``fully_shard`` (or replicated with torch's ``replicate``) as torchtitan composes them (``runtime/torch_pp/sharded.py``).
 """
 
 from __future__ import annotations
@@ -35,12 +37,15 @@ from vpipe_lab.runtime.engine.comm import TAG_TARGET, Peer
 from vpipe_lab.runtime.engine.device import select
 from vpipe_lab.runtime.engine.executor import default_loss
 from vpipe_lab.runtime.iteration_end import first_nonfinite, unattended_stop
+from vpipe_lab.runtime.memory.ledger import local_tensor, tensor_bytes
 from vpipe_lab.runtime.model.batches import Source, batch_size, rebuild, split
 from vpipe_lab.runtime.model.callables import load_callables
 from vpipe_lab.runtime.model.capture import build_model, capture
 from vpipe_lab.runtime.progress import Control
 from vpipe_lab.runtime.torch_pp.engine_state import TorchState
 from vpipe_lab.runtime.torch_pp.pipeline import TorchPipeline, torch_pipeline
+from vpipe_lab.runtime.training.place import Place
+from vpipe_lab.runtime.training.replicas import shard
 from vpipe_lab.runtime.worker_commands import WorkerCommands
 from vpipe_lab.wire import commands as C
 from vpipe_lab.wire import events as E
@@ -98,19 +103,21 @@ class TorchWorker(TorchState, WorkerCommands):
             raise ValueError(problem)
         self.spec, self.link, self.global_rank, self.leader = spec, link, rank, rank == 0
         self.phase, self._in_loss = "starting", False  # what a failure names (``where``)
-        self.index, self.world, self.replica = rank, world, 0
+        # the job's mesh (runtime/training/place.py): a pipeline per data-parallel rank (shards x replicas)
+        self.place = Place(rank, spec.settings.stages, spec.settings.shards, spec.settings.replicas)
+        self.index, self.world, self.replica = self.place.stage, self.place.stages, self.place.dp
         self.placement = select(spec.settings.device, local_rank, local_world, spec.devices)
         self.ctl = Control(iteration=spec.start_iteration, target=spec.settings.iterations or 0)
         fns = load_callables(spec)
         self.model_fn, self.split, self.train_data, self.eval_data = fns.model, fns.split, fns.data, None
         self.optimizer_fn, self.scheduler_fn, self.user_loss = fns.optimizer, fns.lr_scheduler, fns.loss or default_loss
         self.peer = Peer(rank, world, self.placement.device if self.placement.is_cuda else torch.device("cpu"),
-                         spec.settings.timeout)
-        self.source = Source(fns.data, spec.start_iteration) if rank == 0 else None
-        self.chain, self.example = self._units(rank, world)
+                         spec.settings.timeout, base=self.place.dp * self.world, replicas=self.place.dps)
+        self.source = Source(fns.data, spec.start_iteration) if self.index == 0 else None
+        self.chain, self.example = self._units(self.index, self.world)
         self.names, self.num_layers = list(self.chain.names), len(self.chain)
         self.units = [UnitInfo.from_dict(d) for d in self.chain.infos()]
-        self.plan = initial_plan(spec, self.chain, rank, world, self.peer)
+        self.plan = initial_plan(spec, self.chain, self.index, self.world, self.peer)
         self.record_spans, self.saved = spec.settings.telemetry, SavedBytes()
         self.model_version, self.samples = 0, 0
         self.stats: dict[int, dict[str, list[float]]] = {}  # torch stage -> action letter -> seconds (and "held")
@@ -146,7 +153,8 @@ class TorchWorker(TorchState, WorkerCommands):
 
     def _first_inputs(self) -> Any:
         inputs, _ = self.source.peek(self.ctl.iteration)  # type: ignore[union-attr]
-        return split(inputs, self.spec.settings.microbatches, "inputs")[0]
+        mine = shard(inputs, self.place.dp, self.place.dps, "inputs")  # a data-parallel pipeline's share
+        return split(mine, self.spec.settings.microbatches, "inputs")[0]
 
     # --- building the stages from a plan ------------------------------------------------------------------------
     def _loss(self, output: Any, target: Any) -> torch.Tensor:
@@ -178,7 +186,8 @@ class TorchWorker(TorchState, WorkerCommands):
         path = write_bundle(self._dir / f"bundle-v{self.ctl.plan_version}", bundle)
         model = build_model(self.model_fn, self.spec.settings.seed)
         model.to(self.placement.device)
-        self.pp: TorchPipeline = torch_pipeline(model, path, self.index, example=self.example, loss_fn=self._loss,
+        self.pp: TorchPipeline = torch_pipeline(model, path, self.global_rank if self.place.dps > 1 else self.index,
+                                                example=self.example, loss_fn=self._loss,
                                                 device=self.placement.device)
         self.actions = self.pp.record()
         self.named = dict(self.pp.named_parameters())
@@ -274,7 +283,7 @@ class TorchWorker(TorchState, WorkerCommands):
         if self._no_targets and self.index == loss_rank:
             targets = torch.zeros(self.samples)  # torch splits a target per micro-batch; the loss is given None
         elif loss_rank != 0 and self.index in (0, loss_rank):
-            if self.index == 0:
+            if self.index == 0:  # the whole batch's targets: torch_pipeline takes this pipeline's share
                 self.peer.post_send(targets, loss_rank, TAG_TARGET, agreed=True, exact=True)
                 self.peer.flush()
             else:
@@ -344,8 +353,11 @@ class TorchWorker(TorchState, WorkerCommands):
         """``clip_grad_norm``: the global 2-norm over every rank's gradients, as one process's clip gets it."""
         if self.spec.settings.clip_grad_norm is None:
             return None
-        grads = [p.grad for p in self.named.values() if p.grad is not None]
-        local = float(sum(float(g.detach().float().pow(2).sum()) for g in grads))
+        grads = [local_tensor(p.grad) for p in self.named.values() if p.grad is not None]  # a sharded one: its shard
+        # a shard's squares are repeated on every replica; a whole gradient's on every data-parallel rank
+        whole = [g is p.grad for g, p in zip(grads, (p for p in self.named.values() if p.grad is not None))]
+        local = sum(float(g.detach().float().pow(2).sum()) / (self.place.dps if w else self.place.replicas)
+                    for g, w in zip(grads, whole))
         total = self.peer.all_sum([local])[0] ** 0.5
         scale = self.spec.settings.clip_grad_norm / (total + 1e-6)
         if scale < 1:
@@ -354,11 +366,10 @@ class TorchWorker(TorchState, WorkerCommands):
         return total
 
     def memory(self) -> dict[str, Any]:
-        params = list(self.named.values())
-        static = {"params": sum(p.numel() * p.element_size() for p in params),
-                  "grads": sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None),
-                  "optimizer": sum(v.numel() * v.element_size() for s in (self.optimizer.state.values()
-                                                                           if self.optimizer else ())
+        params = list(self.named.values())  # a sharded stage's: this rank's shards (ledger.tensor_bytes)
+        static = {"params": sum(tensor_bytes(p) for p in params),
+                  "grads": sum(tensor_bytes(p.grad) for p in params if p.grad is not None),
+                  "optimizer": sum(tensor_bytes(v) for s in (self.optimizer.state.values() if self.optimizer else ())
                                    for v in s.values() if isinstance(v, torch.Tensor))}
         total = sum(static.values())
         return {**static, "static": total, "activations": self.saved.peak, "resident": self.saved.peak, "host": 0,
@@ -370,6 +381,6 @@ class TorchWorker(TorchState, WorkerCommands):
         local = {s.stage: i for i, s in enumerate(self.pp.bundle.stages_of(self.index))}
         spans = ([(KINDS.index(KIND[a.op]), a.microbatch, -1, a.start, a.end, local.get(a.stage, 0))
                   for a in self.actions] if self.record_spans else [])
+        share = self.samples // self.place.dps if self.index == 0 else None  # this pipeline's samples
         self.send(E.IterationReport(it, self.index, start, end, losses, memory, spans, self.plan.microbatches,
-                                    self.ctl.plan_version, 0, self.samples if self.index == 0 else None, None,
-                                    grad_norm, lr, None, skipped))
+                                    self.ctl.plan_version, self.replica, share, None, grad_norm, lr, None, skipped))

@@ -33,6 +33,7 @@ class TorchState:
 
     spec: Any
     peer: Any
+    place: Any
     index: int
     world: int
     leader: bool
@@ -61,13 +62,16 @@ class TorchState:
         """This rank's part of the job as a DCP state dict: its tensors under the model's own ``state_dict()`` names,
         its optimizer flattened by parameter name, the step (``runtime/disk/dcp_state.py``'s layout)."""
         optimizer = dcp_state.flatten_optimizer(self.named, self.optimizer) if self.optimizer is not None else {}
-        return {**self.pp.state_dict(), dcp_state.OPTIMIZER: optimizer,
+        return {**self.pp.tensors(), dcp_state.OPTIMIZER: optimizer,  # a sharded stage's: DCP writes its shards
                 dcp_state.TRAIN: {"step": torch.tensor(self.ctl.iteration, dtype=torch.int64)}}
 
     def save(self, root: Path, name: str | None = None, keep: int | None = None) -> str | None:
         """A new checkpoint version under ``root``, as ``session.save`` describes it; None, or why it failed."""
         version = root / (name or f"ckpt-{self.ctl.iteration:08d}-{self.ctl.plan_version}-{self.model_version}")
-        return write_version(self.peer, self.index, self.world, 0, self.leader, version, self.state(), lambda: Manifest(
+        place = self.place  # the first replica's every shard writes: writer shard x stages + stage, its global rank
+        state = self.state() if place.replica == 0 else {}
+        return write_version(self.peer, place.shard * self.world + self.index, self.world * place.shards,
+                             place.replica, self.leader, version, state, lambda: Manifest(
             self.ctl.iteration, self.plan.to_dict(), self.num_layers, self.names, self.spec.settings.seed,
             self.ctl.plan_version,
             self.model_version, format="dcp", units=self.chain.infos(),
@@ -82,11 +86,12 @@ class TorchState:
             if manifest.format != "dcp":
                 raise ValueError(f"checkpoint {path} is in the per-layer format of earlier releases: resume it with "
                                  "engine='lab' and save it again (as a DCP checkpoint) to use it here")
-            check_files(self.peer, self.index, self.world, 0, manifest)
+            check_files(self.peer, self.place.shard * self.world + self.index, self.world * self.place.shards,
+                        self.place.replica, manifest)
             listed = set(manifest.files)
         reader = dcp_state.SafeReader(str(resolve(path)), listed)
-        wanted = [([key], tensor) for key, tensor in self.pp.state_dict().items()]
-        template, missing = dcp_state.template(wanted, set(self.named), reader.read_metadata())
+        wanted = [([key], tensor) for key, tensor in self.pp.tensors().items()]  # read in place (DTensors: a slice)
+        template, missing = dcp_state.template(wanted, set(self.named), reader.read_metadata(), self.named)
         if missing:
             raise ValueError(f"checkpoint {path} has no {', '.join(missing[:3])}: it was saved from another model")
         with torch.no_grad():
@@ -139,6 +144,8 @@ class TorchState:
 
     # --- what the controller asks ---------------------------------------------------------------------------------
     def _state(self, cmd: C.State) -> None:
+        if self.place.dp != 0 and self.place.shards == 1:
+            return  # the replicas hold the first one's state; a sharded stage's shards gather it together
         place = {key: i for i, key in enumerate(self.chain.state_keys)}
         meta, buffers = [], []
         for key, tensor in self.pp.state_dict().items():
@@ -146,7 +153,8 @@ class TorchState:
             m.aliases = [(key, place.get(key, len(place)))]
             meta.append(m)
             buffers.append(b)
-        self.send(E.Tensors(cmd.id, self.index, meta, buffers))
+        if self.place.dp == 0:
+            self.send(E.Tensors(cmd.id, self.index, meta, buffers))
 
     def _telemetry(self, cmd: C.Telemetry) -> None:
         self.record_spans = cmd.spans
@@ -162,6 +170,8 @@ class TorchState:
         spread over the stage's units by their parameter bytes (torch times stages, not layers); parameters and
         optimizer state exact."""
         layers = []
+        if self.place.dp != 0:  # every data-parallel pipeline measures the same layers; the first one answers
+            return
         for spec in self.pp.bundle.stages_of(self.index):
             times = self.stats.get(spec.stage, {})
             units = list(spec.units)

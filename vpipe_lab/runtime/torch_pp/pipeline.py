@@ -171,6 +171,15 @@ class TorchPipeline:
         shards call this together)."""
         return whole_state(self.modules, plain_name)
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """This rank's own parameters and buffers under the model's names, as they are (a sharded stage's DTensors):
+        what DCP writes and reads in place."""
+        out: dict[str, torch.Tensor] = {}
+        for module in self.modules:
+            for name, t in module.state_dict(keep_vars=False).items():
+                out.setdefault(plain_name(name), t)
+        return out
+
     def step(self, inputs: Any = None, target: Any = None, losses: list[Any] | None = None) -> list[Any] | None:
         """One training iteration: torch's schedule over this rank's stages (``inputs`` go in on the first stage's
         rank, ``target`` on the last's: give both everywhere, each rank takes what it needs; with data-parallel ranks

@@ -31,6 +31,7 @@ class Mesh:
     place: Place
     pipeline_group: Any = None
     shard_mesh: Any = None
+    replica_mesh: Any = None  # replicas of whole stages: torch's ``replicate`` averages their gradients
 
     @property
     def stage(self) -> int:
@@ -58,13 +59,17 @@ def mesh_of(plan: Plan, rank: int, world: int, device: torch.device) -> Mesh:
     shards = None
     if plan.shards > 1:
         shards = mesh["replica", "shard"] if plan.replicas > 1 else mesh["shard"]
-    return Mesh(place, mesh["stage"].get_group(), shards)
+    return Mesh(place, mesh["stage"].get_group(), shards, mesh["replica"] if plan.shards == 1 else None)
 
 
 def shard_module(module: nn.Module, mesh: Mesh, plan: Plan) -> nn.Module:
     """``fully_shard`` one stage's module over the shard mesh, resharding after its forward as the plan's sharding
     of this stage says (torchtitan's ``fsdp_reshard_after_forward``); the module itself when not sharded."""
     if mesh.shard_mesh is None:
+        if mesh.replica_mesh is not None:  # whole stages in replicas: torch's DDP on FSDP2, which its stages drive
+            from torch.distributed._composable.replicate_with_fsdp import replicate
+
+            replicate(module, mesh=mesh.replica_mesh)
         return module
     from torch.distributed.fsdp import fully_shard
 
