@@ -1,14 +1,15 @@
 """How far to trust the what-if: the simulator's prediction for a live change (what the editor shows) against the
 iteration time measured after applying it, per schedule, read from the session's own record (``session.history``).
 
-    python benchmarks/what_if.py [--model gpt-tiny] [--iterations 30]
+    python benchmarks/what_if.py [--model gpt-tiny] [--iterations 30] [--shards 2] [--schedules 1f1b zb-h1]
 
 For each schedule a 2-stage session trains ``--iterations``, is profiled (the profile the editor's what-if uses),
 and gets a partition change one layer off the even split; the change is recorded with the prediction made when it
 was applied (``predicted_s``: the simulation calibrated by the running plan's recent iterations, what the editor
 shows), and after ``--iterations`` more the record's median measured time gives the error; the plain simulation's
 error is printed beside it. The plan the session started with is simulated from the same profile, for the error of
-an unchanged plan.
+an unchanged plan. ``--shards 2`` runs each session as 2 stages x 2 sharded ranks (4 processes), its what-ifs
+priced per rank with the collectives the cost model charges (``core/cost/sharded.py``).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from vpipe_lab.core.cost.simulator import simulate
 SCHEDULES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv"]  # interleaved and ZBV: 2 chunks a stage
 
 
-def one(model: str, schedule: str, iterations: int) -> dict[str, float]:
-    with vpipe_lab.launch(model, stages=2, microbatches=4, schedule=schedule, device="cpu", timeout=120) as s:
+def one(model: str, schedule: str, iterations: int, shards: int = 1) -> dict[str, float]:
+    with vpipe_lab.launch(model, stages=2, shards=shards, microbatches=4, schedule=schedule, device="cpu",
+                          timeout=120) as s:
         s.run(iterations)
         s.wait(timeout=600)
         profile = s.profile(reset=True)  # what the editor's what-if is computed from
@@ -48,12 +50,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gpt-tiny")
     ap.add_argument("--iterations", type=int, default=30)
+    ap.add_argument("--shards", type=int, default=1, help="ranks sharding each stage (FSDP2)")
+    ap.add_argument("--schedules", nargs="+", default=SCHEDULES)
     args = ap.parse_args()
     print("| schedule | unchanged plan: measured / simulated (ms) | error | after the change: measured (ms) | "
           "simulated (ms) | error | calibrated, the what-if (ms) | error |\n|---|---:|---:|---:|---:|---:|---:|---:|")
     errors, raw = [], []
-    for schedule in SCHEDULES:
-        r = one(args.model, schedule, args.iterations)
+    for schedule in args.schedules:
+        r = one(args.model, schedule, args.iterations, args.shards)
         before = r["start_measured_s"] / r["start_predicted_s"] - 1
         plain = r["changed_measured_s"] / r["changed_simulated_s"] - 1
         errors.append(abs(r["changed_error"]))

@@ -31,15 +31,15 @@ def test_each_sharding_holds_and_spends_what_the_table_says() -> None:
     unmade = whole // 4  # the sharded gradients, made by the iteration's one reduce under hold and regather
     expected = {
         Sharding.HOLD: ShardCost(mine, 2 * whole - unmade, 2 * whole - unmade, once_s=2 * collective),
-        Sharding.REGATHER: ShardCost(mine, whole + 2 * unit - unmade, whole + unit - unmade, collective, collective,
+        Sharding.REGATHER: ShardCost(mine, whole + unit - unmade, whole + unit - unmade, collective, collective,
                                      once_s=collective),
         Sharding.SCATTER: ShardCost(mine, whole + 2 * unit, whole, 0.0, collective, once_s=collective),
-        Sharding.STREAM: ShardCost(mine, 3 * unit, 0, collective, 2 * collective),
+        Sharding.STREAM: ShardCost(mine, 2 * unit, 0, collective, 2 * collective),
     }
     for mode, cost in expected.items():
         assert model.cost(0, 2, static, params, mode, split=False) == cost, mode
     # a split backward (B, then W) leaves the chunk's gradients whole until its W is reduced
-    assert model.cost(0, 2, static, params, Sharding.STREAM, split=True).whole_bytes == 2 * unit + whole
+    assert model.cost(0, 2, static, params, Sharding.STREAM, split=True).whole_bytes == unit + whole
     assert model.cost(0, 2, static, params, Sharding.SCATTER, split=True).whole_bytes == 2 * whole + unit
     assert model.ties(1, 3) == (0, 0) and model.ties(0, 4) == (400, 100)
 

@@ -8,10 +8,11 @@ to the stages that hold it). While it computes it also holds whole parameters an
               at the end as much (each unit resharded before its reduce-scatter's input is made); its sharded
               gradients (G / K, counted with the static bytes, as the optimizer step holds them) are not made
               until that reduce, nor under regather
-    regather  whole G, one unit gathered with FSDP's all-gather output beside it (2 U)
+    regather  whole G and one unit gathered (U), then that unit's reduce-scatter input (U)
     scatter   whole P, one unit's gradients with their reduce-scatter input (2 U); under a split backward (B, then
               W) a micro-batch's W leaves the chunk's G whole until its reduce
-    stream    one unit gathered (2 U) and one unit's gradients reduced (U more at once); split: as scatter's G
+    stream    one unit gathered and its gradients (2 U), their reduce-scatter input made once the unit is
+              resharded; split: U and the chunk's G
 
 and it spends, over the shard link (``Cluster.shard_bandwidth``, else the stages' link), an all-gather and a
 reduce-scatter of ``bytes (K - 1) / K`` each and a latency per unit (HSDP adds the replicas' all-reduce of the
@@ -99,9 +100,10 @@ class ShardModel:
         if sharding is Sharding.HOLD:
             # at its end reduce a unit's parameters are freed before its reduce-scatter's input is made: no U more
             return ShardCost(mine, 2 * whole - unmade, 2 * whole - unmade, once_s=gather + reduce)
-        if sharding is Sharding.REGATHER:
-            return ShardCost(mine, whole + 2 * unit - unmade, whole + unit - unmade, gather, gather, once_s=reduce)
+        if sharding is Sharding.REGATHER:  # the gradients whole, one unit gathered (then its reduce-scatter input)
+            return ShardCost(mine, whole + unit - unmade, whole + unit - unmade, gather, gather, once_s=reduce)
         held = whole if split else unit  # a split backward's W leaves the chunk's gradients whole until reduced
-        if sharding is Sharding.SCATTER:
+        if sharding is Sharding.SCATTER:  # the parameters whole, a unit's gradients and their reduce-scatter input
             return ShardCost(mine, whole + held + unit, whole, 0.0, reduce, once_s=gather)
-        return ShardCost(mine, 2 * unit + held, 0, gather, gather + reduce)  # stream
+        # stream: a unit gathered, its gradients, their reduce-scatter input once the unit is resharded
+        return ShardCost(mine, unit + held, 0, gather, gather + reduce)

@@ -155,9 +155,11 @@ def note(stage: Any, per_layer: dict[int, int], step: int) -> None:
     layer's parameters and charged to every layer by its own."""
     params = {i: module_param_bytes(stage.layers[i].module) for i in stage.owned}
     largest = max(params.values(), default=0)
+    # a sharded stage: what FSDP's own hooks made whole inside a layer is priced by the cost model apart
+    inside = stage.shards.inside if getattr(stage, "shards", None) is not None else {}
     for i in stage.owned:
         stats = stage.layers[i].stats
-        stats.transient_bytes = max(stats.transient_bytes, per_layer.get(i, 0))
+        stats.transient_bytes = max(stats.transient_bytes, per_layer.get(i, 0) - inside.get(i, 0))
         if largest:
             stats.step_bytes = max(stats.step_bytes, step * params[i] // largest)
 

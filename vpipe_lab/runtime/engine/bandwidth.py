@@ -114,20 +114,28 @@ def probe_bandwidth(peer: Peer, placement: Placement, rank: int, world: int, nby
 
 
 def probe_shards(group: Any, shards: int, placement: Placement, nbytes: int = 8 << 20) -> dict[str, float]:
-    """A sharded stage's collective bandwidth: an all-gather of ``nbytes`` whole over its ``shards`` ranks (as FSDP
-    gathers a unit), the best of three, as the cost model charges it (``b (K - 1) / K / shard_bandwidth``). Every
-    shard of the stage calls it together."""
+    """A sharded stage's collective bandwidth, as FSDP2 spends it: an all-gather of ``nbytes`` whole over its
+    ``shards`` ranks and a reduce-scatter of as much (``all_gather_into_tensor``, ``reduce_scatter_tensor``: gloo
+    reduces through an all-reduce, so its reduce-scatter costs more than the gather), each the best of three; the
+    bandwidth that prices the pair as the cost model charges each (``b (K - 1) / K / shard_bandwidth``). Every shard
+    of the stage calls it together."""
     import torch.distributed as dist
 
-    local = torch.ones(max(1, nbytes // 4 // shards), dtype=torch.float32, device=placement.device)
-    outs = [torch.empty_like(local) for _ in range(shards)]
-    best = float("inf")
-    for _ in range(3):
-        dist.barrier(group=group)
-        start = time.perf_counter()
-        dist.all_gather(outs, local, group=group)
-        if placement.is_cuda:
-            torch.cuda.synchronize(placement.device)
-        best = min(best, time.perf_counter() - start)
-    whole = local.numel() * 4 * shards
-    return {"shard_bandwidth": whole * (shards - 1) / shards / max(best, 1e-9)}
+    whole = torch.ones(max(shards, nbytes // 4 // shards * shards), dtype=torch.float32, device=placement.device)
+    part = torch.empty(whole.numel() // shards, dtype=torch.float32, device=placement.device)
+
+    def best(run: Callable[[], Any]) -> float:
+        times = []
+        for _ in range(3):
+            dist.barrier(group=group)
+            start = time.perf_counter()
+            run()
+            if placement.is_cuda:
+                torch.cuda.synchronize(placement.device)
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    gather = best(lambda: dist.all_gather_into_tensor(whole, part, group=group))
+    reduce = best(lambda: dist.reduce_scatter_tensor(part, whole, group=group))
+    moved = whole.numel() * 4 * (shards - 1) / shards
+    return {"shard_bandwidth": 2 * moved / max(gather + reduce, 1e-9)}

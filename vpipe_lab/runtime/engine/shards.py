@@ -106,6 +106,11 @@ class Shards:
         self.spans: list[tuple[str, int, float, float]] = []  # (kind, unit, start, end) since the executor drained
         self.busy_s = 0.0  # wall seconds spent in the collectives so far (a profiling iteration's timer leaves it out)
         self.whole_peak = 0  # the most whole parameters and gradients held at once since ``reset_peak``
+        # unit -> the most bytes one of FSDP's own collectives made whole inside the unit's forward or backward (its
+        # gathered parameters, or its gradients' reduce-scatter input): the allocator's meter measured them as the
+        # layer's working set, which the cost model prices apart (``allocator.note`` takes them off)
+        self.inside: dict[int, int] = {}
+        self._explicit = 0  # inside the executor's own gather, reduce or reshard (not a layer's)
 
     @property
     def size(self) -> int:
@@ -141,6 +146,10 @@ class Shards:
         def timed(kind: str, call: Callable[..., Any], runs: bool, *args: Any, **kwargs: Any) -> Any:
             if not runs:
                 return call(*args, **kwargs)
+            if not self._explicit:  # FSDP's own hook, inside a layer's forward or backward
+                index = self._index.get(id(module), -1)
+                made = _group_bytes(group, grads=kind == "reduce_scatter")
+                self.inside[index] = max(self.inside.get(index, 0), made)
             start, wall = self.clock() if self.clock is not None else 0.0, time.perf_counter()
             out = call(*args, **kwargs)
             self.busy_s += time.perf_counter() - wall
@@ -211,12 +220,13 @@ class Shards:
         if self.sharding.reshard_after_forward:
             return False
         done = False
-        for i in indices:
-            unit = self.units.get(i)
-            if unit is not None and not self._gathered(unit):
-                unit.unshard()
-                self._note(i)
-                done = True
+        with self._own():
+            for i in indices:
+                unit = self.units.get(i)
+                if unit is not None and not self._gathered(unit):
+                    unit.unshard()
+                    self._note(i)
+                    done = True
         return done
 
     def after_backward(self, indices: Iterable[int]) -> bool:
@@ -228,8 +238,9 @@ class Shards:
         if not self.sharding.reduce_per_microbatch:
             return False
         ran = False
-        for i in wanted:
-            ran |= self._reduce(i, reshard=self.sharding.reshard_after_forward)
+        with self._own():
+            for i in wanted:
+                ran |= self._reduce(i, reshard=self.sharding.reshard_after_forward)
         return ran
 
     def finish(self) -> bool:
@@ -237,12 +248,22 @@ class Shards:
         whether a reduce-scatter ran. Every shard of the stage calls it at the same point."""
         self.track()
         reduced = False
-        for i in sorted(self._pending):
-            reduced |= self._reduce(i, reshard=True)
-        for i, unit in self.units.items():
-            unit.reshard()
-            self._forget(i)
+        with self._own():
+            for i in sorted(self._pending):
+                reduced |= self._reduce(i, reshard=True)
+            for i, unit in self.units.items():
+                unit.reshard()
+                self._forget(i)
         return reduced
+
+    @contextmanager
+    def _own(self) -> Iterator[None]:
+        """The executor's own collectives (between layers: not a layer's working set)."""
+        self._explicit += 1
+        try:
+            yield
+        finally:
+            self._explicit -= 1
 
     def discard(self) -> None:
         """A failed iteration: drop the whole gradients FSDP accumulated and free the gathered parameters."""
@@ -358,6 +379,17 @@ class Shards:
             for i, unit in self.units.items():
                 unit.reshard()
                 self._forget(i)
+
+
+def _group_bytes(group: Any, grads: bool) -> int:
+    """The bytes one FSDP group holds whole: its parameters gathered (or, ``grads``, their whole gradients)."""
+    total = 0
+    for fsdp_param in group.fsdp_params:
+        numel = 1
+        for size in getattr(fsdp_param, "_orig_size", ()):
+            numel *= int(size)
+        total += numel * fsdp_param.sharded_param.element_size()
+    return total
 
 
 def _has_whole_grad(fsdp_param: Any) -> bool:
