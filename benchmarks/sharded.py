@@ -1,6 +1,6 @@
 """Sharded stages, measured side by side on 4 CPU ranks (gloo, one thread per rank).
 
-    python benchmarks/sharded.py [--blocks 8] [--block 6] [--model mlp]
+    python benchmarks/sharded.py [--blocks 8] [--block 6] [--model mlp] [--tables vs-torch meshes memory]
 
 ``vs-torch``: the lab (2 stages x 2 shards, 1F1B, hold: torchtitan's FSDP + PP layout) against a plain script that
 composes torch.distributed.pipelining with ``fully_shard`` as torchtitan does (a (pp, dp_shard) mesh, each rank's
@@ -13,6 +13,9 @@ the last backward): same model, split, micro-batches, optimizer and data. Both j
 ``meshes``: at equal world size (4 ranks) the lab as a pipeline of whole devices (4 stages), 2 stages x 2 shards and
 1 stage x 4 shards, each with its best sharding by the planner, timed in turns the same way; and what the cost model
 predicted for each, beside it.
+
+``memory`` (asked for by name): each rank's peak as the cost model predicts it against the allocator's meter, for
+gpt-tiny, mlp and moe-tiny under each sharding (2 stages x 2 shards, M = 4, after 8 iterations).
 """
 
 from __future__ import annotations
@@ -230,18 +233,37 @@ def meshes(args: argparse.Namespace) -> None:
             s.stop()
 
 
+def memory(args: argparse.Namespace) -> None:
+    """Each rank's predicted peak against the allocator's, per model and sharding (2 stages x 2 shards, M=4)."""
+    print("\n| model | sharding | error per rank: (stage, shard) predicted / measured - 1 |")
+    print("|---|---|---|")
+    for name in ("gpt-tiny", "mlp", "moe-tiny"):
+        for mode in ("hold", "regather", "scatter", "stream"):
+            with vpipe_lab.launch(name, stages=STAGES, shards=SHARDS, microbatches=4, device="cpu",
+                                  timeout=300) as s:
+                s.apply(s.plan.with_mesh(sharding=(mode,) * STAGES))
+                s.run(8)
+                s.wait(timeout=600)
+                rows = s.memory()
+            errors = ", ".join(f"({r.stage}, {r.shard}) {r.error:+.1%}" for r in rows.itertuples())
+            print(f"| {name} | {mode} | {errors} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--blocks", type=int, default=8)
     ap.add_argument("--block", type=int, default=6, help="iterations per block")
     ap.add_argument("--model", default="mlp", choices=("mlp", "gpt-tiny"))
-    ap.add_argument("--tables", nargs="+", default=["vs-torch", "meshes"], choices=("vs-torch", "meshes"))
+    ap.add_argument("--tables", nargs="+", default=["vs-torch", "meshes"],
+                    choices=("vs-torch", "meshes", "memory"))
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if "vs-torch" in args.tables:
         vs_torch(args)
     if "meshes" in args.tables:
         meshes(args)
+    if "memory" in args.tables:
+        memory(args)
 
 
 if __name__ == "__main__":

@@ -44,17 +44,20 @@ def _run(rank: int, port: int, out: dict, sharding: str) -> None:  # type: ignor
     x = torch.randn(8, 6, generator=torch.Generator().manual_seed(1))
     shards = stage.shards
     assert shards is not None
-    gathers = reduces = 0
+    ticks = iter(range(1_000_000))
+    shards.clock = lambda: float(next(ticks))  # the spans are what the executor times, wherever FSDP runs them
     for mb in x.chunk(2)[rank].chunk(2):  # this rank's half of the batch, in two micro-batches
-        gathers += shards.gather([0, 1])
+        shards.gather([0, 1])
         h = mb
         for i in (0, 1):
             h = stage.layers[i].module(h)
         (h.pow(2).mean() / 2).backward()
-        reduces += shards.after_backward([0, 1])
-    reduces += shards.finish()
+        shards.after_backward([0, 1])
+    shards.finish()
     assert not shards.live  # every unit resharded: nothing gathered is held after the iteration
     stage.step()
+    gathers = sum(kind == "all_gather" for kind, *_ in shards.spans)
+    reduces = sum(kind == "reduce_scatter" for kind, *_ in shards.spans)
     out[rank] = {"gathers": gathers, "reduces": reduces,
                  "state": {n: whole(t).detach().clone() for n, t in stage.tensors.items()}}
     layer = stage.remove_layer(1)
@@ -78,9 +81,10 @@ def test_two_shards_take_the_step_of_one_process_and_collect_when_their_sharding
         got = out[rank]
         for name, value in expected.items():
             torch.testing.assert_close(got["state"][name], value, msg=lambda m, name=name: f"{name}: {m}")
-        # a gather before each forward where the parameters were resharded; reduces per micro-batch or once
-        assert got["gathers"] == (2 if mode.reshard_after_forward else 1)
-        assert got["reduces"] == (2 if mode.reduce_per_microbatch else 1)
+        # two units: gathered once for the iteration, or before each forward and each backward of both
+        # micro-batches where they are resharded; reduced per micro-batch or once
+        assert got["gathers"] == (2 * 2 * 2 if mode.reshard_after_forward else 2)
+        assert got["reduces"] == (2 * 2 if mode.reduce_per_microbatch else 2)
         assert out[f"plain{rank}"]
 
 
