@@ -21,6 +21,7 @@ gpt-tiny, mlp and moe-tiny under each sharding (2 stages x 2 shards, M = 4, afte
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import time
@@ -76,7 +77,7 @@ def _torch_rank(rank: int, port: int, name: str, bounds: tuple[int, ...], m: int
     it = 0
     while (n := conn.recv()) is not None:
         if n < 0:  # measure one iteration's peak with torch.profiler's memory events, as the lab's CPU meter does
-            conn.send(_peak_of(lambda: _step(sched, opt, ex, it, stage, dp)))
+            conn.send(_peak_of(functools.partial(_step, sched, opt, ex, it, stage, dp)))
             it += 1
             continue
         dist.barrier()
@@ -186,7 +187,7 @@ def vs_torch(args: argparse.Namespace) -> None:
     finally:
         session.stop()
         torch_job.close()
-    print(f"| model | mesh | torch + fully_shard (ms/it) | vpipe_lab (ms/it) | throughput ratio, median (IQR) |")
+    print("| model | mesh | torch + fully_shard (ms/it) | vpipe_lab (ms/it) | throughput ratio, median (IQR) |")
     print("|---|---|---|---|---|")
     print(f"| {name} | {STAGES} stages x {SHARDS} shards, 1F1B, M={m}, hold | "
           f"{1e3 * statistics.median(times['torch']):.1f} | {1e3 * statistics.median(times['lab']):.1f} | "
@@ -203,7 +204,6 @@ def vs_torch(args: argparse.Namespace) -> None:
 def meshes(args: argparse.Namespace) -> None:
     """4 ranks as 4 x 1, 2 x 2 and 1 x 4 (stages x shards), timed in turns; the planner's prediction beside each."""
     name, m = args.model, 4
-    n = {"mlp": 10, "gpt-tiny": 8}[name]
     shapes = {"4 stages x 1 shard": (4, 1), "2 stages x 2 shards": (2, 2), "1 stage x 4 shards": (1, 4)}
     sessions: dict[str, Any] = {}
     try:
@@ -235,7 +235,7 @@ def meshes(args: argparse.Namespace) -> None:
 
 def memory(args: argparse.Namespace) -> None:
     """Each rank's predicted peak against the allocator's, per model and sharding (2 stages x 2 shards, M=4)."""
-    print("\n| model | sharding | error per rank: (stage, shard) predicted / measured - 1 |")
+    print("\n| model | sharding | error per rank: (stage, shard) measured / predicted - 1 |")
     print("|---|---|---|")
     for name in ("gpt-tiny", "mlp", "moe-tiny"):
         for mode in ("hold", "regather", "scatter", "stream"):

@@ -22,7 +22,7 @@ from typing import Any
 from vpipe_lab.core.errors import PlanError, ProfileError
 from vpipe_lab.core.interop import megatron, torch_schedules, torchtitan
 from vpipe_lab.core.interop.bundle import SCHEMA_FILE, Bundle, csv_name
-from vpipe_lab.core.report import human_time
+from vpipe_lab.core.report import human_time, mesh_words
 from vpipe_lab.wire import small_file
 
 PIPELINE = "pipeline.json"
@@ -150,7 +150,7 @@ def _mesh(plan: Any) -> list[str]:
     """The README's words on a plan of sharded stages or replicas (nothing for a pipeline of whole devices)."""
     if plan.devices == plan.stages:
         return []
-    lines = [f"On {plan.devices} ranks: {plan.stages} stages x {plan.shards} shards x {plan.replicas} replicas "
+    lines = [f"On {plan.devices} ranks: {mesh_words(plan.stages, plan.shards, plan.replicas)} "
              f"(`WORLD_SIZE` {plan.devices}; the batch split over {plan.data_parallel} data-parallel ranks)."]
     if plan.shards > 1:
         lines[0] += (" Each stage's units are sharded with `fully_shard` over its shards; by stage they gather and "

@@ -12,6 +12,7 @@ from vpipe_lab.core.cost.scaling import at
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
 from vpipe_lab.core.planning.mesh import choose, search_sharded, shapes
 from vpipe_lab.core.planning.planner import search
+from vpipe_lab.core.report import mesh_words
 from vpipe_lab.core.sharding import Sharding
 
 GIB = 1 << 30
@@ -59,6 +60,10 @@ def test_under_a_budget_whole_stages_cannot_meet_a_sharded_mesh_fits() -> None:
     chosen = choose(PROFILE, lambda s: cluster(s, 6 * GIB), devices=8, batch_size=64)
     assert chosen.result.estimate.feasible and chosen.result.plan.shards > 1 and chosen.pipeline_only is None
     assert all(p <= 6 * GIB for p in chosen.result.estimate.peak_bytes)
+    # what a notebook shows of it: the choice in one line, not every plan tried
+    shown = repr(chosen)
+    assert shown.startswith(f"MeshResult({mesh_words(*chosen.shape)}: ") and shown.endswith("whole devices: none fits)")
+    assert "\n" not in shown and len(shown) < 200
     with pytest.raises(InfeasiblePlan, match="no mesh of 8 devices fits a batch of 64"):
         choose(PROFILE, lambda s: cluster(s, 4 * GIB), devices=8, batch_size=64)
 

@@ -15,12 +15,13 @@ from vpipe_lab.core.cost.shared_bytes import SharedBytes
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
 from vpipe_lab.core.planning.planner import PlanResult, _fastest, search
 from vpipe_lab.core.profile import Cluster, ModelProfile
+from vpipe_lab.core.report import mesh_words
 from vpipe_lab.core.sharding import Sharding
 
 Shape = tuple[int, int, int]  # stages, shards, replicas
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class MeshResult:
     """The fastest plan over every mesh tried (``result.plan`` carries its stages, shards and replicas), each mesh's
     iteration time (None: nothing fit), and the fastest pipeline of whole devices (shards = 1), if any fit."""
@@ -33,6 +34,13 @@ class MeshResult:
     def shape(self) -> Shape:
         plan = self.result.plan
         return plan.stages, plan.shards, plan.replicas
+
+    def __repr__(self) -> str:  # a notebook shows it: the choice in a line, not every plan tried in full
+        fit = sum(t is not None for _, t in self.tried)
+        whole = (f"{self.pipeline_only.estimate.iteration_s * 1e3:.2f} ms" if self.pipeline_only is not None
+                 else "none fits")
+        return (f"MeshResult({mesh_words(*self.shape)}: {self.result.estimate.iteration_s * 1e3:.2f} ms per "
+                f"iteration; {fit} of {len(self.tried)} meshes fit; best pipeline of whole devices: {whole})")
 
 
 def search_sharded(profile: ModelProfile, cluster: Cluster, *, shards: int, replicas: int = 1,
