@@ -47,9 +47,9 @@ def problems(draw: st.DrawFn, max_layers: int = 6, max_stages: int = 3) -> tuple
 
 
 def exhaustive(profile: ModelProfile, cluster: Cluster, m: int, schedule: str) -> tuple[float, Plan | None]:
-    """The best plan that fits as the memory planners count memory (``CostModel.planned_peak_bytes``: a rebuild on
-    top of every micro-batch in flight, which the estimate's peak never exceeds), by enumerating every partition and
-    every per-layer policy."""
+    """The best plan that fits by the estimate the user is shown (``Estimate.feasible``), by enumerating every
+    partition and every per-layer policy; the memory planners' additive count (``CostModel.planned_peak_bytes``)
+    never understates that peak."""
     cm = CostModel(profile, cluster, m, schedule)
     n, k = len(profile), cluster.stages
     best, best_plan = math.inf, None
@@ -58,8 +58,9 @@ def exhaustive(profile: ModelProfile, cluster: Cluster, m: int, schedule: str) -
         for policies in itertools.product(list(Policy), repeat=n):
             plan = Plan(bounds, policies, m, schedule)
             est = cm.estimate(plan)
-            fits = all(cm.planned_peak_bytes(s, bounds[s], bounds[s + 1], policies) <= cm.budget(s) for s in range(k))
-            assert not fits or est.feasible  # what the planners count never understates the estimate's peak
-            if fits and est.iteration_s < best:
+            counted = all(cm.planned_peak_bytes(s, bounds[s], bounds[s + 1], policies) <= cm.budget(s)
+                          for s in range(k))
+            assert not counted or est.feasible  # what the planners count never understates the estimate's peak
+            if est.feasible and est.iteration_s < best:
                 best, best_plan = est.iteration_s, plan
     return best, best_plan

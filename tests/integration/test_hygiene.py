@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -64,6 +65,7 @@ def test_stop_returns_only_when_every_worker_is_gone_under_load() -> None:
 def test_a_killed_worker_is_reported_and_the_others_stopped() -> None:
     s = vpipe_lab.launch("mlp", stages=2, microbatches=2, device="cpu", timeout=30)
     pids = list(s.processes.pids().values())
+    job_dir = s._job_dir
     try:
         s.run()
         s.wait(2, timeout=60)
@@ -78,6 +80,19 @@ def test_a_killed_worker_is_reported_and_the_others_stopped() -> None:
             s.run(1)
     finally:
         s.stop()
+    assert job_dir is not None and not job_dir.exists()  # a failed session's key goes too (no checkpoint to keep)
+
+
+def test_an_interpreter_that_exits_without_stop_leaves_no_job_directory() -> None:
+    script = ("import vpipe_lab\n"
+              "s = vpipe_lab.launch('mlp', stages=2, microbatches=2, device='cpu', timeout=30)\n"
+              "s.run(2); s.wait(2, timeout=60)\n"
+              "print(s._job_dir, flush=True)\n")  # and exit: no stop()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert done.returncode == 0, done.stderr[-2000:]
+    job_dir = Path(done.stdout.strip().splitlines()[-1])
+    assert job_dir.name.startswith("vpipe-lab-") and not job_dir.exists()
 
 
 SCRIPT = """

@@ -4,6 +4,7 @@ import pytest
 import zmq
 
 from tests.messages import ready, report
+from tests.wire.peers import transport_peer
 from vpipe_lab.core.settings import Settings
 from vpipe_lab.runtime.broker import Broker
 from vpipe_lab.wire import protocol as P
@@ -55,11 +56,15 @@ def test_messages_without_the_key_are_dropped_on_both_sides() -> None:
     try:
         with pytest.raises(TimeoutError, match="is the key right"):
             Client(broker.frontend, P.new_key(), timeout=1.5)
-        rogue = ctx.socket(zmq.DEALER)
-        rogue.setsockopt(zmq.IDENTITY, b"rank0")
-        rogue.connect(broker.backend)
+        keyless = ctx.socket(zmq.DEALER)  # cannot complete the CURVE handshake: not heard at all
+        keyless.connect(broker.backend)
+        keyless.send_multipart(P.encode(ready(0).message(), KEY))
+        rogue = transport_peer(ctx, broker.backend, KEY, b"rank0")  # past the handshake, signing with another key
         rogue.send_multipart(P.encode(ready(0).message(), P.new_key()))
-        wait_for(lambda: broker.rejected >= 2)
+        wait_for(lambda: broker.rejected >= 1)
+        time.sleep(0.3)
+        assert broker.rejected == 1
+        keyless.close(0)
         assert not broker.ready
         rogue.close(0)
     finally:
@@ -68,8 +73,8 @@ def test_messages_without_the_key_are_dropped_on_both_sides() -> None:
 
 
 def test_replays_and_oversized_frames_from_the_network_are_dropped() -> None:
-    """A captured 'stop' sent again reaches rank 0 once; a frame over the command limit from a client without the key
-    is dropped unread, and the broker goes on serving."""
+    """A captured 'stop' sent again reaches rank 0 once; a frame over the command limit is dropped unread, and the
+    broker goes on serving (the sender is past the CURVE handshake: a keyless one is not heard at all)."""
     broker = Broker(KEY, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", JOB)
     rank0 = Link(broker.backend, KEY, "rank0", session=JOB.session_id)
     ctx = zmq.Context()
@@ -77,8 +82,7 @@ def test_replays_and_oversized_frames_from_the_network_are_dropped() -> None:
         rank0.send(ready(0).message())
         wait_for(lambda: 0 in broker.ready)
         sniffed = P.encode(P.Sender("s").stamp(Stop(id=9).message("client")), KEY)  # as a client sent it
-        attacker = ctx.socket(zmq.DEALER)
-        attacker.connect(broker.frontend)
+        attacker = transport_peer(ctx, broker.frontend, KEY)
         attacker.send_multipart(sniffed)
         assert rank0.inbox.get(timeout=5).type == P.STOP
         attacker.send_multipart(sniffed)  # the replay
@@ -99,12 +103,10 @@ def test_replays_and_oversized_frames_from_the_network_are_dropped() -> None:
 
 def test_a_peer_without_the_key_connecting_as_rank0_gets_no_command() -> None:
     """Under torchrun the broker forwards clients' commands to rank 0 by the name its signed messages carry: an
-    intruder connecting to the ranks' side under the identity ``rank0`` receives none of them."""
+    intruder that cannot sign, connecting to the ranks' side under the identity ``rank0`` receives none of them."""
     broker = Broker(KEY, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", JOB)
     ctx = zmq.Context()
-    intruder = ctx.socket(zmq.DEALER)
-    intruder.setsockopt(zmq.IDENTITY, b"rank0")
-    intruder.connect(broker.backend)
+    intruder = transport_peer(ctx, broker.backend, KEY, b"rank0")
     intruder.send_multipart(P.encode(P.Message(P.HEARTBEAT, "rank0"), P.new_key()))
     wait_for(lambda: broker.rejected == 1)
     rank0 = Link(broker.backend, KEY, "rank0", session=JOB.session_id)

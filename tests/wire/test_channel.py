@@ -2,6 +2,7 @@ import time
 
 import zmq
 
+from tests.wire.peers import transport_peer
 from vpipe_lab.wire.channel import Hub, Link
 from vpipe_lab.wire.protocol import Message, Sender, encode, new_key
 
@@ -27,20 +28,27 @@ def test_hub_and_link_talk_both_ways() -> None:
         hub.close()
 
 
-def test_hub_drops_messages_without_the_key() -> None:
-    hub = Hub(new_key())
+def test_a_peer_without_the_key_is_not_heard_and_a_wrong_signature_is_dropped() -> None:
+    """Without the key a peer cannot complete the CURVE handshake: nothing it sends is read (not even rejected);
+    past the handshake, a message signed with another key is dropped."""
+    key = new_key()
+    hub = Hub(key)
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.IDENTITY, b"intruder")
-    sock.connect(hub.address)
+    keyless = ctx.socket(zmq.DEALER)
+    keyless.setsockopt(zmq.IDENTITY, b"intruder")
+    keyless.connect(hub.address)
+    inside = transport_peer(ctx, hub.address, key, b"forger")
     try:
-        sock.send_multipart(encode(Message("stop"), new_key()))
+        keyless.send_multipart(encode(Message("stop", "intruder"), key))  # even correctly signed: never read
+        inside.send_multipart(encode(Message("stop", "forger"), new_key()))
         deadline = time.monotonic() + 5
         while hub.rejected == 0 and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert hub.rejected == 1 and hub.inbox.empty() and "intruder" not in hub.peers
+        time.sleep(0.3)
+        assert hub.rejected == 1 and hub.inbox.empty() and not hub.peers
     finally:
-        sock.close(0)
+        keyless.close(0)
+        inside.close(0)
         ctx.term()
         hub.close()
 
@@ -50,9 +58,7 @@ def test_a_captured_message_sent_again_is_refused() -> None:
     key = new_key()
     hub = Hub(key)
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.IDENTITY, b"rank0")
-    sock.connect(hub.address)
+    sock = transport_peer(ctx, hub.address, key, b"rank0")
     try:
         sender = Sender()
         frames = encode(sender.stamp(Message("hello", "rank0", {"rank": 0})), key)
@@ -99,20 +105,16 @@ def test_a_handler_gets_what_arrived_before_it_and_drain_takes_everything_waitin
         hub.close()
 
 
-def test_a_peer_without_the_key_cannot_take_a_worker_s_route_by_its_name() -> None:
+def test_a_peer_that_cannot_sign_cannot_take_a_worker_s_route_by_its_name() -> None:
     """An intruder connecting under a worker's name (its routing identity) before and after the worker gets none of
     the worker's frames: routes follow signed messages only, and the worker keeps receiving."""
     key = new_key()
     hub = Hub(key)
     ctx = zmq.Context()
-    early = ctx.socket(zmq.DEALER)
-    early.setsockopt(zmq.IDENTITY, b"rank0")
-    early.connect(hub.address)
+    early = transport_peer(ctx, hub.address, key, b"rank0")  # past the handshake (a keyless one is not heard)
     early.send_multipart(encode(Message("hello", "rank0"), new_key()))  # no key: it cannot say it is rank0
     link = Link(hub.address, key, "rank0")
-    late = ctx.socket(zmq.DEALER)
-    late.setsockopt(zmq.IDENTITY, b"rank0")
-    late.connect(hub.address)
+    late = transport_peer(ctx, hub.address, key, b"rank0")
     try:
         link.send(Message("hello", body={"rank": 0}))
         assert wait_for(hub.inbox).type == "hello"
@@ -129,5 +131,57 @@ def test_a_peer_without_the_key_cannot_take_a_worker_s_route_by_its_name() -> No
         early.close(0)
         late.close(0)
         ctx.term()
+        link.close()
+        hub.close()
+
+
+FLOOD = """
+import sys, time, zmq
+ctx = zmq.Context()
+socks = []
+for _ in range(2):
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.SNDTIMEO, 5000)
+    sock.connect(sys.argv[1])
+    socks.append(sock)
+frame = b"x" * (256 << 20)
+for sock in socks:
+    try:
+        sock.send_multipart([frame, b"{}"], copy=False)
+    except zmq.Again:
+        pass
+print("sent", flush=True)
+time.sleep(6)
+"""
+
+
+def test_keyless_peers_sending_huge_frames_make_the_controller_hold_nothing() -> None:
+    """Two connections without the key each send a 256 MiB frame (under the controller's per-frame limit): the
+    handshake they cannot complete comes first, so the controller's memory does not grow by them, and a worker with
+    the key is heard meanwhile."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    key = new_key()
+    hub = Hub(key)
+    me = psutil.Process()
+    before = me.memory_info().rss
+    attacker = subprocess.Popen([sys.executable, "-c", FLOOD, hub.address], stdout=subprocess.PIPE, text=True)
+    link = Link(hub.address, key, "rank0")
+    try:
+        assert attacker.stdout is not None and attacker.stdout.readline().strip() == "sent"
+        most = before
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            most = max(most, me.memory_info().rss)
+            time.sleep(0.05)
+        assert most - before < 64 << 20, f"the controller grew by {(most - before) >> 20} MiB"
+        link.send(Message("hello", body={"rank": 0}))
+        assert wait_for(hub.inbox).src == "rank0" and hub.rejected == 0
+    finally:
+        attacker.kill()
+        attacker.wait(10)
         link.close()
         hub.close()

@@ -10,7 +10,6 @@ also delivers ``Events``), and ``Live`` carries out plan, model and checkpoint c
 from __future__ import annotations
 
 import logging
-import shutil
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -351,15 +350,14 @@ class Session(Outward, Lifecycle, MemoryView):
                 except Exception:  # the hub may already be gone; the signals below still work
                     pass
                 self._launcher.wait(timeout / 2)
-            self._launcher.terminate(timeout=timeout / 2)
+            # the job directory goes with the workers (a failure's recovery checkpoint in it stays)
+            self._launcher.terminate(timeout=timeout / 2, keep=self.failure.checkpoint if self.failure else None)
         elif self.failure is None:  # attached: ask rank 0 to end the job, and wait for its acknowledgement
             try:
                 self._requests.command(Stop(), timeout=timeout)
             except Exception as exc:  # the job may be gone already; detaching is all that is left
                 log.warning("the attached job did not acknowledge stop: %s", exc)
         self._end()
-        if self._job_dir is not None and self.failure is None:
-            shutil.rmtree(self._job_dir, ignore_errors=True)
 
     def _end(self) -> None:
         if self._autoplan is not None:

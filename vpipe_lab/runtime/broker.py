@@ -35,8 +35,8 @@ class Broker:
         self.key = key
         self.job = job  # what a client needs to build its Session: stages, schedule, budgets, ...
         self._ctx = zmq.Context()
-        self._back = bounded(self._ctx.socket(zmq.ROUTER), P.MAX_EVENT, "broker (ranks)")
-        self._front = bounded(self._ctx.socket(zmq.ROUTER), P.MAX_COMMAND, "broker (clients)")
+        self._back = bounded(self._ctx.socket(zmq.ROUTER), P.MAX_EVENT, "broker (ranks)", key, server=True)
+        self._front = bounded(self._ctx.socket(zmq.ROUTER), P.MAX_COMMAND, "broker (clients)", key, server=True)
         for sock in (self._back, self._front):
             sock.setsockopt(zmq.LINGER, 0)
         # The clients' port is the one a user chose: bind it before the ranks' port, which may be any free one and

@@ -7,6 +7,8 @@ verify.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import queue
 import threading
@@ -15,6 +17,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 import zmq
+from zmq.utils import z85
 
 from vpipe_lab.wire.events import Welcome
 from vpipe_lab.wire.protocol import (
@@ -37,11 +40,37 @@ log = logging.getLogger(__name__)
 _rejections = RateLimitedLog(log)
 
 
-def bounded(sock: zmq.Socket, limit: int, what: str) -> zmq.Socket:  # type: ignore[type-arg]
-    """Refuse frames larger than ``limit`` before buffering them: the signature can only be checked after."""
+def bounded(sock: zmq.Socket, limit: int, what: str, key: str, server: bool) -> zmq.Socket:  # type: ignore[type-arg]
+    """A socket that reads nothing from a peer without the session key, and no frame larger than ``limit`` from one
+    with it. ZeroMQ's CURVE handshake comes before any message: the server's key pair is derived from the session
+    key and its public half is never sent, so a peer that does not hold the session key cannot complete the
+    handshake, and ZeroMQ drops its connection having buffered only the handshake's fixed-size frames (what any
+    number of keyless connections can make us hold is bounded by the open-file limit times a few KiB, not by what
+    they send). The HMAC signature on every message (``protocol.encode``) still authenticates each one and guards
+    against replays; CURVE encrypts the channel too."""
     sock.setsockopt(zmq.MAXMSGSIZE, limit)
-    log.info("%s: frames over %d bytes are dropped unread (a peer sending one is disconnected)", what, limit)
+    if zmq.has("curve"):
+        server_secret = _curve_secret(key, "server")
+        if server:
+            sock.curve_server = True
+            sock.curve_secretkey = server_secret
+        else:
+            client_secret = _curve_secret(key, "client")
+            sock.curve_secretkey = client_secret
+            sock.curve_publickey = zmq.curve_public(client_secret)
+            sock.curve_serverkey = zmq.curve_public(server_secret)
+        log.info("%s: CURVE from the session key; frames over %d bytes are dropped unread", what, limit)
+    else:  # a libzmq built without libsodium: the frame bound alone, per connection
+        log.warning("%s: this libzmq has no CURVE, so a peer without the key can send up to %d bytes a frame before "
+                    "its signature is checked (install pyzmq's own wheel, which has it)", what, limit)
     return sock
+
+
+def _curve_secret(key: str, role: str) -> bytes:
+    """A CURVE secret key (Z85) for ``role`` derived from the session key: only holders of the key can compute it,
+    or the server's public key from it."""
+    digest = hmac.new(key.encode(), f"vpipe-lab zmq curve {role}".encode(), hashlib.sha256).digest()
+    return z85.encode(digest)
 
 _POLL_MS = 20
 
@@ -80,7 +109,7 @@ class Hub:
                  on_message: Callable[[Message], None] | None = None, session: str | None = None) -> None:
         self.key = key
         self._ctx = zmq.Context.instance()
-        self._sock = bounded(self._ctx.socket(zmq.ROUTER), MAX_EVENT, "controller")
+        self._sock = bounded(self._ctx.socket(zmq.ROUTER), MAX_EVENT, "controller", key, server=True)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         if port:
@@ -179,7 +208,7 @@ class _Dealer:
         self.name = name
         self.address = address
         self._ctx = zmq.Context()
-        self._sock = bounded(self._ctx.socket(zmq.DEALER), limit, name)
+        self._sock = bounded(self._ctx.socket(zmq.DEALER), limit, name, key, server=False)
         if identity is not None:
             self._sock.setsockopt(zmq.IDENTITY, identity)
         self._linger = linger_ms

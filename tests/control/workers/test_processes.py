@@ -98,3 +98,31 @@ def test_a_dead_sessions_job_directory_and_its_key_go_with_its_workers(tmp_path:
     reap_stale()
     assert not job.exists() and (precious / "notes.txt").read_text() == "keep"
     assert not list(state_dir().glob("dead.json")) and not list(state_dir().glob("elsewhere.json"))
+
+
+def test_a_job_directory_ends_with_its_session_but_a_failures_checkpoint_and_the_logs(tmp_path: Path) -> None:
+    """terminate() (stop, a failure, the interpreter's exit) takes the job directory, job.json's key and the pickled
+    callables with it; where the failure's error says to resume from a checkpoint inside it, that stays, with the
+    workers' logs, and it is remembered for the call at exit."""
+    def job(name: str) -> Path:
+        where = tmp_path / name
+        (where / "checkpoints" / "plan-v2").mkdir(parents=True)
+        (where / "checkpoints" / "plan-v2" / "LATEST").write_text("v1")
+        for file in ("job.json", "callables.pkl", "worker-0.log", "model-v1.pkl"):
+            (where / file).write_text(file)
+        return where
+
+    plain = job("plain")
+    Launcher("t5", plain).terminate(timeout=0.1)
+    assert not plain.exists()
+
+    failed = job("failed")
+    launcher = Launcher("t6", failed)
+    launcher.terminate(timeout=0.1, keep=str(failed / "checkpoints" / "plan-v2"))
+    launcher.terminate(timeout=0.1)  # again at exit: the checkpoint is still kept
+    assert sorted(p.name for p in failed.iterdir()) == ["checkpoints", "worker-0.log"]
+    assert (failed / "checkpoints" / "plan-v2" / "LATEST").read_text() == "v1"
+
+    elsewhere = job("elsewhere")  # a checkpoint the user saved outside keeps nothing here
+    Launcher("t7", elsewhere).terminate(timeout=0.1, keep=str(tmp_path / "mine"))
+    assert not elsewhere.exists()

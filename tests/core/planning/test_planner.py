@@ -77,16 +77,13 @@ def test_optimal_matches_exhaustive_search_and_beats_every_method(case: Case) ->
     assert result.proven_optimal
     assert math.isclose(result.estimate.iteration_s, best, rel_tol=1e-9)
     assert math.isclose(result.lower_bound_s, best, rel_tol=1e-9)
-    cm = CostModel(profile, cl, m, schedule)
     for method in METHODS:
         p = run(case, method)
         if p is not None and p.schedule == schedule:  # (PipeDream plans its own schedule: another problem)
             est = estimate(p, profile, cl)
-            # optimal among the plans that fit as the planners count memory: the estimate's peak can be lower (the
-            # credits it gives: the later layers of the micro-batch a layer runs in, gradients not made yet)
-            if all(cm.planned_peak_bytes(s, p.boundaries[s], p.boundaries[s + 1], p.policies) <= cm.budget(s)
-                   for s in range(cl.stages)):
-                assert est.feasible and result.estimate.iteration_s <= est.iteration_s * (1 + 1e-9), method
+            # optimal among every plan that fits by the estimate the user is shown (uniform and balanced ignore memory)
+            if est.feasible:
+                assert result.estimate.iteration_s <= est.iteration_s * (1 + 1e-9), method
 
 
 def test_methods_on_a_paper_workload() -> None:

@@ -115,7 +115,7 @@ class FailureMonitor:
                     self._failed(self.root_cause())
             if self.fatal is not None and self.launcher is not None and self.launcher.alive():
                 log.error("%s; stopping the other workers", str(self.fatal).splitlines()[0])
-                self.launcher.terminate(timeout=2.0)
+                self.launcher.terminate(timeout=2.0, keep=self.fatal.checkpoint)
                 self.events.emit({"type": "failed", "stage": self.fatal.stage, "cause": self.fatal.cause})
             time.sleep(0.05)
 

@@ -115,6 +115,33 @@ def _remove_job_dir(path: object) -> None:
         log.info("removed %s, the job directory of a session whose controller died", target)
 
 
+def clear_job_dir(job_dir: Path, keep: str | None = None) -> None:
+    """A session ended: its job directory goes (``job.json`` holds the job's key; the pickles, the user's code and
+    data). Where a failure's recovery checkpoint lies inside it (``keep``, which the error tells the user to resume
+    from), that checkpoint and the workers' logs stay, and nothing else."""
+    inside = None
+    if keep is not None:
+        try:
+            inside = Path(keep).resolve().relative_to(job_dir.resolve()).parts[0]
+        except (ValueError, IndexError, OSError):
+            inside = None
+    if inside is None:
+        shutil.rmtree(job_dir, ignore_errors=True)
+        return
+    try:
+        entries = list(job_dir.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name == inside or (entry.name.startswith("worker-") and entry.suffix == ".log"):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+    log.warning("kept %s (the failure's checkpoint) and the workers' logs in %s; remove it when done", keep, job_dir)
+
+
 @dataclass
 class WorkerProcess:
     rank: int
@@ -149,6 +176,7 @@ class Launcher:
         self._lock = threading.RLock()
         self._closed = False
         self.generation = 0  # restarts so far (end_workers)
+        self._keep: str | None = None  # a failure's recovery checkpoint in the job directory, kept when it goes
         _LIVE.add(self)
 
     @property
@@ -226,15 +254,19 @@ class Launcher:
                 left.add(int(name))
         return sorted(left)
 
-    def terminate(self, timeout: float = 5.0, settle: float = 30.0) -> None:
+    def terminate(self, timeout: float = 5.0, settle: float = 30.0, keep: str | None = None) -> None:
         """SIGTERM every worker, SIGKILL what is left after ``timeout``, then return only once every worker and
         everything it started has exited and been reaped (at most ``settle`` seconds more: a SIGKILLed process
-        only waits for its parent to collect it, which a loaded machine delays), and drop the registry entry."""
+        only waits for its parent to collect it, which a loaded machine delays); drop the registry entry and the job
+        directory (but ``keep``, a failure's recovery checkpoint in it, remembered for a later call: the one at
+        exit). The session is over: a job directory never outlives it."""
         with self._lock:
             self._closed = True
+            self._keep = keep or self._keep
             self._end(timeout, settle)
             self.close_pipe()
             self._registry.unlink(missing_ok=True)
+            clear_job_dir(self.job_dir, self._keep)
 
     def end_workers(self, timeout: float = 2.0, settle: float = 30.0) -> None:
         """End every worker as ``terminate`` does, but keep the launcher for new ones (a restart spawns them)."""

@@ -14,7 +14,18 @@ from itertools import accumulate
 from vpipe_lab.core import checks, schedules
 from vpipe_lab.core.cost.sharded import ShardCost, ShardModel
 from vpipe_lab.core.cost.shared_bytes import SharedBytes
-from vpipe_lab.core.cost.stage_cost import RangeMax, StageCost, chunks_peak, policy_overhead, swap_buffers, transfers_peak
+from vpipe_lab.core.cost.stage_cost import (
+    Held,
+    RangeMax,
+    StageCost,
+    chunks_peak,
+    estimate_of,
+    policy_overhead,
+    stage_peak,
+    swap_buffers,
+    transfers_peak,
+    walk,
+)
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.plan import Estimate, Plan, Policy
 from vpipe_lab.core.profile import Cluster, ModelProfile
@@ -63,6 +74,9 @@ class CostModel:
         self._shared = SharedBytes(profile.shared)  # a tied parameter is counted by each unit; a stage holds it once
         self.trans = [x.transient_bytes for x in layers]
         self._trans_max = RangeMax(self.trans)
+        # a kept stage's largest working set on top of its own micro-batch's layers so far: max (P[i+1] + trans[i])
+        self._kept_top = RangeMax([self._pa[i + 1] + t for i, t in enumerate(self.trans)])
+        self._keep = (Policy.KEEP,) * len(layers)
         self._step_max = RangeMax([x.step_bytes for x in layers])
         self.total_compute_s = self.compute_prefix[-1]
         self.shards, self.sharding, self.replicas = shards, tuple(sharding), replicas  # sharded stages: sharded.py
@@ -200,6 +214,38 @@ class CostModel:
                       + self.batch_bytes(stage) + self._trans_max(lo, hi) + self.comm_bytes(stage, lo, hi) + whole,
                       self._step_max(lo, hi), end))
 
+    def _walk(self, stage: int, lo: int, hi: int, policies: Sequence[Policy]) -> Held:
+        made = (lambda i: self.param_bytes(lo, i + 1)) if self.credits_gradients(stage) else None
+        return walk(lo, hi, policies, self.act, self.inp, self.trans, self.fwd, made)
+
+    def peak_bytes(self, stage: int, lo: int, hi: int, policies: Sequence[Policy]) -> int:
+        """``stage_cost(...).peak_bytes`` alone (the memory planners ask it of every choice they try)."""
+        n, held = self.inflight(stage), self._walk(stage, lo, hi, policies)
+        shard = self.shard_cost(stage, lo, hi) or ShardCost(0)
+        return stage_peak(self.static_bytes(lo, hi) + self.stash_bytes(stage, lo, hi),
+                          n * held.resident + self.waiting_bytes(stage, lo, hi) + self.batch_bytes(stage),
+                          swap_buffers(n) * held.swapped, held.rebuilt, self.comm_bytes(stage, lo, hi),
+                          shard.whole_bytes, self._step_max(lo, hi), shard.end_bytes)
+
+    def keep_peak_bytes(self, stage: int, lo: int, hi: int) -> int:
+        """The estimate's peak of layers lo:hi with every layer kept (``stage_cost(...).peak_bytes``, in O(1) but where
+        the gradients' credit walks the layers): whether a kept stage fits, by the numbers the user is shown."""
+        if self.credits_gradients(stage):
+            return self.stage_cost(stage, lo, hi, self._keep).peak_bytes
+        shard = self.shard_cost(stage, lo, hi) or ShardCost(0)
+        rebuilt = max(0, self._kept_top(lo, hi) - self._pa[hi])  # the top over the stage's own micro-batch whole
+        activations = (self.inflight(stage) * self.activation_sum(lo, hi) + self.waiting_bytes(stage, lo, hi)
+                       + self.batch_bytes(stage))
+        return (self.static_bytes(lo, hi) + self.stash_bytes(stage, lo, hi)
+                + max(activations + rebuilt + self.comm_bytes(stage, lo, hi) + shard.whole_bytes,
+                      self._step_max(lo, hi), shard.end_bytes))
+
+    def credits_gradients(self, stage: int) -> bool:
+        """Every forward of the stage comes before its first backward, which makes the gradients (counted static)
+        layer by layer: its peak may come before some are made (``stage_cost``)."""
+        return (self.inflight(stage) == self.microbatches and self.chunks == self.stages and self.shards == 1
+                and not (self.kind.split_backward or self.kind.asynchronous))
+
     def batch_bytes(self, stage: int) -> int:
         """Stage 0 reads the whole batch before its iteration and holds it to the end: besides the inputs of the
         micro-batches in flight (its first layer's saved input, or a recomputed one's kept input), the others'."""
@@ -256,37 +302,10 @@ class CostModel:
     # --- full evaluation ----------------------------------------------------------------------------------------
     def stage_cost(self, stage: int, lo: int, hi: int, policies: Sequence[Policy]) -> StageCost:
         """Cost of layers lo:hi on ``stage`` with ``policies`` (indexed by global layer)."""
-        n, recompute = self.inflight(stage), 0.0
-        resident = swapped = moved = 0  # per micro-batch: held, swapped off, charged as copied (as the planners do)
-        # While layer i runs (forward, rebuild or backward) the other micro-batches in flight are held whole, and its
-        # own micro-batch holds what layers lo..i keep: the later ones have not run yet, or their backward is done.
-        # On top comes layer i's working set and, recomputed, its rebuilt activations. StageCost.rebuild_bytes is the
-        # largest such top over one micro-batch's whole share (the planners count without it: planned_peak_bytes).
-        top = first = 0
-        for i in range(lo, hi):
-            policy = policies[i]
-            if policy is Policy.KEEP:
-                resident += self.act[i]
-                here = resident + self.trans[i]
-            elif policy is Policy.RECOMPUTE:
-                resident += self.inp[i]
-                recompute += self.fwd[i]
-                here = resident + self.act[i] + self.trans[i]
-            else:  # a run of swapped layers is one segment; its input stays (see the module's docstring)
-                held = min(self.inp[i], self.act[i]) if i == lo or policies[i - 1] is not Policy.SWAP else 0
-                resident, swapped, moved = resident + held, swapped + self.act[i] - held, moved + self.act[i]
-                here = resident + self.trans[i]
-            top = max(top, here)
-            # the gradients of layers lo..i not yet made: i's own come as its first backward runs (measured on the
-            # zoo's stage 0 of 4, where every forward comes first: within 1% but gpt-tiny's, 4 to 10% over before)
-            first = max(first, here - self.param_bytes(lo, i + 1))
-        rebuilt = max(0, top - resident)
+        n = self.inflight(stage)
+        held = self._walk(stage, lo, hi, policies)
+        resident, swapped, moved, recompute, rebuilt = held
         shard = self.shard_cost(stage, lo, hi)  # sharded: its gradients are counted whole on top, not static
-        if n == self.microbatches and self.chunks == self.stages and self.shards == 1 and not (
-                self.kind.split_backward or self.kind.asynchronous):
-            # Every forward comes before the first backward, which makes the gradients (counted static) layer by
-            # layer: all micro-batches whole with its top, or one fewer with a later one's (below 0: gradients unmade)
-            rebuilt = max(first, top - resident) - resident
         extra = policy_overhead(recompute, moved, self.hide_s(stage, lo, hi), self.cluster.swap_bandwidth,
                                 self.cluster.swap_overlaps)
         fwd, bwd = self.base_times(stage, lo, hi)
@@ -325,26 +344,7 @@ class CostModel:
         step = self.cluster.step_overhead_s  # a weight step pays it too
         it = self.kind.iteration_time(fwd, bwd, self.microbatches, [c.wgrad_s + step for c in costs], self.hop_s,
                                       [c.inflight for c in costs]) + max(c.once_s for c in costs)
-        busy = sum(c.total_s for c in costs) * self.microbatches
-        peaks = tuple(c.peak_bytes for c in costs)
-        budgets = self.cluster.budgets
-        return Estimate(
-            iteration_s=it,
-            stage_s=tuple(c.total_s for c in costs),
-            peak_bytes=peaks,
-            budget_bytes=budgets,
-            bubble_fraction=(1.0 - busy / (self.stages * it)) if it > 0 else 0.0,
-            feasible=all(p <= b for p, b in zip(peaks, budgets)),
-            forward_s=fwd,
-            backward_s=bwd,
-            recompute_s=tuple(c.recompute_s for c in costs),
-            swap_exposed_s=tuple(c.swap_exposed_s for c in costs),
-            comm_s=tuple(c.comm_s for c in costs),
-            static_bytes=tuple(c.static_bytes for c in costs),
-            activation_bytes=tuple(c.activation_bytes + c.swap_buffer_bytes for c in costs),
-            host_bytes=tuple(c.host_bytes for c in costs),
-            inflight=tuple(c.inflight for c in costs),
-        )
+        return estimate_of(costs, it, self.cluster.budgets, self.microbatches)
 
     def chunks_iteration_s(self, chunk_s: Sequence[float], wgrad_s: Sequence[float] = ()) -> float:
         """The iteration from each chunk's time per micro-batch (``wgrad_s``: its W step's, for ZBV): see

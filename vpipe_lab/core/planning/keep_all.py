@@ -10,10 +10,11 @@ from vpipe_lab.core.schedules.kind import BOTTLENECK
 
 
 def partition(cm: CostModel) -> tuple[tuple[int, ...] | None, int]:
-    """The min-bottleneck everything-kept partition under ``cm``'s schedule and budgets (None when none fits), and
-    the search's transitions. Under the ``pipedream`` schedule the budget also pays for the stashed weights."""
+    """The min-bottleneck everything-kept partition under ``cm``'s schedule and budgets (None when none fits, by the
+    estimate's own peak), and the search's transitions. Under the ``pipedream`` schedule the budget also pays for
+    the stashed weights."""
     def stage_fn(s: int, lo: int, hi: int) -> tuple[float, float] | None:
-        if cm.keep_all_bytes(s, lo, hi) > cm.budget(s):
+        if cm.keep_peak_bytes(s, lo, hi) > cm.budget(s):
             return None
         return cm.base_times(s, lo, hi)
 
@@ -37,9 +38,9 @@ def cover(cm: CostModel) -> tuple[int, ...] | None:
             last = n if s == k - 1 else n - (k - s - 1)
             hi = lo + 1 if s < k - 1 else n
             while hi < last and sum(cm.base_times(s, lo, hi + 1)) <= cap and \
-                    cm.keep_all_bytes(s, lo, hi + 1) <= cm.budget(s):
+                    cm.keep_peak_bytes(s, lo, hi + 1) <= cm.budget(s):
                 hi += 1
-            if hi > last or sum(cm.base_times(s, lo, hi)) > cap or cm.keep_all_bytes(s, lo, hi) > cm.budget(s):
+            if hi > last or sum(cm.base_times(s, lo, hi)) > cap or cm.keep_peak_bytes(s, lo, hi) > cm.budget(s):
                 return None
             bounds.append(hi)
         return tuple(bounds)

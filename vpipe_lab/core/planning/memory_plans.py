@@ -3,14 +3,18 @@
 Both solvers minimise the stage's extra backward time ``max(recompute_s, swap_bytes / bandwidth - hide_s)``, or
 ``recompute_s + 2 swap_bytes / bandwidth`` where copies run on the compute thread (see ``costmodel.policy_overhead``),
 subject to the stage's peak memory fitting its budget. ``greedy`` is vPipe's rule (swap the largest activations while
-the transfers hide, then recompute by bytes freed per second); ``exact`` is a branch-and-bound that proves its answer
-optimal unless it runs out of nodes.
+the transfers hide, then recompute by bytes freed per second) on additive savings that never understate the peak
+(``CostModel.planned_peak_bytes``), then takes back what the estimate's own peak shows was not needed; ``exact`` is
+a branch-and-bound on the estimate's own peak (``StageProblem.fits``: the numbers the user is shown), pruned by a
+relaxation that never overstates what a completion can free, and proves its answer optimal unless it runs out of
+nodes.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 from vpipe_lab.core.cost.costmodel import CostModel, policy_overhead, swap_buffers
 from vpipe_lab.core.plan import Policy
@@ -35,6 +39,15 @@ class StageProblem:
     swap_save: tuple[int, ...] = ()
     rec_save: tuple[int, ...] = ()
     rec_most: tuple[int, ...] = ()
+    # The estimate's own verdict on policies for lo:hi (None: decide by the additive savings alone), and its peak
+    # with every layer kept over the budget (``relaxed_need``). A layer swapped lowers each micro-batch's resident
+    # bytes by at most its activations, recomputed by at most what they exceed its input by; each of the ``weight``
+    # micro-batches in flight counts them once at most (the one a layer runs in, its rebuild and the gradients' credit
+    # included: ``CostModel.stage_cost``) and the swap buffers hold ``swap_buffers(weight)`` of a swapped layer's, so
+    # that peak less those savings never overstates a choice's peak
+    fits: Callable[[tuple[Policy, ...]], bool] | None = field(default=None, compare=False)
+    relaxed_need: int = 0
+    weight: int = 0
 
     def __post_init__(self) -> None:
         n = self.inflight
@@ -53,7 +66,21 @@ class StageProblem:
 
     @classmethod
     def of(cls, cm: CostModel, stage: int, lo: int, hi: int) -> StageProblem:
+        def fits(policies: tuple[Policy, ...]) -> bool:
+            full[lo:hi] = policies  # one list for the stage's search: only lo:hi is read
+            return cm.peak_bytes(stage, lo, hi, full) <= cm.budget(stage)
+
+        keep = (_K,) * cm.num_layers
+        full = list(keep)
+        kept = cm.stage_cost(stage, lo, hi, keep)
+        floor = kept.static_bytes + max(kept.step_bytes, kept.end_bytes)
+        held = (kept.activation_bytes + kept.swap_buffer_bytes + kept.rebuild_bytes + kept.comm_bytes
+                + kept.whole_bytes)  # the estimate's peak with every layer kept, but the step's and the end's
+        relaxed = kept.static_bytes + held - cm.budget(stage) if floor <= cm.budget(stage) else 1 << 62
         return cls(
+            fits=fits,
+            relaxed_need=relaxed,
+            weight=kept.inflight,
             lo=lo,
             activation=tuple(cm.act[lo:hi]),
             inputs=tuple(cm.inp[lo:hi]),
@@ -180,27 +207,47 @@ def greedy(p: StageProblem) -> StageSolution | None:
         chosen.append(i)
     if excess(p, policies) > 0:
         return None
-    # Undo what turned out unnecessary, latest choice first (the costliest ones were added last).
+    # Undo what turned out unnecessary, latest choice first (the costliest ones were added last): by the additive
+    # count, then by the estimate's own peak, which credits what the count cannot (the later layers of the
+    # micro-batch a layer runs in, a run of swapped layers' one kept input).
     for i in reversed(dict.fromkeys(chosen)):
         if policies[i] is not _K and with_policy(i, _K) <= 0:
             policies[i] = _K
-    return _solution(p, policies)
+    return _taken_back(p, _solution(p, policies))
 
 
 class _Search:
-    """Depth-first branch-and-bound over layers; identical layers are interchangeable, so their choices are sorted."""
+    """Depth-first branch-and-bound over layers; identical layers are interchangeable, so their choices are sorted.
+
+    Each layer frees at most ``swap_gain`` bytes swapped and ``rec_gain`` recomputed, and what is still over the
+    budget starts at ``need``. Without ``fits`` the gains are exact (additive) and a choice fits once nothing is over
+    (``rebuild``: the largest recomputed layer is held again); with ``fits`` they are a relaxation that never
+    understates what a choice frees, and ``fits`` decides each choice whose relaxation fits, the layers not chosen
+    yet kept. Either way adding a swap or a recompute never makes a plan faster, so the first fit on a path ends it."""
 
     def __init__(self, p: StageProblem, incumbent: float, node_limit: int) -> None:
         self.p = p
         n = len(p.activation)
+        if p.fits is None:
+            self.swap_gain, self.rec_gain, self.swap_rate = list(p.swap_save), list(p.rec_most), \
+                p.inflight - swap_buffers(p.inflight)
+            self.need, self.rebuild = p.need_bytes, True
+        else:
+            w = p.weight
+            # a swapped layer's copies stay in the swap buffers (``swap_buffers``) and free nothing there
+            self.swap_rate = w - swap_buffers(w)
+            self.swap_gain = [self.swap_rate * a for a in p.activation]
+            self.rec_gain = [w * max(0, a - x) for a, x in zip(p.activation, p.inputs)]
+            self.need, self.rebuild = p.relaxed_need, False
         key = [(p.activation[i], p.inputs[i], p.forward_s[i]) for i in range(n)]
-        value = [max(p.swap_saving(i), p.rec_most[i]) for i in range(n)]  # at most what each can free
+        value = [max(self.swap_gain[i], self.rec_gain[i]) for i in range(n)]  # at most what each can free
         # Most bytes freed per second of recompute first (then by size): finds good plans early, so the bound prunes more.
         self.order = sorted((i for i in range(n) if value[i] > 0),
-                            key=lambda i: (-(p.rec_most[i] / p.forward_s[i]) if p.forward_s[i] > 0 else -math.inf,
+                            key=lambda i: (-(self.rec_gain[i] / p.forward_s[i]) if p.forward_s[i] > 0 else -math.inf,
                                            -value[i], key[i], i))
         order = self.order
-        self.same_as_prev = [j > 0 and key[order[j]] == key[order[j - 1]] for j in range(len(order))]
+        # (interchangeable by the additive count only: where a layer sits matters to the estimate's peak)
+        self.same_as_prev = [p.fits is None and j > 0 and key[order[j]] == key[order[j - 1]] for j in range(len(order))]
         m = len(order)
         self.rest_value = [0] * (m + 1)
         self.rest_act = [0] * (m + 1)
@@ -209,8 +256,8 @@ class _Search:
         for j in range(m - 1, -1, -1):
             i = order[j]
             self.rest_value[j] = self.rest_value[j + 1] + value[i]
-            self.rest_act[j] = self.rest_act[j + 1] + (p.activation[i] if p.swap_saving(i) > 0 else 0)
-            saving, f = p.rec_most[i], p.forward_s[i]
+            self.rest_act[j] = self.rest_act[j + 1] + (p.activation[i] if self.swap_gain[i] > 0 else 0)
+            saving, f = self.rec_gain[i], p.forward_s[i]
             self.free_rec[j] = self.free_rec[j + 1] + (saving if f == 0 else 0)
             rate = saving / f if f > 0 else 0.0
             self.best_rate[j] = max(self.best_rate[j + 1], rate)
@@ -226,7 +273,7 @@ class _Search:
         or swap can offer (a layer may count for both, which only loosens the bound)."""
         p = self.p
         cur = policy_overhead(rho, sigma, p.hide_s, p.bandwidth, p.overlaps)
-        swap_rate = p.inflight - swap_buffers(p.inflight)
+        swap_rate = self.swap_rate
         if not p.overlaps:  # additive: every byte swapped costs 2 / bandwidth, no recompute hides anything
             left = remaining - self.free_rec[j]
             if left <= 0:
@@ -241,9 +288,18 @@ class _Search:
         rate = self.best_rate[j] + (swap_rate * p.bandwidth if self.rest_act[j] > free_swap else 0.0)
         return cur + remaining_f / rate if rate > 0 else math.inf
 
-    def run(self, j: int, rho: float, sigma: int, remaining: int, floor: int, top: int = 0) -> None:
+    def _fits(self, j: int) -> bool:
+        """Whether the choices for ``order[:j]``, the rest kept, fit by the estimate's peak."""
+        assert self.p.fits is not None
+        policies = [_K] * len(self.p.activation)
+        for k in range(j):
+            policies[self.order[k]] = self.choice[k]
+        return self.p.fits(tuple(policies))
+
+    def run(self, j: int, rho: float, sigma: int, remaining: int, floor: int, top: int = 0,
+            checked: bool = False) -> None:
         """Choose for ``order[j:]``; ``top`` is the largest activation of a layer recomputed so far (its rebuild is
-        the one held)."""
+        the one held); ``checked``: this very choice (the parent's, the layer just kept) did not fit already."""
         self.nodes += 1
         if self.nodes > self.node_limit:
             self.aborted = True
@@ -251,34 +307,37 @@ class _Search:
         p = self.p
         if remaining <= 0:
             cost = policy_overhead(rho, sigma, p.hide_s, p.bandwidth, p.overlaps)
-            if cost < self.best:
+            if cost >= self.best:
+                return
+            if p.fits is None or (not checked and self._fits(j)):
                 self.best = cost
                 self.best_choice = list(self.choice[:j]) + [_K] * (len(self.order) - j)
-            return
+                return
+            checked = True
         if j == len(self.order) or remaining > self.rest_value[j]:
             return
-        if self.bound(j, rho, sigma, remaining) >= self.best:
+        if self.bound(j, rho, sigma, max(0, remaining)) >= self.best:
             return
         i = self.order[j]
         start = floor if self.same_as_prev[j] else 0
         # Options ranked recompute < swap < keep; identical neighbours take non-decreasing ranks (symmetry breaking).
         for rank in range(start, 3):
             if rank == 0:
-                if p.rec_most[i] <= 0:
+                if self.rec_gain[i] <= 0:
                     continue
                 # may free nothing yet: a rebuild at least as large, chosen later, makes this one free
-                saving = p.rec_most[i] - max(0, p.activation[i] - top)
+                saving = self.rec_gain[i] - (max(0, p.activation[i] - top) if self.rebuild else 0)
                 self.choice[j] = _R
                 self.run(j + 1, rho + p.forward_s[i], sigma, remaining - saving, 0, max(top, p.activation[i]))
             elif rank == 1:
-                saving = p.swap_saving(i)
+                saving = self.swap_gain[i]
                 if saving <= 0:
                     continue
                 self.choice[j] = _S
                 self.run(j + 1, rho, sigma + p.activation[i], remaining - saving, 1, top)
             else:
                 self.choice[j] = _K
-                self.run(j + 1, rho, sigma, remaining, 2, top)
+                self.run(j + 1, rho, sigma, remaining, 2, top, checked)
             if self.aborted:
                 return
         self.choice[j] = _K
@@ -292,9 +351,16 @@ def exact(p: StageProblem, *, cutoff: float = math.inf, node_limit: int = 200_00
     if p.need_bytes <= 0:
         return keep_all(p)
     start = greedy(p)
+    if p.fits is not None:
+        # first the exact plan by the additive count (fast: its savings add up, identical layers interchangeable),
+        # which fits by the estimate too: the bound the search by the estimate's own peak has to beat
+        node_limit //= 2  # the node budget shared by the two searches
+        counted = exact(replace(p, fits=None), cutoff=cutoff, node_limit=node_limit)
+        if counted is not None and (start is None or counted.extra_s < start.extra_s):
+            start = _taken_back(p, counted)
     incumbent = min(cutoff, start.extra_s if start is not None else math.inf)
     search = _Search(p, incumbent, node_limit)
-    search.run(0, 0.0, 0, p.need_bytes, 0)
+    search.run(0, 0.0, 0, search.need, 0)
     if search.best_choice is not None:
         policies = [_K] * len(p.activation)
         for j, i in enumerate(search.order):
@@ -303,3 +369,15 @@ def exact(p: StageProblem, *, cutoff: float = math.inf, node_limit: int = 200_00
     if start is not None and start.extra_s < cutoff:
         return StageSolution(start.policies, start.extra_s, start.recompute_s, start.swap_bytes, not search.aborted)
     return None
+
+
+def _taken_back(p: StageProblem, found: StageSolution) -> StageSolution:
+    """``found`` with every choice the estimate's own peak shows was not needed kept instead, costliest first."""
+    if p.fits is None:
+        return found
+    policies = list(found.policies)
+    for i in sorted((i for i, x in enumerate(policies) if x is not _K), key=lambda i: -p.forward_s[i]):
+        old, policies[i] = policies[i], _K
+        if not p.fits(tuple(policies)):
+            policies[i] = old
+    return _solution(p, policies, found.proven)

@@ -111,7 +111,7 @@ class _ExactStages:
         if key in self.cache:
             return self.cache[key]
         fwd, bwd = cm.base_times(s, lo, hi)
-        if cm.keep_all_bytes(s, lo, hi) <= cm.budget(s):
+        if cm.keep_peak_bytes(s, lo, hi) <= cm.budget(s):  # by the estimate's own peak
             kept = (fwd, bwd, (Policy.KEEP,) * (hi - lo))
             self.cache[key] = kept
             return kept
