@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import pytest
@@ -136,3 +137,12 @@ def test_a_change_keeps_the_jobs_mesh_and_refuses_another() -> None:
         Change.of(sharding=("stream", "hold")).resolve(Plan((0, 2, 4), ("keep",) * 4, 2), 4, 2)
     with pytest.raises(PlanError, match="one entry per stage, not a string"):
         Change.of(sharding="stream")
+
+
+def test_a_change_carries_the_prediction_its_door_showed_and_refuses_a_meaningless_one() -> None:
+    shown = Change.of(boundaries=(0, 3, 8), source="editor")
+    told = dataclasses.replace(shown, predicted_s=0.158)
+    assert told.predicted_s == 0.158 and told == shown  # the number shown is not part of what is asked
+    for bad in (0, -1.0, float("inf"), float("nan"), "fast"):
+        with pytest.raises(PlanError, match="predicted_s must be a positive number of seconds"):
+            dataclasses.replace(shown, predicted_s=bad)

@@ -284,12 +284,12 @@ print(json.dumps({{"bounds": list(session.plan.boundaries), "owned": owned, "sch
         assert doc["bounds"] == [0, 3, 8] and doc["schedule"] == "gpipe" and doc["sources"] == ["editor", "editor"]
         assert doc["owned"] == [[0, 1, 2], [3, 4, 5, 6, 7]]
         assert doc["before"] == [0] and doc["moved"] in ([1], []) and doc["after"] == [2]
-        # The record compares the iterations the dragged plan ran with the what-if the page showed for it (the
-        # same calibrated simulation, taken again at Apply: on a loaded machine the running plan's pace moves
-        # between the drag and the click, by 8.7% in one CI run beside a benchmark).
+        # The record compares the iterations the dragged plan ran with the what-if the page showed for it: the very
+        # number (the editor hands it to the change; computed again at Apply it once read 79.75 ms against the
+        # 158.19 ms shown, where the running plan's calibration crossed its bounds in between).
         record = doc["record"]
         assert record["source"] == "editor" and "[0:3]" in record["plan"]
-        assert record["predicted_s"] * 1e3 == pytest.approx(float(what_if[1]), rel=0.25), (record, what_if[1])
+        assert record["predicted_s"] * 1e3 == pytest.approx(float(what_if[1]), rel=1e-3, abs=0.01), (record, what_if[1])
         assert record["error"] == pytest.approx(record["median_s"] / record["predicted_s"] - 1)
         assert "no worker process is left" in ask(kc, "%vpipe stop")
     finally:

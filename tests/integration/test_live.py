@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -219,6 +220,9 @@ def test_every_door_makes_one_typed_change_checked_once_without_asking_for_a_pro
             done = s.change(Change.of(boundaries=[0, 5, 10]))
             assert done.source == "api" and done.plan == s.plan and done.version == 3 and done.moves == 2
             assert len(checked) == 2 and len(asked) == 1  # each new plan once; no profile asked for either
+            # the number a door showed for its plan (the editor's what-if) is the one recorded
+            shown = s.change(dataclasses.replace(Change.of(boundaries=[0, 4, 10]), predicted_s=0.25))
+            assert shown.predicted_s == 0.25 and s.applied[-1].predicted_s == 0.25
             s.run(2)
             s.wait(timeout=60)
         finally:

@@ -43,6 +43,10 @@ class Change:
     source: str = field(default="api", compare=False)
     sharding: tuple[Sharding, ...] | None = None
     mesh: tuple[int, int] | None = None
+    # what the door showed the user for the plan asked for (the editor's what-if), recorded as the change's
+    # prediction so the record compares the run with the very number the user acted on; None: the session computes
+    # it the same way (``Live.predicted_s``)
+    predicted_s: float | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -60,6 +64,9 @@ class Change:
         object.__setattr__(self, "policies", tuple(sorted(seen.items())))
         checks.count(self.microbatches, "microbatches", optional=True, error=PlanError)
         checks.count(self.virtual_stages, "virtual_stages", optional=True, error=PlanError)
+        if self.predicted_s is not None and not (isinstance(self.predicted_s, (int, float))
+                                                 and 0 < float(self.predicted_s) < float("inf")):
+            raise PlanError(f"predicted_s must be a positive number of seconds, not {self.predicted_s!r}")
         if self.schedule is not None and not isinstance(self.schedule, str):
             raise PlanError(f"schedule must be a schedule's name, not {self.schedule!r}")
         if self.sharding is not None:

@@ -335,12 +335,24 @@ class PartitionEditor(anywidget.AnyWidget):
                              if self.session is not None and "current" in docs else None)
         return calibrated(docs, self._calibration)
 
+    def _shown_s(self, plan: Plan) -> float | None:
+        """The what-if this editor shows for ``plan`` (its simulation, calibrated as shown), None where it shows none."""
+        if self._profile is None or self._cluster is None:
+            return None
+        try:
+            simulated = self._previews.doc(plan.validate(len(self._profile), self._cluster.stages), self._profile,
+                                           self._cluster)["iteration_s"]
+        except VpipeError:
+            return None
+        shown = self._calibration.apply(simulated) if self._calibration is not None else simulated
+        return float(shown) if shown > 0 else None
+
     def _apply(self, change: Change) -> None:
         self.status = {"state": "pending", "message": "pending: waiting for the next iteration boundary"}
         try:
             plan = change.on(self._plan)
             if self.session is not None:
-                done = self.session.change(change)
+                done = self.session.change(dataclasses.replace(change, predicted_s=self._shown_s(plan)))
                 plan, iteration, message = done.plan, done.iteration, done.describe()
             else:
                 iteration = self.on_apply(plan) if self.on_apply is not None else 0

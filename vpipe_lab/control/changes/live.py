@@ -95,7 +95,8 @@ class Live:
         assert current is not None
         plan = change.resolve(current, len(self.state.names), self.spec.settings.stages)
         self._admit(plan, current, force)
-        predicted = self.predicted_s(plan, current)
+        # the number the door showed for this plan (the editor's what-if) is the prediction, else the same computation
+        predicted = change.predicted_s if change.predicted_s is not None else self.predicted_s(plan, current)
         with self._lock:
             version = self.state.plan_version + 1
             moves = layer_moves(current.boundaries, plan.boundaries, plan.stages,
