@@ -22,9 +22,8 @@ LAYERS, WIDTH, EXPERTS, TOP_K = 6, 64, 8, 2
 
 
 def model() -> nn.Module:
-    from vpipe_lab.runtime.model.compat import allow_torchvision_without_ops
-
-    allow_torchvision_without_ops()  # transformers imports torchvision where it is installed
+    # transformers imports torchvision where it is installed: ``import vpipe_lab`` armed the guard that keeps it
+    # importable next to a CPU-only torch (import_guard.py), and a worker runs it before it builds any model
     import transformers
 
     transformers.logging.set_verbosity_error()

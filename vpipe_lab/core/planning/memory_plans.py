@@ -207,9 +207,8 @@ def greedy(p: StageProblem) -> StageSolution | None:
         chosen.append(i)
     if excess(p, policies) > 0:
         return None
-    # Undo what turned out unnecessary, latest choice first (the costliest ones were added last): by the additive
-    # count, then by the estimate's own peak, which credits what the count cannot (the later layers of the
-    # micro-batch a layer runs in, a run of swapped layers' one kept input).
+    # Undo what turned out unnecessary, latest choice first (the costliest were added last), by the additive count,
+    # then by the estimate's own peak (``_taken_back``), which credits what the count cannot.
     for i in reversed(dict.fromkeys(chosen)):
         if policies[i] is not _K and with_policy(i, _K) <= 0:
             policies[i] = _K
