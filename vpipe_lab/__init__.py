@@ -38,6 +38,7 @@ from vpipe_lab.core import (
     search_sharded,
     simulate,
 )
+from vpipe_lab.core.report import plan_table
 from vpipe_lab.core.settings import Settings
 
 __version__ = "0.1.0"
@@ -53,7 +54,7 @@ __all__ = [
     "LayerCost", "LayerMove", "MeshResult",
     "ModelProfile", "Op", "Plan", "PlanError", "PlanResult", "Policy", "ProfileError", "Schedule", "ScheduleError", "Settings",
     "Span", "Timeline", "VpipeError", "__version__", "choose_mesh", "estimate", "for_plan", "layer_moves", "plan",
-    "search", "search_sharded", "simulate",
+    "plan_table", "search", "search_sharded", "simulate",
 ]
 
 # The process-side API is imported on first use, so `import vpipe_lab` stays light (no sockets, no torch).

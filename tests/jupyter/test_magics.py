@@ -48,6 +48,10 @@ def test_bad_input_is_a_usage_error(ip) -> None:  # type: ignore[no-untyped-def]
         ip.run_line_magic("vpipe", "use not_a_session")
     with pytest.raises(UsageError, match="is not a size"):
         ip.run_line_magic("vpipe", "start mlp --budget lots")
+    # a misspelt option: that sub-command's usage and the option it is closest to, not the list of sub-commands
+    with pytest.raises(UsageError, match=r"(?s)%vpipe start: unrecognized arguments: --stags 2 \(did you mean "
+                                         r"--stages\?\).*usage: %vpipe start"):
+        ip.run_line_magic("vpipe", "start gpt-tiny --stags 2")
     with pytest.raises(UsageError, match=r"cannot read the line '.*': No closing quotation"):
         ip.run_line_magic("vpipe", 'start "unterminated')
     ip.user_ns.pop("session", None)
@@ -100,6 +104,12 @@ def test_a_session_driven_from_magics(ip, tmp_path: Path, capsys: pytest.Capture
         ip.run_line_magic("vpipe", "policy three=swap")
     with pytest.raises(UsageError, match="PlanError"):
         ip.run_line_magic("vpipe", "partition 0 0 10")
+    with pytest.raises(UsageError, match=r"the iteration to wait for must be a whole number >= 0 or None .*got -3"):
+        ip.run_line_magic("vpipe", "wait -3")
+    version = pipe.applied[-1].version
+    ip.run_line_magic("vpipe", "partition 0 4 10")  # the plan in force again: said so, no new version
+    said = capsys.readouterr().out
+    assert pipe.applied[-1].version == version and "already in force: nothing changed" in said
     found = ip.run_line_magic("vpipe", "plan")
     assert found.plan.num_layers == 10
     mesh = ip.run_line_magic("vpipe", "plan --devices 4")  # the mesh for 4 devices, from this job's measured profile
@@ -119,7 +129,7 @@ def test_a_session_driven_from_magics(ip, tmp_path: Path, capsys: pytest.Capture
     assert board.refreshes >= 1 and len(editor.layers) == 10 and editor.boundaries == [0, 4, 10]
     ip.run_line_magic("vpipe", "status")
     ip.run_line_magic("vpipe", "stop")
-    out = capsys.readouterr().out
+    out = said + capsys.readouterr().out
     assert "bound to `pipe`" in out and "stopped; no worker process is left" in out
     assert "evaluation loss" in out
 

@@ -199,6 +199,8 @@ class Session(Outward, Lifecycle, MemoryView):
     def wait(self, iteration: int | None = None, timeout: float | None = None) -> int:
         """Block until ``iteration`` iterations are done (default: the last run()'s target); returns the count. One not
         reachable as things stand (idle short of it, paused) raises at once, why; a timeout says where it stood."""
+        checks.count(iteration, "the iteration to wait for", minimum=0, optional=True,
+                     what="an iteration count: wait(10) returns once 10 iterations are done")
         goal = iteration if iteration is not None else self.state.target
         if goal is None:
             raise ValueError("run() was asked to train until stopped: give wait() an iteration to wait for")

@@ -183,7 +183,10 @@ class Applied:
     source: str = "api"  # a Change's source; "launch"/"attach" for the plan a session began with, "restart" for a
     # re-plan onto the stages left after one could not come back
     predicted_s: float | None = None  # its simulated iteration time when applied (None: no profile measured yet)
+    unchanged: bool = False  # the plan asked for is the one in force: nothing was sent, no version made
 
     def describe(self) -> str:
+        if self.unchanged:
+            return f"plan v{self.version} is already in force: nothing changed"
         moved = f" ({self.moves} layer(s) moved)" if self.moves else ""
         return f"plan v{self.version} applied at iteration {self.iteration}{moved}"

@@ -19,7 +19,7 @@ class Launcher:
     def __init__(self, codes: dict[int, int | None]) -> None:
         self.workers = [SimpleNamespace(rank=r, popen=SimpleNamespace(poll=lambda c=c: c), tail=lambda r=r: f"log {r}")
                         for r, c in codes.items()]
-        self.terminated = False
+        self.terminated, self.kept = False, None
 
     def exited(self) -> list[tuple[Any, int]]:
         return [(w, w.popen.poll()) for w in self.workers if w.popen.poll() is not None]
@@ -27,8 +27,8 @@ class Launcher:
     def alive(self) -> list[Any]:
         return [] if self.terminated else [w for w in self.workers if w.popen.poll() is None]
 
-    def terminate(self, timeout: float) -> None:
-        self.terminated = True
+    def terminate(self, timeout: float, keep: str | None = None) -> None:
+        self.terminated, self.kept = True, keep
 
 
 def monitor(codes: dict[int, int | None], job_dir: Path | None = None) -> tuple[FailureMonitor, JobState, Events]:

@@ -94,6 +94,8 @@ class Live:
         current = self.state.plan
         assert current is not None
         plan = change.resolve(current, len(self.state.names), self.spec.settings.stages)
+        if plan == current:  # nothing to move or tell the workers: no new version, and the caller is told so
+            return Applied(current, self.state.plan_version, self.state.iteration, source=change.source, unchanged=True)
         self._admit(plan, current, force)
         # the number the door showed for this plan (the editor's what-if) is the prediction, else the same computation
         predicted = change.predicted_s if change.predicted_s is not None else self.predicted_s(plan, current)
