@@ -95,6 +95,7 @@ class PartitionEditor(anywidget.AnyWidget):
         self._previews = Previews()  # each plan's estimate and simulated iteration under the profile in hand
         self._budget: int | None = None  # the user's budget per stage (the what-if's box); None: the cluster's
         self._calibration: Calibration | None = None  # what the what-if shows is scaled by (core/cost/calibration.py)
+        self._shown: tuple[Plan, float] | None = None  # the draft the page shows and its what-if (seconds)
         self.reprofile_s = 30.0  # while training, measure the profile again this often (0: only after an Apply)
         self.fresh_s = 10.0  # a draft previewed with a profile older than this measures it again first (_freshen)
         self.fresh_wait_s = 2.0  # ... waiting at most this for the next iteration boundary (else the one in hand)
@@ -203,9 +204,10 @@ class PartitionEditor(anywidget.AnyWidget):
                 elif kind == "preview":
                     self._preview()
                 elif kind == "apply":
+                    seen = self._shown  # what the page showed as the user clicked: the number they acted on
                     self._freshen()
                     self._set_draft(payload)
-                    self._apply(payload)
+                    self._apply(payload, seen)
                 elif kind == "follow":
                     self._follow(payload)
                 elif kind == "ended":
@@ -311,6 +313,8 @@ class PartitionEditor(anywidget.AnyWidget):
         except VpipeError as exc:
             docs["error"] = str(exc)
         self.preview = self._calibrated(docs)
+        if "draft" in self.preview:  # the number the page shows for this draft (its Apply records it)
+            self._shown = (shown, float(self.preview["draft"]["iteration_s"]))
         self._draw_what_if(shown if "draft" in docs else None)
 
     def _draw_what_if(self, draft: Plan | None) -> None:
@@ -335,8 +339,12 @@ class PartitionEditor(anywidget.AnyWidget):
                              if self.session is not None and "current" in docs else None)
         return calibrated(docs, self._calibration)
 
-    def _shown_s(self, plan: Plan) -> float | None:
-        """The what-if this editor shows for ``plan`` (its simulation, calibrated as shown), None where it shows none."""
+    def _shown_s(self, plan: Plan, seen: tuple[Plan, float] | None = None) -> float | None:
+        """The what-if this editor showed for ``plan``: ``seen`` (the page's as the user clicked) or the number last
+        sent to the page for it, else its simulation calibrated as the page would show it; None where it shows none."""
+        for shown in (seen, self._shown):
+            if shown is not None and shown[0] == plan and shown[1] > 0:
+                return shown[1]
         if self._profile is None or self._cluster is None:
             return None
         try:
@@ -347,12 +355,12 @@ class PartitionEditor(anywidget.AnyWidget):
         shown = self._calibration.apply(simulated) if self._calibration is not None else simulated
         return float(shown) if shown > 0 else None
 
-    def _apply(self, change: Change) -> None:
+    def _apply(self, change: Change, seen: tuple[Plan, float] | None = None) -> None:
         self.status = {"state": "pending", "message": "pending: waiting for the next iteration boundary"}
         try:
             plan = change.on(self._plan)
             if self.session is not None:
-                done = self.session.change(dataclasses.replace(change, predicted_s=self._shown_s(plan)))
+                done = self.session.change(dataclasses.replace(change, predicted_s=self._shown_s(plan, seen)))
                 plan, iteration, message = done.plan, done.iteration, done.describe()
             else:
                 iteration = self.on_apply(plan) if self.on_apply is not None else 0
