@@ -29,3 +29,10 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         proc.kill()
     if left:
         raise AssertionError(f"{item.fspath.basename}: worker processes survived the notebook: {[p.pid for p in left]}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A tutorial starts real workers: it belongs to the slow tier (``pytest -m "not slow"`` leaves them out)."""
+    for item in items:
+        if str(item.fspath).endswith(".ipynb"):
+            item.add_marker(pytest.mark.slow)

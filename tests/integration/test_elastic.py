@@ -68,13 +68,23 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def test_a_node_that_leaves_is_planned_away_and_training_ends_equal(tmp_path: Path) -> None:
-    whole, elastic = tmp_path / "whole", tmp_path / "elastic"
-    proc = torchrun(["--standalone", "--nproc-per-node", "2", *worker_args(whole)], tmp_path / "whole.log")
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The job that loses nothing, which both tests compare with: checkpoints every 4 iterations and snapshots every
+    3 (background copies: the same arithmetic either way), run once for the file."""
+    run_dir = tmp_path_factory.mktemp("elastic") / "whole"
+    log = run_dir.parent / "whole.log"
+    proc = torchrun(["--standalone", "--nproc-per-node", "2",
+                     *worker_args(run_dir, "--save-every", "4", "--snapshot-every", "3")], log)
     try:
-        assert proc.wait(timeout=300) == 0, (tmp_path / "whole.log").read_text()[-3000:]
+        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
     finally:
         kill_tree(proc)
+    return run_dir
+
+
+def test_a_node_that_leaves_is_planned_away_and_training_ends_equal(whole: Path, tmp_path: Path) -> None:
+    elastic = tmp_path / "elastic"
     port = free_port()
     first = node(elastic, port, True, tmp_path / "first.log")
     second = None
@@ -106,19 +116,18 @@ def test_a_node_that_leaves_is_planned_away_and_training_ends_equal(tmp_path: Pa
         assert torch.allclose(value, reference[key], atol=1e-6), key
 
 
-def test_a_worker_that_dies_is_restarted_by_torchrun_from_the_newest_snapshot(tmp_path: Path) -> None:
+def test_a_worker_that_dies_is_restarted_by_torchrun_from_the_newest_snapshot(whole: Path, tmp_path: Path) -> None:
     """No checkpoint but the final one: stage 1 dies at iteration 10 (its first attempt only), torchrun
     (``--max-restarts 1``) restarts the job, and it goes on from the snapshot of iteration 9, not from the start,
     to the losses and weights of a job that lost nothing, every iteration recorded once."""
-    whole, restarted = tmp_path / "whole", tmp_path / "restarted"
-    saves = ("--snapshot-every", "3")
-    for run_dir, env in ((whole, {}), (restarted, {"VPIPE_LAB_FAULT": "forward:1@10"})):
-        proc = torchrun(["--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.5",
-                         *worker_args(run_dir, *saves)], tmp_path / f"{run_dir.name}.log", **env)
-        try:
-            assert proc.wait(timeout=300) == 0, (tmp_path / f"{run_dir.name}.log").read_text()[-3000:]
-        finally:
-            kill_tree(proc)
+    restarted = tmp_path / "restarted"
+    proc = torchrun(["--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.5",
+                     *worker_args(restarted, "--snapshot-every", "3")], tmp_path / "restarted.log",
+                    VPIPE_LAB_FAULT="forward:1@10")
+    try:
+        assert proc.wait(timeout=300) == 0, (tmp_path / "restarted.log").read_text()[-3000:]
+    finally:
+        kill_tree(proc)
     assert "fault injection: exit at forward on rank 1, iteration 10" in (tmp_path / "restarted.log").read_text()
     starts = runlog.read(restarted, "start")
     assert list(starts["iteration"]) == [0, 9] and list(starts["stages"]) == [2, 2]

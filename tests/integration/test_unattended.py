@@ -41,16 +41,8 @@ def latest_iteration(run_dir: Path) -> int:
 
 def test_killed_job_resumes_with_the_same_losses_and_can_be_attached(tmp_path: Path) -> None:
     whole, broken = tmp_path / "whole", tmp_path / "broken"
-    proc = start(whole, 12, tmp_path / "whole.log")
-    try:
-        assert proc.wait(timeout=300) == 0, (tmp_path / "whole.log").read_text()[-3000:]
-    finally:
-        kill_tree(proc)
-    expected = runlog.read(whole)
-    assert list(expected["iteration"]) == list(range(12))
-    assert expected["grad_norm"].notna().all()
-    assert latest_iteration(whole) == 12  # --save-every 4 ends on a checkpoint
-
+    # the job that is never interrupted trains beside the one that will be (their batches wait on a sleep, not the CPU)
+    uninterrupted = start(whole, 12, tmp_path / "whole.log")
     proc = start(broken, 12, tmp_path / "broken.log")
     try:
         deadline = time.monotonic() + 240
@@ -63,8 +55,14 @@ def test_killed_job_resumes_with_the_same_losses_and_can_be_attached(tmp_path: P
         assert session.stages == 2
         session.detach()
         kill_tree(proc)  # mid-run, after the checkpoint at 4 (and maybe 8)
+        assert uninterrupted.wait(timeout=300) == 0, (tmp_path / "whole.log").read_text()[-3000:]
     finally:
         kill_tree(proc)
+        kill_tree(uninterrupted)
+    expected = runlog.read(whole)
+    assert list(expected["iteration"]) == list(range(12))
+    assert expected["grad_norm"].notna().all()
+    assert latest_iteration(whole) == 12  # --save-every 4 ends on a checkpoint
     resumed_from = latest_iteration(broken)
     assert 4 <= resumed_from < 12
     proc = start(broken, 12, tmp_path / "broken.log")

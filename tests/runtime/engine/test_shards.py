@@ -7,7 +7,6 @@ import functools
 from datetime import timedelta
 from typing import Any
 
-import pytest
 import torch
 import torch.distributed as dist
 
@@ -29,63 +28,67 @@ def tensors(unit: torch.nn.Module, i: int) -> UnitTensors:
     return UnitTensors([(n, f"{i}.{n}") for n, _ in unit.named_parameters()], [])
 
 
-def _run(rank: int, port: int, out: dict, sharding: str) -> None:  # type: ignore[type-arg]
+def float_of(ticks: Any) -> float:
+    return float(next(ticks))
+
+
+def _run(rank: int, port: int, out: dict) -> None:  # type: ignore[type-arg]
     from torch.distributed.device_mesh import init_device_mesh
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=timedelta(seconds=30))
-    mode = Sharding(sharding)
-    stage = Stage(torch.device("cpu"), lambda p: torch.optim.SGD(p, lr=0.1), 0)
-    stage.shard(Shards(init_device_mesh("cpu", (2,), mesh_dim_names=("shard",)), set(), mode))
-    for i, unit in enumerate(units()):
-        stage.add_layer(i, unit, tensors(unit, i))
-    assert all(is_sharded(p) for _, p in stage.params())
-    x = torch.randn(8, 6, generator=torch.Generator().manual_seed(1))
-    shards = stage.shards
-    assert shards is not None
-    ticks = iter(range(1_000_000))
-    shards.clock = lambda: float(next(ticks))  # the spans are what the executor times, wherever FSDP runs them
-    for mb in x.chunk(2)[rank].chunk(2):  # this rank's half of the batch, in two micro-batches
-        shards.gather([0, 1])
-        h = mb
-        for i in (0, 1):
-            h = stage.layers[i].module(h)
-        (h.pow(2).mean() / 2).backward()
-        shards.after_backward([0, 1])
-    shards.finish()
-    assert not shards.live  # every unit resharded: nothing gathered is held after the iteration
-    stage.step()
-    gathers = sum(kind == "all_gather" for kind, *_ in shards.spans)
-    reduces = sum(kind == "reduce_scatter" for kind, *_ in shards.spans)
-    out[rank] = {"gathers": gathers, "reduces": reduces,
-                 "state": {n: whole(t).detach().clone() for n, t in stage.tensors.items()}}
-    layer = stage.remove_layer(1)
-    unwrap(layer.module)
-    out[f"plain{rank}"] = type(layer.module) is torch.nn.Linear and all(
-        p.is_meta and not is_sharded(p) for p in layer.module.parameters())
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("shard",))
+    for mode in Sharding:  # one process group for every sharding: a stage of its own each
+        stage = Stage(torch.device("cpu"), lambda p: torch.optim.SGD(p, lr=0.1), 0)
+        stage.shard(Shards(mesh, set(), mode))
+        for i, unit in enumerate(units()):
+            stage.add_layer(i, unit, tensors(unit, i))
+        assert all(is_sharded(p) for _, p in stage.params())
+        x = torch.randn(8, 6, generator=torch.Generator().manual_seed(1))
+        shards = stage.shards
+        assert shards is not None
+        shards.clock = functools.partial(float_of, iter(range(1_000_000)))  # the spans the executor times, wherever
+        # FSDP runs them
+        for mb in x.chunk(2)[rank].chunk(2):  # this rank's half of the batch, in two micro-batches
+            shards.gather([0, 1])
+            h = mb
+            for i in (0, 1):
+                h = stage.layers[i].module(h)
+            (h.pow(2).mean() / 2).backward()
+            shards.after_backward([0, 1])
+        shards.finish()
+        assert not shards.live  # every unit resharded: nothing gathered is held after the iteration
+        stage.step()
+        gathers = sum(kind == "all_gather" for kind, *_ in shards.spans)
+        reduces = sum(kind == "reduce_scatter" for kind, *_ in shards.spans)
+        out[(mode.value, rank)] = {"gathers": gathers, "reduces": reduces,
+                                   "state": {n: whole(t).detach().clone() for n, t in stage.tensors.items()}}
+        layer = stage.remove_layer(1)
+        unwrap(layer.module)
+        out[(mode.value, f"plain{rank}")] = type(layer.module) is torch.nn.Linear and all(
+            p.is_meta and not is_sharded(p) for p in layer.module.parameters())
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("sharding", [s.value for s in Sharding])
-def test_two_shards_take_the_step_of_one_process_and_collect_when_their_sharding_says(sharding: str) -> None:
-    out = two_ranks(functools.partial(_run, sharding=sharding))
+def test_two_shards_take_the_step_of_one_process_and_collect_when_their_sharding_says() -> None:
+    out = two_ranks(_run)
     plain = units()
     optimizer = torch.optim.SGD([p for u in plain for p in u.parameters()], lr=0.1)
     for mb in torch.randn(8, 6, generator=torch.Generator().manual_seed(1)).chunk(4):
         (plain[1](plain[0](mb)).pow(2).mean() / 4).backward()
     optimizer.step()
     expected = {f"{i}.{n}": p.detach() for i, u in enumerate(plain) for n, p in u.named_parameters()}
-    mode = Sharding(sharding)
-    for rank in (0, 1):
-        got = out[rank]
-        for name, value in expected.items():
-            torch.testing.assert_close(got["state"][name], value, msg=lambda m, name=name: f"{name}: {m}")
-        # two units: gathered once for the iteration, or before each forward and each backward of both
-        # micro-batches where they are resharded; reduced per micro-batch or once
-        assert got["gathers"] == (2 * 2 * 2 if mode.reshard_after_forward else 2)
-        assert got["reduces"] == (2 * 2 if mode.reduce_per_microbatch else 2)
-        assert out[f"plain{rank}"]
+    for mode in Sharding:
+        for rank in (0, 1):
+            got = out[(mode.value, rank)]
+            for name, value in expected.items():
+                torch.testing.assert_close(got["state"][name], value, msg=lambda m, k=f"{mode} {name}": f"{k}: {m}")
+            # two units: gathered once for the iteration, or before each forward and each backward of both
+            # micro-batches where they are resharded; reduced per micro-batch or once
+            assert got["gathers"] == (2 * 2 * 2 if mode.reshard_after_forward else 2), mode
+            assert got["reduces"] == (2 * 2 if mode.reduce_per_microbatch else 2), mode
+            assert out[(mode.value, f"plain{rank}")], mode
 
 
 def test_a_shard_travels_as_a_plain_tensor_and_comes_back_laid_out_like_its_parameter() -> None:
