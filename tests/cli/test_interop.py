@@ -23,13 +23,24 @@ def test_export_a_plan_over_a_bundled_model_and_import_it_back(tmp_path: Path,
     out = tmp_path / "back.json"
     assert main(["import", str(tmp_path / "b"), "--bundle", str(tmp_path / "b"), "-o", str(out)]) == 0
     assert Plan.from_json(out) == bundle.plan
+    out.unlink()
+    assert main(["import", str(tmp_path / "b"), "-o", str(out)]) == 0  # a bundle as it is: its own units
+    assert Plan.from_json(out) == bundle.plan
 
 
 def test_what_is_missing_is_said(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["export", str(tmp_path / "x")]) == 2
-    assert "say whose units" in capsys.readouterr().err
+    assert "no plan: give --plan" in capsys.readouterr().err
     assert main(["export", str(tmp_path / "x"), "--model", "mlp"]) == 2
     assert "no plan: give --plan" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "x"), "--checkpoint", str(tmp_path / "none")]) == 2
+    assert "is not a complete vpipe_lab checkpoint" in capsys.readouterr().err
+    # every argument is read before a model is captured: the missing plan file, not the model nobody can import
+    assert main(["export", str(tmp_path / "x"), "--model", "no_such_package.models:build", "--plan",
+                 str(tmp_path / "missing.json")]) == 2
+    assert "missing.json" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "x"), "--run-dir", str(tmp_path)]) == 2
+    assert "no checkpoints/ in it (vpipe-lab run --run-dir DIR leaves one)" in capsys.readouterr().err
     assert main(["import", "Et|tL", "--model", "mlp", "--ranks", "2"]) == 2
     assert "does not say the number of micro-batches: give microbatches= (--microbatches)" in capsys.readouterr().err
     assert main(["import", "Et|tL", "--model", "mlp", "--ranks", "2", "-m", "2"]) == 2

@@ -340,3 +340,54 @@ def test_the_history_panel_reverts_and_compares(lab: Lab) -> None:
         assert "no worker process is left" in ask(kc, "%vpipe stop")
     finally:
         kc.stop_channels()
+
+
+REPORT_JS = """() => [...document.querySelectorAll('.plotly-graph-div')].map(div => {
+    const box = e => { if (!e) return null; const r = e.getBoundingClientRect();
+                       return {x: r.x, y: r.y, w: r.width, h: r.height}; };
+    const texts = sel => [...div.querySelectorAll(sel)].map(e => ({text: e.textContent, box: box(e)}));
+    return {title: div.layout.title.text, div: box(div), plot: div._fullLayout._size.h,
+            ticks: texts('.xtick text, .ytick text, .y2tick text'),
+            titles: texts('.g-xtitle text, .g-ytitle text, .g-y2title text'),
+            legend: box(div.querySelector('.legend')), yTitle: (div.querySelector('.g-ytitle text') || {}).textContent};
+})"""
+
+
+def _overlap(a: dict, b: dict | None) -> bool:  # type: ignore[type-arg]
+    return b is not None and a["x"] < b["x"] + b["w"] and b["x"] < a["x"] + a["w"] and a["y"] < b["y"] + b["h"] and (
+        b["y"] < a["y"] + a["h"])
+
+
+def test_the_run_report_reads_like_a_report(tmp_path: Path) -> None:
+    """`vpipe-lab run --report` at 1400 px: what produced it and a summary above the plan's table; every chart tall
+    enough to read (the loss chart was squashed to ~100 px), no tick label cut at the page's edge or written as
+    '190.', no axis title over a legend, the memory of a CPU toy in MiB."""
+    from vpipe_lab.cli import main
+
+    report = tmp_path / "run.html"
+    assert main(["run", "--model", "mlp", "--stages", "2", "--microbatches", "2", "--iterations", "6", "--device",
+                 "cpu", "--report", str(report)]) == 0
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with chromium(1400, 1000) as page:
+        page.goto(report.as_uri())
+        page.wait_for_function("() => document.querySelectorAll('.plotly-graph-div .main-svg').length >= 6")
+        intro = page.locator("pre").first.text_content() or ""
+        charts = page.evaluate(REPORT_JS)
+        page.screenshot(path=str(ARTIFACTS / "run-report.png"), full_page=True)
+    for line in ("command:   vpipe-lab run --model mlp", "model:     mlp", "plan:      v0", "finished:", "loss:",
+                 "iteration:  measured", "predicted", "bottleneck: stage", "time/mb"):
+        assert line in intro, line
+    titles = [c["title"] for c in charts]
+    assert len(charts) == 3 and "loss and throughput" in titles[2] and "memory" in titles[1], titles
+    memory = charts[1]
+    assert memory["yTitle"] == "MiB"
+    for chart in charts:
+        assert chart["plot"] >= 180, (chart["title"], chart["plot"])  # the plotting area, not the page's margin
+        page_box = chart["div"]
+        for tick in chart["ticks"]:
+            b = tick["box"]
+            assert b["x"] >= page_box["x"] - 1 and b["x"] + b["w"] <= page_box["x"] + page_box["w"] + 1, (
+                chart["title"], tick)
+            assert not tick["text"].endswith("."), (chart["title"], tick["text"])
+        for axis_title in chart["titles"]:
+            assert not _overlap(axis_title["box"], chart["legend"]), (chart["title"], axis_title["text"])

@@ -110,3 +110,29 @@ def test_a_torchrun_job_takes_every_schedule_launch_takes_and_is_refused_before_
     said = (tmp_path / "bad.log").read_text()
     assert "zbv runs 2 chunks per stage, not virtual_stages=3" in said
     assert "joining the process group" not in said  # refused before the rendezvous
+
+
+def test_a_torchrun_job_trains_your_own_parts_cut_where_split_says(tmp_path: Path) -> None:
+    """`vpipe-lab worker --model/--data/--loss/--optimizer package.module:attribute --split ...`: the units begin where
+    the split says (the checkpoint's manifest names them) and the losses equal plain training of the same model."""
+    from tests.integration import user_parts
+    from tests.runtime.reference import train
+    from vpipe_lab.wire.checkpoint import Manifest
+
+    parts = [f"--{role}=tests.integration.user_parts:{attr}"
+             for role, attr in (("model", "build"), ("data", "data"), ("loss", "loss"), ("optimizer", "sgd"))]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts",
+           "0", "-m", "vpipe_lab.cli", "worker", *parts, "--split", "blocks.1,blocks.3", "--microbatches", "2",
+           "--device", "cpu", "--control-port", "0", "--iterations", "3", "--run-dir", str(tmp_path / "run")]
+    log = tmp_path / "own.log"
+    proc = subprocess.Popen(cmd, env={**os.environ, "VPIPE_LAB_KEY": KEY, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    finally:
+        kill_tree(proc)
+    names = [u["name"] for u in Manifest.read(tmp_path / "run" / "checkpoints").units]
+    assert names == ["embed+blocks.0", "blocks.1+blocks.2", "blocks.3", "head"]
+    _, expected = train(user_parts.build, user_parts.data, user_parts.loss, user_parts.sgd, iterations=3,
+                        microbatches=2)
+    assert list(runlog.read(tmp_path / "run")["loss"]) == pytest.approx(expected, rel=1e-5)

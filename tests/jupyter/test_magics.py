@@ -43,6 +43,8 @@ def test_bad_input_is_a_usage_error(ip) -> None:  # type: ignore[no-untyped-def]
         ip.run_line_magic("vpipe", "start mlp --schedule interleaved-1f1b --virtual-stages 0")
     with pytest.raises(UsageError, match=r"virtual_stages=2 needs a chunked schedule, not '1f1b' \(the chunked ones: "):
         ip.run_line_magic("vpipe", "start mlp --virtual-stages 2")
+    with pytest.raises(UsageError, match="there is no module 'no_such_package'"):  # as vpipe-lab run names parts
+        ip.run_line_magic("vpipe", "start no_such_package.models:build --data mlp")
     ip.user_ns["not_a_session"] = 3
     with pytest.raises(UsageError, match="holds a int, not a vpipe_lab Session"):
         ip.run_line_magic("vpipe", "use not_a_session")
@@ -128,10 +130,19 @@ def test_a_session_driven_from_magics(ip, tmp_path: Path, capsys: pytest.Capture
         time.sleep(0.1)
     assert board.refreshes >= 1 and len(editor.layers) == 10 and editor.boundaries == [0, 4, 10]
     ip.run_line_magic("vpipe", "status")
+    saved = pipe.save(tmp_path / "ckpt")
     ip.run_line_magic("vpipe", "stop")
     out = said + capsys.readouterr().out
     assert "bound to `pipe`" in out and "stopped; no worker process is left" in out
     assert "evaluation loss" in out
+    # --resume, as launch(resume=...) and vpipe-lab run --resume: onto 3 stages, at the iteration it was saved
+    ip.run_line_magic("vpipe", f"start mlp --stages 3 --microbatches 4 --device cpu --resume {tmp_path / 'ckpt'} "
+                      "--name again")
+    again = ip.user_ns["again"]
+    from vpipe_lab.wire.checkpoint import Manifest
+
+    assert again.iteration == Manifest.read(saved).iteration == 6 and again.plan.stages == 3
+    ip.run_line_magic("vpipe", "stop")
 
 
 @pytest.mark.slow

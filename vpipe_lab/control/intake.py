@@ -34,6 +34,7 @@ class Intake:
         # After a restart (control/workers/restarts.py): a replayed iteration's loss and the first run's
         self.on_replay: Callable[[int, float | None, float | None], None] | None = None
         self.recorded = 0  # iterations below this were recorded before the newest restart: they run again
+        self.observer: Callable[[P.Message], None] | None = None  # a headless run's metrics.jsonl (telemetry/runlog.py)
 
     def forget_partial(self, stages: int | None = None) -> None:
         """The workers were replaced (under ``cond``), by ``stages`` stages when the job went on with fewer: what the
@@ -50,6 +51,8 @@ class Intake:
             self.on_replay(iteration, loss, first.get("loss") if first else None)
 
     def receive(self, msg: P.Message) -> None:
+        if self.observer is not None:
+            self.observer(msg)
         try:
             body = decode(msg)
         except P.ProtocolError as exc:  # signed by a holder of the key, so a version mismatch or a bug: say so

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import sys
 import tempfile
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
+from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import Any
 
@@ -70,17 +73,17 @@ def launch(model: Any, data: Any = None, *, loss: Any = None, optimizer: Any = N
 
     settings = job_settings(settings, options, plan)
     plan, manifest = _plan_to_run(plan, resume, settings)
-    named, user = _roles(settings.stages, model=model, data=data, loss=loss, optimizer=optimizer,
-                         lr_scheduler=lr_scheduler, eval_data=eval_data, split=split)
+    named, imported, user = _roles(settings.stages, model=model, data=data, loss=loss, optimizer=optimizer,
+                                   lr_scheduler=lr_scheduler, eval_data=eval_data, split=split)
     reap_stale()
     job_dir = Path(tempfile.mkdtemp(prefix=JOB_DIR_PREFIX))
     session_id = uuid.uuid4().hex[:12]
     callables_path, blob = _write_callables(job_dir, user)
-    model_key = units.fingerprint(blob, named)
+    model_key = units.fingerprint(blob, {**named, **{f"{role} from": v for role, v in imported.items()}})
     seen = units.known(model_key)
     if seen is not None:
         units.check(settings.stages, seen)  # this model was launched before: refused before any worker starts
-    scout = _scouts(settings, seen is not None or isinstance(model, str))
+    scout = _scouts(settings, seen is not None or "model" in named)
     key = P.new_key()
     hub = Hub(key, settings.host, session=session_id)
     spec = JobSpec(
@@ -88,7 +91,7 @@ def launch(model: Any, data: Any = None, *, loss: Any = None, optimizer: Any = N
         master_port=_free_port(settings.host), settings=settings,
         plan=plan.to_dict() if plan is not None else None,
         callables_path=str(callables_path) if callables_path else None, job_dir=str(job_dir), examples=named,
-        start_iteration=manifest.iteration if manifest else 0,
+        imports=imported, start_iteration=manifest.iteration if manifest else 0,
         resume_path=str(Path(resume).absolute()) if resume is not None else None, scout=scout,
         snapshot_dir=str(job_dir / "snapshots") if settings.max_restarts else None,
     )
@@ -156,37 +159,56 @@ def _plan_to_run(plan: Plan | None, resume: str | Path | None,
     return plan, manifest
 
 
-def _roles(stages: int, **roles: Any) -> tuple[dict[str, str], dict[str, Any]]:
+def _roles(stages: int, **roles: Any) -> tuple[dict[str, str], dict[str, str], dict[str, Any]]:
     """What the job is made of: bundled example names by role (a bundled model brings its own data, loss and
-    optimizer unless given) and the user's own objects by role (pickled for the workers)."""
+    optimizer unless given), ``package.module:attribute`` names by role (each worker imports its own) and the user's
+    own objects by role (pickled for the workers)."""
     from vpipe_lab import examples
 
     split = roles["split"]
-    if isinstance(split, str):
+    if isinstance(split, str) and ":" not in split:
         split = [split]
-    if split is not None and not callable(split) and (not all(isinstance(n, str) and n for n in split)):
+    if split is not None and not callable(split) and not isinstance(split, str) and (
+            not all(isinstance(n, str) and n for n in split)):
         raise ValueError(f"split must be a list of module names or a function (name, module) -> bool, got {split!r}")
-    roles["split"] = None if split is None else (split if callable(split) else list(split))
+    roles["split"] = None if split is None else (split if callable(split) or isinstance(split, str) else list(split))
     named: dict[str, str] = {}
+    imported: dict[str, str] = {}
     user: dict[str, Any] = {}
     for role, value in roles.items():
-        if isinstance(value, str):
+        if isinstance(value, str) and ":" in value:
+            imported[role] = _importable(role, value)
+        elif isinstance(value, str):
             if role in ("lr_scheduler", "split"):
-                raise ValueError(f"{role}={value!r}: give a function, not a name")
+                raise ValueError(f"{role}={value!r}: give a function or 'package.module:attribute', not a name")
             examples.check(value)  # fails early with the list of names (imports nothing: no torch here)
             named[role] = value
         elif value is not None:
             user[role] = value
     model = roles["model"]
-    if isinstance(model, str):
+    if isinstance(model, str) and "model" in named:
         examples.check_stages(model, stages)
         for role in ("data", "loss", "optimizer"):
-            if role not in named and role not in user:
+            if role not in named and role not in user and role not in imported:
                 named[role] = model
-    if "data" not in named and "data" not in user:
+    if not any("data" in given for given in (named, imported, user)):
         raise ValueError("no data: pass data(iteration) -> (inputs, targets), an iterable of (inputs, targets) such "
-                         "as a DataLoader, or a bundled example name")
-    return named, user
+                         "as a DataLoader, 'package.module:attribute' naming one, or a bundled example name")
+    return named, imported, user
+
+
+def _importable(role: str, value: str) -> str:
+    """``value`` if it reads ``package.module:attribute`` and its top package is importable where the workers look
+    (this directory first, as ``python -m`` has it, then ``sys.path``); found without importing anything, so a
+    misspelt name is refused before a worker starts, not after a model is built."""
+    module, _, attr = value.partition(":")
+    if not all(part.isidentifier() for part in (*module.split("."), attr)):
+        raise ValueError(f"{role}={value!r}: write 'package.module:attribute' (e.g. 'mypkg.models:build')")
+    top = module.split(".")[0]
+    if top not in sys.modules and PathFinder.find_spec(top, [os.getcwd(), *sys.path]) is None:
+        raise ValueError(f"{role}={value!r}: there is no module {top!r} in {os.getcwd()} or on sys.path; the workers "
+                         "import it from there (run from the directory that holds it, or add it to PYTHONPATH)")
+    return value
 
 
 def _write_callables(job_dir: Path, user: dict[str, Any]) -> tuple[Path | None, bytes | None]:

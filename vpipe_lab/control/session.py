@@ -40,6 +40,7 @@ from vpipe_lab.core.plan import Plan, Policy
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.settings import Settings
 from vpipe_lab.telemetry.metrics import Metrics, breakdown_frame, chunk_frame
+from vpipe_lab.telemetry.runlog import RunLog
 from vpipe_lab.telemetry.sinks import Logger
 from vpipe_lab.wire.channel import Endpoint
 from vpipe_lab.wire.commands import Command, Pause, Profile, Resume, Run, Stop, Telemetry
@@ -71,6 +72,10 @@ class Session(Outward, Lifecycle, MemoryView):
         self._requests = Requests(hub, spec.settings.timeout, cond, lambda: self._monitor.fatal)
         self._intake = Intake(self.stages, self.replicas, self.state, self.metrics, self._requests, self._monitor,
                               self._events, self.logger, cond)
+        self._runlog: RunLog | None = None
+        if spec.settings.run_dir and launcher is not None:  # vpipe-lab run --run-dir: metrics.jsonl as it trains
+            self._runlog = RunLog(Path(spec.settings.run_dir), self.stages, spec.start_iteration, replicas=self.replicas)
+            self._intake.observer = self._runlog.observe
         self._profiles = Profiles()
         self._history = History(self.state, self.metrics, cond)  # session.record (control/record.py)
         self._events.subscribe(self._history.observe)
@@ -367,6 +372,8 @@ class Session(Outward, Lifecycle, MemoryView):
         self._monitor.close()
         self._hub.close()
         self.logger.close()
+        if self._runlog is not None:
+            self._runlog.close()
         self._events.emit({"type": "closed", "status": self.status})  # views freeze at their last state
 
     def __enter__(self) -> Session:

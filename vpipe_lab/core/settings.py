@@ -169,11 +169,12 @@ class Settings:
     iterations: int | None = setting(None, "unattended: train until this iteration, then save and exit",
                                      _count(optional=True), away={"api": UNATTENDED, "magics": UNATTENDED,
                                                                   "run": "`vpipe-lab run --iterations N`"})
-    save_every: int | None = setting(None, "unattended: checkpoint into run_dir every this many iterations",
-                                     _count(optional=True), away={d: UNATTENDED for d in ("api", "magics", "run")})
-    run_dir: str | None = setting(None, "unattended: checkpoints, snapshots, metrics.jsonl and attach.json; a restart "
-                                  "resumes from the newest complete snapshot or checkpoint here", _text,
-                                  away={d: UNATTENDED for d in ("api", "magics", "run")})
+    save_every: int | None = setting(None, "headless: checkpoint into run_dir every this many iterations",
+                                     _count(optional=True), away={d: UNATTENDED for d in ("api", "magics")})
+    run_dir: str | None = setting(None, "headless: where the job leaves checkpoints/ and metrics.jsonl (vpipe-lab run "
+                                  "also its plan.json, profile.json, cluster.json and run.json; a torchrun job "
+                                  "attach.json and its snapshots, and a restart resumes from the newest here)", _text,
+                                  away={d: UNATTENDED for d in ("api", "magics")})
 
     def validated(self) -> Settings:
         """These settings checked, every field and then how they combine (``SettingError`` naming the value and the

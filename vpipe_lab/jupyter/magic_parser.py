@@ -39,10 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="%vpipe", description="Drive a vpipe_lab pipeline from the notebook.", add_help=True)
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
     s = sub.add_parser("start", help="start stage workers in the background")
-    s.add_argument("model", help=f"bundled example ({', '.join(EXAMPLES)}) or the name of a notebook variable")
+    s.add_argument("model", help=f"bundled example ({', '.join(EXAMPLES)}), package.module:factory or the name of a "
+                   "notebook variable (as are the job's other parts)")
     s.add_argument("--data", help="data function: bundled name or notebook variable (default: the model's)")
     s.add_argument("--loss", help="notebook variable holding the loss function")
     s.add_argument("--optimizer", help="notebook variable holding the optimizer factory")
+    s.add_argument("--resume", help="a checkpoint directory to start from (session.save's, vpipe-lab run --run-dir's "
+                   "checkpoints/), onto any stage count or schedule")
     s.add_argument("--split", help="where partition units begin: module names, comma-separated (transformer.h.4,...), "
                                    "or a notebook variable holding a function (name, module) -> bool")
     s.add_argument("--plan", help="notebook variable holding a Plan")

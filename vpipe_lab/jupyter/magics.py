@@ -128,16 +128,13 @@ class VpipeMagics(InteropCommands, record_commands.RecordCommands, Magics):
             settings = settings.validated()
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        model = args.model if args.model in EXAMPLES else self._value(args.model, "model")
-        data = None if args.data is None else args.data if args.data in EXAMPLES else self._value(args.data, "data")
+        part = self._part
         try:
             session = launch(
-                model, data, settings=settings,
-                loss=self._value(args.loss, "loss") if args.loss else None,
-                optimizer=self._value(args.optimizer, "optimizer factory") if args.optimizer else None,
-                plan=self._value(args.plan, "plan") if args.plan else None, split=self._split(args.split),
-                lr_scheduler=self._value(args.lr_scheduler, "LR scheduler factory") if args.lr_scheduler else None,
-                eval_data=self._data(args.eval_data),
+                part(args.model, "model"), self._data(args.data), settings=settings, loss=part(args.loss, "loss"),
+                optimizer=part(args.optimizer, "optimizer factory"), split=self._split(args.split),
+                plan=self._value(args.plan, "plan") if args.plan else None, resume=args.resume,
+                lr_scheduler=part(args.lr_scheduler, "LR scheduler factory"), eval_data=self._data(args.eval_data),
             )
         except ValueError as exc:  # a stage count the model cannot fill, say: the reason, not a traceback
             raise UsageError(str(exc)) from None
@@ -151,9 +148,15 @@ class VpipeMagics(InteropCommands, record_commands.RecordCommands, Magics):
               + training)
         return None
 
-    def _data(self, name: str | None) -> Any:
+    def _part(self, name: str | None, what: str) -> Any:
+        """A part of the job as the command line names it: a bundled example or 'package.module:attribute' (as
+        `vpipe-lab run` takes them; launch() checks them), else a notebook variable."""
+        if name is None:
+            return None
+        return name if name in EXAMPLES or ":" in name else self._value(name, what)
 
-        return None if name is None else name if name in EXAMPLES or ":" in name else self._value(name, "data")
+    def _data(self, name: str | None) -> Any:
+        return self._part(name, "data")
 
     def cmd_eval(self, args: argparse.Namespace) -> float:
         value = self._need().evaluate(self._data(args.data), batches=args.batches)

@@ -229,6 +229,11 @@ def initial_plan(spec: JobSpec, chain: Chain, rank: int, world: int, peer: Peer)
                          f"{len(chain)}, or more split points")
     mesh = {"shards": spec.settings.shards, "replicas": spec.settings.replicas}  # the job's, whatever a plan says
     if spec.plan is not None:
-        return Plan.from_dict(spec.plan).with_mesh(**mesh).validate(len(chain), world)
+        plan = Plan.from_dict(spec.plan)
+        if spec.resume_path is not None and plan.num_layers != len(chain):
+            raise ValueError(f"the checkpoint {spec.resume_path} was saved over {plan.num_layers} partition units but "
+                             f"the model cuts into {len(chain)} here ({', '.join(chain.names)}): resume with the split "
+                             "it was saved with (launch(split=...), --split), or give a plan over these units")
+        return plan.with_mesh(**mesh).validate(len(chain), world)
     return Plan(uniform(len(chain), chunks), (Policy.KEEP,) * len(chain), spec.settings.microbatches,
                 spec.settings.schedule, spec.settings.chunks).with_mesh(**mesh).validate(len(chain), world)

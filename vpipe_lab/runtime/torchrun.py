@@ -44,17 +44,23 @@ def _env(name: str) -> int:
     return int(os.environ[name])
 
 
-def _role(value: str | None, role: str, spec: JobSpec) -> None:
-    """A bundled example name, or 'package.module:attribute' importable on every node."""
-    if value is None:
-        return
-    if value in examples.EXAMPLES:
-        spec.examples[role] = value
-    elif ":" in value:
-        spec.imports[role] = value
-    else:
-        raise ValueError(f"--{role} {value!r}: give a bundled example ({', '.join(examples.EXAMPLES)}) or "
-                         "'package.module:attribute'")
+def _roles(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]:
+    """What the job is made of, from the command line: bundled example names and 'package.module:attribute' names
+    (importable on every node) by role; a bad one is refused before this rank joins the others."""
+    named: dict[str, str] = {}
+    imported: dict[str, str] = {}
+    for role in ("model", "data", "loss", "optimizer", "lr_scheduler", "eval_data"):
+        value = getattr(args, role)
+        if value is None:
+            continue
+        if value in examples.EXAMPLES:
+            named[role] = value
+        elif ":" in value:
+            imported[role] = value
+        else:
+            raise ValueError(f"--{role.replace('_', '-')} {value!r}: give a bundled example "
+                             f"({', '.join(examples.EXAMPLES)}) or 'package.module:attribute'")
+    return named, imported
 
 
 def _key(args: argparse.Namespace, rank: int) -> str:
@@ -147,6 +153,7 @@ def _join(backend: str, rank: int, world: int, timeout: timedelta) -> None:
 
 def main(args: argparse.Namespace) -> int:
     settings = job_settings(args)
+    named, imported = _roles(args)
     rank, world = _env("RANK"), _env("WORLD_SIZE")
     local_rank, local_world = _env("LOCAL_RANK"), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
@@ -175,7 +182,7 @@ def main(args: argparse.Namespace) -> int:
             from vpipe_lab.telemetry.sinks import open_sink
 
             runlog = runlogs.RunLog(run_dir, settings.stages, resume["iteration"] if resume else 0,
-                                    open_sink(settings.log), replicas=settings.replicas,
+                                    open_sink(settings.log), replicas=settings.data_parallel,
                                     note=resume["note"] if resume else "")
             broker.observer = runlog.observe
             key_file = None if os.environ.get("VPIPE_LAB_KEY") else str(Path(args.key_file).absolute())
@@ -192,12 +199,7 @@ def main(args: argparse.Namespace) -> int:
     if resume is not None:
         spec.resume_path, spec.restore_snapshot = resume.get("path"), resume.get("snapshot")
         spec.start_iteration, spec.plan = resume["iteration"], resume["plan"]
-    _role(args.model, "model", spec)
-    _role(args.data, "data", spec)
-    _role(args.loss, "loss", spec)
-    _role(args.optimizer, "optimizer", spec)
-    _role(args.lr_scheduler, "lr_scheduler", spec)
-    _role(args.eval_data, "eval_data", spec)
+    spec.examples, spec.imports, spec.split = named, imported, args.split
     if args.plan and resume is None:
         from vpipe_lab.core.plan import Plan
 

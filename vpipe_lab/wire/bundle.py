@@ -167,6 +167,9 @@ def readme(bundle: Bundle, no_megatron: str | None) -> str:
         timing.append(f"measured in the lab: {human_time(bundle.measured_s)} per iteration")
     if bundle.predicted_s is not None:
         timing.append(f"predicted by the lab's cost model: {human_time(bundle.predicted_s)} per iteration")
+    if not timing:  # a checkpoint or a plan file alone: no profile and no run of this plan came with it
+        timing.append("no measurement or prediction: this bundle was made without a run of its plan (export from a "
+                      "session, or `vpipe-lab export OUT --run-dir DIR` after `vpipe-lab run --run-dir DIR`)")
     runs = (f"torch's `{bundle.schedule}` runs exactly this order" if bundle.schedule else
             "no torch schedule class runs exactly this order: run `schedule.csv` with `_PipelineScheduleRuntime`")
     lines = [

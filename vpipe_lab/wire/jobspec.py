@@ -25,7 +25,8 @@ class JobSpec:
     callables_path: str | None = None  # cloudpickle of user callables; written by the controller, never a socket
     job_dir: str | None = None  # where the controller writes the job's files: the only place a worker unpickles from
     examples: dict[str, str] = field(default_factory=dict)  # role -> bundled example name
-    imports: dict[str, str] = field(default_factory=dict)  # role -> "package.module:attribute" (torchrun jobs)
+    imports: dict[str, str] = field(default_factory=dict)  # role -> "package.module:attribute", imported by each worker
+    split: list[str] | None = None  # module names where units begin, from a command line (launch() pickles its own)
     start_iteration: int = 0
     resume_path: str | None = None
     scout: bool = False  # rank 0 starts alone and reports the model's units (protocol UNITS) before the others start

@@ -39,7 +39,7 @@ def load_callables(spec: JobSpec) -> Callables:
     for kind in user.get("schedules", ()):  # schedules the controller's process registered (core/schedules/)
         schedules.register(kind)
     found: dict[str, Any] = {}
-    for role in ("model", "data", "loss", "optimizer", "lr_scheduler", "eval_data"):
+    for role in ("model", "data", "loss", "optimizer", "lr_scheduler", "eval_data", "split"):
         if role in user and user[role] is not None:
             found[role] = user[role]
         elif role in spec.imports:
@@ -52,7 +52,7 @@ def load_callables(spec: JobSpec) -> Callables:
         elif role in spec.examples:
             found[role] = getattr(examples.get(spec.examples[role]), "data" if role == "eval_data" else role)
         else:
-            found[role] = None
+            found[role] = spec.split if role == "split" else None  # module names given on a command line
     if found["model"] is not None and "model" in spec.examples:  # a bundled model brings its own parts
         bundled = examples.get(spec.examples["model"])
         for role in ("data", "loss", "optimizer"):
@@ -60,7 +60,7 @@ def load_callables(spec: JobSpec) -> Callables:
                 found[role] = getattr(bundled, role)
     if found["model"] is None or found["data"] is None:
         raise ValueError("the job has no model or no data function: give both, or a bundled example name")
-    return Callables(**found, split=user.get("split"))
+    return Callables(**found)
 
 
 def register_schedules(path: str | None, within: Path | None) -> None:
