@@ -141,3 +141,25 @@ def test_an_exported_sharded_plan_trains_on_torch_pipelining_with_fully_shard_as
     assert set(got.state) == set(state)
     for key, value in state.items():
         torch.testing.assert_close(got.state[key], value, msg=lambda m, key=key: f"{key}: {m}")
+
+
+def test_the_torchrun_script_in_the_docs_trains_a_bundle_as_the_lab_did(tmp_path: Path) -> None:
+    """docs/interop.md's whole script, as written there, under torchrun on 2 ranks: the lab's losses."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "docs" / "interop.md").read_text()
+    script = re.search(r"<!-- script: train_bundle.py -->\n```python\n(.*?)```", page, re.S)
+    assert script is not None, "the script block in docs/interop.md"
+    (tmp_path / "train_bundle.py").write_text(script.group(1))
+    losses, _ = lab_run(PLANS["1f1b-recompute"], tmp_path / "bundle")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(tmp_path / "train_bundle.py"), str(tmp_path / "bundle"), "vpipe_lab.examples.mlp", "3"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = [float(m) for m in re.findall(r"iteration \d+: loss ([\d.]+)", proc.stdout)]
+    assert printed == pytest.approx(losses, rel=1e-5)
