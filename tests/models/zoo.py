@@ -178,6 +178,28 @@ def mixtral() -> nn.Module:
     return t.MixtralForCausalLM(t.MixtralConfig(**MOE, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2))
 
 
+def dbrx() -> nn.Module:
+    """DBRX: its experts skip those that received no tokens (a branch on a tensor's values torch.export cannot
+    trace), so they run eagerly inside their layer's unit (runtime/model/trace/eager.py)."""
+    t = _hf()
+    return t.DbrxForCausalLM(t.DbrxConfig(
+        d_model=32, n_heads=4, n_layers=4, max_seq_len=64, vocab_size=VOCAB,
+        attn_config={"kv_n_heads": 2, "rope_theta": 10_000.0, "clip_qkv": 8.0},
+        ffn_config={"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2}))
+
+
+def gemma3n() -> nn.Module:
+    """Gemma-3n's text model: a decoder layer makes a tensor the trace cannot follow (torch.export lifts it as a fake
+    constant), so each layer runs eagerly as its own unit (runtime/model/trace/eager.py)."""
+    t = _hf()
+    return t.Gemma3nForCausalLM(t.Gemma3nTextConfig(
+        vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB, hidden_size=32, hidden_size_per_layer_input=8,
+        intermediate_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        max_position_embeddings=64, laurel_rank=4, altup_num_inputs=2, num_kv_shared_layers=0,
+        layer_types=["sliding_attention", "full_attention"] * 2, sliding_window=8,
+        activation_sparsity_pattern=[0.0] * 4))
+
+
 def qwen3_moe() -> nn.Module:
     t = _hf()
     return t.Qwen3MoeForCausalLM(t.Qwen3MoeConfig(**MOE, intermediate_size=64, moe_intermediate_size=32, num_experts=4,
@@ -324,6 +346,8 @@ ZOO: dict[str, Entry] = {
     "qwen2-moe": Entry("mixture of experts", qwen2_moe, lm_data),
     "gpt-oss": Entry("mixture of experts", gpt_oss, lm_data),
     "llama4": Entry("mixture of experts", llama4, lm_data),
+    "dbrx": Entry("traced in part", dbrx, lm_data),
+    "gemma-3n": Entry("traced in part", gemma3n, lm_data),
     "vit (torchvision)": Entry("vision transformer", vit_tv, image_data),
     "convnext (torchvision)": Entry("convnet", convnext_tv, image_data, sgd),
     "swin (torchvision)": Entry("vision transformer", swin_tv, image_data),

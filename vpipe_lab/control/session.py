@@ -118,6 +118,12 @@ class Session(Outward, Lifecycle, MemoryView):
         return len(self.state.names)
 
     @property
+    def eager(self) -> dict[str, list[str]]:
+        """The units that run part of the model eagerly, by unit name: the modules torch.export could not trace (a
+        branch on a tensor's values), called as PyTorch calls them inside their unit (docs/models.md)."""
+        return {u.name: list(u.eager) for u in self.state.unit_info if u.eager}
+
+    @property
     def last_migration(self) -> dict[str, Any] | None:
         return self.state.last_migration
 
@@ -384,5 +390,6 @@ class Session(Outward, Lifecycle, MemoryView):
 
     def __repr__(self) -> str:
         plan = self.state.plan.describe() if self.state.plan else "?"
+        eager = f", {len(self.eager)} units run in part eagerly" if self.eager else ""
         return (f"<vpipe_lab.Session {self.status}: {self.stages} stages, iteration {self.state.iteration}, "
-                f"plan {plan}>")
+                f"plan {plan}{eager}>")

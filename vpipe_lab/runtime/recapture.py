@@ -31,7 +31,7 @@ class Recaptures:
 
     def __init__(self, model: Any, split: SplitSpec, seed: int, device: torch.device | None = None) -> None:
         self.model, self.split, self.seed = model, split, seed  # model: the factory (or instance) of the job
-        self.device = device  # the stage's: a meta layout is traced as if there (run_device.py)
+        self.device = device  # the stage's: a meta layout is traced as if there (model/trace/run_device.py)
         self._cache: OrderedDict[str, Chain] = OrderedDict()
         self.captures = 0  # how many times the model was captured again (tests and logs read it)
 

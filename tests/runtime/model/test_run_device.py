@@ -9,7 +9,7 @@ from torch import nn
 
 from vpipe_lab.runtime.build import on_meta
 from vpipe_lab.runtime.model.capture import capture
-from vpipe_lab.runtime.model.run_device import holds_meta, inputs_on, restore, seen_on
+from vpipe_lab.runtime.model.trace.run_device import holds_meta, inputs_on, restore, seen_on
 from vpipe_lab.runtime.model.units import set_tensor
 
 

@@ -67,18 +67,21 @@ class MoeInfo:
 class UnitInfo:
     """One partition unit as the workers cut it: its name, the FQNs of its outermost modules in the user's model,
     its kind ("pre" before the repeated blocks, "block:<class>", "post" after them), the tensors it uses that
-    none of its modules own, and the mixture-of-experts layers it runs."""
+    none of its modules own, the mixture-of-experts layers it runs and the modules it runs eagerly (torch.export
+    could not trace them: ``runtime/model/trace/eager.py``)."""
 
     name: str
     modules: tuple[str, ...] = ()
     kind: str = "block"
     tensors: tuple[str, ...] = ()
     moe: tuple[MoeInfo, ...] = ()
+    eager: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modules", tuple(self.modules))
         object.__setattr__(self, "tensors", tuple(self.tensors))
         object.__setattr__(self, "moe", tuple(self.moe))
+        object.__setattr__(self, "eager", tuple(self.eager))
 
     @property
     def block_class(self) -> str | None:
@@ -87,7 +90,8 @@ class UnitInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "modules": list(self.modules), "kind": self.kind, "tensors": list(self.tensors),
-                **({"moe": [m.to_dict() for m in self.moe]} if self.moe else {})}
+                **({"moe": [m.to_dict() for m in self.moe]} if self.moe else {}),
+                **({"eager": list(self.eager)} if self.eager else {})}
 
     @classmethod
     def from_dict(cls, doc: Any, where: str = "unit") -> UnitInfo:
@@ -101,7 +105,8 @@ class UnitInfo:
             raise ProfileError(f"{where}.kind must be 'pre', 'block:<class>' or 'post', got {_short(kind)}")
         return cls(doc["name"], tuple(_strings(doc.get("modules", []), f"{where}.modules")), kind,
                    tuple(_strings(doc.get("tensors", []), f"{where}.tensors")),
-                   tuple(MoeInfo.from_dict(m, f"{where}.moe[{i}]") for i, m in enumerate(moe)))
+                   tuple(MoeInfo.from_dict(m, f"{where}.moe[{i}]") for i, m in enumerate(moe)),
+                   tuple(_strings(doc.get("eager", []), f"{where}.eager")))
 
 
 def _strings(value: Any, where: str) -> list[str]:

@@ -22,7 +22,6 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from vpipe_lab.runtime.model import experts as moe
-from vpipe_lab.runtime.model.capture_problems import CaptureError, generation_cache_off, why
 from vpipe_lab.runtime.model.cuts import (
     SplitSpec,
     assign,
@@ -33,8 +32,10 @@ from vpipe_lab.runtime.model.cuts import (
 )
 from vpipe_lab.runtime.model.graph_unit import Carry, GraphUnit, for_inference, written_inputs
 from vpipe_lab.runtime.model.input_shapes import InputRule, describe_leaves, dynamic_spec
-from vpipe_lab.runtime.model.run_device import holds_meta, inputs_on, restore, seen_on
 from vpipe_lab.runtime.model.sizes import is_size, size_recipes
+from vpipe_lab.runtime.model.trace import eager
+from vpipe_lab.runtime.model.trace.problems import CaptureError, generation_cache_off, why
+from vpipe_lab.runtime.model.trace.run_device import holds_meta, inputs_on, restore, seen_on
 from vpipe_lab.runtime.model.unused import adopt, home
 
 __all__ = ["CaptureError", "Carry", "Chain", "GraphUnit", "SplitSpec", "UnitTensors", "capture", "for_inference",
@@ -106,6 +107,7 @@ class Chain:
     modules: list[list[str]] = field(default_factory=list)  # per unit: its outermost modules' FQNs (cuts.Cut)
     kinds: list[str] = field(default_factory=list)  # per unit: "pre", "block:<class>" or "post" (cuts.Cut)
     experts: list[moe.MoeLayer] = field(default_factory=list)  # its mixture-of-experts layers, counted (experts.py)
+    eager: dict[int, list[str]] = field(default_factory=dict)  # per unit: modules torch.export could not trace
 
     def __len__(self) -> int:
         return len(self.units)
@@ -123,7 +125,8 @@ class Chain:
                     outside.append(canonical)
             out.append({"name": name, "modules": list(modules), "kind": self.kinds[i] if i < len(self.kinds) else "block",
                         "tensors": list(dict.fromkeys(outside)),
-                        "moe": [layer.to_dict() for layer in self.experts if layer.unit == i]})
+                        "moe": [layer.to_dict() for layer in self.experts if layer.unit == i],
+                        **({"eager": list(self.eager[i])} if i in self.eager else {})})
         return out
 
     def shared_params(self) -> set[str]:
@@ -207,7 +210,7 @@ def capture(model: nn.Module, example: Any, split: SplitSpec = None, device: tor
     """Cut ``model`` into units; ``example`` is one micro-batch of inputs (shapes matter, values do not). The graph
     takes other shapes wherever the model lets them vary (``input_shapes.py``). A model laid out on the meta device is
     traced as if it sat on ``device`` (default: the CPU), the device its stage runs on, so code that branches on the
-    device takes that device's branch (``run_device.py``); its units keep the meta tensors."""
+    device takes that device's branch (``trace/run_device.py``); its units keep the meta tensors."""
     canonical = canonical_names(model)
     aliases, non_persistent = state_names(model, canonical)
     if isinstance(model, nn.Sequential) and split is None:
@@ -225,14 +228,19 @@ def capture(model: nn.Module, example: Any, split: SplitSpec = None, device: tor
     args, kwargs = args_kwargs(inputs_on(example, run_on) if laid_out else example)
     leaves = pytree.tree_leaves((args, kwargs))
     with seen_on(model, run_on) as originals:
-        exported, dynamic = _export(model, args, kwargs)
+        exported, dynamic, tracing = eager.export(model, args, kwargs, _export, points)
         gm = exported.module()
     restore(gm, originals)
+    placed = eager.call_modules(gm, tracing) if tracing is not None else {}
     if split is None and len(points) < 2:  # no repeated blocks: maybe one module called again and again (ALBERT)
         points = repeated_calls(gm) or points
+    first: dict[str, int] = {}  # where each module first runs: units follow the forward, not the module order
+    for i, node in enumerate(gm.graph.nodes):
+        for p in call_paths(node):
+            first.setdefault(p, i)
     if split is None:  # default cut points the forward never calls (a head used in another mode) cut nothing
-        called = {p for node in gm.graph.nodes for p in call_paths(node)}
-        points = [p for p in points if p in called]
+        points = [p for p in points if p in first]
+    points = sorted(points, key=lambda p: first.get(p, len(first)))  # Gemma-3n projects before its layers
     cut = assign(gm, points)
     part, names = cut.part, cut.names
     reached = {p for node in part for p in call_paths(node)}
@@ -241,6 +249,9 @@ def capture(model: nn.Module, example: Any, split: SplitSpec = None, device: tor
         raise CaptureError(f"split points {missing} never run in {type(model).__name__}.forward; split at modules "
                            "the forward pass calls")
     chain = _chain(gm, exported, part, names, canonical)
+    for node in gm.graph.nodes:  # what runs eagerly, by unit (trace/eager.py)
+        if node.name in placed:
+            chain.eager.setdefault(part[node], []).append(placed[node.name])
     chain.rule = InputRule.of_graph(gm, leaves, exported.range_constraints) if dynamic else InputRule.exactly(leaves)
     chain.aliases, chain.non_persistent = aliases, non_persistent
     chain.state_keys = list(model.state_dict(keep_vars=True))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from vpipe_lab.runtime.model.capture_problems import CaptureError
+from vpipe_lab.runtime.model.trace.problems import CaptureError
 
 SplitSpec = Sequence[str] | Callable[[str, nn.Module], bool] | None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from vpipe_lab.runtime.model.capture_problems import CaptureError
+from vpipe_lab.runtime.model.trace.problems import CaptureError
 
 
 def is_size(node: torch.fx.Node) -> bool:

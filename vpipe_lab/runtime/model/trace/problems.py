@@ -38,11 +38,12 @@ def why(exc: BaseException) -> str:
         return (f"its forward returns a {kind} object, and only tensors (in tuples, lists, dicts or ModelOutputs) can "
                 f"leave a captured graph; have forward return tensors, or turn off what builds the {kind} "
                 "(a key/value cache: use_cache=False)")
-    if re.search(r"data.dependent|GuardOnDataDependent", text, re.IGNORECASE):
-        return (f"{type(exc).__name__}: {first}. The model's Python control flow depends on a tensor's value, so "
-                "it has no single graph to cut into stages; rewrite that branch with torch.cond/torch.where, or give "
-                "an nn.Sequential of the parts")
     where = _user_frame(exc)
+    if re.search(r"data.dependent|GuardOnDataDependent", text, re.IGNORECASE):
+        return (f"{type(exc).__name__}: {first}" + (f" (at {where})" if where else "") + ". The model's Python "
+                "control flow depends on a tensor's value there, outside any module that could run eagerly inside one "
+                "unit (a branch in a block's own modules would), so it has no single graph to cut into stages; "
+                "rewrite that branch with torch.cond/torch.where, or give an nn.Sequential of the parts")
     return f"{type(exc).__name__}: {first}" + (f" (at {where})" if where else "")
 
 
