@@ -2,6 +2,7 @@
 iteration time measured after applying it, per schedule, read from the session's own record (``session.history``).
 
     python benchmarks/what_if.py [--model gpt-tiny] [--iterations 30] [--shards 2] [--schedules 1f1b zb-h1]
+                                 [--microbatches 4] [--change move|replan]
 
 For each schedule a 2-stage session trains ``--iterations``, is profiled (the profile the editor's what-if uses),
 and gets a partition change one layer off the even split; the change is recorded with the prediction made when it
@@ -9,7 +10,9 @@ was applied (``predicted_s``: the simulation calibrated by the running plan's re
 shows), and after ``--iterations`` more the record's median measured time gives the error; the plain simulation's
 error is printed beside it. The plan the session started with is simulated from the same profile, for the error of
 an unchanged plan. ``--shards 2`` runs each session as 2 stages x 2 sharded ranks (4 processes), its what-ifs
-priced per rank with the collectives the cost model charges (``core/cost/sharded.py``).
+priced per rank with the collectives the cost model charges (``core/cost/sharded.py``). ``--change replan`` applies
+what ``session.replan(apply=True)`` finds instead of the one-layer move; its "simulated" column is then the number
+``replan`` returns (``Replan.predicted_s``, the planner's estimate).
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from vpipe_lab.core.cost.simulator import simulate
 SCHEDULES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv"]  # interleaved and ZBV: 2 chunks a stage
 
 
-def one(model: str, schedule: str, iterations: int, shards: int = 1) -> dict[str, float]:
-    with vpipe_lab.launch(model, stages=2, shards=shards, microbatches=4, schedule=schedule, device="cpu",
+def one(model: str, schedule: str, iterations: int, shards: int = 1, microbatches: int = 4,
+        change: str = "move") -> dict[str, float]:
+    with vpipe_lab.launch(model, stages=2, shards=shards, microbatches=microbatches, schedule=schedule, device="cpu",
                           timeout=120) as s:
         s.run(iterations)
         s.wait(timeout=600)
@@ -33,10 +37,16 @@ def one(model: str, schedule: str, iterations: int, shards: int = 1) -> dict[str
         s.wait(timeout=600)
         profile = s.profile()
         start = simulate(s.plan, profile, s.cluster()).iteration_s
-        bounds = list(s.plan.boundaries)
-        bounds[1] += 1 if bounds[2] - bounds[1] > 1 else -1  # one layer off the first cut
-        simulated = simulate(s.plan.with_boundaries(bounds), profile, s.cluster()).iteration_s  # before calibration
-        s.set_partition(tuple(bounds))
+        if change == "replan":
+            found = s.replan(apply=True, profile=profile)
+            if found.applied_at is None:
+                raise SystemExit(f"{schedule}: replan found the plan in force best ({found.plan.describe()})")
+            simulated = found.predicted_s
+        else:
+            bounds = list(s.plan.boundaries)
+            bounds[1] += 1 if bounds[2] - bounds[1] > 1 else -1  # one layer off the first cut
+            simulated = simulate(s.plan.with_boundaries(bounds), profile, s.cluster()).iteration_s  # uncalibrated
+            s.set_partition(tuple(bounds))
         s.run(iterations)
         s.wait(timeout=600)
         rows = s.record.rows()
@@ -52,12 +62,14 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=30)
     ap.add_argument("--shards", type=int, default=1, help="ranks sharding each stage (FSDP2)")
     ap.add_argument("--schedules", nargs="+", default=SCHEDULES)
+    ap.add_argument("--microbatches", type=int, default=4)
+    ap.add_argument("--change", choices=("move", "replan"), default="move")
     args = ap.parse_args()
     print("| schedule | unchanged plan: measured / simulated (ms) | error | after the change: measured (ms) | "
           "simulated (ms) | error | calibrated, the what-if (ms) | error |\n|---|---:|---:|---:|---:|---:|---:|---:|")
     errors, raw = [], []
     for schedule in args.schedules:
-        r = one(args.model, schedule, args.iterations, args.shards)
+        r = one(args.model, schedule, args.iterations, args.shards, args.microbatches, args.change)
         before = r["start_measured_s"] / r["start_predicted_s"] - 1
         plain = r["changed_measured_s"] / r["changed_simulated_s"] - 1
         errors.append(abs(r["changed_error"]))

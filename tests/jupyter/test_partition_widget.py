@@ -134,22 +134,6 @@ def test_the_editor_freezes_when_the_session_ends() -> None:
         ed.close()
 
 
-def test_re_measured_sizes_ease_in_instead_of_jumping() -> None:
-    from vpipe_lab.jupyter.partition_widget import EASE, steady_weights
-
-    first = steady_weights(None, [1.0, 1.0, 2.0])
-    assert first == [0.25, 0.25, 0.5]
-    moved = steady_weights(first, [3.0, 0.0, 1.0])  # a very different measurement (params -> times, say)
-    assert moved[0] == pytest.approx(0.25 + EASE * (0.75 - 0.25)) and sum(moved) == pytest.approx(1.0)
-    assert max(abs(a - b) for a, b in zip(first, moved)) <= EASE * 0.5 + 1e-9  # one step moves a block that far at most
-    settled = first
-    for _ in range(30):
-        settled = steady_weights(settled, [3.0, 0.0, 1.0])
-    assert settled == pytest.approx([0.75, 0.0, 0.25], abs=1e-4)  # repeated measurements converge to the truth
-    assert steady_weights(first, [1.0, 1.0]) == [0.5, 0.5]  # another model starts over
-    assert steady_weights(None, [0.0, 0.0]) == [0.5, 0.5]
-
-
 def test_the_synced_traits_are_the_declared_ones_and_hold_what_they_declare() -> None:
     """extension/src/traits.ts declares each widget's traits once; the browser's types come from it, and here the
     widget is held to it: the same names, and values that validate (after a preview and an apply too)."""
@@ -189,6 +173,41 @@ def test_the_what_if_view_draws_the_draft_beside_the_running_plan_against_the_us
         bundle = ed._repr_mimebundle_()
         view = bundle[0] if isinstance(bundle, tuple) else bundle
         assert view["application/vnd.jupyter.widget-view+json"]["model_id"] == ed.panel.model_id
+    finally:
+        ed.close()
+
+
+def test_the_what_if_prices_the_draft_on_another_shard_count_and_apply_says_it_runs_after_a_restart() -> None:
+    """The shard box prices the draft as the cost model prices that mesh (each rank's share of the parameters,
+    the global batch split over the shards, the collectives), the same numbers estimate() gives; Apply of a draft on
+    another mesh is refused with what to do, and at the job's own count it applies."""
+    import dataclasses
+
+    from vpipe_lab.core.cost import scaling
+    from vpipe_lab.core.cost.costmodel import estimate
+
+    profile = dataclasses.replace(random_chain(8, seed=4), microbatch_size=8)
+    applied: list[Plan] = []
+    cluster = Cluster(2, 10**12, 1e9, 1e9)
+    ed = PartitionEditor(plan=Plan.from_counts([4, 4], 4), profile=profile, cluster=cluster,
+                         on_apply=lambda p: applied.append(p) or 7)
+    try:
+        wait_for(lambda: "draft" in ed.preview)
+        whole = ed.preview["draft"]
+        ed.what_if.shards.value = 2
+        wait_for(lambda: "at 2 shards per stage (after a restart)" in ed.what_if.view.header.get("text", ""))
+        wait_for(lambda: ed.preview["draft"]["peak_bytes"] != whole["peak_bytes"])
+        expected = estimate(Plan.from_counts([4, 4], 4).with_mesh(shards=2), scaling.at(profile, 4), cluster)
+        assert ed.preview["draft"]["peak_bytes"] == list(expected.peak_bytes)
+        assert all(two < one for two, one in zip(expected.peak_bytes, whole["peak_bytes"]))  # a share each
+        assert ed.preview["current"] == whole  # the plan in force is priced as it runs
+        ed.receive(draft([0, 4, 8], ["keep"] * 8, kind="apply"))
+        wait_for(lambda: ed.status.get("state") == "error")
+        assert "another mesh runs after a restart" in ed.status["message"] and applied == []
+        ed.what_if.shards.value = 1
+        ed.receive(draft([0, 3, 8], ["keep"] * 8, kind="apply"))
+        wait_for(lambda: ed.status.get("state") == "applied")
+        assert applied == [Plan((0, 3, 8), ("keep",) * 8, 4)]
     finally:
         ed.close()
 

@@ -2,18 +2,18 @@
 
 Layers are blocks coloured by stage; dragging a boundary (committed on release) or clicking a layer (keep -> swap ->
 recompute) edits a draft; the simulator previews the draft's iteration time and per-stage memory against the budget;
-Apply hands the draft to ``Session.change`` and the widget shows pending, then "applied at iteration N", or the
-error. When the session ends the editor stays on screen, frozen, saying so.
+Apply hands the draft to ``Session.change`` and the widget shows pending, then "applied at iteration N", or the error.
+When the session ends the editor stays on screen, frozen, saying so.
 
 The browser tells Python what the user did with anywidget custom messages, whose contract is written once, as a JSON
 schema in ``extension/src/messages.ts`` (TypeScript derives its types from it; the build writes it to
 ``static/editor_messages.schema.json``, which every incoming message is validated against here). Python owns every
-trait; the front end only reads them. Widget messages can arrive on a subshell thread while a cell runs (JupyterLab
->= 4.4, ipykernel 7), so the message handler only turns a message into the typed ``Change`` the magics and the
-Python API also make and queues it; one worker thread computes previews and applies changes. A preview is computed
-once per (plan, profile) under the profile in hand; that profile is measured again after each Apply, every
-``reprofile_s`` while training goes on, and before a draft is previewed when it is older than ``fresh_s`` (the layers'
-costs as they are when the user drags, not as they were while the page loaded).
+trait; the front end only reads them. Widget messages can arrive on a subshell thread while a cell runs (JupyterLab >=
+4.4, ipykernel 7), so the message handler only turns a message into the typed ``Change`` the magics and the Python API
+also make and queues it; one worker thread computes previews and applies changes. A preview is computed once per (plan,
+profile) under the profile in hand; that profile is measured again after each Apply, every ``reprofile_s`` while
+training goes on, and before a draft is previewed when it is older than ``fresh_s`` (the layers' costs as they are when
+the user drags, not as they were while the page loaded).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from vpipe_lab.core.cost.calibration import Calibration
 from vpipe_lab.core.errors import VpipeError
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import Cluster, ModelProfile
+from vpipe_lab.jupyter.layer_blocks import steady_weights
 from vpipe_lab.jupyter.previews import Previews, calibrated
 from vpipe_lab.jupyter.what_if import WhatIf
 
@@ -46,19 +47,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
-EASE = 0.35  # how far one re-measure moves a block's width toward its new share (see steady_weights)
 MESSAGES = jsonschema.Draft202012Validator(json.loads((STATIC / "editor_messages.schema.json").read_text()))
-
-
-def steady_weights(previous: list[float] | None, measured: list[float]) -> list[float]:
-    """Each block's share of the bar. A re-measure (after every Apply) moves the shares only part of the way toward
-    the new measurement, so the scale the user drags on does not jump (the front end eases each step in); a model
-    with another number of units starts over."""
-    total = sum(max(0.0, m) for m in measured)
-    shares = [max(0.0, m) / total for m in measured] if total > 0 else [1.0 / max(1, len(measured))] * len(measured)
-    if previous is None or len(previous) != len(shares):
-        return shares
-    return [p + EASE * (s - p) for p, s in zip(previous, shares)]
 
 
 class PartitionEditor(anywidget.AnyWidget):
@@ -100,7 +89,8 @@ class PartitionEditor(anywidget.AnyWidget):
         self.fresh_s = 10.0  # a draft previewed with a profile older than this measures it again first (_freshen)
         self.fresh_wait_s = 2.0  # ... waiting at most this for the next iteration boundary (else the one in hand)
         self._opened, self._profiled = time.monotonic(), -float("inf")  # when this editor last measured a profile
-        self.what_if = WhatIf(lambda budget: self._work.put(("budget", budget)))
+        self.what_if = WhatIf(lambda budget: self._work.put(("budget", budget)),
+                              lambda: self._work.put(("preview", None)), self._plan.shards)
         self.panel = widgets.VBox([self, self.what_if.widget])  # what a cell shows: the editor above its what-if
         self._weights: list[float] | None = None  # the blocks' shares of the bar, as last drawn
         self._names: list[str] = []
@@ -305,11 +295,12 @@ class PartitionEditor(anywidget.AnyWidget):
         if self._profile is None or self._cluster is None:
             return
         docs: dict[str, Any] = {}
-        shown = draft or self.draft()
+        shown, stages = draft or self.draft(), self._cluster.stages
         try:
-            for key, plan in (("current", self._plan), ("draft", shown)):
-                docs[key] = self._previews.doc(plan.validate(len(self._profile), self._cluster.stages),
-                                               self._profile, self._cluster)
+            docs["current"] = self._previews.doc(self._plan.validate(len(self._profile), stages), self._profile,
+                                                 self._cluster)
+            shown, profile = self.what_if.on_mesh(shown, self._profile)  # the shard count the what-if prices
+            docs["draft"] = self._previews.doc(shown.validate(len(self._profile), stages), profile, self._cluster)
         except VpipeError as exc:
             docs["error"] = str(exc)
         self.preview = self._calibrated(docs)
@@ -356,6 +347,9 @@ class PartitionEditor(anywidget.AnyWidget):
         return float(shown) if shown > 0 else None
 
     def _apply(self, change: Change, seen: tuple[Plan, float] | None = None) -> None:
+        if (problem := self.what_if.mesh_problem()) is not None:
+            self.status = {"state": "error", "message": problem}
+            return
         self.status = {"state": "pending", "message": "pending: waiting for the next iteration boundary"}
         try:
             plan = change.on(self._plan)
