@@ -7,7 +7,7 @@ import pytest
 from vpipe_lab.cli.jobs import add_worker_arguments
 from vpipe_lab.core.settings import Settings
 from vpipe_lab.runtime.model.callables import load_callables
-from vpipe_lab.runtime.torchrun import _env, _key, _role, job_settings
+from vpipe_lab.runtime.torchrun import _env, _key, _roles, job_settings
 from vpipe_lab.wire.jobspec import JobSpec
 
 
@@ -16,17 +16,21 @@ def spec() -> JobSpec:
                    settings=Settings(stages=2, microbatches=2))
 
 
+def roles(**given: str | None) -> argparse.Namespace:
+    return argparse.Namespace(**{r: given.get(r) for r in ("model", "data", "loss", "optimizer", "lr_scheduler",
+                                                          "eval_data")})
+
+
 def test_roles_are_bundled_names_or_importable_paths() -> None:
     s = spec()
-    _role("mlp", "model", s)
-    _role("vpipe_lab.examples.gpt:data", "data", s)
+    s.examples, s.imports = _roles(roles(model="mlp", data="vpipe_lab.examples.gpt:data"))
     assert s.examples == {"model": "mlp"} and s.imports == {"data": "vpipe_lab.examples.gpt:data"}
     fns = load_callables(s)
     assert fns.data.__module__ == "vpipe_lab.examples.gpt" and fns.loss.__module__ == "vpipe_lab.examples.mlp"
-    with pytest.raises(ValueError, match=r"package\.module:attribute"):
-        _role("resnet", "model", spec())
+    with pytest.raises(ValueError, match=r"--lr-scheduler 'resnet'.*package\.module:attribute"):
+        _roles(roles(model="mlp", lr_scheduler="resnet"))
     bad = spec()
-    _role("vpipe_lab.examples.gpt:nothing", "model", bad)
+    bad.examples, bad.imports = _roles(roles(model="vpipe_lab.examples.gpt:nothing"))
     with pytest.raises(ValueError, match="importable on every node"):
         load_callables(bad)
 

@@ -36,6 +36,22 @@ def test_a_hand_made_iteration_splits_into_its_parts() -> None:
         first.share("idle")
 
 
+def test_the_bottleneck_is_the_stage_that_bounds_most_iterations_not_one_stalled_op() -> None:
+    """Three iterations of two stages in turn (forward on 0, then on 1): stage 1's work is 2 s, stage 0's 1 s, but in
+    the last iteration stage 0 stalls for 20 s. By the mean, stage 0 holds the most of the path (22/3 s against 4/3);
+    stage 1 bounded two iterations of three, and is named."""
+    spans = []
+    for it, first in enumerate((1.0, 1.0, 21.0)):
+        t = 100.0 * it
+        spans += [Span(0, "forward", 0, None, t, t + first, iteration=it),
+                  Span(0, "send", 0, None, t + first, t + first, iteration=it),
+                  Span(1, "recv", 0, None, t, t + first, iteration=it),
+                  Span(1, "forward", 0, None, t + first, t + first + 2, iteration=it)]
+    zero, one = breakdown(Timeline(tuple(spans)))
+    assert zero.critical_s > one.critical_s and (zero.bounded, one.bounded) == (1, 2)
+    assert bottleneck([zero, one]) == 1
+
+
 def test_iterations_average_and_replicas_stay_apart() -> None:
     spans = [Span(0, "forward", 0, None, 10 * it, 10 * it + 2 + it, iteration=it) for it in range(2)]
     spans.append(Span(0, "forward", 0, None, 0, 100, iteration=0, replica=1))

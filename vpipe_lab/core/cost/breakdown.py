@@ -44,6 +44,7 @@ class StageTime:
     bubble_s: float
     iterations: int = 1
     critical_s: float = 0.0  # this stage's own time on the iteration's critical path (what bounds the iteration)
+    bounded: int = 0  # the iterations whose critical path this stage held the most of
 
     def seconds(self, part: str) -> float:
         if part not in PARTS:
@@ -70,6 +71,7 @@ def breakdown(timeline: Timeline, replica: int = 0) -> list[StageTime]:
             by_iteration.setdefault(s.iteration, []).append(s)
     stages = 1 + max((s.stage for spans in by_iteration.values() for s in spans), default=-1)
     totals = [[0.0] * (len(PARTS) + 2) for _ in range(stages)]  # per stage: PARTS..., the window, the critical time
+    votes = [0] * stages  # per stage: the iterations it bounded
     for iteration, spans in by_iteration.items():
         start, end = min(s.start_s for s in spans), max(s.end_s for s in spans)
         wire = _wire(spans)
@@ -83,11 +85,15 @@ def breakdown(timeline: Timeline, replica: int = 0) -> list[StageTime]:
             row[PARTS.index("bubble")] += max(0.0, (end - start) - covered)  # rounding, never below 0
             row[-2] += end - start
         path = critical_path(Timeline(tuple(spans)), iteration, replica)
+        held = [0.0] * stages
         for s, own in zip(path.spans, path.own_s()):
             totals[s.stage][-1] += own
+            held[s.stage] += own
+        if any(held):
+            votes[max(range(stages), key=lambda k: held[k])] += 1
     n = max(1, len(by_iteration))
     return [StageTime(stage, row[-2] / n, row[0] / n, row[1] / n, row[2] / n, row[3] / n, row[4] / n,
-                      len(by_iteration), row[-1] / n) for stage, row in enumerate(totals)]
+                      len(by_iteration), row[-1] / n, votes[stage]) for stage, row in enumerate(totals)]
 
 
 def _wire(spans: list[Span]) -> dict[int, tuple[float, float]]:
@@ -143,10 +149,13 @@ def by_chunk(timeline: Timeline, replica: int = 0) -> list[ChunkTime]:
 
 
 def bottleneck(times: list[StageTime]) -> int | None:
-    """The stage whose work bounds the iteration: the most time on the critical path (without a path, the least
-    waiting); None without stages."""
+    """The stage whose work bounds the iteration: the one that held the most of the critical path in the most
+    iterations, then the most time on it (one stalled op in one iteration moves a mean, not a count of iterations);
+    without a path, the least waiting; None without stages."""
     if not times:
         return None
+    if any(t.bounded for t in times):
+        return max(times, key=lambda t: (t.bounded, t.critical_s, -t.bubble_s)).stage
     if any(t.critical_s > 0 for t in times):
         return max(times, key=lambda t: (t.critical_s, -t.bubble_s)).stage
     return min(times, key=lambda t: (t.bubble_s, -t.compute_s)).stage
