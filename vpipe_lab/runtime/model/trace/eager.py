@@ -49,7 +49,27 @@ class _Site:
 @dataclass
 class _Tracing:
     sites: list[_Site] = field(default_factory=list)
-    copies: dict[int, nn.Module] = field(default_factory=dict)  # a CPU copy of each module, for output shapes
+    copies: dict[Any, nn.Module] = field(default_factory=dict)  # CPU copies for output shapes, one per kind of module
+
+    def copy_of(self, module: nn.Module) -> nn.Module:
+        """The CPU copy ``module``'s output shapes come from (``prepare`` made it before the trace)."""
+        return self.copies[_kind(module)]
+
+    def prepare(self, module: nn.Module) -> None:
+        """A CPU copy of ``module`` with small random values (shapes are what matter), made before the trace swaps
+        the parameters for fake ones, and shared by modules of its class and parameter shapes: a model laid out on
+        meta is not materialised layer by layer."""
+        kind = _kind(module)
+        if kind not in self.copies:
+            made = copy.deepcopy(module).to_empty(device="cpu")
+            with torch.no_grad():
+                for t in list(made.parameters()) + list(made.buffers()):
+                    t.copy_(torch.randn_like(t) * 0.02 if t.dtype.is_floating_point else torch.zeros_like(t))
+            self.copies[kind] = made
+
+
+def _kind(module: nn.Module) -> Any:
+    return type(module), tuple((n, tuple(t.shape), t.dtype) for n, t in module.state_dict().items())
 
 
 _ACTIVE: list[_Tracing] = []
@@ -72,7 +92,7 @@ def _(inputs: list[torch.Tensor], site: int) -> list[torch.Tensor]:
     with torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
         real = [_stand_in(t) for t in inputs]
         args, kwargs = _arguments(found, real)
-        out = tracing.copies[id(found.module)](*args, **kwargs)
+        out = tracing.copy_of(found.module)(*args, **kwargs)
     flat, found.out_spec = pytree.tree_flatten(out)
     if not all(isinstance(t, torch.Tensor) for t in flat):
         raise RuntimeError(f"{found.path} returns {[type(t).__name__ for t in flat]}: only tensors can be its outputs "
@@ -131,11 +151,7 @@ def opaque(model: nn.Module, classes: set[type]) -> Iterator[_Tracing]:
     patched = []
     for path, module in model.named_modules():
         if type(module) in classes:
-            copy_ = copy.deepcopy(module).to_empty(device="cpu")
-            for p in list(copy_.parameters()) + list(copy_.buffers()):
-                with torch.no_grad():
-                    p.copy_(torch.randn_like(p) * 0.02 if p.dtype.is_floating_point else torch.zeros_like(p))
-            tracing.copies[id(module)] = copy_
+            tracing.prepare(module)
             module.forward = _stand_in_forward(tracing, module, path)
             patched.append(module)
     _ACTIVE.append(tracing)
@@ -143,6 +159,7 @@ def opaque(model: nn.Module, classes: set[type]) -> Iterator[_Tracing]:
         yield tracing
     finally:
         _ACTIVE.remove(tracing)
+        tracing.copies.clear()  # the CPU copies served the trace only
         for module in patched:
             del module.forward  # the class's own forward again
 
