@@ -20,7 +20,7 @@ def test_two_replicas_of_two_stages_match_one_process_across_a_migration() -> No
     1F1B."""
     with vpipe_lab.launch("mlp", stages=2, replicas=2, microbatches=2, schedule="zb-h1", device="cpu",
                           timeout=60) as session:
-        assert session.workers == 4
+        assert session.plan.devices == 4
         session.run(2)
         session.wait(timeout=120)
         session.apply(Plan((0, 3, 10), ("keep",) * 5 + ("recompute",) * 5, 2, "1f1b"))

@@ -170,8 +170,8 @@ def test_a_stage_that_cannot_come_back_is_planned_away(monkeypatch: pytest.Monke
         state, losses = train(s, fault=lose_stage_1)
         monkeypatch.delenv("VPIPE_LAB_FAULT")
         row = s.metrics.restarts.iloc[0]
-        assert s.stages == 2 and s.plan.stages == 2 and len(s.processes.pids()) == 2 and s.status == "idle"
-        assert s.spec.devices == [0, 2]  # on a GPU machine the new rank 1 takes the third GPU, not the lost one
+        assert s.plan.stages == 2 and len(s.processes.pids()) == 2 and s.status == "idle"
+        assert s._spec.devices == [0, 2]  # on a GPU machine the new rank 1 takes the third GPU, not the lost one
         assert sorted(i for layers in s.processes.layers() for i in layers) == list(range(10))
         s.set_partition((0, 4, 10))  # the session is a two-stage session now: live changes work on it
         s.run(2)

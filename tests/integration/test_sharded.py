@@ -36,7 +36,7 @@ def test_two_sharded_stages_equal_one_process(schedule: str, sharding: tuple[str
     plan = Plan(bounds, POLICIES, 2, schedule, virtual, shards=2, sharding=sharding)
     with vpipe_lab.launch("gpt-tiny", stages=2, shards=2, microbatches=2, plan=plan, clip_grad_norm=0.5,
                           schedule=schedule, virtual_stages=virtual, device="cpu", timeout=90) as session:
-        assert session.workers == 4 and session.plan.sharding_of(1).value == sharding[1]
+        assert session.plan.devices == 4 and session.plan.sharding_of(1).value == sharding[1]
         session.run(2)
         session.wait(timeout=180)
         frame = session.metrics.iterations

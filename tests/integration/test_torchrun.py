@@ -72,7 +72,7 @@ def attach_when_up(address: str, deadline_s: float = 120) -> vpipe_lab.Session:
 def test_two_nodes_attach_migrate_detach_reattach_stop(job: tuple[str, list[subprocess.Popen[bytes]]]) -> None:
     address, procs = job
     session = attach_when_up(address)
-    assert session.stages == 2 and session.plan.boundaries == (0, 5, 10)
+    assert session.plan.stages == 2 and session.plan.boundaries == (0, 5, 10)
     session.run()
     session.wait(3, timeout=120)
     before = session.state_dict()

@@ -142,7 +142,7 @@ def test_periodic_evaluation_and_logging_to_tensorboard_and_a_function(tmp_path:
     seen: list[dict[str, Any]] = []
     with vpipe_lab.launch("mlp", stages=2, microbatches=2, eval_data="mlp", eval_every=2, clip_grad_norm=1.0,
                           device="cpu", timeout=60, log=f"tensorboard:{tmp_path}") as session:
-        session.logger.sink = _Both(session.logger.sink, seen.append)
+        session._logger.sink = _Both(session._logger.sink, seen.append)
         session.run(4)
         session.wait(timeout=120)
         deadline = time.monotonic() + 60  # the evaluation after iteration 4 reports just after that iteration

@@ -52,7 +52,7 @@ def test_killed_job_resumes_with_the_same_losses_and_can_be_attached(tmp_path: P
         where = json.loads((broken / "attach.json").read_text())
         assert where["key_file"] is None  # the key came from VPIPE_LAB_KEY
         session = vpipe_lab.attach(where["address"], key=KEY, timeout=10)  # a client comes and goes
-        assert session.stages == 2
+        assert session.plan.stages == 2
         session.detach()
         kill_tree(proc)  # mid-run, after the checkpoint at 4 (and maybe 8)
         assert uninterrupted.wait(timeout=300) == 0, (tmp_path / "whole.log").read_text()[-3000:]

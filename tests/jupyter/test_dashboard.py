@@ -169,7 +169,7 @@ def test_simulated_timelines_use_the_same_drawing() -> None:
 
 def test_every_replica_gets_its_own_lanes_and_bars() -> None:
     s = FakeSession()
-    s.replicas = 2
+    s.plan = s.plan.with_mesh(replicas=2)
     spans = spans_from_wire(0, 0, [[0, 0, -1, 0.0, 0.4, 0]]) + spans_from_wire(1, 0, [[0, 0, -1, 0.4, 0.5, 0]])
     spans += spans_from_wire(0, 0, [[0, 0, -1, 0.0, 0.3, 0]], replica=1) + spans_from_wire(1, 0, [[0, 0, -1, 0.3, 0.6, 0]],
                                                                                        replica=1)

@@ -101,7 +101,7 @@ def launch(model: Any, data: Any = None, *, loss: Any = None, optimizer: Any = N
     session = Session(spec, hub, launcher, job_dir, model=model)
     hub.set_handler(session._receive)
     try:
-        session.logger.sink = sinks.open_sink(settings.log)
+        session._logger.sink = sinks.open_sink(settings.log)
     except Exception:
         session.stop()
         raise
@@ -109,7 +109,7 @@ def launch(model: Any, data: Any = None, *, loss: Any = None, optimizer: Any = N
     if settings.max_restarts:
         session._restart_on_failure(settings.max_restarts, settings.start_timeout)
     if manifest is not None:
-        session.state.plan_version = manifest.plan_version
+        session._state.plan_version = manifest.plan_version
     if settings.auto_replan:
         replan = settings.auto_replan
         session.auto_replan(**(replan if isinstance(replan, dict) else {}))
@@ -229,15 +229,15 @@ def _start_workers(session: Session, launcher: Launcher, spec_path: Path, model_
                    start_timeout: float) -> None:
     """Spawn rank 0 (alone first when it scouts the model's units), then the rest; wait until every rank is
     ready. A failure stops whatever started and raises."""
-    spec = session.spec
+    spec = session._spec
     try:
         launcher.start_rank(0, spec_path)
         if spec.scout:
-            session._starting(lambda: session.state.units is not None, start_timeout,
+            session._starting(lambda: session._state.units is not None, start_timeout,
                              lambda: (0, "rank 0 did not report the model's partition units"))
-            if session.state.refused:
-                raise SettingError(session.state.refused)
-            names = list(session.state.units or [])
+            if session._state.refused:
+                raise SettingError(session._state.refused)
+            names = list(session._state.units or [])
             units.remember(model_key, names)
             units.check(spec.settings.stages, names)
         for rank in range(1, spec.settings.workers):
@@ -246,11 +246,11 @@ def _start_workers(session: Session, launcher: Launcher, spec_path: Path, model_
         session.stop(timeout=2.0)  # nothing trains yet: rank 0 at most waits for the others to join
         raise
     def late() -> tuple[int, str]:
-        missing = sorted(set(range(session.workers)) - set(session.state.ready))
+        missing = sorted(set(range(session._workers)) - set(session._state.ready))
         return (missing or [0])[0], f"ranks {missing} did not start"
 
-    session._starting(lambda: len(session.state.ready) >= session.workers, start_timeout, late)
-    session.state.adopt([], None)
+    session._starting(lambda: len(session._state.ready) >= session._workers, start_timeout, late)
+    session._state.adopt([], None)
     units.remember(model_key, session.names)
 
 
@@ -272,11 +272,11 @@ def attach(address: str, *, key: str | None = None, key_file: str | Path | None 
     welcome = client.welcome
     assert welcome is not None  # Client() returns only once it was welcomed
     session = Session(welcome.job.to_spec(key, address), client, launcher=None, job_dir=None)
-    if len(welcome.ready) < session.workers:
+    if len(welcome.ready) < session._workers:
         session.detach()
-        raise TimeoutError(f"only {len(welcome.ready)} of {session.workers} ranks are ready yet; attach again "
+        raise TimeoutError(f"only {len(welcome.ready)} of {session._workers} ranks are ready yet; attach again "
                            "shortly")
-    session.state.adopt(welcome.ready, welcome.current)
+    session._state.adopt(welcome.ready, welcome.current)
     client.wait_replay(min(timeout, 10.0))
     client.set_handler(session._receive)  # the replayed recent iterations fill the metrics first
     return session

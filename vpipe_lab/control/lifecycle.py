@@ -63,10 +63,10 @@ class Lifecycle:
     which only the Session holds; none of it is a user's, so its names are underscored, and ``control/launch.py``,
     which builds the Session, is the one caller outside the class."""
 
-    spec: Any
-    state: Any
+    _spec: Any
+    _state: Any
     metrics: Any
-    logger: Any
+    _logger: Any
     stop: Callable[..., None]  # the Session's
     _launcher: Any
     _job_dir: Any
@@ -77,9 +77,9 @@ class Lifecycle:
     _cond: Any
     _profiles: Any
     plan: Any
-    stages: int
-    workers: int
-    replicas: int
+    _stages: int
+    _workers: int
+    _replicas: int
 
     # --- wiring (launch, attach) ------------------------------------------------------------------------------------
     def _receive(self, msg: P.Message) -> None:
@@ -93,7 +93,7 @@ class Lifecycle:
             self._requests.until(done, timeout, "the workers did not start")
         except TimeoutError:
             rank, what = late()
-            self._monitor.fail(WorkerError(rank % self.stages, f"{what} within {timeout:.0f} s"))
+            self._monitor.fail(WorkerError(rank % self._stages, f"{what} within {timeout:.0f} s"))
         except WorkerError:
             pass
         if (err := self._monitor.fatal) is not None:
@@ -106,7 +106,7 @@ class Lifecycle:
         if self._launcher is None or self._job_dir is None:
             raise RuntimeError("only a session that started its workers restarts them; a torchrun job restarts "
                                "through torchrun's own --max-restarts")
-        restarter = Restarter(limit, self.spec, self._job_dir, self._launcher, self.state, self._requests, self._cond,
+        restarter = Restarter(limit, self._spec, self._job_dir, self._launcher, self._state, self._requests, self._cond,
                               start_timeout, self._intake.forget_partial, self._restarted, self._layer_times)
         self._intake.on_replay = restarter.replayed
         self._monitor.recover = restarter.recover
@@ -123,10 +123,10 @@ class Lifecycle:
         return spread(self.plan, [times[s] for s in range(self.plan.stages)])
 
     def _restarted(self, restart: Restart) -> None:
-        if restart.stages and restart.stages != self.stages:  # it went on without a stage that could not come back
-            self.stages, self.workers = restart.stages, restart.stages * self.replicas
+        if restart.stages and restart.stages != self._stages:  # it went on without a stage that could not come back
+            self._stages, self._workers = restart.stages, restart.stages * self._replicas
         self.metrics.add_restart(restart)
-        self.logger.event(restart.snapshot, "restart", f"restart {restart.number}: stage {restart.stage} failed "
+        self._logger.event(restart.snapshot, "restart", f"restart {restart.number}: stage {restart.stage} failed "
                           f"({restart.cause}); back to iteration {restart.snapshot}, {restart.replayed} replayed"
                           + (f"; {restart.note}" if restart.note else ""))
         self._events.publish({"type": "restarted", **restart.to_dict()})

@@ -18,11 +18,11 @@ class Outward:
     """The Session's exports and imports. They use the Session's own state and methods (``plan``, ``profile()``,
     ``cluster()``, ``apply()``, its requests), which is why this is a mixin and not a collaborator of its own."""
 
-    spec: Any
+    _spec: Any
     settings: Any
-    model: Any
-    stages: int
-    state: Any
+    _model: Any
+    _stages: int
+    _state: Any
     metrics: Any
     _requests: Any
     plan: Plan
@@ -40,13 +40,13 @@ class Outward:
         order (a tied weight under each of its names, one tensor; non-persistent buffers left out), so
         ``model.load_state_dict(session.state_dict(), strict=True)`` loads into a fresh build of the model."""
         self._check()
-        return weights.assemble(self._requests.gather(State(), Tensors, self.stages, timeout))
+        return weights.assemble(self._requests.gather(State(), Tensors, self._stages, timeout))
 
     def export(self, path: str | Path, *, model: Any = None, timeout: float | None = None) -> Path:
         """Write the trained model where ``path`` says, in the form its library loads: a transformers model as a
         folder ``from_pretrained(path)`` reads, any other as a ``torch.save``d state dict. It loads the weights into
         a fresh build of ``model`` (default: the one this session trains), so this process imports torch."""
-        source = model if model is not None else self.model
+        source = model if model is not None else self._model
         if source is None:
             raise ValueError("this session does not know how to build its model (it was attached): give "
                              "export(path, model=factory)")
@@ -62,7 +62,7 @@ class Outward:
         profile = cluster = None
         if self.iteration > 0 and not self.closed:
             profile, cluster = self.profile(), self.cluster()
-        bundle = interop.bundle_of(plan, self.state.unit_info, microbatch_size=microbatch_size or self._microbatch_size(),
+        bundle = interop.bundle_of(plan, self._state.unit_info, microbatch_size=microbatch_size or self._microbatch_size(),
                                    profile=profile, cluster=cluster, measured=measured)
         return interop.write(path, bundle)
 
@@ -70,7 +70,7 @@ class Outward:
         """A production config as a plan over this model's units (``control/interop.import_plan``: a torchtitan TOML
         or ``[parallelism]`` dict, a Megatron-LM layout string, module lists per stage, an export bundle); ``apply``
         runs it from the next iteration (``apply(plan)``)."""
-        plan = interop.read(source, self.state.unit_info, self.plan, **kw)
+        plan = interop.read(source, self._state.unit_info, self.plan, **kw)
         if apply:
             self.apply(plan)
         return plan

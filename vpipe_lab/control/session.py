@@ -36,6 +36,7 @@ from vpipe_lab.core import checks
 from vpipe_lab.core.change import Applied, Change
 from vpipe_lab.core.cost.breakdown import breakdown
 from vpipe_lab.core.cost.simulator import simulate
+from vpipe_lab.core.deprecated import Deprecated
 from vpipe_lab.core.plan import Plan, Policy
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.settings import Settings
@@ -55,33 +56,42 @@ class Session(Outward, Lifecycle, MemoryView):
     does with a running job, it hands out ``metrics`` (what the workers measured), ``record`` (every plan that ran:
     history, compare, revert) and ``processes`` (worker pids, exit codes, restarts)."""
 
+    # Public before; kept one release, warning (issue #59): the public face is the documented one.
+    spec = Deprecated("_spec", "session.settings (the job's settings) and session.plan")
+    model = Deprecated("_model", "the model you passed to launch()")
+    stages = Deprecated("_stages", "session.plan.stages")
+    replicas = Deprecated("_replicas", "session.plan.replicas (and session.plan.shards)")
+    workers = Deprecated("_workers", "session.processes (its pids) or session.plan.devices")
+    logger = Deprecated("_logger", "launch(log=...)")
+    state = Deprecated("_state", "session.iteration, session.plan, session.status")
+
     def __init__(self, spec: JobSpec, hub: Endpoint, launcher: Launcher | None, job_dir: Path | None,
                  model: Any = None) -> None:
-        self.spec = spec
-        self.model = model  # what builds the trained model (factory, instance or bundled name): export() uses it
+        self._spec = spec
+        self._model = model  # what builds the trained model (factory, instance or bundled name): export() uses it
         # replicas: the data-parallel pipelines that report (shards x replicas: each shard of a stage runs one)
-        self.stages, self.replicas = spec.settings.stages, spec.settings.data_parallel
-        self.workers = self.stages * self.replicas  # worker processes (ranks)
+        self._stages, self._replicas = spec.settings.stages, spec.settings.data_parallel
+        self._workers = self._stages * self._replicas  # worker processes (ranks)
         self.metrics = Metrics()
-        self.logger = Logger(None)  # launch(log=...) sets the sink (telemetry/sinks.py)
-        self.state = JobState(iteration=spec.start_iteration, target=spec.start_iteration)
+        self._logger = Logger(None)  # launch(log=...) sets the sink (telemetry/sinks.py)
+        self._state = JobState(iteration=spec.start_iteration, target=spec.start_iteration)
         self._hub, self._launcher, self._job_dir = hub, launcher, job_dir
         self._cond = cond = threading.Condition()
         self._events = Events()
-        self._monitor = FailureMonitor(launcher, job_dir, self.state, self._events, cond)
+        self._monitor = FailureMonitor(launcher, job_dir, self._state, self._events, cond)
         self._requests = Requests(hub, spec.settings.timeout, cond, lambda: self._monitor.fatal)
-        self._intake = Intake(self.stages, self.replicas, self.state, self.metrics, self._requests, self._monitor,
-                              self._events, self.logger, cond)
+        self._intake = Intake(self._stages, self._replicas, self._state, self.metrics, self._requests, self._monitor,
+                              self._events, self._logger, cond)
         self._runlog: RunLog | None = None
         if spec.settings.run_dir and launcher is not None:  # vpipe-lab run --run-dir: metrics.jsonl as it trains
-            self._runlog = RunLog(Path(spec.settings.run_dir), self.stages, spec.start_iteration, replicas=self.replicas)
+            self._runlog = RunLog(Path(spec.settings.run_dir), self._stages, spec.start_iteration, replicas=self._replicas)
             self._intake.observer = self._runlog.observe
         self._profiles = Profiles()
-        self._history = History(self.state, self.metrics, cond)  # session.record (control/record.py)
+        self._history = History(self._state, self.metrics, cond)  # session.record (control/record.py)
         self._events.subscribe(self._history.observe)
-        self.record = Record(self._history, self.change, lambda: self.stages)
-        self.processes = Processes(launcher, self.metrics, self.state, self._layers_by_stage)
-        self._live = Live(spec, job_dir, self.state, self._requests, self._monitor, self._events.publish, self._check,
+        self.record = Record(self._history, self.change, lambda: self._stages)
+        self.processes = Processes(launcher, self.metrics, self._state, self._layers_by_stage)
+        self._live = Live(spec, job_dir, self._state, self._requests, self._monitor, self._events.publish, self._check,
                           self.profile, self.cluster, self._profiles.forget, self.newest_profile,
                           lambda: self._profiles.newest, self.record.calibration)
         self._autoplan: AutoReplanner | None = None
@@ -92,49 +102,41 @@ class Session(Outward, Lifecycle, MemoryView):
     @property
     def settings(self) -> Settings:
         """The job's settings (``core/settings.py``) as validated; after a stage was planned away, with fewer stages."""
-        return self.spec.settings  # type: ignore[no-any-return]
+        return self._spec.settings  # type: ignore[no-any-return]
 
     @property
     def iteration(self) -> int:
         """Iterations completed so far."""
-        return self.state.iteration
+        return self._state.iteration
 
     @property
     def plan(self) -> Plan:
-        assert self.state.plan is not None
-        return self.state.plan
+        assert self._state.plan is not None
+        return self._state.plan
 
-    @property
-    def plan_version(self) -> int:
-        return self.state.plan_version
+    plan_version = property(lambda self: self._state.plan_version, doc="The plan in force's version (0: the first).")
 
     @property
     def names(self) -> list[str]:
         """The partition units' names, in order."""
-        return self.state.names
+        return self._state.names
 
-    @property
-    def num_layers(self) -> int:
-        return len(self.state.names)
+    num_layers = property(lambda self: len(self._state.names), doc="How many partition units the model has.")
 
     @property
     def eager(self) -> dict[str, list[str]]:
         """The units that run part of the model eagerly, by unit name: the modules torch.export could not trace (a
         branch on a tensor's values), called as PyTorch calls them inside their unit (docs/models.md)."""
-        return {u.name: list(u.eager) for u in self.state.unit_info if u.eager}
+        return {u.name: list(u.eager) for u in self._state.unit_info if u.eager}
 
-    @property
-    def last_migration(self) -> dict[str, Any] | None:
-        return self.state.last_migration
+    last_migration = property(lambda self: self._state.last_migration, doc="The newest live change, as a dict.")
 
     @property
     def applied(self) -> list[Applied]:
         """Every live change in force so far (plan, version, iteration, moves, who asked), oldest first."""
-        return list(self.state.applied)
+        return list(self._state.applied)
 
-    @property
-    def last_mapping(self) -> dict[int, int | None] | None:  # set_model's new -> old layer mapping
-        return self.state.last_mapping
+    last_mapping = property(lambda self: self._state.last_mapping, doc="set_model's new -> old layer mapping.")
 
     # --- the record of plans (``record``: these three are the ones users reach for) -----------------------------
     history = property(lambda self: self.record.history, doc="Every plan that ran, a row each: ``record.history``.")
@@ -164,13 +166,13 @@ class Session(Outward, Lifecycle, MemoryView):
         iterations asked for are done)."""
         if self.closed or self.failure is not None:
             return "stopped" if self.closed else "failed"
-        target = self.state.target
+        target = self._state.target
         return ("restarting" if self._monitor.recovering else "paused" if self._paused else
-                "running" if target is None or self.state.iteration < target else "idle")
+                "running" if target is None or self._state.iteration < target else "idle")
 
     @property
     def _paused(self) -> bool:
-        return self.state.paused and not self.closed and self.failure is None
+        return self._state.paused and not self.closed and self.failure is None
 
     def _check(self) -> None:
         if self._monitor.fatal is not None:
@@ -178,13 +180,13 @@ class Session(Outward, Lifecycle, MemoryView):
         if self.closed:
             raise SessionClosed("this session was stopped; start a new one with vpipe_lab.launch()")
         if (err := self._monitor.take_budget()) is not None:  # raised with the earlier iterations' reports in
-            self._requests.settle(lambda: self.state.iteration >= getattr(err, "iteration", 0), self.settings.timeout)
+            self._requests.settle(lambda: self._state.iteration >= getattr(err, "iteration", 0), self.settings.timeout)
             raise err
 
     def cluster(self) -> Cluster:
         """The running hardware as the planners see it: budgets, bandwidths, time per step (``JobState.cluster``)."""
         m = self.metrics
-        return self.state.cluster(self.stages, self.settings.budgets, m.timeline(20).step_overhead_s(),
+        return self._state.cluster(self._stages, self.settings.budgets, m.timeline(20).step_overhead_s(),
                                   m.iteration_gap_s())
 
     def on_event(self, callback: EventCallback) -> Callable[[], None]:
@@ -203,40 +205,40 @@ class Session(Outward, Lifecycle, MemoryView):
         """Train ``iterations`` more iterations (None: until stopped) in the background; returns the target."""
         checks.count(iterations, "iterations", 0, optional=True)
         # Not paused from the moment it is asked: a pause the workers report after (a bad batch, a budget) wins.
-        self.state.paused = False
-        self.state.target = self._command(Run(iterations=iterations)).target
-        return self.state.target
+        self._state.paused = False
+        self._state.target = self._command(Run(iterations=iterations)).target
+        return self._state.target
 
     def wait(self, iteration: int | None = None, timeout: float | None = None) -> int:
         """Block until ``iteration`` iterations are done (default: the last run()'s target); returns the count. One not
         reachable as things stand (idle short of it, paused) raises at once, why; a timeout says where it stood."""
         checks.count(iteration, "the iteration to wait for", minimum=0, optional=True,
                      what="an iteration count: wait(10) returns once 10 iterations are done")
-        goal = iteration if iteration is not None else self.state.target
+        goal = iteration if iteration is not None else self._state.target
         if goal is None:
             raise ValueError("run() was asked to train until stopped: give wait() an iteration to wait for")
         self._check()
-        why = lambda: self.state.unreachable(goal, self._paused)
-        self._requests.until(lambda: self.state.iteration >= goal or self.closed or self._monitor.paused_reported()
+        why = lambda: self._state.unreachable(goal, self._paused)
+        self._requests.until(lambda: self._state.iteration >= goal or self.closed or self._monitor.paused_reported()
                              or why() is not None, timeout, lambda: f"iteration {goal} not reached (at {self.iteration})")
         self._check()
         if why() is not None:
             raise RuntimeError(f"iteration {goal} will not be reached: {why()}")
-        return self.state.iteration
+        return self._state.iteration
 
     def pause(self) -> int:
         """Pause at the next iteration boundary; returns the iteration it paused before (when it returns, every
         iteration before that one is in ``metrics``)."""
         at = self._command(Pause()).iteration
-        self.state.paused = True
+        self._state.paused = True
         # Rank 0 acknowledges at the boundary; the other stages' reports may still be on their way (other sockets).
-        self._requests.until(lambda: self.state.iteration >= at, self.settings.timeout,
+        self._requests.until(lambda: self._state.iteration >= at, self.settings.timeout,
                              f"the reports of the iterations before {at} did not arrive")
         return at
 
     def resume(self) -> int:
         """Go on training after pause() or an over-budget iteration; returns the iteration it resumed at."""
-        self.state.paused = False  # before the command: a pause the workers report after it wins
+        self._state.paused = False  # before the command: a pause the workers report after it wins
         return self._command(Resume()).iteration
 
     def set_telemetry(self, spans: bool) -> int:
@@ -246,7 +248,7 @@ class Session(Outward, Lifecycle, MemoryView):
     # --- what the workers know -----------------------------------------------------------------------------------
     def _layers(self, reset: bool, timeout: float | None = None) -> list[Layers]:
         self._check()
-        return self._requests.gather(Profile(reset=reset), Layers, self.stages, timeout)
+        return self._requests.gather(Profile(reset=reset), Layers, self._stages, timeout)
 
     def profile(self, reset: bool = False, timeout: float | None = None) -> ModelProfile:
         """Every layer's measured costs per micro-batch (medians over the profiling iterations since the last reset)."""
@@ -271,7 +273,7 @@ class Session(Outward, Lifecycle, MemoryView):
 
     def _microbatch_size(self) -> int:
         """Samples per micro-batch in the latest iteration (0 before the first): what a profile is measured at."""
-        return self.metrics.microbatch_size(self.replicas)
+        return self.metrics.microbatch_size(self._replicas)
 
     def evaluate(self, data: Any = None, batches: int = 1, timeout: float | None = None) -> float:
         """The mean loss of a forward-only pass over ``batches`` batches of ``data`` (like ``launch``'s data: a
@@ -317,7 +319,7 @@ class Session(Outward, Lifecycle, MemoryView):
                   mapping: Mapping[int, int | None] | None = None, timeout: float | None = None) -> int:
         """Switch to the model ``factory()`` builds, from the next iteration (see ``Live.set_model``)."""
         at = self._live.set_model(factory, plan=plan, mapping=mapping, timeout=timeout)
-        self.model = factory
+        self._model = factory
         return at
 
     def replan(self, method: str = "vpipe", *, apply: bool = False, cluster: Cluster | None = None,
@@ -377,7 +379,7 @@ class Session(Outward, Lifecycle, MemoryView):
             self._autoplan.stop()
         self._monitor.close()
         self._hub.close()
-        self.logger.close()
+        self._logger.close()
         if self._runlog is not None:
             self._runlog.close()
         self._events.emit({"type": "closed", "status": self.status})  # views freeze at their last state
@@ -389,7 +391,7 @@ class Session(Outward, Lifecycle, MemoryView):
         self.stop()
 
     def __repr__(self) -> str:
-        plan = self.state.plan.describe() if self.state.plan else "?"
+        plan = self._state.plan.describe() if self._state.plan else "?"
         eager = f", {len(self.eager)} units run in part eagerly" if self.eager else ""
-        return (f"<vpipe_lab.Session {self.status}: {self.stages} stages, iteration {self.state.iteration}, "
+        return (f"<vpipe_lab.Session {self.status}: {self._stages} stages, iteration {self._state.iteration}, "
                 f"plan {plan}{eager}>")

@@ -48,7 +48,7 @@ class Dashboard:
                              f"{bytes_per_s!r}")
         self.session = session
         self.window, self.points, self.period, self.bytes_per_s = window, points, 1.0 / rate_hz, bytes_per_s
-        self.replicas = int(getattr(session, "replicas", 1) or 1)
+        self.replicas = int(session.plan.data_parallel)  # each data-parallel pipeline (shard, replica) its lanes
         self.widget = LiveView()
         self._dirty = threading.Event()
         self._closed = False
@@ -100,7 +100,7 @@ class Dashboard:
         state = s.status
         detail = s.failure.cause.splitlines()[0] if s.failure is not None and s.failure.cause else ""
         text = f"iteration {s.iteration}, plan v{s.plan_version}: {s.plan.describe()}"
-        engine = getattr(getattr(s, "spec", None), "engine", "lab")
+        engine = getattr(getattr(s, "settings", None), "engine", "lab")  # the job spec has none: never named before
         if engine != "lab":  # whose runtime trains it (launch(engine=...))
             text += f" on {engine}'s engine"
         if latest:
@@ -111,7 +111,7 @@ class Dashboard:
                      + (" (step skipped: an fp16 overflow or a non-finite loss)" if latest.get("skipped") else ""))
         times = breakdown(timeline) if timeline is not None else []
         worst = bottleneck(times)
-        if worst is not None and s.stages > 1:
+        if worst is not None and s.plan.stages > 1:
             # the stage whose work bounds the iteration (most of the critical path), the part its work is most of,
             # and its waiting: the rule session.breakdown() and the report use (core/cost/breakdown.py)
             t = times[worst]
@@ -151,7 +151,7 @@ class Dashboard:
     def memory_figure(self) -> dict[str, Any]:
         s = self.session
         rows = sorted(s.metrics.latest_memory(), key=lambda r: (int(r.get("replica", 0)), int(r["stage"])))
-        budget = list(s.settings.budgets or [None] * s.stages)
+        budget = list(s.settings.budgets or [None] * s.plan.stages)
         if rows:
             names = [f"stage {r['stage']}" if self.replicas == 1 else f"r{r.get('replica', 0)} stage {r['stage']}"
                      for r in rows]
@@ -164,7 +164,7 @@ class Dashboard:
             guess = self.predicted_peaks()
             predicted = [guess[int(r["stage"])] if int(r["stage"]) < len(guess) else None for r in rows]
             return memory_spec(names, budgets, values, title="memory per stage (GiB)", predicted=predicted)
-        names = lane_names(s.stages, self.replicas)
+        names = lane_names(s.plan.stages, self.replicas)
         return memory_spec(names, budget * self.replicas, title="memory per stage (GiB)")
 
     def refresh(self) -> int:
@@ -182,7 +182,7 @@ class Dashboard:
         path = critical_path(measured)  # one walk for the header and the line on the timeline
         frame = self.widget.show(
             header=self.header(measured, path),
-            timeline=gantt_spec(timeline, title=LIVE_TITLE, stages=s.stages, replicas=self.replicas,
+            timeline=gantt_spec(timeline, title=LIVE_TITLE, stages=s.plan.stages, replicas=self.replicas,
                                 path=path.spans),
             memory=self.memory_figure(),
             series=series_spec(records, evaluations),
@@ -192,12 +192,12 @@ class Dashboard:
 
     def draw_timeline(self, timeline: Timeline, title: str | None = None) -> int:
         """Show ``timeline`` (measured or simulated) in the live timeline panel until the next refresh."""
-        return self.widget.show(timeline=gantt_spec(timeline, title=title or LIVE_TITLE, stages=self.session.stages,
+        return self.widget.show(timeline=gantt_spec(timeline, title=title or LIVE_TITLE, stages=self.session.plan.stages,
                                                     replicas=self.replicas))
 
     def show_timeline(self, timeline: Timeline, title: str = "simulated timeline") -> Any:
         """A simulated (what-if) or saved timeline as a figure of its own, drawn like the live one."""
-        return figure(gantt_spec(timeline, title=title, stages=self.session.stages))
+        return figure(gantt_spec(timeline, title=title, stages=self.session.plan.stages))
 
     def close(self) -> None:
         self._closed = True

@@ -144,7 +144,7 @@ class VpipeMagics(InteropCommands, record_commands.RecordCommands, Magics):
             session.run(None if args.run == "forever" else int(args.run))
         training = "" if args.run is None else ("; training in the background until stopped" if args.run == "forever"
                                                 else f"; training {args.run} iterations in the background")
-        print(f"vpipe: {session.stages} stages ready on {session.processes.device}, bound to `{args.name}`"
+        print(f"vpipe: {session.plan.stages} stages ready on {session.processes.device}, bound to `{args.name}`"
               + training)
         return None
 

@@ -111,8 +111,8 @@ def import_plan(source: Any, of: Any, **kw: Any) -> Plan:
 def _units_of(of: Any) -> tuple[list[UnitInfo], Plan | None]:
     if isinstance(of, list):
         return of, None
-    if hasattr(of, "state") and hasattr(of, "plan"):  # a Session (control may not import it: it imports us)
-        return list(of.state.unit_info), of.plan
+    if hasattr(of, "_state") and hasattr(of, "plan"):  # a Session (control may not import it: it imports us)
+        return list(of._state.unit_info), of.plan
     target = Path(of)
     if (target / files.PIPELINE).exists() or target.name == files.PIPELINE:
         found = files.read(target)

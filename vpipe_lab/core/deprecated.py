@@ -1,0 +1,25 @@
+"""A name kept for one release after it left the public face (the Session's stray attributes): it still answers, with a
+DeprecationWarning naming what to use."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+
+class Deprecated:
+    """A read-only class attribute aliasing the instance's private ``attribute``; ``instead`` says what to use."""
+
+    def __init__(self, attribute: str, instead: str) -> None:
+        self.attribute, self.instead = attribute, instead
+        self.name = attribute.lstrip("_")
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        warnings.warn(f"{type(obj).__name__}.{self.name} is deprecated and goes in the next release: use {self.instead}",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(obj, self.attribute)
