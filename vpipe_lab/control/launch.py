@@ -40,21 +40,22 @@ def launch(model: Any, data: Any = None, *, loss: Any = None, optimizer: Any = N
     """Start one worker process per stage and return the Session once every stage is ready (training not started).
 
     What the job trains: ``model`` is any ``nn.Module``, a zero-argument callable returning one (built in each worker
-    after ``torch.manual_seed(seed)``), or a bundled example name. An ``nn.Sequential``'s children are the partition
-    units; any other model is captured with torch.export and cut at its repeated blocks (each transformer layer, each
-    ResNet block), or at ``split``: module names (``["transformer.h.4", ...]``) or a function ``(name, module) ->
-    bool`` choosing where units begin. ``data`` is ``data(iteration) -> (inputs, targets)`` (deterministic per
-    iteration), any iterable of ``(inputs, targets)`` such as a DataLoader, or a bundled example name (default: the
-    model's, when the model is one); inputs are a tensor, a tuple of positional arguments or a dict of keyword
-    arguments. ``loss(output, targets)`` gets the model's own output object (default: the output's ``loss`` when
-    targets are None, else cross-entropy / MSE on the logits). ``optimizer`` is ``params -> Optimizer``;
-    ``lr_scheduler`` is ``optimizer -> scheduler`` (stepped once per iteration, carried through migration and
-    checkpoints); ``eval_data`` (like ``data``) is what ``eval_every`` evaluates (see ``Session.evaluate``).
-    ``plan`` is the partition and per-layer policies to start from (default: an even split); its stages,
-    micro-batches, schedule and chunks are the job's unless given. ``resume`` restores a ``Session.save()``
-    checkpoint (parameters, optimizer state, plan unless ``plan`` is given, iteration) onto any partition, stage
-    count or schedule, or a torch.distributed.checkpoint directory another job wrote of the same model (its
-    ``state_dict()`` keys, read without running code).
+    after ``torch.manual_seed(seed)``), a bundled example name, or ``"package.module:attribute"`` naming one (each
+    worker imports it from this directory or the PYTHONPATH; so do the other parts below, as ``vpipe-lab run`` names
+    them). An ``nn.Sequential``'s children are the partition units; any other model is captured with torch.export and
+    cut at its repeated blocks (each transformer layer, each ResNet block), or at ``split``: module names
+    (``["transformer.h.4", ...]``) or a function ``(name, module) -> bool`` choosing where units begin. ``data`` is
+    ``data(iteration) -> (inputs, targets)`` (deterministic per iteration), any iterable of ``(inputs, targets)`` such
+    as a DataLoader, or a bundled example name (default: the model's, when the model is one); inputs are a tensor, a
+    tuple of positional arguments or a dict of keyword arguments. ``loss(output, targets)`` gets the model's own output
+    object (default: the output's ``loss`` when targets are None, else cross-entropy / MSE on the logits). ``optimizer``
+    is ``params -> Optimizer``; ``lr_scheduler`` is ``optimizer -> scheduler`` (stepped once per iteration, carried
+    through migration and checkpoints); ``eval_data`` (like ``data``) is what ``eval_every`` evaluates (see
+    ``Session.evaluate``). ``plan`` is the partition and per-layer policies to start from (default: an even split); its
+    stages, micro-batches, schedule and chunks are the job's unless given. ``resume`` restores a ``Session.save()``
+    checkpoint (parameters, optimizer state, plan unless ``plan`` is given, iteration) onto any partition, stage count
+    or schedule, or a torch.distributed.checkpoint directory another job wrote of the same model (its ``state_dict()``
+    keys, read without running code).
 
     How it trains: every other keyword (``stages=``, ``microbatches=``, ``schedule=``, ``precision=``, ...) is a
     field of ``vpipe_lab.Settings``, each with its default, help and check (``core/settings.py``); or pass a whole
@@ -67,8 +68,7 @@ def launch(model: Any, data: Any = None, *, loss: Any = None, optimizer: Any = N
     interleaved-1f1b (looped) or zbv (a V: stage s holds chunks s and 2 stages - 1 - s, stage 0 computes the loss);
     ``engine="torch"`` trains on torch.distributed.pipelining's runtime with the lab around it
     (``runtime/torch_pp/engine.py``); ``max_restarts=N`` replaces a worker that dies, raises or hangs and replays from
-    the newest snapshot (``control/workers/restarts.py``); ``auto_replan`` turns on vPipe's online replanning.
-    """
+    the newest snapshot (``control/workers/restarts.py``); ``auto_replan`` turns on vPipe's online replanning."""
     from vpipe_lab.telemetry import sinks
 
     settings = job_settings(settings, options, plan)
