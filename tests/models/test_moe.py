@@ -8,13 +8,10 @@ parity), so the matrix is the test (issue #59: the suite within 15 minutes)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 import vpipe_lab
-from tests.models.zoo import ZOO
-from tests.runtime import reference
+from tests.models.zoo import ZOO, assert_equal_to_one_process
 from vpipe_lab import Plan
-from vpipe_lab.runtime.engine.executor import default_loss
 
 pytestmark = [pytest.mark.slow, pytest.mark.models]
 MOE = [n for n, e in ZOO.items() if e.family == "mixture of experts"]
@@ -52,13 +49,5 @@ def test_moe_schedules_policies_and_a_live_move_of_expert_layers_match_one_proce
         assert session.plan.boundaries == moved and session.plan.policies == plan.policies
         losses = list(session.metrics.iterations["loss"])
         state = session.state_dict()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        model, expected = reference.train(entry.model, entry.data, default_loss, entry.optimizer, iterations=4,
-                                          microbatches=4)
-    finally:
-        torch.set_num_threads(threads)
-    assert losses == pytest.approx(expected, rel=1e-5)
     assert set(CASES[c][0] for c in CASES) == set(MOE)  # every family has its case
-    reference.assert_state_matches(state, model)
+    assert_equal_to_one_process(name, losses, state, iterations=4, microbatches=4)

@@ -6,13 +6,10 @@ units and a live boundary move train equal to one process (``tests/models/zoo.py
 from __future__ import annotations
 
 import pytest
-import torch
 
 import vpipe_lab
-from tests.models.zoo import ZOO
-from tests.runtime import reference
+from tests.models.zoo import ZOO, assert_equal_to_one_process
 from vpipe_lab import Plan
-from vpipe_lab.runtime.engine.executor import default_loss
 
 pytestmark = [pytest.mark.slow, pytest.mark.models]
 
@@ -40,12 +37,4 @@ def test_a_model_traced_in_part_trains_equal_to_one_process_with_a_live_move(nam
         assert session.last_migration["moves"] > 0 and session.plan.boundaries == moved
         losses = list(session.metrics.iterations["loss"])
         state = session.state_dict()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        model, expected = reference.train(entry.model, entry.data, default_loss, entry.optimizer, iterations=4,
-                                          microbatches=2)
-    finally:
-        torch.set_num_threads(threads)
-    assert losses == pytest.approx(expected, rel=1e-5)
-    reference.assert_state_matches(state, model)
+    assert_equal_to_one_process(name, losses, state, iterations=4, microbatches=2)

@@ -361,8 +361,6 @@ def check(name: str) -> list[str]:
     alone moves a weight of RegNet by 46 after two steps (tests/models/README note in docs/models.md). Returns the
     units' names."""
     import vpipe_lab
-    from tests.runtime import reference
-    from vpipe_lab.runtime.engine.executor import default_loss
 
     entry = ZOO[name]
     with vpipe_lab.launch(entry.model, entry.data, stages=2, microbatches=2, optimizer=entry.optimizer, device="cpu",
@@ -372,16 +370,27 @@ def check(name: str) -> list[str]:
         losses = list(session.metrics.iterations["loss"])
         state = session.state_dict()
         names = list(session.names)
+    assert_equal_to_one_process(name, losses, state, iterations=2, microbatches=2)
+    return names
+
+
+def assert_equal_to_one_process(name: str, losses: list[float], state: dict[str, torch.Tensor], *, iterations: int,
+                                microbatches: int) -> None:
+    """A pipelined run of zoo model ``name`` (its ``losses`` and ``session.state_dict()``) against one plain process
+    taking the same micro-batches, on one thread as the workers run (see ``check``): every loss, parameter, buffer."""
+    from tests.runtime import reference
+    from vpipe_lab.runtime.engine.executor import default_loss
+
+    entry = ZOO[name]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        model, expected = reference.train(entry.model, entry.data, default_loss, entry.optimizer, iterations=2,
-                                          microbatches=2)
+        model, expected = reference.train(entry.model, entry.data, default_loss, entry.optimizer,
+                                          iterations=iterations, microbatches=microbatches)
     finally:
         torch.set_num_threads(threads)
     assert losses == pytest_approx(expected), name
     reference.assert_state_matches(state, model)
-    return names
 
 
 def pytest_approx(values: list[float]) -> Any:
