@@ -15,6 +15,14 @@ const schedule = {
   type: "string", minLength: 1, maxLength: 100,
 } as const;
 
+// The what-if the page showed for this draft as Apply was clicked: the session records it as the change's prediction.
+// Python already sent it (the draft's preview); the page names which of those numbers the user saw, since Python may
+// have sent a newer one that had not reached the page yet. Absent where the page showed no number for the draft.
+const shown_s = {
+  description: "the draft's what-if (seconds per iteration) the page showed when Apply was clicked",
+  type: "number", exclusiveMinimum: 0,
+} as const;
+
 export const EDITOR_MESSAGES = {
   $schema: "https://json-schema.org/draft/2020-12/schema",
   title: "vpipe_lab partition editor message",
@@ -29,7 +37,7 @@ export const EDITOR_MESSAGES = {
     {
       description: "apply this draft to the running session (live migration at the next iteration boundary)",
       type: "object",
-      properties: { kind: { const: "apply" }, boundaries, policies, schedule },
+      properties: { kind: { const: "apply" }, boundaries, policies, schedule, shown_s },
       required: ["kind", "boundaries", "policies"],
       additionalProperties: false,
     },

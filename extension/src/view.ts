@@ -368,6 +368,13 @@ export class PartitionView {
     this.schedule.disabled = ended;
   }
 
+  /** The draft's what-if the summary shows now (undefined while it shows none: no draft, awaiting, an error). */
+  private shownWhatIf(): number | undefined {
+    const preview: Preview = this.model.get("preview") ?? {};
+    const value = preview.draft?.iteration_s;
+    return !preview.error && !this.awaiting() && this.isDirty() && value !== undefined && value > 0 ? value : undefined;
+  }
+
   /** A draft was sent and Python has not answered with it yet (it answers with the draft traits and their preview
    * together; a draft equal to the one it holds needs no answer). */
   private awaiting(): boolean {
@@ -426,8 +433,10 @@ export class PartitionView {
   }
 
   private onApply(): void {
+    const shown = this.shownWhatIf();
     this.send({
       kind: "apply", boundaries: this.draftBounds(), policies: this.draftPolicies(), schedule: this.draftSchedule(),
+      ...(shown === undefined ? {} : { shown_s: shown }),
     });
     this.pending = true;
     this.draw();

@@ -220,6 +220,18 @@ describe("PartitionView", () => {
     expect(q("grid-running").querySelector("pre")?.textContent).toBe("a");
   });
 
+  it("applies with the what-if the page showed for the draft", () => {
+    const est = { iteration_s: 0.1, stage_s: [0.02, 0.01], peak_bytes: [3e6, 1e6], budget_bytes: [4e6, 4e6],
+      feasible: true };
+    m.set("draft_boundaries", [0, 3, 10]);
+    m.set("preview", { current: est, draft: { ...est, iteration_s: 0.21888 } });
+    expect(q("summary").textContent).toContain("218.88 ms");
+    q("apply").click();
+    expect(m.sent).toEqual([
+      { kind: "apply", boundaries: [0, 3, 10], policies: Array(10).fill("keep"), schedule: "1f1b", shown_s: 0.21888 },
+    ]);
+  });
+
   it("applies: pending, then what Python reports", () => {
     m.set("draft_boundaries", [0, 3, 10]);
     q("apply").click();

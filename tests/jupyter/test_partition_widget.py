@@ -6,6 +6,8 @@ import types
 
 import pytest
 
+from vpipe_lab.core.change import Applied, Change
+from vpipe_lab.core.cost.calibration import Calibration
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import Cluster
 from vpipe_lab.core.workloads import random_chain
@@ -255,6 +257,56 @@ def test_a_draft_is_previewed_with_the_profile_in_hand_when_no_fresh_one_comes_i
         wait_for(lambda: ed.draft_boundaries == [0, 3, 8])
         assert slow.asked == [ed.fresh_wait_s]  # it asked, waited that long at most, and went on
         assert ed.preview["draft"]["stage_s"] != ed.preview["current"]["stage_s"] and ed.status["state"] != "error"
+    finally:
+        ed.session = None
+        ed.close()
+
+
+class _DriftingSession:
+    """A running session whose calibration the test sets (as the running plan's iterations would move it) and which
+    keeps the changes the editor applies; its profile is the one in hand (no fresh one comes)."""
+
+    status = "running"
+    metrics = types.SimpleNamespace(timeline=lambda last: None)
+
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+        self.changes: list[Change] = []
+        self.record = types.SimpleNamespace(calibration=self._calibration, rows=lambda: [])
+
+    def _calibration(self, simulated_s: float) -> Calibration:
+        return Calibration(measured_s=simulated_s * self.factor, simulated_s=simulated_s, samples=9)
+
+    def profile(self, reset: bool = False, timeout: float | None = None) -> None:
+        raise TimeoutError("no fresh profile in this test")
+
+    def change(self, change: Change, **kw: object) -> Applied:
+        self.changes.append(change)
+        return Applied(plan=change.on(Plan.from_counts([4, 4], 4)), version=len(self.changes), iteration=3)
+
+
+def test_apply_records_the_what_if_the_page_showed_not_a_newer_one_still_on_its_way() -> None:
+    """A re-calibration can reach Python after the page drew its number and before the click arrives: the prediction
+    recorded is the one the page names (a number this editor sent), else the newest one sent; never the page's own."""
+    ed, _ = editor()
+    try:
+        wait_for(lambda: "current" in ed.preview and len(ed.layers) == 8)
+        session = _DriftingSession(1.0)
+        ed.session = session  # type: ignore[assignment]
+        ed.receive(draft([0, 3, 8], ["keep"] * 8))
+        wait_for(lambda: ed.draft_boundaries == [0, 3, 8] and "draft" in ed.preview)
+        wait_for(lambda: ed.preview.get("calibration") is not None)
+        seen = ed.preview["draft"]["iteration_s"]  # what the page shows ...
+        session.factor = 1.5  # ... as the running plan's iterations move the calibration: Python previews again
+        wait_for(lambda: ed.preview["draft"]["iteration_s"] == pytest.approx(1.5 * seen))
+        newer = ed.preview["draft"]["iteration_s"]
+        ed.receive({**draft([0, 3, 8], ["keep"] * 8, kind="apply"), "shown_s": seen})
+        wait_for(lambda: len(session.changes) == 1)
+        assert session.changes[0].predicted_s == seen
+        for count, shown in enumerate(({}, {"shown_s": 1234.5}), start=2):  # none shown, or one never sent
+            ed.receive({**draft([0, 3, 8], ["keep"] * 8, kind="apply"), **shown})
+            wait_for(lambda n=count: len(session.changes) == n)  # type: ignore[misc]
+            assert session.changes[-1].predicted_s == newer  # the newest one sent
     finally:
         ed.session = None
         ed.close()

@@ -46,3 +46,14 @@ def test_calibrated_scales_every_plan_and_keeps_the_simulation() -> None:
     assert out["draft"]["iteration_s"] == pytest.approx(0.3) and out["error"] == "why"
     assert out["calibration"].startswith("x1.500: the running plan measured 150.00 ms")
     assert docs["current"]["iteration_s"] == 0.1  # the docs themselves are not changed
+
+
+def test_the_what_if_the_page_names_is_found_among_those_sent_else_the_last() -> None:
+    shown = previews.Shown(keep=2)
+    assert shown.last is None and shown.seen(0.1) is None
+    a, b, c = Plan.from_counts([3, 5], 4), Plan.from_counts([4, 4], 4), Plan.from_counts([5, 3], 4)
+    shown.sent(a, 0.1)
+    shown.sent(b, 0.2)
+    assert shown.seen(0.1) == (a, 0.1) and shown.seen(None) == (b, 0.2) and shown.seen(0.3) == (b, 0.2)
+    shown.sent(c, 0.3)  # keeps two: the oldest is forgotten
+    assert shown.seen(0.1) == (c, 0.3) and shown.seen(0.2) == (b, 0.2)

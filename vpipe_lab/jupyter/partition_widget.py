@@ -39,7 +39,7 @@ from vpipe_lab.core.errors import VpipeError
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.jupyter.layer_blocks import steady_weights
-from vpipe_lab.jupyter.previews import Previews, calibrated
+from vpipe_lab.jupyter.previews import Previews, Shown, calibrated
 from vpipe_lab.jupyter.what_if import WhatIf
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ class PartitionEditor(anywidget.AnyWidget):
         self._previews = Previews()  # each plan's estimate and simulated iteration under the profile in hand
         self._budget: int | None = None  # the user's budget per stage (the what-if's box); None: the cluster's
         self._calibration: Calibration | None = None  # what the what-if shows is scaled by (core/cost/calibration.py)
-        self._shown: tuple[Plan, float] | None = None  # the draft the page shows and its what-if (seconds)
+        self._shown = Shown()  # the drafts' what-ifs sent to the page
         self.reprofile_s = 30.0  # while training, measure the profile again this often (0: only after an Apply)
         self.fresh_s = 10.0  # a draft previewed with a profile older than this measures it again first (_freshen)
         self.fresh_wait_s = 2.0  # ... waiting at most this for the next iteration boundary (else the one in hand)
@@ -165,7 +165,8 @@ class PartitionEditor(anywidget.AnyWidget):
         except VpipeError as exc:  # e.g. an unknown policy: the same words the magics and the API get
             self.status = {"state": "error", "message": f"{type(exc).__name__}: {exc}"}
             return
-        self._work.put((message["kind"], change))
+        self._work.put(("apply", (change, message.get("shown_s"))) if message["kind"] == "apply"
+                       else ("draft", change))
 
     def _on_session_event(self, event: dict[str, Any]) -> None:
         if event.get("type") in ("plan", "model"):  # applied elsewhere (magics, auto-replan): follow it
@@ -194,10 +195,11 @@ class PartitionEditor(anywidget.AnyWidget):
                 elif kind == "preview":
                     self._preview()
                 elif kind == "apply":
-                    seen = self._shown  # what the page showed as the user clicked: the number they acted on
+                    change, shown_s = payload
+                    seen = self._shown.seen(shown_s)  # what the page showed as the user clicked: what they acted on
                     self._freshen()
-                    self._set_draft(payload)
-                    self._apply(payload, seen)
+                    self._set_draft(change)
+                    self._apply(change, seen)
                 elif kind == "follow":
                     self._follow(payload)
                 elif kind == "ended":
@@ -305,7 +307,7 @@ class PartitionEditor(anywidget.AnyWidget):
             docs["error"] = str(exc)
         self.preview = self._calibrated(docs)
         if "draft" in self.preview:  # the number the page shows for this draft (its Apply records it)
-            self._shown = (shown, float(self.preview["draft"]["iteration_s"]))
+            self._shown.sent(shown, float(self.preview["draft"]["iteration_s"]))
         self._draw_what_if(shown if "draft" in docs else None)
 
     def _draw_what_if(self, draft: Plan | None) -> None:
@@ -333,7 +335,7 @@ class PartitionEditor(anywidget.AnyWidget):
     def _shown_s(self, plan: Plan, seen: tuple[Plan, float] | None = None) -> float | None:
         """The what-if this editor showed for ``plan``: ``seen`` (the page's as the user clicked) or the number last
         sent to the page for it, else its simulation calibrated as the page would show it; None where it shows none."""
-        for shown in (seen, self._shown):
+        for shown in (seen, self._shown.last):
             if shown is not None and shown[0] == plan and shown[1] > 0:
                 return shown[1]
         if self._profile is None or self._cluster is None:

@@ -3,7 +3,9 @@ once per plan until the profile changes), and the same scaled by the running pla
 
 from __future__ import annotations
 
+import collections
 import logging
+import math
 from typing import Any
 
 from vpipe_lab.core.cost.calibration import Calibration
@@ -69,3 +71,28 @@ class Previews:
 
     def __len__(self) -> int:
         return len(self._cache)
+
+
+class Shown:
+    """The draft what-ifs sent to the page, newest last: which one the user saw as they clicked Apply is the one the
+    page names (Python may have sent a newer number, a re-calibration, that had not reached the page yet)."""
+
+    def __init__(self, keep: int = 16) -> None:
+        self._sent: collections.deque[tuple[Plan, float]] = collections.deque(maxlen=keep)
+
+    def sent(self, plan: Plan, seconds: float) -> None:
+        self._sent.append((plan, seconds))
+
+    @property
+    def last(self) -> tuple[Plan, float] | None:
+        return self._sent[-1] if self._sent else None
+
+    def seen(self, seconds: float | None) -> tuple[Plan, float] | None:
+        """The number the page says it showed, if it is one this editor sent (anything else is not a prediction the
+        lab made, so it is not recorded as one); else the last one sent."""
+        if seconds is not None:
+            for plan, sent in reversed(self._sent):
+                if math.isclose(sent, seconds, rel_tol=1e-12):
+                    return plan, sent
+            log.info("partition editor: the page showed %r s, which it was never sent; recording the last one", seconds)
+        return self.last

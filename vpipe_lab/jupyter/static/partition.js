@@ -385,6 +385,12 @@ var PartitionView = class {
     this.reset.disabled = ended || !this.isDirty();
     this.schedule.disabled = ended;
   }
+  /** The draft's what-if the summary shows now (undefined while it shows none: no draft, awaiting, an error). */
+  shownWhatIf() {
+    const preview = this.model.get("preview") ?? {};
+    const value = preview.draft?.iteration_s;
+    return !preview.error && !this.awaiting() && this.isDirty() && value !== void 0 && value > 0 ? value : void 0;
+  }
   /** A draft was sent and Python has not answered with it yet (it answers with the draft traits and their preview
    * together; a draft equal to the one it holds needs no answer). */
   awaiting() {
@@ -434,11 +440,13 @@ var PartitionView = class {
     this.draw();
   }
   onApply() {
+    const shown = this.shownWhatIf();
     this.send({
       kind: "apply",
       boundaries: this.draftBounds(),
       policies: this.draftPolicies(),
-      schedule: this.draftSchedule()
+      schedule: this.draftSchedule(),
+      ...shown === void 0 ? {} : { shown_s: shown }
     });
     this.pending = true;
     this.draw();
