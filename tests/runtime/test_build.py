@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
 from tests.integration import zoo
+from tests.runtime.model.test_capture import run_chain
 from vpipe_lab.runtime import build
 from vpipe_lab.runtime.model.capture import canonical_names
 
@@ -54,3 +57,32 @@ def test_a_factory_that_builds_differently_is_refused() -> None:
     meta, order = build.on_meta(fickle, 0)
     with pytest.raises(RuntimeError, match="does not build the same model every time"):
         build.owned_only(fickle, 0, build.registered_names(meta, order), set())
+
+
+def test_rank_0_builds_its_stage_on_the_cut_it_made_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 cuts the model alone first (``unit_names``, when many ranks start or the batch is shared): the stage it
+    builds next is laid out on that cut, not captured again; the cut is taken once, and its stage computes as a
+    stage captured afresh does."""
+    import types
+
+    from vpipe_lab.core.settings import Settings
+    from vpipe_lab.runtime.model.batches import split
+    from vpipe_lab.wire.jobspec import JobSpec
+
+    spec = JobSpec("s", "k", "tcp://x:1", "127.0.0.1", 1, Settings(stages=1, microbatches=2))
+    peer: Any = types.SimpleNamespace(device=torch.device("cpu"))
+    inputs, _ = zoo.gpt2_data(0)
+
+    def first() -> Any:
+        return split(inputs, 2, "inputs")[0]
+
+    names = build.unit_names(zoo.gpt2, None, 0, first)
+    captures: list[int] = []
+    real = build.capture
+    monkeypatch.setattr(build, "capture", lambda *a, **k: captures.append(1) or real(*a, **k))
+    scouted, _ = build.build_chain(spec, zoo.gpt2, None, 0, 1, peer, first)
+    assert captures == [] and scouted.names == names
+    fresh, _ = build.build_chain(spec, zoo.gpt2, None, 0, 1, peer, first)
+    assert captures == [1] and fresh.signature() == scouted.signature()
+    x = first()
+    torch.testing.assert_close(run_chain(scouted, x), run_chain(fresh, x), rtol=0, atol=0)

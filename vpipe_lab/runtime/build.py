@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -132,7 +133,11 @@ def build_chain(spec: JobSpec, factory: Any, split_at: Any, rank: int, world: in
             log.info("the model does not build on the meta device (%s: %s); building it whole", type(exc).__name__, exc)
     model = meta if meta is not None else build_model(factory, spec.settings.seed)
     example = _example(model, split_at, rank, world, peer, first_inputs)
-    if meta is not None:
+    scouted = _SCOUTED.pop() if _SCOUTED else None
+    if meta is not None and order is not None and scouted is not None and scouted.serves(meta, order, example):
+        layout = scouted.chain  # rank 0 cut this very model on these inputs a moment ago: no second capture
+        log.info("the stage is laid out on the model as rank 0 cut it alone")
+    elif meta is not None:
         try:
             layout = capture(meta.train(), rebuild(example, device=torch.device("meta")) if example else None, split_at,
                              peer.device)
@@ -176,19 +181,40 @@ def bind(unit: nn.Module, chain: Chain, index: int, tensors: dict[str, torch.Ten
         raise CaptureError(f"unit {chain.names[index]!r} still has tensors without values ({', '.join(left[:3])})")
 
 
+@dataclass
+class _Scouted:
+    """Rank 0's cut of the model on the meta device (``unit_names``), for the stage it builds next (``build_chain``):
+    the same registrations on the same inputs give the same units, so it is laid out on this cut, not captured again."""
+
+    names: list[str | None]  # every registration's tensor's name in the model, in registration order
+    example: Any
+    chain: Chain
+
+    def serves(self, meta: nn.Module, order: list[Registration], example: Any) -> bool:
+        return registered_names(meta, order) == self.names and example == self.example
+
+
+_SCOUTED: list[_Scouted] = []  # at most one, taken by the next build_chain in this process
+
+
 def unit_names(factory: Any, split_at: Any, seed: int, first_inputs: Callable[[], Any]) -> list[str]:
     """The model's partition units as rank 0 cuts it on its own, before any other rank starts (the controller's
-    check that a pipeline of this many stages can be filled). Laid out on the meta device where it builds there."""
-    return list(unit_chain(factory, split_at, seed, first_inputs).names)
+    check that a pipeline of this many stages can be filled). Laid out on the meta device where it builds there, and
+    then kept for the stage rank 0 builds next."""
+    return list(unit_chain(factory, split_at, seed, first_inputs, keep=True).names)
 
 
-def unit_chain(factory: Any, split_at: Any, seed: int, first_inputs: Callable[[], Any]) -> Chain:
+def unit_chain(factory: Any, split_at: Any, seed: int, first_inputs: Callable[[], Any], keep: bool = False) -> Chain:
     """The model cut into its units in this process alone (``unit_names``; ``vpipe-lab export --model``), traced as on
-    the CPU: the units and their names do not depend on the device."""
-    model = None
+    the CPU: the units and their names do not depend on the device. ``keep``: a cut on the meta device is kept for
+    this process's next ``build_chain``."""
+    model: nn.Module | None = None
+    names: list[str | None] | None = None
+    _SCOUTED.clear()
     if callable(factory) and not isinstance(factory, nn.Module):
         try:
-            model, _ = on_meta(factory, seed)
+            model, order = on_meta(factory, seed)
+            names = registered_names(model, order)  # before the capture touches the model
         except Exception:  # a factory that needs real tensors to build
             model = None
     meta = model is not None
@@ -203,6 +229,9 @@ def unit_chain(factory: Any, split_at: Any, seed: int, first_inputs: Callable[[]
             raise
         model = build_model(factory, seed)  # an op without a meta kernel, say: the real capture decides
         chain = capture(model.train(), rebuild(example) if example else None, split_at)
+        meta = False
+    if keep and meta and names is not None:
+        _SCOUTED.append(_Scouted(names, example, chain))
     return chain
 
 
@@ -227,13 +256,14 @@ def initial_plan(spec: JobSpec, chain: Chain, rank: int, world: int, peer: Peer)
         raise ValueError(f"the model has {len(chain)} partition units ({', '.join(chain.names)}) but the pipeline has "
                          f"{chunks} stages (virtual ones included): every stage needs at least one unit; use at most "
                          f"{len(chain)}, or more split points")
-    mesh = {"shards": spec.settings.shards, "replicas": spec.settings.replicas}  # the job's, whatever a plan says
+    shards, replicas = spec.settings.shards, spec.settings.replicas  # the job's mesh, whatever a plan says
     if spec.plan is not None:
         plan = Plan.from_dict(spec.plan)
         if spec.resume_path is not None and plan.num_layers != len(chain):
             raise ValueError(f"the checkpoint {spec.resume_path} was saved over {plan.num_layers} partition units but "
                              f"the model cuts into {len(chain)} here ({', '.join(chain.names)}): resume with the split "
                              "it was saved with (launch(split=...), --split), or give a plan over these units")
-        return plan.with_mesh(**mesh).validate(len(chain), world)
-    return Plan(uniform(len(chain), chunks), (Policy.KEEP,) * len(chain), spec.settings.microbatches,
-                spec.settings.schedule, spec.settings.chunks).with_mesh(**mesh).validate(len(chain), world)
+        return plan.with_mesh(shards=shards, replicas=replicas).validate(len(chain), world)
+    plan = Plan(uniform(len(chain), chunks), (Policy.KEEP,) * len(chain), spec.settings.microbatches,
+                spec.settings.schedule, spec.settings.chunks)
+    return plan.with_mesh(shards=shards, replicas=replicas).validate(len(chain), world)

@@ -109,3 +109,14 @@ def test_a_branch_between_blocks_or_around_them_is_refused_with_the_line() -> No
         capture(Net(branch_outside=True), torch.randn(6, 4))
     with pytest.raises(CaptureError, match=r"stack holds the split points \['stack.blocks.0'"):
         capture(Wrapped(), torch.randn(6, 4), split=["stack.blocks.0", "stack.blocks.1"])
+
+
+def test_a_second_capture_of_the_model_does_not_fail_its_whole_trace_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 cuts the model alone, then builds its stage: the class found untraceable the first time runs eagerly
+    from the start the second time (one trace, not a failed one and another), to the same chain."""
+    first = capture(Net().train(), torch.randn(6, 4))
+    calls: list[int] = []
+    real = torch.export.export
+    monkeypatch.setattr(torch.export, "export", lambda *a, **k: calls.append(1) or real(*a, **k))
+    second = capture(Net().train(), torch.randn(6, 4))
+    assert calls == [1] and second.eager == first.eager and second.signature() == first.signature()

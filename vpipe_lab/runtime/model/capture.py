@@ -34,7 +34,7 @@ from vpipe_lab.runtime.model.graph_unit import Carry, GraphUnit, for_inference, 
 from vpipe_lab.runtime.model.input_shapes import InputRule, describe_leaves, dynamic_spec
 from vpipe_lab.runtime.model.sizes import is_size, size_recipes
 from vpipe_lab.runtime.model.trace import eager
-from vpipe_lab.runtime.model.trace.problems import CaptureError, generation_cache_off, why
+from vpipe_lab.runtime.model.trace.problems import CaptureError, generation_cache_off, shape_independent, why
 from vpipe_lab.runtime.model.trace.run_device import holds_meta, inputs_on, restore, seen_on
 from vpipe_lab.runtime.model.unused import adopt, home
 
@@ -292,6 +292,9 @@ def _export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
         return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_spec(model, args, kwargs),
                                    strict=False), True
     except Exception as exc:  # some models trace only at fixed shapes: new shapes then get captures of their own
+        if shape_independent(exc):  # ... but not this failure: no second whole trace that fails the same way
+            raise CaptureError(f"torch.export could not capture {type(model).__name__} for pipelining: "
+                               f"{why(exc)}") from exc
         log.info("%s does not export with free input shapes (%s); capturing it for these shapes", type(model).__name__,
                  str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
         try:

@@ -31,6 +31,7 @@ from vpipe_lab.runtime.model.trace.problems import CaptureError
 
 log = logging.getLogger(__name__)
 TENSOR = object()  # where an opaque module's argument is a tensor (an input of the operator)
+_LEARNED: dict[type, set[type]] = {}  # by model class: those of its modules' classes this process found untraceable
 _LIFTED = re.compile(r"model attribute: ([\w.]+)\.lifted_tensor_\d+")
 
 
@@ -202,7 +203,10 @@ def export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], expo
     for the opaque modules (None: none). A failure in the model's own forward, or in a module holding a split point
     (it would span units), is raised as it was."""
     asked = set(filter(None, os.environ.get("VPIPE_LAB_EAGER", "").split(",")))  # benchmarks/eager.py: the cost
-    classes: set[type] = {type(m) for m in model.modules() if type(m).__name__ in asked}
+    # ... and the classes this process already found it cannot trace: a second capture of the model (rank 0 cuts it
+    # alone first, then builds its stage; a notebook launches it again) does not fail its whole trace again
+    learned = _LEARNED.setdefault(type(model), set())
+    classes: set[type] = {type(m) for m in model.modules() if type(m).__name__ in asked or type(m) in learned}
     while True:
         with opaque(model, classes) if classes else contextlib.nullcontext() as tracing:
             try:
@@ -218,6 +222,7 @@ def export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], expo
                     raise CaptureError(f"{exc} ({path} holds the split points {spans[:3]}: it cannot run eagerly "
                                        "inside one unit)") from exc.__cause__
                 classes.add(type(module))
+                learned.add(type(module))
                 log.warning("torch.export cannot trace %s (%s): every %s runs eagerly inside its unit",
                             path, type(module).__name__, type(module).__name__)
 

@@ -47,6 +47,24 @@ def why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" + (f" (at {where})" if where else "")
 
 
+def shape_independent(exc: BaseException) -> bool:
+    """Whether fixed input shapes cannot help: a branch on a tensor's values (an unbacked, data-dependent symbol) or a
+    tensor the trace could not follow (a lifted fake constant) fail at any shapes, so a capture for fixed shapes, a
+    second whole trace that fails the same way, is skipped (runtime/model/trace/eager.py runs that part eagerly)."""
+    seen: set[int] = set()
+    step: BaseException | None = exc
+    while step is not None and id(step) not in seen:
+        seen.add(id(step))
+        if _SHAPE_FREE.search(f"{type(step).__name__}: {step}"):
+            return True
+        step = step.__cause__ or step.__context__
+    return False
+
+
+_SHAPE_FREE = re.compile(r"GuardOnDataDependentSymNode|data-dependent expression|fake tensor in the exported program "
+                         r"constant")
+
+
 def _user_frame(exc: BaseException) -> str | None:
     """The innermost line of the model's own code in the traceback (not torch's, not vpipe_lab's)."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
