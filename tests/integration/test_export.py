@@ -30,7 +30,7 @@ PLANS = {
 }
 
 
-def lab_run(plan: Plan, bundle: Path, iterations: int = 3) -> tuple[list[float], dict[str, torch.Tensor]]:
+def lab_run(plan: Plan, bundle: Path, iterations: int = 2) -> tuple[list[float], dict[str, torch.Tensor]]:
     with vpipe_lab.launch("mlp", stages=2, microbatches=4, schedule=plan.schedule, plan=plan, device="cpu",
                           virtual_stages=plan.virtual_stages, timeout=60) as session:
         session.run(iterations)
@@ -43,10 +43,11 @@ def test_exported_plans_train_on_torch_as_in_the_lab(tmp_path: Path) -> None:
     lab = {name: lab_run(plan, tmp_path / name) for name, plan in PLANS.items()}
     assert [bundle_files.read(tmp_path / n).schedule for n in PLANS] == ["1F1B", "Interleaved1F1B", None,
                                                                         "ZBVZeroBubble", "DualPipeV"]
-    jobs = [torch_jobs.Job(str(tmp_path / name)) for name in PLANS]
-    jobs += [torch_jobs.Job(str(tmp_path / "1f1b-recompute"), use_csv=True),  # the CSV where a class exists
-             torch_jobs.Job(str(tmp_path / "zb-h1"), torchtitan=True),  # torchtitan's builder, from torchtitan.toml
-             torch_jobs.Job(str(tmp_path / "zbv"), torchtitan=True)]
+    # two iterations each: the second shows the optimizer's step and the schedule's order repeat as in the lab
+    jobs = [torch_jobs.Job(str(tmp_path / name), iterations=2) for name in PLANS]
+    jobs += [torch_jobs.Job(str(tmp_path / "1f1b-recompute"), iterations=2, use_csv=True),  # the CSV beside a class
+             torch_jobs.Job(str(tmp_path / "zb-h1"), iterations=2, torchtitan=True),  # torchtitan's builder, its toml
+             torch_jobs.Job(str(tmp_path / "zbv"), iterations=2, torchtitan=True)]
     results = torch_jobs.run(jobs, tmp_path)
     for job, got in zip(jobs, results):
         name = Path(job.bundle).name
@@ -55,7 +56,7 @@ def test_exported_plans_train_on_torch_as_in_the_lab(tmp_path: Path) -> None:
         assert set(got.state) == set(state), job
         for key, value in state.items():
             torch.testing.assert_close(got.state[key], value, msg=lambda m, key=key, job=job: f"{job} {key}: {m}")
-        # what torch ran, action by action, is the lab's order (three iterations of it)
+        # what torch ran, action by action, is the lab's order (each iteration of it)
         rows = torch_schedules.rows(PLANS[name])
         assert got.orders == {r: rows[r] * job.iterations for r in range(2)}, job
 
@@ -157,7 +158,7 @@ def test_the_torchrun_script_in_the_docs_trains_a_bundle_as_the_lab_did(tmp_path
     (tmp_path / "train_bundle.py").write_text(script.group(1))
     losses, _ = lab_run(PLANS["1f1b-recompute"], tmp_path / "bundle")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(tmp_path / "train_bundle.py"), str(tmp_path / "bundle"), "vpipe_lab.examples.mlp", "3"],
+                           str(tmp_path / "train_bundle.py"), str(tmp_path / "bundle"), "vpipe_lab.examples.mlp", "2"],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -17,14 +17,16 @@ from vpipe_lab.control.errors import WorkerError
 from vpipe_lab.examples import mlp
 
 pytestmark = pytest.mark.slow
-ITERATIONS = 60
+ITERATIONS = 30  # enough for a snapshot, a fault between two, and iterations after the replay
+AT = 12  # the fault comes once this many iterations are done
+SNAPSHOT = 5  # iterations between snapshots
 
 
 def launch(**kw: Any) -> vpipe_lab.Session:
     return vpipe_lab.launch("mlp", stages=2, microbatches=2, device="cpu", **{"timeout": 30, **kw})
 
 
-def train(session: vpipe_lab.Session, iterations: int = ITERATIONS, fault: Any = None, at: int = 25,
+def train(session: vpipe_lab.Session, iterations: int = ITERATIONS, fault: Any = None, at: int = AT,
           ) -> tuple[dict[str, torch.Tensor], list[float]]:
     """Train ``iterations``; ``fault(session)`` once ``at`` of them are done. The state and every recorded loss."""
     session.run(iterations)
@@ -60,7 +62,7 @@ def kill(rank: int) -> Any:
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_killed_stage_is_replaced_and_training_ends_equal(rank: int, undisturbed: Any) -> None:
-    with launch(max_restarts=2, snapshot_every=10) as s:
+    with launch(max_restarts=2, snapshot_every=SNAPSHOT) as s:
         first = s.processes.pids()
         got = train(s, fault=kill(rank))
         restarts = s.metrics.restarts
@@ -70,15 +72,15 @@ def test_a_killed_stage_is_replaced_and_training_ends_equal(rank: int, undisturb
     assert len(restarts) == 1
     row = restarts.iloc[0]
     assert row["stage"] == rank and "signal 9" in row["cause"]
-    # snapshots every 10 iterations: it went back to the newest one before the kill and replayed what followed
-    assert row["snapshot"] % 10 == 0 and 0 < row["replayed"] <= 10 + 2
+    # snapshots every SNAPSHOT iterations: it went back to the newest one before the kill and replayed what followed
+    assert row["snapshot"] % SNAPSHOT == 0 and 0 < row["replayed"] <= SNAPSHOT + 2
     assert row["loss_diff"] == 0.0  # the replayed iterations gave the losses the first run recorded
     assert worker_processes() == []
 
 
 def test_a_hung_stage_is_replaced(undisturbed: Any) -> None:
     """SIGSTOP: the stage is alive and silent; its neighbour gives up after ``timeout`` and the job restarts."""
-    with launch(max_restarts=1, snapshot_every=10, timeout=4) as s:
+    with launch(max_restarts=1, snapshot_every=SNAPSHOT, timeout=4) as s:
         stopped: list[int] = []
 
         def hang(session: vpipe_lab.Session) -> None:
@@ -93,9 +95,9 @@ def test_a_hung_stage_is_replaced(undisturbed: Any) -> None:
 
 
 def test_after_max_restarts_a_failure_ends_the_job() -> None:
-    with launch(max_restarts=1, snapshot_every=10) as s:
+    with launch(max_restarts=1, snapshot_every=SNAPSHOT) as s:
         s.run(10**6)
-        s.wait(20, timeout=60)
+        s.wait(AT, timeout=60)
         os.kill(s.processes.pids()[1], signal.SIGKILL)
         deadline = time.monotonic() + 60
         while not s.processes.restarts and time.monotonic() < deadline:
@@ -127,9 +129,9 @@ class Stream:
 def test_batches_of_an_iterable_are_replayed_from_the_buffer() -> None:
     """Rank 0 (the data reader) dies: the replacement replays the buffered batches, so the replayed losses equal
     the recorded ones although a new iterator would give other batches."""
-    with launch(data=Stream(10**6), max_restarts=1, snapshot_every=10) as s:
+    with launch(data=Stream(10**6), max_restarts=1, snapshot_every=SNAPSHOT) as s:
         s.run(ITERATIONS)
-        s.wait(25, timeout=60)
+        s.wait(AT, timeout=60)
         os.kill(s.processes.pids()[0], signal.SIGKILL)
         s.wait(timeout=120)
         row = s.metrics.restarts.iloc[0]
@@ -144,7 +146,7 @@ def test_a_live_change_survives_a_restart(undisturbed: Any) -> None:
         s.run(10)
         s.wait(timeout=60)
         s.set_partition((0, 3, 10))
-        got = train(s, ITERATIONS - 10, fault=kill(1), at=20)
+        got = train(s, ITERATIONS - 10, fault=kill(1), at=AT + 4)
         assert s.iteration == ITERATIONS
         assert s.plan.boundaries == (0, 3, 10) and s.processes.layers() == [[0, 1, 2], list(range(3, 10))]
         row = s.metrics.restarts.iloc[0]
@@ -161,7 +163,7 @@ def test_a_stage_that_cannot_come_back_is_planned_away(monkeypatch: pytest.Monke
     with vpipe_lab.launch("mlp", stages=3, microbatches=3, device="cpu", timeout=30) as s:
         expected = train(s)
     with vpipe_lab.launch("mlp", stages=3, microbatches=3, device="cpu", timeout=30, max_restarts=2,
-                          snapshot_every=10) as s:
+                          snapshot_every=SNAPSHOT) as s:
 
         def lose_stage_1(session: vpipe_lab.Session) -> None:
             monkeypatch.setenv("VPIPE_LAB_FAULT", "start:1:exit@1")  # a worker started from now on on device 1 dies
