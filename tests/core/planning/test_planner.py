@@ -60,10 +60,15 @@ def test_vpipe_is_never_worse_than_its_start(case: Case) -> None:
     if p is None:
         assert start_score[0] > 0  # vPipe only gives up where its start did not fit either
         return
-    assert score(cm, StageOracle(cm), p.boundaries) <= start_score
+    # by vPipe's own rule (the hill-climb's score; a stage no policy of the rule fits has no time: nan, as infinite)
+    def key(found: tuple[int, float, float]) -> tuple[int, float, float]:
+        return found[0], math.inf if math.isnan(found[1]) else found[1], found[2]
+
+    assert key(score(cm, StageOracle(cm), p.boundaries)) <= key(start_score)
+    assert estimate(p, profile, cl).feasible or start_score[0] > 0  # the settled plan fits wherever the start did
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_layers=6))
 def test_optimal_matches_exhaustive_search_and_beats_every_method(case: Case) -> None:
     profile, cl, m, schedule = case
@@ -77,6 +82,7 @@ def test_optimal_matches_exhaustive_search_and_beats_every_method(case: Case) ->
     assert result.proven_optimal
     assert math.isclose(result.estimate.iteration_s, best, rel_tol=1e-9)
     assert math.isclose(result.lower_bound_s, best, rel_tol=1e-9)
+    assert run(case, "vpipe") is not None  # vPipe's search finds a plan wherever one fits by the estimate
     for method in METHODS:
         p = run(case, method)
         if p is not None and p.schedule == schedule:  # (PipeDream plans its own schedule: another problem)
@@ -239,3 +245,29 @@ def test_optimal_is_optimal_by_the_estimate_on_small_random_chains_under_a_bindi
         assert found.estimate.feasible and math.isclose(found.estimate.iteration_s, best, rel_tol=1e-9), seed
         checked += 1
     assert checked >= 20
+
+
+def test_vpipe_is_within_two_percent_of_exhaustive_search_on_small_random_chains_under_binding_budgets() -> None:
+    """vPipe's search (the bottleneck-move partition, vPipe's memory rule, the found stages' plans settled by the
+    branch-and-bound) against every split and policy, by the estimate the user is shown: a plan wherever one fits,
+    and within 2% of the best in geometric mean (it was 0.8% with 5 of 155 missed before the settle; the one
+    instance over 2% is a partition the bottleneck moves do not reach)."""
+    import random
+
+    rng = random.Random(0)
+    ratios: list[float] = []
+    for seed in range(60):
+        n, schedule = rng.randint(3, 5), rng.choice(["gpipe", "1f1b"])
+        k, m = rng.randint(1, min(3, n)), rng.choice([2, 4, 8])
+        profile = random_chain(n, seed=seed)
+        probe = CostModel(profile, Cluster(k, 10**15, 1e10, 1e10), m, schedule)
+        keep = max(probe.keep_peak_bytes(s, 0, n) for s in range(k))
+        cl = Cluster(k, int(keep * rng.uniform(0.2, 1.0)), 1e10, 1e10, 1e-5)
+        best, _ = exhaustive(profile, cl, m, schedule)
+        if math.isinf(best):
+            continue
+        found = search(profile, cl, microbatches=m, schedule=schedule, method="vpipe").estimate
+        assert found.feasible, seed
+        ratios.append(found.iteration_s / best)
+    assert len(ratios) >= 40 and min(ratios) >= 1 - 1e-9
+    assert math.exp(sum(map(math.log, ratios)) / len(ratios)) <= 1.02

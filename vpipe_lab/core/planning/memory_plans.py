@@ -4,7 +4,8 @@ Both solvers minimise the stage's extra backward time ``max(recompute_s, swap_by
 ``recompute_s + 2 swap_bytes / bandwidth`` where copies run on the compute thread (see ``costmodel.policy_overhead``),
 subject to the stage's peak memory fitting its budget. ``greedy`` is vPipe's rule (swap the largest activations while
 the transfers hide, then recompute by bytes freed per second) on additive savings that never understate the peak
-(``CostModel.planned_peak_bytes``), then takes back what the estimate's own peak shows was not needed; ``exact`` is
+(``CostModel.planned_peak_bytes``; a stage that fits by the estimate's own peak is taken as fitting), then takes back
+what the estimate's own peak shows was not needed; ``exact`` is
 a branch-and-bound on the estimate's own peak (``StageProblem.fits``: the numbers the user is shown), pruned by a
 relaxation that never overstates what a completion can free, and proves its answer optimal unless it runs out of
 nodes.
@@ -141,7 +142,7 @@ def greedy(p: StageProblem) -> StageSolution | None:
     recomputed layers is not refused for charging each its own rebuild.
     """
     n = len(p.activation)
-    if p.need_bytes <= 0:
+    if p.need_bytes <= 0 or (p.fits is not None and p.fits((_K,) * n)):  # fits as it is, by the count or the estimate
         return keep_all(p)
     policies = [_K] * n
     sigma, rho = 0, 0.0
@@ -205,8 +206,8 @@ def greedy(p: StageProblem) -> StageSolution | None:
             sigma += p.activation[i]
         policies[i] = best
         chosen.append(i)
-    if excess(p, policies) > 0:
-        return None
+    if excess(p, policies) > 0 and (p.fits is None or not p.fits(tuple(policies))):
+        return None  # over the budget by the count, and by the estimate's own peak where the stage has one
     # Undo what turned out unnecessary, latest choice first (the costliest were added last), by the additive count,
     # then by the estimate's own peak (``_taken_back``), which credits what the count cannot.
     for i in reversed(dict.fromkeys(chosen)):
