@@ -77,6 +77,11 @@ def test_rank_0_builds_its_stage_on_the_cut_it_made_alone(monkeypatch: pytest.Mo
         return split(inputs, 2, "inputs")[0]
 
     names = build.unit_names(zoo.gpt2, None, 0, first)
+    meta, order = build.on_meta(zoo.gpt2, 0)
+    example = build._SCOUTED[0].example
+    assert build._SCOUTED[0].serves(meta, order, example, torch.device("cpu"))
+    assert not build._SCOUTED[0].serves(meta, order, example, torch.device("cuda"))  # traced as on the CPU only
+    assert not build._SCOUTED[0].serves(meta, order, None, None)  # other inputs
     captures: list[int] = []
     real = build.capture
     monkeypatch.setattr(build, "capture", lambda *a, **k: captures.append(1) or real(*a, **k))

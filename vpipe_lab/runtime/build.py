@@ -134,7 +134,8 @@ def build_chain(spec: JobSpec, factory: Any, split_at: Any, rank: int, world: in
     model = meta if meta is not None else build_model(factory, spec.settings.seed)
     example = _example(model, split_at, rank, world, peer, first_inputs)
     scouted = _SCOUTED.pop() if _SCOUTED else None
-    if meta is not None and order is not None and scouted is not None and scouted.serves(meta, order, example):
+    if meta is not None and order is not None and scouted is not None and scouted.serves(meta, order, example,
+                                                                                         peer.device):
         layout = scouted.chain  # rank 0 cut this very model on these inputs a moment ago: no second capture
         log.info("the stage is laid out on the model as rank 0 cut it alone")
     elif meta is not None:
@@ -190,8 +191,11 @@ class _Scouted:
     example: Any
     chain: Chain
 
-    def serves(self, meta: nn.Module, order: list[Registration], example: Any) -> bool:
-        return registered_names(meta, order) == self.names and example == self.example
+    def serves(self, meta: nn.Module, order: list[Registration], example: Any, device: torch.device | None) -> bool:
+        """The stage's model and inputs are the scout's, and its device the one the scout traced as (the CPU: code
+        that branches on the device would take another branch on a GPU)."""
+        return ((device is None or device.type == "cpu") and registered_names(meta, order) == self.names
+                and example == self.example)
 
 
 _SCOUTED: list[_Scouted] = []  # at most one, taken by the next build_chain in this process
