@@ -14,11 +14,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.core.strategies import exhaustive
-from vpipe_lab.core.cost.costmodel import CostModel
+from tests.core.strategies import binding_budget, exhaustive
 from vpipe_lab.core.errors import InfeasiblePlan
 from vpipe_lab.core.planning.planner import search
-from vpipe_lab.core.profile import Cluster
 from vpipe_lab.core.workloads import random_chain
 
 
@@ -34,9 +32,7 @@ def main() -> None:
         k = rng.randint(1, min(3, n))
         m, schedule = rng.choice([2, 4, 8]), rng.choice(["gpipe", "1f1b"])
         profile = random_chain(n, seed=seed)
-        probe = CostModel(profile, Cluster(k, 10**15, 1e10, 1e10), m, schedule)
-        keep = max(probe.keep_peak_bytes(s, 0, n) for s in range(k))
-        cluster = Cluster(k, int(keep * rng.uniform(0.2, 1.0)), 1e10, 1e10, 1e-5)
+        cluster = binding_budget(profile, k, m, schedule, rng.uniform(0.2, 1.0))
         best, plan = exhaustive(profile, cluster, m, schedule)
         if math.isinf(best):
             continue

@@ -64,3 +64,12 @@ def exhaustive(profile: ModelProfile, cluster: Cluster, m: int, schedule: str) -
             if est.feasible and est.iteration_s < best:
                 best, best_plan = est.iteration_s, plan
     return best, best_plan
+
+
+def binding_budget(profile: ModelProfile, stages: int, m: int, schedule: str, fraction: float) -> Cluster:
+    """``stages`` stages whose budget is ``fraction`` of the estimate's peak with the whole model kept on the stage that
+    holds the most micro-batches: below 1 it binds (fast links, so memory decides)."""
+    probe = CostModel(profile, Cluster(stages, 10**15, 1e10, 1e10), m, schedule)
+    keep = max(probe.keep_peak_bytes(s, 0, len(profile)) for s in range(stages))
+    return Cluster(stages, int(keep * fraction), 1e10, 1e10, 1e-5)
+

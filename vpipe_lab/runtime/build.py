@@ -218,7 +218,7 @@ def unit_chain(factory: Any, split_at: Any, seed: int, first_inputs: Callable[[]
     if callable(factory) and not isinstance(factory, nn.Module):
         try:
             model, order = on_meta(factory, seed)
-            names = registered_names(model, order)  # before the capture touches the model
+            names = registered_names(model, order) if keep else None  # before the capture touches the model
         except Exception:  # a factory that needs real tensors to build
             model = None
     meta = model is not None

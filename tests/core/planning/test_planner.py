@@ -3,7 +3,7 @@ import math
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from tests.core.strategies import exhaustive, problems
+from tests.core.strategies import binding_budget, exhaustive, problems
 from vpipe_lab.core.cost.costmodel import CostModel, estimate
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
 from vpipe_lab.core.plan import Plan, Policy
@@ -235,9 +235,7 @@ def test_optimal_is_optimal_by_the_estimate_on_small_random_chains_under_a_bindi
     checked = 0
     for seed in range(40):
         profile = random_chain(4, seed=seed)
-        probe = CostModel(profile, Cluster(3, 10**15, 1e10, 1e10), 4, "gpipe")
-        keep = max(probe.keep_peak_bytes(s, 0, 4) for s in range(3))
-        cl = Cluster(3, int(keep * (0.3 + 0.02 * seed)), 1e10, 1e10, 1e-5)
+        cl = binding_budget(profile, 3, 4, "gpipe", 0.3 + 0.02 * seed)
         best, _ = exhaustive(profile, cl, 4, "gpipe")
         if math.isinf(best):
             continue
@@ -260,9 +258,7 @@ def test_vpipe_is_within_two_percent_of_exhaustive_search_on_small_random_chains
         n, schedule = rng.randint(3, 5), rng.choice(["gpipe", "1f1b"])
         k, m = rng.randint(1, min(3, n)), rng.choice([2, 4, 8])
         profile = random_chain(n, seed=seed)
-        probe = CostModel(profile, Cluster(k, 10**15, 1e10, 1e10), m, schedule)
-        keep = max(probe.keep_peak_bytes(s, 0, n) for s in range(k))
-        cl = Cluster(k, int(keep * rng.uniform(0.2, 1.0)), 1e10, 1e10, 1e-5)
+        cl = binding_budget(profile, k, m, schedule, rng.uniform(0.2, 1.0))
         best, _ = exhaustive(profile, cl, m, schedule)
         if math.isinf(best):
             continue
