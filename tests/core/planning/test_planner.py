@@ -82,7 +82,6 @@ def test_optimal_matches_exhaustive_search_and_beats_every_method(case: Case) ->
     assert result.proven_optimal
     assert math.isclose(result.estimate.iteration_s, best, rel_tol=1e-9)
     assert math.isclose(result.lower_bound_s, best, rel_tol=1e-9)
-    assert run(case, "vpipe") is not None  # vPipe's search finds a plan wherever one fits by the estimate
     for method in METHODS:
         p = run(case, method)
         if p is not None and p.schedule == schedule:  # (PipeDream plans its own schedule: another problem)
