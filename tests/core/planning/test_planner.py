@@ -10,7 +10,7 @@ from vpipe_lab.core.plan import Plan, Policy
 from vpipe_lab.core.planning.methods import METHODS
 from vpipe_lab.core.planning.partition import balanced
 from vpipe_lab.core.planning.planner import plan, search
-from vpipe_lab.core.planning.vpipe_search import StageOracle, score
+from vpipe_lab.core.planning.vpipe_search import StageOracle, fitting_cover, score
 from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
 from vpipe_lab.core.workloads import cluster, pressured_cluster, random_chain, workload
 
@@ -82,6 +82,7 @@ def test_optimal_matches_exhaustive_search_and_beats_every_method(case: Case) ->
     assert result.proven_optimal
     assert math.isclose(result.estimate.iteration_s, best, rel_tol=1e-9)
     assert math.isclose(result.lower_bound_s, best, rel_tol=1e-9)
+    assert run(case, "vpipe") is not None  # vPipe's search finds a plan wherever one fits by the estimate
     for method in METHODS:
         p = run(case, method)
         if p is not None and p.schedule == schedule:  # (PipeDream plans its own schedule: another problem)
@@ -116,6 +117,45 @@ def test_refinement_from_current_reports_moves() -> None:
         i for i in range(48) if current.stage_of(i) != result.plan.stage_of(i)}
     assert result.estimate.iteration_s < estimate(current.with_policies(result.plan.policies), profile, cl).iteration_s \
         or not estimate(current, profile, cl).feasible
+
+
+def test_vpipe_sheds_layers_off_a_stage_that_fits_by_no_plan_until_it_does() -> None:
+    """Found by hypothesis: 4 units on 2 stages where only (0, 1, 4) fits. From the balanced (0, 3, 4) the search saw
+    (0, 2, 4) as no better while an unfitting stage's shortfall was a placeholder 1 byte; now it is the leanest plan's
+    peak over the budget, which falls as the stage sheds a layer, and the refusal reports that number."""
+    units = [(1.0, 1.0, 5000), (0.5, 0.5, 1000), (1.0, 1.0, 1000), (1.0, 2.0, 1000)]
+    profile = ModelProfile(tuple(LayerCost(f"l{i}", forward_s=f, backward_s=b, activation_bytes=a, input_bytes=0,
+                                           output_bytes=100, param_bytes=1000, optimizer_bytes=0)
+                                 for i, (f, b, a) in enumerate(units)))
+    cl = Cluster(2, 8050, 1000.0, 10000.0)
+    best, best_plan = exhaustive(profile, cl, 1, "1f1b")
+    assert best_plan is not None and best_plan.boundaries == (0, 1, 4)
+    found = search(profile, cl, microbatches=1, schedule="1f1b", method="vpipe")
+    assert found.estimate.feasible and math.isclose(found.estimate.iteration_s, best, rel_tol=1e-9)
+    cm = CostModel(profile, cl, 1, "1f1b")
+    oracle = StageOracle(cm)
+    assert oracle(0, 0, 3).deficit > oracle(0, 0, 2).deficit > 1  # progress the search can see
+    with pytest.raises(InfeasiblePlan) as err:  # nothing fits in 5,000 bytes: the bytes it lacks, not a placeholder
+        search(profile, Cluster(2, 5000, 1000.0, 10000.0), microbatches=1, schedule="1f1b", method="vpipe")
+    assert err.value.missing_bytes > 1
+
+
+def test_vpipe_climbs_again_from_a_fitting_cover_where_the_shortfall_plateaus() -> None:
+    """Found by hypothesis next: unit 1's output (2,100 bytes) holds stage 0 over by 50 bytes whether it ends after
+    unit 1 or unit 2, so shedding a layer shows no progress; only (0, 1, 4) fits, and the fallback cover finds it."""
+    units = [(1.0, 1.0, 100), (0.5, 0.5, 2100), (1.0, 1.0, 100), (1.0, 2.0, 100)]
+    profile = ModelProfile(tuple(LayerCost(f"l{i}", forward_s=f, backward_s=b, activation_bytes=1000, input_bytes=0,
+                                           output_bytes=out, param_bytes=1000, optimizer_bytes=0)
+                                 for i, (f, b, out) in enumerate(units)))
+    cl = Cluster(2, 6050, 1000.0, 10000.0)
+    best, best_plan = exhaustive(profile, cl, 1, "1f1b")
+    assert best_plan is not None and best_plan.boundaries == (0, 1, 4)
+    cm = CostModel(profile, cl, 1, "1f1b")
+    oracle = StageOracle(cm)
+    assert oracle(0, 0, 2).deficit == oracle(0, 0, 3).deficit > 0  # the plateau the climb cannot see across
+    assert fitting_cover(cm, oracle) == (0, 1, 4)
+    found = search(profile, cl, microbatches=1, schedule="1f1b", method="vpipe")
+    assert found.estimate.feasible and math.isclose(found.estimate.iteration_s, best, rel_tol=1e-9)
 
 
 def test_infeasible_names_stage_bytes_and_remedies() -> None:

@@ -5,15 +5,15 @@ Both solvers minimise the stage's extra backward time ``max(recompute_s, swap_by
 subject to the stage's peak memory fitting its budget. ``greedy`` is vPipe's rule (swap the largest activations while
 the transfers hide, then recompute by bytes freed per second) on additive savings that never understate the peak
 (``CostModel.planned_peak_bytes``; a stage that fits by the estimate's own peak is taken as fitting), then takes back
-what the estimate's own peak shows was not needed; ``exact`` is
-a branch-and-bound on the estimate's own peak (``StageProblem.fits``: the numbers the user is shown), pruned by a
-relaxation that never overstates what a completion can free, and proves its answer optimal unless it runs out of
-nodes.
+what the estimate's own peak shows was not needed; ``exact`` is a branch-and-bound on the estimate's own peak
+(``StageProblem.fits``: the numbers the user is shown), pruned by a relaxation that never overstates what a
+completion can free, and proves its answer optimal unless it runs out of nodes.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -126,12 +126,40 @@ def keep_all(p: StageProblem) -> StageSolution:
     return StageSolution((_K,) * len(p.activation), 0.0, 0.0, 0)
 
 
-def excess(p: StageProblem, policies: list[Policy]) -> int:
-    """Bytes still over the budget with ``policies``: every swap frees its in-flight copies but the buffers, every
-    recompute its saved activations but the input, and the largest recomputed layer is held again while rebuilt."""
-    freed = sum(p.swap_save[i] if x is _S else p.rec_most[i] if x is _R else 0 for i, x in enumerate(policies))
-    rebuilt = max((p.activation[i] for i, x in enumerate(policies) if x is _R), default=0)
-    return p.need_bytes - freed + rebuilt
+class _Tally:
+    """Policies with what is still over the budget, kept current as one layer changes (a sum over the stage at every
+    change the greedy weighs made it quadratic): every swap frees its in-flight copies but the buffers, every
+    recompute its saved activations but the input, and the largest recomputed layer is held again while rebuilt.
+    ``rho`` is the forward time recomputed, ``sigma`` the bytes swapped."""
+
+    def __init__(self, p: StageProblem) -> None:
+        self.p, self.policies, self.freed, self.rho, self.sigma = p, [_K] * len(p.activation), 0, 0.0, 0
+        self.rebuilt: Counter[int] = Counter()
+
+    def set(self, i: int, policy: Policy) -> None:
+        p, old = self.p, self.policies[i]
+        self.freed += (p.swap_save[i] if policy is _S else p.rec_most[i] if policy is _R else 0) - (
+            p.swap_save[i] if old is _S else p.rec_most[i] if old is _R else 0)
+        if old is _R:
+            self.rebuilt[p.activation[i]] -= 1
+            if not self.rebuilt[p.activation[i]]:
+                del self.rebuilt[p.activation[i]]
+        if policy is _R:
+            self.rebuilt[p.activation[i]] += 1
+        self.rho += p.forward_s[i] * ((policy is _R) - (old is _R))
+        self.sigma += p.activation[i] * ((policy is _S) - (old is _S))
+        self.policies[i] = policy
+
+    def excess(self) -> int:
+        return self.p.need_bytes - self.freed + max(self.rebuilt, default=0)
+
+    def excess_with(self, i: int, policy: Policy) -> int:
+        """``excess()`` were layer i to take ``policy``; nothing changes."""
+        old = self.policies[i]
+        self.set(i, policy)
+        left = self.excess()
+        self.set(i, old)
+        return left
 
 
 def greedy(p: StageProblem) -> StageSolution | None:
@@ -144,23 +172,21 @@ def greedy(p: StageProblem) -> StageSolution | None:
     n = len(p.activation)
     if p.need_bytes <= 0 or (p.fits is not None and p.fits((_K,) * n)):  # fits as it is, by the count or the estimate
         return keep_all(p)
-    policies = [_K] * n
-    sigma, rho = 0, 0.0
+    tally = _Tally(p)
+    policies = tally.policies  # read here, changed only through the tally
     chosen: list[int] = []
     # Largest activations first; on ties the earlier layer, whose forward-to-backward gap is longer.
     by_size = sorted(range(n), key=lambda i: (-p.activation[i], i))
 
     def swap_hidden() -> None:
-        nonlocal sigma
         if not p.overlaps:  # nothing hides a copy on the compute thread
             return
         for i in by_size:
-            if excess(p, policies) <= 0:
+            if tally.excess() <= 0:
                 return
             saving = p.swap_saving(i)
-            if policies[i] is _K and saving > 0 and (sigma + p.activation[i]) / p.bandwidth <= p.hide_s + rho:
-                policies[i] = _S
-                sigma += p.activation[i]
+            if policies[i] is _K and saving > 0 and (tally.sigma + p.activation[i]) / p.bandwidth <= p.hide_s + tally.rho:
+                tally.set(i, _S)
                 chosen.append(i)
 
     swap_hidden()
@@ -169,50 +195,35 @@ def greedy(p: StageProblem) -> StageSolution | None:
         key=lambda i: (-p.recompute_saving(i) / p.forward_s[i] if p.forward_s[i] > 0 else -math.inf, i),
     )
     for i in by_rate:
-        if excess(p, policies) <= 0:
+        if tally.excess() <= 0:
             break
         if policies[i] is not _K:
             continue
-        policies[i] = _R
-        rho += p.forward_s[i]
+        tally.set(i, _R)
         chosen.append(i)
         swap_hidden()  # recompute lengthens the backward, so more swap may now hide under it
     # Still over: move layers to whichever option frees the most (now at the price of exposed transfers or
     # recompute), biggest gains first.
-    def with_policy(i: int, policy: Policy) -> int:
-        old, policies[i] = policies[i], policy
-        left = excess(p, policies)
-        policies[i] = old
-        return left
-
     def gain(i: int) -> tuple[int, Policy]:
-        now = excess(p, policies)
-        best = min((_S, _R), key=lambda x: with_policy(i, x))
-        return now - with_policy(i, best), best
+        now = tally.excess()
+        best = min((_S, _R), key=lambda x: tally.excess_with(i, x))
+        return now - tally.excess_with(i, best), best
 
     for i in sorted(range(n), key=lambda i: -gain(i)[0]):
-        if excess(p, policies) <= 0:
+        if tally.excess() <= 0:
             break
         extra, best = gain(i)
         if extra <= 0:
             continue
-        if policies[i] is _R:
-            rho -= p.forward_s[i]
-        elif policies[i] is _S:
-            sigma -= p.activation[i]
-        if best is _R:
-            rho += p.forward_s[i]
-        else:
-            sigma += p.activation[i]
-        policies[i] = best
+        tally.set(i, best)
         chosen.append(i)
-    if excess(p, policies) > 0 and (p.fits is None or not p.fits(tuple(policies))):
+    if tally.excess() > 0 and (p.fits is None or not p.fits(tuple(policies))):
         return None  # over the budget by the count, and by the estimate's own peak where the stage has one
     # Undo what turned out unnecessary, latest choice first (the costliest were added last), by the additive count,
     # then by the estimate's own peak (``_taken_back``), which credits what the count cannot.
     for i in reversed(dict.fromkeys(chosen)):
-        if policies[i] is not _K and with_policy(i, _K) <= 0:
-            policies[i] = _K
+        if policies[i] is not _K and tally.excess_with(i, _K) <= 0:
+            tally.set(i, _K)
     return _taken_back(p, _solution(p, policies))
 
 
