@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -29,13 +29,14 @@ from vpipe_lab.core.planning.migration import match_layers, owners
 from vpipe_lab.core.planning.partition import uniform
 from vpipe_lab.runtime.engine import faults
 from vpipe_lab.runtime.engine.comm import TAG_MIGRATE, Peer
-from vpipe_lab.runtime.engine.device import Clock
+from vpipe_lab.runtime.engine.device import Clock, Placement
 from vpipe_lab.runtime.engine.shards import unwrap
 from vpipe_lab.runtime.engine.stage import Stage
 from vpipe_lab.runtime.memory.ledger import local_tensor, unit_static_bytes
 from vpipe_lab.runtime.model.batches import rebuild
 from vpipe_lab.runtime.model.capture import Chain, UnitTensors, build_model, capture, to_meta
 from vpipe_lab.runtime.model.units import get_tensor, set_tensor
+from vpipe_lab.runtime.training.place import Place
 from vpipe_lab.runtime.training.ties import Ties
 from vpipe_lab.wire.codec import Body
 from vpipe_lab.wire.events import Failure, Migrated, Refusal
@@ -184,15 +185,31 @@ class Routes:
                    [j for j, i in pairs if i is None and new_owner[j] == rank])
 
 
-class Migration:
-    """One rank's part in moving layers between stages."""
+class MigrationHost(Protocol):
+    """What a rank's part in a move needs of the worker it runs in (``runtime/worker.py``'s ``Worker``)."""
 
-    def __init__(self, peer: Peer, stage: Stage, ties: Ties, clock: Clock, device: torch.device, rank: int,
-                 world: int, replica: int, replicas: int, send: Callable[[Body], None],
-                 save: Callable[[Path], str | None]) -> None:
-        self.peer, self.stage, self.ties, self.clock, self.device = peer, stage, ties, clock, device
-        self.rank, self.world, self.replica, self.replicas = rank, world, replica, replicas
-        self.send, self.save = send, save
+    place: Place
+    placement: Placement
+    peer: Peer
+    stage: Stage
+    ties: Ties
+    clock: Clock
+
+    def send(self, body: Body) -> None:
+        """Report to the controller."""
+
+    def save(self, root: Path) -> str | None:
+        """Checkpoint the job under ``root``; the problem if it could not."""
+
+
+class Migration:
+    """One rank's part in moving layers between stages: this rank is stage ``place.stage`` of its data-parallel
+    pipeline ``place.dp`` (each of the ``place.dps`` pipelines moves the same layers)."""
+
+    def __init__(self, host: MigrationHost) -> None:
+        self.host, self.place = host, host.place
+        self.peer, self.stage, self.ties, self.clock = host.peer, host.stage, host.ties, host.clock
+        self.device = host.placement.device
 
     def reconfigure(self, current: Plan, chain_now: Chain, plan: Plan, sources: dict[int, int | None],
                     new_chain: Chain | None, checkpoint: str | None, version: int, iteration: int,
@@ -200,7 +217,7 @@ class Migration:
         """Move from ``current`` to ``plan``; new layer j takes old layer ``sources[j]``'s state (None: fresh from
         ``new_chain``). Nothing changes unless the result says ok. The steps are the module docstring's."""
         start = time.perf_counter()
-        routes = Routes.of(self.rank, current, plan, sources)
+        routes = Routes.of(self.place.stage, current, plan, sources)
 
         def refused(error: str, refusal: Refusal | None = None) -> Outcome:
             return Outcome(Reconfigured(False, time.perf_counter() - start, error, refusal), chain_now)
@@ -220,8 +237,8 @@ class Migration:
         chain = self._commit(routes, arrived, chain_now, new_chain, plan)
         pause = time.perf_counter() - start
         now = self.clock.now()
-        if self.replica == 0:  # the other replicas moved the same layers at the same boundary
-            self.send(Migrated(self.rank, version, iteration, moved, pause, time.perf_counter() - saved_at,
+        if self.place.dp == 0:  # the other replicas moved the same layers at the same boundary
+            self.host.send(Migrated(self.place.stage, version, iteration, moved, pause, time.perf_counter() - saved_at,
                                [j for j, _, _ in routes.recvs], [j for j, _, _ in routes.sends], (now - pause, now)))
         total = self.peer.all_sum([float(moved), pause])
         return Outcome(Reconfigured(True, pause, moved_bytes=int(total[0]), version=version, layers=len(chain)), chain)
@@ -229,12 +246,12 @@ class Migration:
     def _agree_memory(self, routes: Routes, budget: int | None, iteration: int, version: int) -> Refusal | None:
         """Step 1: everyone learns what comes to whom, receivers check their budgets, all agree; the refusal (who,
         needing how much of what budget) when any receiver cannot take its layers."""
-        stage, rank = self.stage, self.rank
+        stage, rank = self.stage, self.place.stage
         sizes = {i: unit_static_bytes(stage.unit_state(i)) for _, i, _ in routes.sends}  # each leaving layer once
-        incoming = [0.0] * self.world
+        incoming = [0.0] * self.place.stages
         for _, i, dst in routes.sends:
             incoming[dst] += sizes[i]
-        incoming = [v / self.replicas for v in self.peer.all_sum(incoming)]  # each replica added the same
+        incoming = [v / self.place.dps for v in self.peer.all_sum(incoming)]  # each replica added the same
         outgoing = sum(sizes.values())
         after = sum(stage.static_bytes().values()) - outgoing + int(incoming[rank])
         refuse = budget is not None and after > budget
@@ -245,7 +262,7 @@ class Migration:
         if verdict[0] <= 0:
             return None
         if refuse:
-            self.send(Failure("migration", rank, replica=self.replica, iteration=iteration, needed=after,
+            self.host.send(Failure("migration", rank, replica=self.place.dp, iteration=iteration, needed=after,
                               budget=budget or 0, incoming=int(incoming[rank]), version=version))
         return Refusal(int(verdict[1]), int(verdict[2]), int(verdict[3]))
 
@@ -254,7 +271,7 @@ class Migration:
         Every rank takes part in the same collectives: whether anything moves anywhere is agreed by all of them (a
         rank with nothing to move must still join the checkpoint's collectives)."""
         if checkpoint and self.peer.all_max([float(bool(routes.sends or routes.recvs))])[0] > 0:
-            return self.save(Path(checkpoint))
+            return self.host.save(Path(checkpoint))
         return None
 
     def _transfer(self, routes: Routes, new_chain: Chain | None, iteration: int
@@ -273,7 +290,7 @@ class Migration:
             for t in tensors:
                 self.peer.send(t, dst, TAG_MIGRATE)
                 moved += t.numel() * t.element_size()
-            faults.hit(fault, "migrate", self.rank, iteration)
+            faults.hit(fault, "migrate", self.place.stage, iteration)
         arrived: dict[int, dict[str, Any]] = {}
         for j, _, src in routes.recvs:
             head = self.peer.recv_json(src, TAG_MIGRATE)
@@ -281,7 +298,7 @@ class Migration:
                 raise RuntimeError(f"migration out of order: expected layer {j} from rank {src}, got {head['layer']}")
             tensors = [self.peer.recv(src, TAG_MIGRATE)[0] for _ in range(head["count"])]
             arrived[j] = unflatten(head["meta"], tensors)
-            faults.hit(fault, "migrate", self.rank, iteration)  # a receiver dying with a layer half-adopted
+            faults.hit(fault, "migrate", self.place.stage, iteration)  # a receiver dying with a layer half-adopted
         self.peer.flush()
         return moved, arrived
 

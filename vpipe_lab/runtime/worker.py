@@ -109,9 +109,9 @@ class Worker(IterationEnd, WorkerCommands):
             else:
                 to_meta(unit, self.chain.tensors[i])  # only the structure stays: a shell for migration
         self.stage.set_policies({i: self.plan.policies[i] for i in self.stage.owned})
-        self.ties = Ties(self.peer, self.stage, index, world, self.replica, self.replicas, self.plan, self.chain)
+        self.ties = Ties(self.peer, self.stage, self.place, self.plan, self.chain)
         self.scale = LossScale(spec.settings.precision == "fp16")
-        self.stepper = Stepper(self.stage, self.ties, self.peer, index, world, spec.settings.clip_grad_norm, self.scale,
+        self.stepper = Stepper(self.stage, self.ties, self.peer, self.place, spec.settings.clip_grad_norm, self.scale,
                                self.data_parallel)
         recaptures = Recaptures(self.model_fn, self.split, spec.settings.seed, self.peer.device)
         self.shapes = ShapeEpochs(self.peer, recaptures, self.replica,
@@ -128,8 +128,7 @@ class Worker(IterationEnd, WorkerCommands):
         self.checkpoints = Checkpoints(self.peer, self.stage, self.place.shard * world + index, world * shards,
                                        self.place.replica, self.leader, self.placement.device,
                                        lambda: (self.chain.aliases, self.chain.non_persistent))
-        self.migration = Migration(self.peer, self.stage, self.ties, self.clock, self.placement.device, index, world,
-                                   self.replica, self.replicas, self.send, lambda path: self.save(path))
+        self.migration = Migration(self)
         # The one command table: what each controller command does on every rank (see wire/commands.py).
         self.commands: dict[type[Body], Callable[[Any], None]] = {
             C.Run: self._run, C.Pause: self._run_state, C.Resume: self._run_state, C.Stop: self._run_state,

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from vpipe_lab.runtime.engine.stage import Stage
+from vpipe_lab.runtime.training.place import Place
 from vpipe_lab.runtime.training.precision import LossScale
 from vpipe_lab.runtime.training.step import Stepper
 
@@ -33,7 +34,7 @@ def test_clipping_matches_clip_grad_norm() -> None:
     x = torch.randn(8, 4) * 10
     for model in (torch.nn.Sequential(*(stage.layers[i].module for i in stage.owned)), copy):
         model(x).pow(2).sum().backward()
-    stepper = Stepper(stage, no_ties(), None, 0, 1, 0.5, LossScale(False))  # type: ignore[arg-type]
+    stepper = Stepper(stage, no_ties(), None, Place(0, 1), 0.5, LossScale(False))  # type: ignore[arg-type]
     report = stepper.step(0)
     expected = torch.nn.utils.clip_grad_norm_(copy.parameters(), 0.5)
     torch.optim.SGD(copy.parameters(), lr=0.1).step()
@@ -50,7 +51,7 @@ def test_an_overflow_skips_the_step_and_halves_the_scale() -> None:
     for _, p in stage.params():
         p.grad = torch.full_like(p, float("nan"))
     scale = LossScale(True)
-    report = Stepper(stage, no_ties(), None, 0, 1, None, scale).step(0)  # type: ignore[arg-type]
+    report = Stepper(stage, no_ties(), None, Place(0, 1), None, scale).step(0)  # type: ignore[arg-type]
     assert report.skipped and scale.scale == 2.0 ** 15
     assert all(torch.equal(a, p) for a, (_, p) in zip(before, stage.params()))
 
@@ -58,7 +59,7 @@ def test_an_overflow_skips_the_step_and_halves_the_scale() -> None:
 def test_bad_clip_values_are_refused() -> None:
     stage, _ = stage_and_copy()
     with pytest.raises(ValueError, match="clip_grad_norm"):
-        Stepper(stage, no_ties(), None, 0, 1, 0.0, LossScale(False))  # type: ignore[arg-type]
+        Stepper(stage, no_ties(), None, Place(0, 1), 0.0, LossScale(False))  # type: ignore[arg-type]
 
 
 def test_under_pipedream_the_iteration_step_only_moves_the_schedule_and_refuses_a_global_norm() -> None:
@@ -68,11 +69,11 @@ def test_under_pipedream_the_iteration_step_only_moves_the_schedule_and_refuses_
     stage, _ = stage_and_copy()
     stage.stash.on = True
     before = [p.detach().clone() for _, p in stage.params()]
-    report = Stepper(stage, no_ties(), None, 0, 1, None, LossScale(False)).step(0)  # type: ignore[arg-type]
+    report = Stepper(stage, no_ties(), None, Place(0, 1), None, LossScale(False)).step(0)  # type: ignore[arg-type]
     assert report.lr == 0.1 and report.grad_norm is None
     assert all(torch.equal(a, p) for a, (_, p) in zip(before, stage.params()))
     with pytest.raises(ValueError, match=r"clip_grad_norm=0\.5 clips by the whole model's gradient norm"):
-        Stepper(stage, no_ties(), None, 0, 1, 0.5, LossScale(False)).step(0)  # type: ignore[arg-type]
+        Stepper(stage, no_ties(), None, Place(0, 1), 0.5, LossScale(False)).step(0)  # type: ignore[arg-type]
 
 
 def test_a_skipped_step_drops_the_gradients_and_moves_only_the_schedule() -> None:
@@ -81,6 +82,6 @@ def test_a_skipped_step_drops_the_gradients_and_moves_only_the_schedule() -> Non
     before = [p.detach().clone() for _, p in stage.params()]
     for _, p in stage.params():
         p.grad = torch.ones_like(p)  # finite gradients: the verdict is the loss's, not the gradients'
-    report = Stepper(stage, no_ties(), None, 0, 1, 0.5, LossScale(False)).step(0, skip=True)  # type: ignore[arg-type]
+    report = Stepper(stage, no_ties(), None, Place(0, 1), 0.5, LossScale(False)).step(0, skip=True)  # type: ignore[arg-type]
     assert report.skipped and report.lr == 0.1 and report.grad_norm is None
     assert all(torch.equal(a, p) and p.grad is None for a, (_, p) in zip(before, stage.params()))

@@ -28,6 +28,7 @@ from vpipe_lab.runtime.training.replicas import DataParallel
 if TYPE_CHECKING:
     from vpipe_lab.runtime.engine.comm import Peer
     from vpipe_lab.runtime.engine.stage import Stage
+    from vpipe_lab.runtime.training.place import Place
     from vpipe_lab.runtime.training.ties import Ties
 
 
@@ -45,24 +46,23 @@ class StepReport:
 class Stepper:
     """Steps one stage in agreement with the others."""
 
-    def __init__(self, stage: Stage, ties: Ties, peer: Peer, rank: int, world: int, clip: float | None,
+    def __init__(self, stage: Stage, ties: Ties, peer: Peer, place: Place, clip: float | None,
                  scale: LossScale, data_parallel: DataParallel | None = None) -> None:
         checks.positive(clip, "clip_grad_norm", optional=True, what="the largest global gradient 2-norm")
         self.stage, self.ties, self.peer = stage, ties, peer
-        self.rank, self.world = rank, world
+        self.place = place
         self.clip = None if clip is None else float(clip)
         self.scale = scale
         self.data_parallel = data_parallel
-        self.replicas = data_parallel.replicas if data_parallel is not None else 1  # data-parallel ranks in all
-        place = data_parallel.place if data_parallel is not None else None
+        self.replicas = place.dps  # data-parallel ranks in all
         # a sharded gradient's squares are this rank's shard's, repeated on every replica; a whole one's on every
         # data-parallel rank: each counts once in the sum over the job's ranks (see _step)
-        self._sharded_weight = 1.0 / (place.replicas if place is not None else 1)
+        self._sharded_weight = 1.0 / place.replicas
         self._whole_weight = 1.0 / self.replicas
 
     def _counted(self) -> list[torch.Tensor]:
         """This stage's gradients that count towards the global norm: a tie only on its lowest holder."""
-        elsewhere = {name for name, ranks in self.ties.shared if self.rank in ranks and min(ranks) != self.rank}
+        elsewhere = {name for name, ranks in self.ties.shared if self.place.stage in ranks and min(ranks) != self.place.stage}
         return [p.grad for name, p in self.stage.params() if p.grad is not None and name not in elsewhere]
 
     def step(self, iteration: int, skip: bool = False) -> StepReport:
@@ -105,7 +105,7 @@ class Stepper:
                         norms = torch._foreach_norm(part, 2.0)
                         squares += weight * float(torch.stack(norms).float().pow(2).sum())
             local = [float(overflow) if overflow is not None else 0.0, squares]
-            bad, total = self.peer.all_sum(local) if self.world * self.replicas > 1 else local
+            bad, total = self.peer.all_sum(local) if self.place.stages * self.replicas > 1 else local
             report.skipped = bad > 0
             if self.clip is not None:
                 report.grad_norm = math.sqrt(total) if not report.skipped else float("inf")

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from vpipe_lab.runtime.engine.comm import Peer
     from vpipe_lab.runtime.engine.stage import Stage
     from vpipe_lab.runtime.model.capture import Chain
+    from vpipe_lab.runtime.training.place import Place
 
 
 def holders(plan_layers: list[list[int]], unit_params: list[list[str]]) -> list[tuple[str, tuple[int, ...]]]:
@@ -45,10 +46,8 @@ def conflict(plan_layers: list[list[int]], unit_buffers: list[list[str]], mutate
 class Ties:
     """The tied parameters of the plan in force and the process groups that reduce their gradients."""
 
-    def __init__(self, peer: Peer, stage: Stage, rank: int, world: int, replica: int, replicas: int,
-                 plan: Plan, chain: Chain) -> None:
-        self.peer, self.stage = peer, stage
-        self.rank, self.world, self.replica, self.replicas = rank, world, replica, replicas
+    def __init__(self, peer: Peer, stage: Stage, place: Place, plan: Plan, chain: Chain) -> None:
+        self.peer, self.stage, self.place = peer, stage, place
         self._groups: dict[tuple[int, ...], Any] = {}
         self.shared: list[tuple[str, tuple[int, ...]]] = []
         self.chain = chain
@@ -57,23 +56,23 @@ class Ties:
     def refresh(self, plan: Plan, chain: Chain) -> None:
         """Recompute after a plan change; every rank runs this at the same boundary (group creation is collective)."""
         self.chain = chain
-        plan_layers = [list(plan.layers_of(s)) for s in range(self.world)]
+        plan_layers = [list(plan.layers_of(s)) for s in range(self.place.stages)]
         problem = self.conflict(plan)
         if problem is not None:
             raise ValueError(problem)
         self.shared = holders(plan_layers, [[c for _, c in t.params] for t in chain.tensors])
         for ranks in sorted({r for _, r in self.shared}):
-            if ranks in self._groups or (len(ranks) == self.world and self.replicas == 1):
+            if ranks in self._groups or (len(ranks) == self.place.stages and self.place.dps == 1):
                 continue  # the whole (single) pipeline: the default group
             # One group per pipeline replica; every rank creates all of them, in the same order (it is collective).
-            for replica in range(self.replicas):
-                group = dist.new_group([replica * self.world + r for r in ranks])
-                if replica == self.replica:
+            for dp in range(self.place.dps):
+                group = dist.new_group([self.place.rank_of(r, dp) for r in ranks])
+                if dp == self.place.dp:
                     self._groups[ranks] = group
 
     def conflict(self, plan: Plan, chain: Chain | None = None) -> str | None:
         chain = chain or self.chain
-        plan_layers = [list(plan.layers_of(s)) for s in range(self.world)]
+        plan_layers = [list(plan.layers_of(s)) for s in range(self.place.stages)]
         tied = holders(plan_layers, [[c for _, c in t.params] for t in chain.tensors])
         if plan.kind.asynchronous and tied:  # one weight, updated by two stages at their own times
             name, ranks = tied[0]
@@ -85,7 +84,7 @@ class Ties:
     def reduce_grads(self) -> None:
         """Sum each shared parameter's gradient over the stages that hold it."""
         for name, ranks in self.shared:
-            if self.rank not in ranks:
+            if self.place.stage not in ranks:
                 continue
             param = self.stage.tensors[name]
             if param.grad is None:
