@@ -120,3 +120,16 @@ def test_the_architecture_page_names_every_module() -> None:
     modules = {str(p.relative_to(PACKAGE)) for p in _modules()}
     assert modules - named == set(), "add these to the module index of docs/architecture.md"
     assert named - modules == set(), "the module index names modules that are gone"
+
+
+def test_a_module_name_repeats_only_where_the_architecture_page_says_why() -> None:
+    """One name per thing: at most three basenames occur in two rooms, each listed under "Names that repeat" in
+    docs/architecture.md with its reason (a repeat found here and not there is a module to rename)."""
+    from collections import Counter
+
+    counts = Counter(p.name for p in _modules() if p.name not in ("__init__.py", "__main__.py"))
+    repeated = {name for name, n in counts.items() if n > 1}
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text[text.index("## Names that repeat"):text.index("## Every module")]
+    explained = set(re.findall(r"^- `(\w+\.py)`", section, re.MULTILINE))
+    assert len(repeated) <= 3 and repeated == explained, (repeated, explained)

@@ -161,7 +161,7 @@ def test_any_edit_of_a_pipeline_json_reads_back_or_is_refused_in_one_line(edits:
     import tempfile
     from pathlib import Path
 
-    from vpipe_lab.wire import bundle
+    from vpipe_lab.wire import bundle_files as bundle
 
     doc: object = _bundle_doc()
     for path, value in edits:

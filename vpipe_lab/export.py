@@ -1,5 +1,5 @@
 """Taking a plan out of the lab: an export bundle written and read (no torch needed), and run on
-torch.distributed.pipelining with ``torch_pipeline`` (imports torch when called). See ``wire/bundle.py`` and
+torch.distributed.pipelining with ``torch_pipeline`` (imports torch when called). See ``wire/bundle_files.py`` and
 ``runtime/torch_pp/pipeline.py``."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vpipe_lab.core.interop.bundle import Bundle, StageSpec, UnitInfo, make
-from vpipe_lab.wire.bundle import read, write
+from vpipe_lab.wire.bundle_files import read, write
 
 if TYPE_CHECKING:  # names for the signature only: importing this module must not import torch
     from vpipe_lab.runtime.torch_pp.pipeline import TorchPipeline

@@ -68,7 +68,7 @@ def test_your_own_model_headless_resumed_onto_three_stages_equal_to_one_process(
     from tests.runtime.reference import assert_state_matches, train
     from vpipe_lab.core.plan import Plan
     from vpipe_lab.core.profile import ModelProfile
-    from vpipe_lab.wire import bundle as files
+    from vpipe_lab.wire import bundle_files as files
     from vpipe_lab.wire.checkpoint import Manifest, resolve
 
     (tmp_path / "shelljob_models.py").write_text(Path(user_parts.__file__).read_text())

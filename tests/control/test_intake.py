@@ -4,10 +4,10 @@ import threading
 from typing import Any
 
 from tests import messages
-from vpipe_lab.control.events import Events
 from vpipe_lab.control.intake import Intake
 from vpipe_lab.control.requests import Requests
 from vpipe_lab.control.state import JobState
+from vpipe_lab.control.subscriptions import Events
 from vpipe_lab.control.workers.monitor import FailureMonitor
 from vpipe_lab.telemetry.metrics import Metrics
 from vpipe_lab.telemetry.sinks import Logger, open_sink

@@ -99,7 +99,7 @@ def test_a_checkpoint_resumes_onto_another_stage_count_and_schedule(tmp_path: Pa
     # an export from the checkpoint keeps the micro-batch size the job ran with (it wrote null: torchtitan would split
     # the batch into micro-batches of 1)
     from vpipe_lab.cli.main import main
-    from vpipe_lab.wire import bundle
+    from vpipe_lab.wire import bundle_files as bundle
 
     assert main(["export", str(tmp_path / "bundle"), "--checkpoint", str(path.parent)]) == 0
     assert bundle.read(tmp_path / "bundle").microbatch_size == gpt.BATCH // 4

@@ -15,7 +15,7 @@ from tests.integration import torch_jobs
 from tests.runtime import reference
 from vpipe_lab import Plan
 from vpipe_lab.core.interop import torch_schedules
-from vpipe_lab.wire import bundle as bundle_files
+from vpipe_lab.wire import bundle_files
 
 pytestmark = pytest.mark.slow
 

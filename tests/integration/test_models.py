@@ -199,7 +199,7 @@ def test_tensors_the_forward_never_uses_are_trained_saved_migrated_and_exported_
     the unit that holds them, and in the export bundle's stage that holds them."""
     import torch.distributed.checkpoint as dcp
 
-    from vpipe_lab.wire import bundle as bundle_files
+    from vpipe_lab.wire import bundle_files
 
     with vpipe_lab.launch(zoo.with_unused, zoo.vector_data, loss=torch.nn.functional.mse_loss, optimizer=zoo.sgd,
                           stages=2, microbatches=2, device="cpu", timeout=90) as session:

@@ -118,7 +118,7 @@ def test_a_torchrun_job_on_the_torch_engine_reshards_and_exports(torch_job: tupl
     """``vpipe-lab worker --engine torch`` under torchrun: attached, it trains on torch's runtime, a partition change
     reshards across the two nodes, and ``vpipe-lab export --attach`` writes the plan in force as a bundle."""
     from vpipe_lab.cli import main
-    from vpipe_lab.wire import bundle as bundle_files
+    from vpipe_lab.wire import bundle_files
 
     address, procs = torch_job
     session = attach_when_up(address)

@@ -12,7 +12,7 @@ from IPython.testing import globalipapp
 
 from vpipe_lab.jupyter.magics import build_parser
 from vpipe_lab.jupyter.partition_widget import PartitionEditor
-from vpipe_lab.wire import bundle as bundle_files
+from vpipe_lab.wire import bundle_files
 
 
 def test_the_parser_takes_both_commands() -> None:

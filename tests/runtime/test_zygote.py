@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from vpipe_lab.control.workers.zygote import Zygote
+from vpipe_lab.control.workers.warm_parent import Zygote
 
 
 def test_children_lead_their_own_session_and_a_signal_is_their_exit_status(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """`vpipe-lab run` (train a model in a pipeline of worker processes from the shell, headless) and `vpipe-lab worker`
-(one stage under torchrun); `vpipe-lab lab` lives in cli/lab.py, the run's HTML report in cli/report.py."""
+(one stage under torchrun); `vpipe-lab lab` lives in cli/lab.py, the run's HTML report in cli/html_report.py."""
 
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ def _print_results(args: argparse.Namespace, session: Any, settings: Settings) -
     print(f"{len(frame)} iterations: loss {loss0:.4f} -> {loss1:.4f}; median iteration "
           f"{human_time(measured)}, {float(steady['samples_per_s'].median()):.1f} samples/s "
           f"(cost model from the measured profile: {human_time(est.iteration_s)})")
-    from vpipe_lab.cli.report import Provenance, write_report
+    from vpipe_lab.cli.html_report import Provenance, write_report
 
     provenance = Provenance(shlex.join(["vpipe-lab", *getattr(args, "argv", sys.argv[1:])]), args.model,
                             session.plan.describe(), session.plan_version,

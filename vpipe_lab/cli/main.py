@@ -190,10 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", help="write an interactive plotly timeline here")
     p.add_argument("--trace", help="write a Chrome-trace JSON here (Perfetto)")
     p.set_defaults(func=cmd_simulate)
-    from vpipe_lab.cli import interop, jobs  # the commands that start processes live apart from the planning ones
+    from vpipe_lab.cli import export_import, jobs  # the commands that start processes live apart from the planning ones
 
     jobs.add_commands(sub)
-    interop.add_commands(sub)
+    export_import.add_commands(sub)
     return parser
 
 

@@ -11,9 +11,9 @@ import logging
 import threading
 from collections.abc import Callable
 
-from vpipe_lab.control.events import Events
 from vpipe_lab.control.requests import Requests
 from vpipe_lab.control.state import JobState
+from vpipe_lab.control.subscriptions import Events
 from vpipe_lab.control.workers.monitor import FailureMonitor
 from vpipe_lab.core.timeline import Span
 from vpipe_lab.telemetry.metrics import IterationParts, Metrics, evaluation_record

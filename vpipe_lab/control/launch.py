@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from vpipe_lab.control.session import Session
-from vpipe_lab.control.workers import units
+from vpipe_lab.control.workers import unit_preview
 from vpipe_lab.control.workers.processes import JOB_DIR_PREFIX, Launcher, reap_stale
 from vpipe_lab.core import schedules
 from vpipe_lab.core.errors import PlanError
@@ -79,10 +79,10 @@ def launch(model: Any, data: Any = None, *, loss: Any = None, optimizer: Any = N
     job_dir = Path(tempfile.mkdtemp(prefix=JOB_DIR_PREFIX))
     session_id = uuid.uuid4().hex[:12]
     callables_path, blob = _write_callables(job_dir, user)
-    model_key = units.fingerprint(blob, {**named, **{f"{role} from": v for role, v in imported.items()}})
-    seen = units.known(model_key)
+    model_key = unit_preview.fingerprint(blob, {**named, **{f"{role} from": v for role, v in imported.items()}})
+    seen = unit_preview.known(model_key)
     if seen is not None:
-        units.check(settings.stages, seen)  # this model was launched before: refused before any worker starts
+        unit_preview.check(settings.stages, seen)  # this model was launched before: refused before any worker starts
     scout = _scouts(settings, seen is not None or "model" in named)
     key = P.new_key()
     hub = Hub(key, settings.host, session=session_id)
@@ -120,7 +120,7 @@ def _scouts(settings: Settings, units_known: bool) -> bool:
     """Whether rank 0 starts alone first: many workers would start and the model's units are not known (the others
     start if the units fill them), or the batch is split over data-parallel ranks (a first batch they cannot share
     is refused in one line before the others start)."""
-    return settings.data_parallel > 1 or (not units_known and settings.workers > units.SCOUT_ABOVE)
+    return settings.data_parallel > 1 or (not units_known and settings.workers > unit_preview.SCOUT_ABOVE)
 
 
 def job_settings(given: Settings | None, options: dict[str, Any], plan: Plan | None) -> Settings:
@@ -238,8 +238,8 @@ def _start_workers(session: Session, launcher: Launcher, spec_path: Path, model_
             if session._state.refused:
                 raise SettingError(session._state.refused)
             names = list(session._state.units or [])
-            units.remember(model_key, names)
-            units.check(spec.settings.stages, names)
+            unit_preview.remember(model_key, names)
+            unit_preview.check(spec.settings.stages, names)
         for rank in range(1, spec.settings.workers):
             launcher.start_rank(rank, spec_path)
     except Exception:
@@ -251,7 +251,7 @@ def _start_workers(session: Session, launcher: Launcher, spec_path: Path, model_
 
     session._starting(lambda: len(session._state.ready) >= session._workers, start_timeout, late)
     session._state.adopt([], None)
-    units.remember(model_key, session.names)
+    unit_preview.remember(model_key, session.names)
 
 
 def attach(address: str, *, key: str | None = None, key_file: str | Path | None = None,

@@ -56,7 +56,7 @@ class Outward:
         """Write the export bundle of the plan in force (or ``plan``) to the directory ``path``: ``pipeline.json``
         (torch stages over the model's own module names), ``schedule.csv`` (the exact order, for torch's
         ``_PipelineScheduleRuntime``), torchtitan and Megatron-LM settings and a README with what the lab measured
-        and predicts for it (``wire/bundle.py``). ``vpipe_lab.export.torch_pipeline`` trains it on torch."""
+        and predicts for it (``wire/bundle_files.py``). ``vpipe_lab.export.torch_pipeline`` trains it on torch."""
         plan = plan if plan is not None else self.plan
         measured = interop.measured_s(self.metrics.records(200), self.plan_version) if plan == self.plan else None
         profile = cluster = None

@@ -20,7 +20,6 @@ from vpipe_lab.control.changes.live import Live, Replan
 from vpipe_lab.control.changes.profiles import Profiles
 from vpipe_lab.control.errors import SessionClosed, WorkerError
 from vpipe_lab.control.evaluation import evaluate
-from vpipe_lab.control.events import EventCallback, Events
 from vpipe_lab.control.history import History
 from vpipe_lab.control.intake import Intake
 from vpipe_lab.control.lifecycle import Lifecycle, Processes
@@ -30,6 +29,7 @@ from vpipe_lab.control.record import Record
 from vpipe_lab.control.requests import Requests
 from vpipe_lab.control.sessions import register
 from vpipe_lab.control.state import JobState
+from vpipe_lab.control.subscriptions import EventCallback, Events
 from vpipe_lab.control.workers.monitor import FailureMonitor
 from vpipe_lab.control.workers.processes import Launcher
 from vpipe_lab.core import checks

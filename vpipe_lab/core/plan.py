@@ -50,8 +50,8 @@ def default_virtual_stages(schedule: str) -> int:
 
 
 def placement(schedule: str, stages: int, chunks: int) -> tuple[int, ...]:
-    """The stage of each chunk: a V under ZBV (down the stages and back up, ``schedules/orders/zbv.py``), else looped (chunk
-    ``c`` on stage ``c % stages``), which is one chunk per stage without virtual stages."""
+    """The stage of each chunk: a V under ZBV (down the stages and back up, ``schedules/orders/v_placement.py``), else
+    looped (chunk ``c`` on stage ``c % stages``), which is one chunk per stage without virtual stages."""
     return tuple(schedule_kind(schedule).placement(stages, chunks))
 
 

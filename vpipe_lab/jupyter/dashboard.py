@@ -16,7 +16,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from vpipe_lab.charts.experts import experts_spec
+from vpipe_lab.charts.expert_load import experts_spec
 from vpipe_lab.charts.figures import figure, finite, gantt_spec, lane_names, memory_spec, memory_values, series_spec
 from vpipe_lab.core.cost.breakdown import bottleneck, breakdown
 from vpipe_lab.core.cost.critical_path import CriticalPath, critical_path

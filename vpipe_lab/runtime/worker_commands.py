@@ -22,7 +22,7 @@ from vpipe_lab.runtime.model.callables import agreed_plan, job_dir, load_data
 from vpipe_lab.runtime.model.capture import Chain
 from vpipe_lab.runtime.progress import Control
 from vpipe_lab.runtime.shape_epochs import ShapeEpochs
-from vpipe_lab.runtime.tensors import pack_state
+from vpipe_lab.runtime.trained_tensors import pack_state
 from vpipe_lab.runtime.training.place import Place
 from vpipe_lab.wire import commands as C
 from vpipe_lab.wire import events as E

@@ -1,7 +1,7 @@
 """A warm parent for worker processes: torch and the runtime imported once, then one ``fork`` per worker.
 
 Starting a worker from scratch spends about 1.5 s importing torch before it does anything; a launch after the first
-one in a kernel (and every test after the first) skips that here. The controller (``control/workers/zygote.py``) talks to
+one in a kernel (and every test after the first) skips that here. The controller (``control/workers/warm_parent.py``) talks to
 this process over a Unix socket: each request is one JSON line with the worker's arguments, environment and
 directory, and two file descriptors passed along (the worker's log file, and the read end of the controller's
 lifeline pipe that tells a worker its controller died). The answer is the child's pid; when a child ends, its exit

@@ -14,7 +14,7 @@ from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.interop.bundle import UnitInfo
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.workloads import cluster, random_chain
-from vpipe_lab.wire import bundle as files
+from vpipe_lab.wire import bundle_files as files
 
 UNITS = ([UnitInfo("embed", ("embed",), "pre")] + [UnitInfo(f"h{i}", (f"h.{i}",), "block:Block") for i in range(6)]
          + [UnitInfo("head", ("norm", "head"), "post")])

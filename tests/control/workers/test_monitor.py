@@ -7,8 +7,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from vpipe_lab.control.errors import BudgetError, DataError
-from vpipe_lab.control.events import Events
 from vpipe_lab.control.state import JobState
+from vpipe_lab.control.subscriptions import Events
 from vpipe_lab.control.workers.monitor import FailureMonitor
 from vpipe_lab.wire.events import Failure
 

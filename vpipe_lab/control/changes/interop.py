@@ -19,7 +19,7 @@ from vpipe_lab.core.planning.mesh import search_sharded
 from vpipe_lab.core.planning.migration import LayerMove
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.report import human_time
-from vpipe_lab.wire import bundle as files
+from vpipe_lab.wire import bundle_files as files
 from vpipe_lab.wire import small_file
 from vpipe_lab.wire.checkpoint import Manifest
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from vpipe_lab.control.errors import BudgetError, DataError, NonFiniteLoss, WorkerError
-from vpipe_lab.control.events import Events
 from vpipe_lab.control.state import JobState
+from vpipe_lab.control.subscriptions import Events
 from vpipe_lab.control.workers.processes import Launcher
 from vpipe_lab.wire.checkpoint import LATEST
 from vpipe_lab.wire.events import Failure

@@ -22,8 +22,8 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from vpipe_lab.control.workers import zygote as zygotes
-from vpipe_lab.control.workers.zygote import ForkedWorker
+from vpipe_lab.control.workers import warm_parent
+from vpipe_lab.control.workers.warm_parent import ForkedWorker
 
 log = logging.getLogger(__name__)
 
@@ -198,9 +198,9 @@ class Launcher:
         env = {**os.environ, **(env or {})}
         with open(log_path, "wb") as out:
             popen: subprocess.Popen[bytes] | ForkedWorker | None = None
-            if zygotes.enabled():
+            if warm_parent.enabled():
                 try:
-                    popen = zygotes.zygote().fork(args, out.fileno(), self._read_fd, env)
+                    popen = warm_parent.zygote().fork(args, out.fileno(), self._read_fd, env)
                 except (OSError, RuntimeError) as exc:
                     log.warning("starting worker %d directly: %s", rank, exc)
             if popen is None:

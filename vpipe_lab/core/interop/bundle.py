@@ -26,7 +26,7 @@ from vpipe_lab.core.plan import Plan, Policy
 FORMAT = 1
 KIND = "vpipe_lab-pipeline"
 # The contract as a JSON Schema (draft 2020-12) shipped with the package: every field, its type, range and meaning.
-# wire/bundle.py validates each pipeline.json it reads and writes against it; from_dict repeats the checks the lab
+# wire/bundle_files.py validates each pipeline.json it reads and writes against it; from_dict repeats the checks the lab
 # itself relies on, so a reader without jsonschema is as safe.
 SCHEMA_FILE = Path(__file__).with_name("pipeline.schema.json")
 _SHORT = reprlib.Repr()  # keyword arguments only from Python 3.12

@@ -1,5 +1,5 @@
 """ZBV: two chunks per stage in V placement (down the stages and back up), the backward split into B and W
-(``core/schedules/orders/zbv.py``); the last stage hands its first chunk's output to its second without a transfer."""
+(``core/schedules/orders/v_placement.py``); the last stage hands its first chunk's output to its second without a transfer."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from vpipe_lab.core.schedule import Op
 from vpipe_lab.core.schedules import pipeline_time
 from vpipe_lab.core.schedules.kind import ScheduleKind, Step, TorchSchedule
-from vpipe_lab.core.schedules.orders import zbv
+from vpipe_lab.core.schedules.orders import v_placement
 from vpipe_lab.core.schedules.plan_view import PlanView as Plan
 
 
@@ -28,7 +28,7 @@ class ZBV(ScheduleKind):
         return super().placement(stages, chunks)
 
     def orders(self, stages: int, virtual: int, microbatches: int, plan: Plan | None = None) -> list[list[Step]]:
-        return [[(Op(op), c, mb) for op, c, mb in order] for order in zbv.orders(stages, microbatches)]
+        return [[(Op(op), c, mb) for op, c, mb in order] for order in v_placement.orders(stages, microbatches)]
 
     def inflight(self, stages: int, chunk: int, microbatches: int, virtual: int) -> int:
         """This chunk's forwards held at once awaiting their B."""
@@ -36,7 +36,7 @@ class ZBV(ScheduleKind):
         return max(h[side] for h in self.held(stages, virtual, microbatches, self.placement(stages, 2 * stages)[chunk]))
 
     def held(self, stages: int, virtual: int, microbatches: int, rank: int) -> tuple[tuple[int, ...], ...]:
-        return zbv.held(stages, microbatches, rank)
+        return v_placement.held(stages, microbatches, rank)
 
     def chunks_iteration_time(self, chunk_s: Sequence[float], wgrad_s: Sequence[float], stages: int,
                               microbatches: int, latency_s: float = 0.0) -> float:

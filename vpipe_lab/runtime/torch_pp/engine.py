@@ -11,7 +11,8 @@ checkpoint when the apply asks for one), builds the new plan's stages from a fre
 tensors and optimizer state back by name. What the lab's engine measures per layer, torch's cannot: a profile here
 is each stage's measured forward and backward time spread over its units by their parameter bytes. With shards or
 replicas each data-parallel rank runs a pipeline of its own over its share of the batch, its stages sharded with
-``fully_shard`` (or replicated with torch's ``replicate``) as torchtitan composes them (``runtime/torch_pp/sharded.py``).
+``fully_shard`` (or replicated with torch's ``replicate``) as torchtitan composes them
+(``runtime/torch_pp/sharded_pipeline.py``).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from vpipe_lab.runtime.training.replicas import shard
 from vpipe_lab.runtime.worker_commands import WorkerCommands
 from vpipe_lab.wire import commands as C
 from vpipe_lab.wire import events as E
-from vpipe_lab.wire.bundle import write as write_bundle
+from vpipe_lab.wire.bundle_files import write as write_bundle
 from vpipe_lab.wire.channel import Link
 from vpipe_lab.wire.codec import Body, from_doc
 from vpipe_lab.wire.jobspec import JobSpec

@@ -29,8 +29,8 @@ from vpipe_lab.core.interop.bundle import Bundle, StageSpec
 from vpipe_lab.runtime.engine.shards import like
 from vpipe_lab.runtime.memory.ledger import local_tensor
 from vpipe_lab.runtime.model.capture import args_kwargs
-from vpipe_lab.runtime.torch_pp.sharded import Mesh, mesh_of, shard_module, tie_grads, whole_state
-from vpipe_lab.wire import bundle as bundle_files
+from vpipe_lab.runtime.torch_pp.sharded_pipeline import Mesh, mesh_of, shard_module, tie_grads, whole_state
+from vpipe_lab.wire import bundle_files
 
 log = logging.getLogger(__name__)
 WRAPPERS = ("_checkpoint_wrapped_module.", "_offloaded.")  # prefixes our wrappers add to parameter names

@@ -13,7 +13,7 @@ import pytest
 from vpipe_lab.core.errors import ProfileError
 from vpipe_lab.core.interop.bundle import UnitInfo, make
 from vpipe_lab.core.plan import Plan
-from vpipe_lab.wire import bundle
+from vpipe_lab.wire import bundle_files as bundle
 
 UNITS = ([UnitInfo("embed", ("model.embed_tokens",), "pre")]
          + [UnitInfo(f"layer{i}", (f"model.layers.{i}",), "block:LlamaDecoderLayer") for i in range(4)]

@@ -1,7 +1,7 @@
 import torch
 
 from vpipe_lab.runtime.engine.stage import Stage
-from vpipe_lab.runtime.tensors import pack_state
+from vpipe_lab.runtime.trained_tensors import pack_state
 
 
 def test_pack_state_uses_global_keys() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from vpipe_lab.cli import main
 from vpipe_lab.core.plan import Plan
-from vpipe_lab.wire import bundle as files
+from vpipe_lab.wire import bundle_files as files
 
 
 def test_export_a_plan_over_a_bundled_model_and_import_it_back(tmp_path: Path,

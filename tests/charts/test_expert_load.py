@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vpipe_lab.charts.experts import MAX_EXPERTS, MAX_LAYERS, experts_spec, load_matrix
+from vpipe_lab.charts.expert_load import MAX_EXPERTS, MAX_LAYERS, experts_spec, load_matrix
 
 
 def rows(iterations: int, layers: int, experts: int) -> list[dict]:  # type: ignore[type-arg]

@@ -16,7 +16,7 @@ from vpipe_lab.core.planning.migration import layer_moves
 from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
 from vpipe_lab.core.schedule import Op, Schedule, run_schedule
 from vpipe_lab.core.schedules.builders import zbv_schedule
-from vpipe_lab.core.schedules.orders import zbv
+from vpipe_lab.core.schedules.orders import v_placement
 
 UNIT = {Op.F: 1.0, Op.B: 1.0, Op.W: 1.0}
 
@@ -26,8 +26,8 @@ def test_every_stage_and_micro_batch_count_gives_a_valid_order(k: int) -> None:
     """Fewer micro-batches than the warm-up's 2K - 1 too: each step is taken only when it exists."""
     for m in range(1, 3 * k + 2):
         schedule = zbv_schedule(k, m).validate()  # well formed, runs to the end (no deadlock)
-        for r, order in enumerate(zbv.orders(k, m)):
-            mine = zbv.chunks_of(k, r)
+        for r, order in enumerate(v_placement.orders(k, m)):
+            mine = v_placement.chunks_of(k, r)
             assert sorted(order) == sorted((op, c, mb) for op in "FBW" for c in mine for mb in range(m))
         # the turn is local: the last stage sends nothing between its two chunks
         turn = {(Op.SEND_F, k - 1), (Op.RECV_F, k), (Op.SEND_B, k), (Op.RECV_B, k - 1)}
@@ -42,7 +42,7 @@ def test_the_bubble_is_k_minus_1_chunk_steps(k: int, m: int) -> None:
     t = run_schedule(zbv_schedule(k, m), lambda a: UNIT.get(a.op, 0.0))
     assert t.iteration_s == 6 * m + k - 1
     for r in range(k):
-        assert max(h[0] + h[1] for h in zbv.held(k, m, r)) == 2 * k
+        assert max(h[0] + h[1] for h in v_placement.held(k, m, r)) == 2 * k
 
 
 def test_the_placement_is_a_v_and_stage_0_computes_the_loss() -> None:
@@ -63,7 +63,7 @@ def test_the_placement_is_a_v_and_stage_0_computes_the_loss() -> None:
 @pytest.mark.parametrize("k", range(1, 9))
 def test_the_plan_and_the_order_agree_on_the_v(k: int) -> None:
     plan = Plan(tuple(range(2 * k + 1)), ("keep",) * (2 * k), 2 * k, "zbv", 2)
-    assert all(plan.chunks_of(r) == zbv.chunks_of(k, r) for r in range(k)) and plan.loss_stage == 0
+    assert all(plan.chunks_of(r) == v_placement.chunks_of(k, r) for r in range(k)) and plan.loss_stage == 0
 
 
 def test_a_schedule_with_a_local_hand_off_still_checks_its_order() -> None:
@@ -110,6 +110,6 @@ def test_memory_weighs_both_chunks_along_the_order() -> None:
     profile = ModelProfile((small, small, small, large))  # chunk 3 (stage 0's up chunk) is the large one
     cm = CostModel(profile, Cluster(2, 1 << 34, 1e10, 1e12), 8, "zbv", 2)
     est = cm.estimate(Plan((0, 1, 2, 3, 4), "kkkk", 8, "zbv", 2))
-    up = max(h[1] for h in zbv.held(2, 8, 0))
+    up = max(h[1] for h in v_placement.held(2, 8, 0))
     assert est.activation_bytes[0] < (up + 1) * (1 << 20) < 2 * 2 * (1 << 20)  # not 2K chunk-forwards of the large
     assert est.activation_bytes[0] >= up * (1 << 20)

@@ -110,7 +110,7 @@ def write_report(path: str, session: Any, timeline: Any, frame: Any, memory: Any
     if rows:  # a mixture-of-experts model: tokens per expert over the whole run
         import plotly.graph_objects as go
 
-        from vpipe_lab.charts.experts import experts_spec
+        from vpipe_lab.charts.expert_load import experts_spec
 
         figures.append(go.Figure(experts_spec(rows, title=f"experts' load over {len(frame)} iterations (share of "
                                                           "each layer's tokens)")))

@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from vpipe_lab.control.events import Events
+from vpipe_lab.control.subscriptions import Events
 
 
 def test_publish_queues_until_deliver_and_emit_is_immediate() -> None:

@@ -13,7 +13,7 @@ from vpipe_lab.control.changes import interop
 from vpipe_lab.core import schedules
 from vpipe_lab.core.interop.bundle import UnitInfo
 from vpipe_lab.core.plan import Plan
-from vpipe_lab.wire import bundle as files
+from vpipe_lab.wire import bundle_files as files
 from vpipe_lab.wire.private import DEFAULT_KEY_FILE
 
 

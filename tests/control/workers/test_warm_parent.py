@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vpipe_lab.control.workers import zygote as Z
+from vpipe_lab.control.workers import warm_parent as Z
 
 
 def test_a_forked_worker_runs_the_worker_entry_point_and_reports_its_exit(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from vpipe_lab.cli.report import Provenance, summary
+from vpipe_lab.cli.html_report import Provenance, summary
 from vpipe_lab.core.plan import Estimate
 from vpipe_lab.core.timeline import Span, Timeline
 
