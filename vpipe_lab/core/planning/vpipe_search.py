@@ -29,7 +29,7 @@ from vpipe_lab.core.planning.memory_plans import StageProblem, StageSolution, ex
 from vpipe_lab.core.planning.partition import Objective
 
 SETTLE_NODES = 1_000  # the branch-and-bound's nodes per stage when the found partition's memory plans are settled
-COVER_EVALUATIONS = 500  # stages the fallback cover may evaluate before it gives up (~1.5 s, stages of 64 layers)
+COVER_EVALUATIONS = 100  # stages the fallback cover may evaluate before it gives up (~0.3 s, stages of 64 layers)
 
 
 @dataclass(frozen=True)
