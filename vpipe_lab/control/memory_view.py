@@ -1,4 +1,4 @@
-"""Each stage's memory predicted beside measured, for a running Session (mixed into ``control/session.py``).
+"""Each worker's memory predicted beside measured, for a running Session (its collaborator ``MemoryTable``).
 
 The prediction is the cost model's peak for the plan in force over the newest measured profile (weights, gradients,
 optimizer state, activations kept, swapped or recomputed, working sets), as the planner decides by it before launch.
@@ -12,33 +12,48 @@ the memory the allocator counts, so there the prediction adds its host bytes.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from vpipe_lab.core.cost.costmodel import estimate
 
+if TYPE_CHECKING:
+    from vpipe_lab.control.changes.profiles import Profiles
+    from vpipe_lab.control.lifecycle import Processes
+    from vpipe_lab.core.plan import Plan
+    from vpipe_lab.core.profile import Cluster, ModelProfile
+    from vpipe_lab.telemetry.metrics import Metrics
 
-class MemoryView:
-    """``Session.memory()``: the Session owns the state named below."""
 
-    plan: Any
-    metrics: Any
-    processes: Any
-    _profiles: Any
-    newest_profile: Callable[[], Any]  # the Session's own (attributes, not stub methods a mixin order could let win)
-    cluster: Callable[[], Any]
+class MemoryHost(Protocol):
+    """What the table reads of the session it describes (``control/session.py``'s ``Session``)."""
 
-    def memory(self, ask: bool = True) -> Any:
-        """A DataFrame with a row per worker (``stage``, ``shard``, ``replica``; a pipeline of whole devices has one
-        per stage): ``predicted_peak`` (the cost model's for that rank, for the plan in force), ``allocated_peak``
-        (what the allocator held, newest measurement; ``allocated_at`` its iteration), ``error`` (allocated over
-        predicted, minus 1), ``counted_peak`` (the ledger's count), ``static`` and ``activations`` as predicted, and
-        the ``budget``. Measured columns are empty until the workers have measured. ``ask=False`` asks the workers
-        for nothing: the prediction uses the profile in hand, and is None before one was measured."""
+    metrics: Metrics
+    processes: Processes
+
+    @property
+    def plan(self) -> Plan:
+        """The plan in force."""
+
+    def newest_profile(self) -> ModelProfile:
+        """The newest measured profile, asking the workers for one if none was measured."""
+
+    def cluster(self) -> Cluster:
+        """The running hardware as the planners see it."""
+
+
+class MemoryTable:
+    """``Session.memory()``: a row per worker, the cost model's peak for the plan in force beside the allocator's."""
+
+    def __init__(self, session: MemoryHost, profiles: Profiles) -> None:
+        self.session, self.profiles = session, profiles
+
+    def frame(self, ask: bool = True) -> Any:
+        """The table ``Session.memory`` documents; ``ask=False`` asks the workers for nothing."""
         import pandas as pd
 
-        plan, cluster = self.plan, self.cluster()
-        profile = self.newest_profile() if ask else self._profiles.newest
+        session = self.session
+        plan, cluster = session.plan, session.cluster()
+        profile = session.newest_profile() if ask else self.profiles.newest
         # the workers: each stage's ranks by (shard, replica); a worker reports as its data-parallel pipeline
         workers = [(s, dp % plan.shards, dp // plan.shards, dp) for s in range(plan.stages)
                    for dp in range(plan.data_parallel)]
@@ -46,8 +61,8 @@ class MemoryView:
             return pd.DataFrame([{"stage": s, "shard": k, "replica": r, "predicted_peak": None}
                                  for s, k, r, _ in workers])
         est = estimate(plan, profile, dataclasses.replace(cluster, stages=plan.stages))
-        on_cpu = self.processes.device == "cpu"
-        rows_now = {(r["stage"], r.get("replica", 0)): r for r in self.metrics.latest_memory()}
+        on_cpu = session.processes.device == "cpu"
+        rows_now = {(r["stage"], r.get("replica", 0)): r for r in session.metrics.latest_memory()}
         rows = []
         for s, shard, replica, dp in workers:
             predicted = est.peak_bytes[s] + (est.host_bytes[s] if on_cpu and est.host_bytes else 0)

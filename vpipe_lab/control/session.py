@@ -1,11 +1,11 @@
 """The ``Session``: a running pipeline, driven from Python or a notebook while it trains in the background.
 
-The Session holds no tensors and needs no torch: workers talk to each other directly (torch.distributed) and to the
-Session over an authenticated ZeroMQ channel (``wire/channel.py``). It is a small public object over collaborators:
-``Intake`` files incoming messages (hub thread), ``Requests`` sends commands and waits for answers under one
-deadline helper, ``FailureMonitor`` watches the workers and names the root cause of a failure (monitor thread, which
-also delivers ``Events``), and ``Live`` carries out plan, model and checkpoint changes. ``launch()`` and ``attach()``
-(``control/launch.py``) build it. See docs/architecture.md for the threads and the message flow."""
+It holds no tensors and needs no torch: workers talk to each other directly (torch.distributed) and to it over an
+authenticated ZeroMQ channel (``wire/channel.py``). A small public object over collaborators: ``Intake`` files
+incoming messages (hub thread), ``Requests`` sends commands and waits for answers, ``FailureMonitor`` names the root
+cause of a failure (monitor thread, which also delivers ``Events``), ``Live`` carries out plan, model and checkpoint
+changes, ``MemoryTable`` sets each worker's predicted memory beside its measured. ``launch()`` and ``attach()``
+(``control/launch.py``) build it; docs/architecture.md has the threads and the message flow."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from vpipe_lab.control.evaluation import evaluate
 from vpipe_lab.control.history import History
 from vpipe_lab.control.intake import Intake
 from vpipe_lab.control.lifecycle import Lifecycle, Processes
-from vpipe_lab.control.memory_view import MemoryView
+from vpipe_lab.control.memory_view import MemoryTable
 from vpipe_lab.control.outward import Outward
 from vpipe_lab.control.record import Record
 from vpipe_lab.control.requests import Requests
@@ -51,7 +51,7 @@ from vpipe_lab.wire.jobspec import JobSpec
 log = logging.getLogger(__name__)
 
 
-class Session(Outward, Lifecycle, MemoryView):
+class Session(Outward, Lifecycle):
     """A running pipeline. Every method is safe to call while training goes on in the background. Beside what a user
     does with a running job, it hands out ``metrics`` (what the workers measured), ``record`` (every plan that ran:
     history, compare, revert) and ``processes`` (worker pids, exit codes, restarts)."""
@@ -91,6 +91,7 @@ class Session(Outward, Lifecycle, MemoryView):
         self._events.subscribe(self._history.observe)
         self.record = Record(self._history, self.change, lambda: self._stages)
         self.processes = Processes(launcher, self.metrics, self._state, self._layers_by_stage)
+        self._memory = MemoryTable(self, self._profiles)
         self._live = Live(spec, job_dir, self._state, self._requests, self._monitor, self._events.publish, self._check,
                           self.profile, self.cluster, self._profiles.forget, self.newest_profile,
                           lambda: self._profiles.newest, self.record.calibration)
@@ -170,9 +171,7 @@ class Session(Outward, Lifecycle, MemoryView):
         return ("restarting" if self._monitor.recovering else "paused" if self._paused else
                 "running" if target is None or self._state.iteration < target else "idle")
 
-    @property
-    def _paused(self) -> bool:
-        return self._state.paused and not self.closed and self.failure is None
+    _paused = property(lambda self: self._state.paused and not self.closed and self.failure is None)
 
     def _check(self) -> None:
         if self._monitor.fatal is not None:
@@ -268,6 +267,15 @@ class Session(Outward, Lifecycle, MemoryView):
         """The last profile measured (``profile()``, a replan), without asking the workers unless none was."""
         return self._profiles.newest or self.profile()
 
+    def memory(self, ask: bool = True) -> Any:
+        """A DataFrame with a row per worker (``stage``, ``shard``, ``replica``; a pipeline of whole devices has one
+        per stage): ``predicted_peak`` (the cost model's for that rank, for the plan in force), ``allocated_peak``
+        (what the allocator held, newest measurement; ``allocated_at`` its iteration), ``error`` (allocated over
+        predicted, minus 1), ``counted_peak`` (the ledger's count), ``static`` and ``activations`` as predicted, and
+        the ``budget``. Measured columns are empty until the workers have measured. ``ask=False`` asks the workers
+        for nothing: the prediction uses the profile in hand, and is None before one was measured."""
+        return self._memory.frame(ask)
+
     def _layers_by_stage(self, timeout: float | None = None) -> list[list[int]]:  # processes.layers()
         return [sorted(m.index for m in answer.layers) for answer in self._layers(False, timeout)]
 
@@ -337,8 +345,7 @@ class Session(Outward, Lifecycle, MemoryView):
         if self._autoplan is not None:
             self._autoplan.stop()
             self._autoplan = None
-        if enabled:
-            self._autoplan = AutoReplanner(self, publish=self._events.publish, **options)
+        self._autoplan = AutoReplanner(self, publish=self._events.publish, **options) if enabled else None
         return self._autoplan
 
     # --- the end ---------------------------------------------------------------------------------------------------
