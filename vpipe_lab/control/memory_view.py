@@ -18,17 +18,27 @@ from vpipe_lab.core.cost.costmodel import estimate
 
 if TYPE_CHECKING:
     from vpipe_lab.control.changes.profiles import Profiles
-    from vpipe_lab.control.lifecycle import Processes
     from vpipe_lab.core.plan import Plan
     from vpipe_lab.core.profile import Cluster, ModelProfile
     from vpipe_lab.telemetry.metrics import Metrics
+
+
+class Placed(Protocol):
+    """Where the workers run (the session's ``processes``)."""
+
+    @property
+    def device(self) -> str:
+        """What rank 0 runs on ("cpu", "cuda:0", ...)."""
 
 
 class MemoryHost(Protocol):
     """What the table reads of the session it describes (``control/session.py``'s ``Session``)."""
 
     metrics: Metrics
-    processes: Processes
+
+    @property
+    def processes(self) -> Placed:
+        """The worker processes."""
 
     @property
     def plan(self) -> Plan:
