@@ -18,7 +18,7 @@ from typing import Any
 from vpipe_lab.control.changes.autoplan import AutoReplanner
 from vpipe_lab.control.changes.live import Live, Replan
 from vpipe_lab.control.changes.profiles import Profiles
-from vpipe_lab.control.errors import SessionClosed, WorkerError
+from vpipe_lab.control.errors import WorkerError
 from vpipe_lab.control.evaluation import evaluate
 from vpipe_lab.control.history import History
 from vpipe_lab.control.intake import Intake
@@ -92,9 +92,7 @@ class Session(Outward, Lifecycle):
         self.record = Record(self._history, self.change, lambda: self._stages)
         self.processes = Processes(launcher, self.metrics, self._state, self._layers_by_stage)
         self._memory = MemoryTable(self, self._profiles)
-        self._live = Live(spec, job_dir, self._state, self._requests, self._monitor, self._events.publish, self._check,
-                          self.profile, self.cluster, self._profiles.forget, self.newest_profile,
-                          lambda: self._profiles.newest, self.record.calibration)
+        self._live = Live(spec, job_dir, self._state, self._requests, self._monitor, self._events, self._profiles, self)
         self._autoplan: AutoReplanner | None = None
         self._monitor.start()
         register(self)  # the %vpipe magics act on the newest session, however it was started
@@ -174,13 +172,7 @@ class Session(Outward, Lifecycle):
     _paused = property(lambda self: self._state.paused and not self.closed and self.failure is None)
 
     def _check(self) -> None:
-        if self._monitor.fatal is not None:
-            raise self._monitor.fatal
-        if self.closed:
-            raise SessionClosed("this session was stopped; start a new one with vpipe_lab.launch()")
-        if (err := self._monitor.take_budget()) is not None:  # raised with the earlier iterations' reports in
-            self._requests.settle(lambda: self._state.iteration >= getattr(err, "iteration", 0), self.settings.timeout)
-            raise err
+        self._monitor.check(self._requests, self.settings.timeout)
 
     def cluster(self) -> Cluster:
         """The running hardware as the planners see it: budgets, bandwidths, time per step (``JobState.cluster``)."""

@@ -14,10 +14,12 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from vpipe_lab.control.changes.profiles import Profiles
 from vpipe_lab.control.requests import Requests
 from vpipe_lab.control.state import JobState, infos
+from vpipe_lab.control.subscriptions import Events
 from vpipe_lab.control.workers.monitor import FailureMonitor
 from vpipe_lab.core import checks, schedules
 from vpipe_lab.core.change import Applied, Change
@@ -62,19 +64,38 @@ class Replan:
         return self.gain_s / self.current_s if self.current_s > 0 else 0.0
 
 
+class Calibrating(Protocol):
+    """How the plan in force runs against its simulation (the session's ``record``)."""
+
+    def calibration(self, simulated_s: float) -> Calibration | None:
+        """The factor the what-if applies to ``simulated_s``, once the plan in force has run long enough."""
+
+
+class LiveHost(Protocol):
+    """What a live change needs of the session it changes (``control/session.py``'s ``Session``): what it measures
+    of the running job and how the plan in force compares with its simulation."""
+
+    @property
+    def record(self) -> Calibrating:
+        """The record of the plans that ran."""
+
+    def profile(self) -> ModelProfile:
+        """Every layer's measured costs, asked of the workers now."""
+
+    def newest_profile(self) -> ModelProfile:
+        """The newest measured profile, asking the workers for one if none was measured."""
+
+    def cluster(self) -> Cluster:
+        """The running hardware as the planners see it."""
+
+
 class Live:
     """Plan, model and checkpoint changes of a running job."""
 
     def __init__(self, spec: JobSpec, job_dir: Path | None, state: JobState, requests: Requests,
-                 monitor: FailureMonitor, publish: Callable[[dict[str, Any]], None], check: Callable[[], None],
-                 profile: Callable[[], ModelProfile], cluster: Callable[[], Cluster],
-                 forget_profile: Callable[[], None], newest_profile: Callable[[], ModelProfile],
-                 known_profile: Callable[[], ModelProfile | None] = lambda: None,
-                 calibration: Callable[[float], Calibration | None] = lambda simulated_s: None) -> None:
+                 monitor: FailureMonitor, events: Events, profiles: Profiles, session: LiveHost) -> None:
         self.spec, self.job_dir, self.state, self.requests, self.monitor = spec, job_dir, state, requests, monitor
-        self.publish, self.check, self.profile, self.cluster = publish, check, profile, cluster
-        self.forget_profile, self.newest_profile, self.known_profile = forget_profile, newest_profile, known_profile
-        self.calibration = calibration
+        self.events, self.profiles, self.session = events, profiles, session
         self._lock = threading.Lock()  # one change at a time
         # The schedules the workers know: launch() hands them every schedule registered by then.
         self._known = set(schedules.names()) if job_dir is not None else set(schedules.built_in())
@@ -90,7 +111,7 @@ class Live:
         unless ``force``) and then changes nothing. With ``checkpoint`` the state before a migration is saved first,
         so a worker dying during the move loses nothing (``WorkerError.checkpoint`` says where it is).
         """
-        self.check()
+        self.monitor.check(self.requests, self.spec.settings.timeout)
         current = self.state.plan
         assert current is not None
         plan = change.resolve(current, len(self.state.names), self.spec.settings.stages)
@@ -131,7 +152,7 @@ class Live:
             self.state.applied.append(done)
             self.state.last_migration = {"version": version, "iteration": ack.iteration, "moves": len(moves),
                                          "moved_bytes": done.moved_bytes, "pause_s": done.pause_s}
-            self.publish({"type": "plan", "plan": plan, "applied": done, "source": change.source,
+            self.events.publish({"type": "plan", "plan": plan, "applied": done, "source": change.source,
                           **self.state.last_migration})
             return done
 
@@ -156,7 +177,7 @@ class Live:
             raise PlanError(f"{problem}; nothing changed")
         if force or not spec.settings.memory_budget:
             return
-        est = estimate(plan, self._sized(self.newest_profile(), plan, current), self.cluster())
+        est = estimate(plan, self._sized(self.session.newest_profile(), plan, current), self.session.cluster())
         over = {s: o for s, o in enumerate(est.over_budget) if o > 0}
         if over:
             stage = max(over, key=over.__getitem__)
@@ -182,15 +203,15 @@ class Live:
         iterations against its own simulation (``core/cost/calibration.py``; what the editor's what-if shows), if a
         profile was measured (the record of the session keeps it beside what the plan then measured); None without
         one: nothing is asked of the workers."""
-        profile = self.known_profile()
+        profile = self.profiles.newest
         if profile is None or len(profile) != plan.num_layers:
             return None
         try:
-            cluster = self.cluster()
+            cluster = self.session.cluster()
             simulated = simulate(plan, self._sized(profile, plan, current), cluster).iteration_s
             if len(profile) != current.num_layers:
                 return simulated
-            found = self.calibration(simulate(current, profile, cluster).iteration_s)
+            found = self.session.record.calibration(simulate(current, profile, cluster).iteration_s)
             return found.apply(simulated) if found is not None else simulated
         except Exception as exc:  # a prediction is a nicety: the change goes ahead without one
             log.info("no prediction for %s: %s", plan.describe(), exc)
@@ -229,7 +250,7 @@ class Live:
         new layers start fresh, and layers move between stages as the plan (default: an even split) requires."""
         import cloudpickle
 
-        self.check()
+        self.monitor.check(self.requests, self.spec.settings.timeout)
         if self.job_dir is None:
             raise PlanError("set_model needs a session started by launch(), which owns a job directory")
         if self.spec.settings.shards > 1:
@@ -251,10 +272,10 @@ class Live:
             self.state.plan = Plan.from_dict(ack.plan)
             self.state.names = list(ack.names)
             self.state.unit_info = infos(ack.units, self.state.names)
-            self.forget_profile()  # layer indices now mean other layers
+            self.profiles.forget()  # layer indices now mean other layers
             self.state.plan_version = version
             self.state.last_mapping = {int(j): i for j, i in ack.mapping.items()}
-            self.publish({"type": "model", "version": version, "plan": self.state.plan,
+            self.events.publish({"type": "model", "version": version, "plan": self.state.plan,
                           "iteration": ack.iteration, "layers": len(self.state.names)})
             return ack.iteration
 
@@ -271,8 +292,8 @@ class Live:
         the plan is applied at, like any other plan change."""
         if schedule is not None and schedule not in (*schedules.names(), AUTO):
             raise PlanError(f"unknown schedule {schedule!r}: use one of {', '.join((*schedules.names(), AUTO))}")
-        profile = profile or self.profile()
-        cluster = cluster or self.cluster()
+        profile = profile or self.session.profile()
+        cluster = cluster or self.session.cluster()
         current = self.state.plan
         assert current is not None
         asked = schedule

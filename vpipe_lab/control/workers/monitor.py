@@ -15,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vpipe_lab.control.errors import BudgetError, DataError, NonFiniteLoss, WorkerError
+from vpipe_lab.control.errors import BudgetError, DataError, NonFiniteLoss, SessionClosed, WorkerError
+from vpipe_lab.control.requests import Requests
 from vpipe_lab.control.state import JobState
 from vpipe_lab.control.subscriptions import Events
 from vpipe_lab.control.workers.processes import Launcher
@@ -72,6 +73,17 @@ class FailureMonitor:
         with self.cond:
             err, self.budget = self.budget, None
             return err
+
+    def check(self, requests: Requests, timeout: float) -> None:
+        """Raise what ended the job (a worker's failure, a stop) or paused it (an over-budget iteration, a bad batch:
+        once, after the reports of the iterations before it have arrived); return when training can go on."""
+        if self.fatal is not None:
+            raise self.fatal
+        if self.closed:
+            raise SessionClosed("this session was stopped; start a new one with vpipe_lab.launch()")
+        if (err := self.take_budget()) is not None:  # raised with the earlier iterations' reports in
+            requests.settle(lambda: self.state.iteration >= getattr(err, "iteration", 0), timeout)
+            raise err
 
     def take_refusal(self, version: int) -> Failure | None:
         """A stage's refusal to take the layers of plan ``version``, once."""
