@@ -51,7 +51,7 @@ def test_no_import_cycles() -> None:
 
 # A class lives in one file: the cap is a guide, never a reason to split a class (issue #59). The Session is the
 # public face, its methods delegating to collaborators, each with the docstring users read in help().
-WHOLE_CLASSES = {"vpipe_lab/control/session.py": 420}
+WHOLE_CLASSES = {"vpipe_lab/control/session.py": 440}
 
 
 def test_modules_stay_small() -> None:

@@ -51,7 +51,7 @@ from vpipe_lab.wire.jobspec import JobSpec
 log = logging.getLogger(__name__)
 
 
-class Session(Outward, Lifecycle):
+class Session(Lifecycle):
     """A running pipeline. Every method is safe to call while training goes on in the background. Beside what a user
     does with a running job, it hands out ``metrics`` (what the workers measured), ``record`` (every plan that ran:
     history, compare, revert) and ``processes`` (worker pids, exit codes, restarts)."""
@@ -92,6 +92,7 @@ class Session(Outward, Lifecycle):
         self.record = Record(self._history, self.change, lambda: self._stages)
         self.processes = Processes(launcher, self.metrics, self._state, self._layers_by_stage)
         self._memory = MemoryTable(self, self._profiles)
+        self._outward = Outward(self, self._requests, self._state, self.metrics, self._monitor, spec.settings)
         self._live = Live(spec, job_dir, self._state, self._requests, self._monitor, self._events, self._profiles, self)
         self._autoplan: AutoReplanner | None = None
         self._monitor.start()
@@ -282,6 +283,32 @@ class Session(Outward, Lifecycle):
         the next iteration boundary, between two training iterations, and changes nothing of training's state."""
         self._check()
         return evaluate(self._requests, self._job_dir, data, batches, timeout)
+
+    # --- out of the lab and into it (control/outward.py) ------------------------------------------------------------
+    def state_dict(self, timeout: float | None = None) -> Any:
+        """The trained model as ``model.state_dict()`` has it, gathered from every stage: the same keys in the same
+        order (a tied weight under each of its names, one tensor; non-persistent buffers left out), so
+        ``model.load_state_dict(session.state_dict(), strict=True)`` loads into a fresh build of the model."""
+        return self._outward.state_dict(timeout)
+
+    def export(self, path: str | Path, *, model: Any = None, timeout: float | None = None) -> Path:
+        """Write the trained model where ``path`` says, in the form its library loads: a transformers model as a
+        folder ``from_pretrained(path)`` reads, any other as a ``torch.save``d state dict. It loads the weights into
+        a fresh build of ``model`` (default: the one this session trains), so this process imports torch."""
+        return self._outward.export(path, model if model is not None else self._model, timeout)
+
+    def export_plan(self, path: str | Path, *, plan: Plan | None = None, microbatch_size: int | None = None) -> Path:
+        """Write the export bundle of the plan in force (or ``plan``) to the directory ``path``: ``pipeline.json``
+        (torch stages over the model's own module names), ``schedule.csv`` (the exact order, for torch's
+        ``_PipelineScheduleRuntime``), torchtitan and Megatron-LM settings and a README with what the lab measured
+        and predicts for it (``wire/bundle_files.py``). ``vpipe_lab.export.torch_pipeline`` trains it on torch."""
+        return self._outward.export_plan(path, plan, microbatch_size or self._microbatch_size())
+
+    def import_plan(self, source: Any, *, apply: bool = False, **kw: Any) -> Plan:
+        """A production config as a plan over this model's units (``control/changes/interop.read``: a torchtitan
+        TOML or ``[parallelism]`` dict, a Megatron-LM layout string, module lists per stage, an export bundle);
+        ``apply`` runs it from the next iteration (``apply(plan)``)."""
+        return self._outward.import_plan(source, apply, **kw)
 
     # --- changing the running job (control/changes/live.py) -----------------------------------------------------------------
     def change(self, change: Change, *, force: bool = False, checkpoint: bool = True,
