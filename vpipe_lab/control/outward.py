@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from vpipe_lab.core.profile import Cluster, ModelProfile
     from vpipe_lab.core.settings import Settings
     from vpipe_lab.telemetry.metrics import Metrics
+    from vpipe_lab.wire.jobspec import JobSpec
 
 
 class OutwardHost(Protocol):
@@ -55,9 +56,13 @@ class Outward:
     """The Session's exports and imports, over its requests, state, metrics and failure monitor."""
 
     def __init__(self, session: OutwardHost, requests: Requests, state: JobState, metrics: Metrics,
-                 monitor: FailureMonitor, settings: Settings) -> None:
+                 monitor: FailureMonitor, spec: JobSpec) -> None:
         self.session, self.requests, self.state, self.metrics = session, requests, state, metrics
-        self.monitor, self.settings = monitor, settings
+        self.monitor, self.spec = monitor, spec  # the job's: a restart that plans a stage away gives it fewer
+
+    @property
+    def settings(self) -> Settings:
+        return self.spec.settings
 
     def state_dict(self, timeout: float | None) -> Any:
         """Every stage's tensors gathered into ``model.state_dict()``'s keys and order."""

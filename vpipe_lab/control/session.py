@@ -92,7 +92,7 @@ class Session(Lifecycle):
         self.record = Record(self._history, self.change, lambda: self._stages)
         self.processes = Processes(launcher, self.metrics, self._state, self._layers_by_stage)
         self._memory = MemoryTable(self, self._profiles)
-        self._outward = Outward(self, self._requests, self._state, self.metrics, self._monitor, spec.settings)
+        self._outward = Outward(self, self._requests, self._state, self.metrics, self._monitor, spec)
         self._live = Live(spec, job_dir, self._state, self._requests, self._monitor, self._events, self._profiles, self)
         self._autoplan: AutoReplanner | None = None
         self._monitor.start()
