@@ -76,8 +76,8 @@ class StageOracle:
         picks by bytes per second of a count, and a pair of changes (swap one layer, keep another) it never weighs
         can be cheaper. Kept as this oracle's answer for the range, so callers see the plan returned."""
         ev = self(stage, lo, hi)
-        if ev.solution is not None and all(x is Policy.KEEP for x in ev.solution.policies):
-            return ev
+        if ev.solution is not None and (ev.solution.extra_s <= 0 or all(x is Policy.KEEP for x in ev.solution.policies)):
+            return ev  # nothing costs less than nothing: a plan whose swaps all hide is settled
         problem = StageProblem.of(self.cm, stage, lo, hi)
         cutoff = ev.solution.extra_s if ev.solution is not None else math.inf
         found = exact(problem, cutoff=cutoff, node_limit=node_limit)
