@@ -153,7 +153,7 @@ class Live:
             self.state.last_migration = {"version": version, "iteration": ack.iteration, "moves": len(moves),
                                          "moved_bytes": done.moved_bytes, "pause_s": done.pause_s}
             self.events.publish({"type": "plan", "plan": plan, "applied": done, "source": change.source,
-                          **self.state.last_migration})
+                                 **self.state.last_migration})
             return done
 
     def _hand_over(self, plan: Plan, version: int) -> str | None:
@@ -276,7 +276,7 @@ class Live:
             self.state.plan_version = version
             self.state.last_mapping = {int(j): i for j, i in ack.mapping.items()}
             self.events.publish({"type": "model", "version": version, "plan": self.state.plan,
-                          "iteration": ack.iteration, "layers": len(self.state.names)})
+                                 "iteration": ack.iteration, "layers": len(self.state.names)})
             return ack.iteration
 
     # --- vPipe's online planner ------------------------------------------------------------------------------------

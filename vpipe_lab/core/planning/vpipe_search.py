@@ -214,6 +214,7 @@ def vpipe_search(cm: CostModel, start: Sequence[int], oracle: StageOracle | None
 
 
 def _climb(cm: CostModel, oracle: StageOracle, bounds: tuple[int, ...], max_rounds: int) -> tuple[int, ...]:
+    """Rounds of the best move off the worst stage (else the second worst) while one scores better; where it ends."""
     k = len(bounds) - 1
     best = score(cm, oracle, bounds)
     for _ in range(max_rounds):
