@@ -136,10 +136,13 @@ class _Tally:
         self.p, self.policies, self.freed, self.rho, self.sigma = p, [_K] * len(p.activation), 0, 0.0, 0
         self.rebuilt: Counter[int] = Counter()
 
+    def frees(self, i: int, policy: Policy) -> int:
+        """Bytes layer i frees under ``policy``."""
+        return self.p.swap_save[i] if policy is _S else self.p.rec_most[i] if policy is _R else 0
+
     def set(self, i: int, policy: Policy) -> None:
         p, old = self.p, self.policies[i]
-        self.freed += (p.swap_save[i] if policy is _S else p.rec_most[i] if policy is _R else 0) - (
-            p.swap_save[i] if old is _S else p.rec_most[i] if old is _R else 0)
+        self.freed += self.frees(i, policy) - self.frees(i, old)
         if old is _R:
             self.rebuilt[p.activation[i]] -= 1
             if not self.rebuilt[p.activation[i]]:

@@ -76,8 +76,8 @@ class StageOracle:
         picks by bytes per second of a count, and a pair of changes (swap one layer, keep another) it never weighs
         can be cheaper. Kept as this oracle's answer for the range, so callers see the plan returned."""
         ev = self(stage, lo, hi)
-        if ev.solution is not None and (ev.solution.extra_s <= 0 or all(x is Policy.KEEP for x in ev.solution.policies)):
-            return ev  # nothing costs less than nothing: a plan whose swaps all hide is settled
+        if ev.solution is not None and ev.solution.extra_s <= 0:
+            return ev  # nothing costs less than nothing: every layer kept, or every swap hidden
         problem = StageProblem.of(self.cm, stage, lo, hi)
         cutoff = ev.solution.extra_s if ev.solution is not None else math.inf
         found = exact(problem, cutoff=cutoff, node_limit=node_limit)
@@ -172,9 +172,8 @@ def fitting_cover(cm: CostModel, oracle: StageOracle) -> tuple[int, ...] | None:
     """A partition whose every stage fits by the oracle, or None where none does: stage by stage, every boundary a
     fitting stage can end at, from every boundary the stages before it reached. A stage whose optimizer step alone is
     over the budget (no policy lowers it; more layers only add to it) ends its scan, as do ``COVER_EVALUATIONS`` new
-    stage evaluations. Where the climb ends on a
-    partition that does not fit, this finds one that does if any does (the shortfall can plateau: a stage held over
-    by a boundary's tensors lacks the same bytes as it sheds layers)."""
+    stage evaluations. Where the climb ends on a partition that does not fit, this finds one that does if any does
+    (the shortfall can plateau: a stage held over by a boundary's tensors lacks the same bytes as it sheds layers)."""
     n, k = cm.num_layers, cm.stages
     limit = oracle.evaluations + COVER_EVALUATIONS
     reached: list[dict[int, int]] = [{0: 0}]  # per stage: the boundary it ends at -> where it began
