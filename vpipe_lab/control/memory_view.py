@@ -47,6 +47,9 @@ class MemoryHost(Protocol):
     def newest_profile(self) -> ModelProfile:
         """The newest measured profile, asking the workers for one if none was measured."""
 
+    def profile(self) -> ModelProfile:
+        """A profile measured now (the workers asked)."""
+
     def cluster(self) -> Cluster:
         """The running hardware as the planners see it."""
 
@@ -56,6 +59,7 @@ class MemoryTable:
 
     def __init__(self, session: MemoryHost, profiles: Profiles) -> None:
         self.session, self.profiles = session, profiles
+        self._profiled_after = -1  # the newest allocator measurement the profile in hand has seen
 
     def frame(self, ask: bool = True) -> Any:
         """The table ``Session.memory`` documents; ``ask=False`` asks the workers for nothing."""
@@ -63,7 +67,15 @@ class MemoryTable:
 
         session = self.session
         plan, cluster = session.plan, session.cluster()
-        profile = session.newest_profile() if ask else self.profiles.newest
+        rows_now = {(r["stage"], r.get("replica", 0)): r for r in session.metrics.latest_memory()}
+        measured = max((int(r.get("allocated_at") or -1) for r in rows_now.values()), default=-1)
+        if ask and measured > self._profiled_after:
+            # the workers measured the allocator since the profile in hand (a change remeasures it): the layers'
+            # working sets they noted then (engine/allocator.py) belong to the plan in force, so ask for them
+            profile: ModelProfile | None = session.profile()
+            self._profiled_after = measured
+        else:
+            profile = session.newest_profile() if ask else self.profiles.newest
         # the workers: each stage's ranks by (shard, replica); a worker reports as its data-parallel pipeline
         workers = [(s, dp % plan.shards, dp // plan.shards, dp) for s in range(plan.stages)
                    for dp in range(plan.data_parallel)]
@@ -72,7 +84,6 @@ class MemoryTable:
                                  for s, k, r, _ in workers])
         est = estimate(plan, profile, dataclasses.replace(cluster, stages=plan.stages))
         on_cpu = session.processes.device == "cpu"
-        rows_now = {(r["stage"], r.get("replica", 0)): r for r in session.metrics.latest_memory()}
         rows = []
         for s, shard, replica, dp in workers:
             predicted = est.peak_bytes[s] + (est.host_bytes[s] if on_cpu and est.host_bytes else 0)

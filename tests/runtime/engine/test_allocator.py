@@ -101,3 +101,43 @@ def test_the_batch_a_stage_holds_before_its_iteration_counts_once_each_tensor() 
     batch = (inputs, {"targets": targets, "again": inputs, "first_row": inputs[0]}, None, 3)
     assert allocator.data_bytes(batch) == 4 * 8 * 4 + 3 * 8
     assert allocator.data_bytes(None) == 0
+
+
+def test_a_free_the_profiler_did_not_see_is_supplied_where_it_must_have_happened() -> None:
+    """Known answers: an address allocated again without a free was freed by then; a collective's buffer never seen
+    freed is freed where its collective ended, unless the stage still holds it (a reduce-scatter's sharded
+    gradient); a free that was seen stands, and nothing else is invented."""
+    A = allocator.Allocation
+    events = [
+        A(10, ptr=1, nbytes=4 * MB),  # made by a layer, its free on another thread: its address comes back at 40
+        A(20, ptr=2, nbytes=2 * MB, owner_end=25),  # an all-gather's output, freed unseen once the gather ended
+        A(30, ptr=3, nbytes=MB, owner_end=35),  # a reduce-scatter's sharded gradient: the stage keeps it
+        A(40, ptr=1, nbytes=4 * MB),
+        A(50, ptr=1, nbytes=-4 * MB),  # the second one's free, seen
+        A(60, ptr=4, nbytes=MB),  # still held when the window closes, by nobody said: left as it is
+    ]
+    changes = allocator.deltas(events, kept={3})
+    assert sorted(changes) == [(10, 4 * MB), (20, 2 * MB), (25, -2 * MB), (30, MB), (40, -4 * MB), (40, 4 * MB),
+                               (50, -4 * MB), (60, MB)]
+    _, sums = allocator.timeline(changes)
+    assert max(sums) == 6 * MB  # 4 + 2 at 20; without the supplied frees, 4 + 2 + 1 + 4 = 11 at 40
+    assert (25, -2 * MB) not in allocator.deltas(events, kept={2, 3})  # what the stage holds is never freed
+
+
+def test_a_buffer_a_collective_hands_to_another_thread_is_not_counted_past_its_collective() -> None:
+    """A real profiler: a buffer made inside a collective op whose last reference goes on a thread the profiler does
+    not watch (as gloo's worker drops a work's tensors) leaves the peak the collective's, not the sum of everything
+    made after it."""
+    import threading
+
+    meter = PeakMeter(torch.device("cpu"))
+    assert meter.start(iteration=1, held=0, profiling=True)
+    with region("b/0"):
+        with torch.profiler.record_function("c10d::allgather_"):
+            handed = [floats(4 * MB)]
+        worker = threading.Thread(target=handed.clear)  # the last reference, dropped where the profiler is blind
+        worker.start()
+        worker.join(timeout=10)
+        after = floats(2 * MB)  # made once the collective's buffer is gone
+        del after
+    assert meter.stop() == 4 * MB  # not 6

@@ -7,9 +7,10 @@ temporary, a workspace, an optimizer step's scratch or anything the count misses
 instead. On CUDA: ``torch.cuda.max_memory_allocated`` (every iteration; it costs nothing). On CPU, whose allocator
 keeps no statistics: torch.profiler's memory events (every allocation and free through torch's CPU allocator) over a
 measured iteration, whose running sum peaks at what the iteration added at its most, on top of what the stage held when
-it began (its parameters, gradients, optimizer state and buffers, read off the tensors). The profiler slows the
-iterations it watches, so on CPU only profiling iterations are measured: the first (warm) one after start-up or a
-plan change, then one in ``every``; their figure is carried until the next.
+it began (its parameters, gradients, optimizer state and buffers, read off the tensors). The profiler sees no free made
+on a thread it does not watch (gloo's workers drop a collective's buffers there): those are supplied (``deltas``).
+The profiler slows the iterations it watches, so on CPU only profiling iterations are measured: the first (warm) one
+after start-up or a plan change, then one in ``every``; their figure is carried until the next.
 
 A measured iteration also says what each layer allocates beyond what the cost model holds for it (``regions``: the
 stage marks each layer's forward, loss, rebuild and backward, and the optimizer step): a forward's or a rebuild's peak
@@ -24,14 +25,15 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Iterator
+from collections.abc import Container, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
-from vpipe_lab.runtime.memory.ledger import module_param_bytes, tensor_bytes
+from vpipe_lab.runtime.memory.ledger import local_tensor, module_param_bytes, tensor_bytes
 
 log = logging.getLogger(__name__)
 EVERY = 200  # CPU: besides the first profiling iteration after a trigger, one in this many is measured
@@ -78,32 +80,104 @@ def data_bytes(batch: Any) -> int:
     return sum(hi - lo for lo, hi in spans.values())
 
 
-def timeline(events: Any) -> tuple[list[int], list[int]]:
-    """The running sum of memory events' byte counts (allocations positive, frees negative) in time order: event
-    times and the sum after each."""
-    deltas = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+COLLECTIVES = ("FSDP::", "c10d::", "gloo:", "nccl:", "record_param_comms")  # ops that hand buffers to a comm thread
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One memory event the profiler saw: ``nbytes`` made (a free: negative) at ``at`` (ns) at address ``ptr``;
+    ``owner_end``: where it was made inside a collective, the end of the outermost such op (the last moment its
+    caller holds it), else None."""
+
+    at: int
+    ptr: int
+    nbytes: int
+    owner_end: int | None = None
+
+
+def deltas(allocations: Iterable[Allocation], kept: Container[int] = ()) -> list[tuple[int, int]]:
+    """(time, bytes) of every allocation and free, with the frees the profiler did not see supplied.
+
+    The profiler records an allocator event only on a thread it watches. A collective's buffers (FSDP's all-gather
+    output, gloo's temporaries) are also held by the backend's work object, on gloo's own threads; when that thread
+    drops the last reference the free goes unrecorded, and a running sum would hold the buffer to the end of the
+    window (measured: mlp 2 x 2 under ``regather``, one 16 MiB all-gather output in two of four backwards, the two
+    shards of a stage 8-17% apart). So an allocation that is never seen freed is freed: at its address's next
+    allocation (it must have been freed before), and where it was made inside a collective, at the end of that op,
+    unless the stage still holds it when the window closes (``kept``: the storages of its parameters, gradients and
+    optimizer state, such as the sharded gradient a reduce-scatter made)."""
+    out: list[tuple[int, int]] = []
+    live: dict[int, Allocation] = {}
+    for event in sorted(allocations, key=lambda a: a.at):
+        if event.nbytes > 0:
+            lost = live.pop(event.ptr, None)
+            if lost is not None:  # the address came back without a free: freed unseen, at the latest now
+                out.append((min(event.at, lost.owner_end or event.at), -lost.nbytes))
+            live[event.ptr] = event
+        else:
+            live.pop(event.ptr, None)
+        out.append((event.at, event.nbytes))
+    for event in live.values():
+        if event.owner_end is not None and event.ptr not in kept:
+            out.append((event.owner_end, -event.nbytes))
+    return out
+
+
+def timeline(changes: Iterable[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """The running sum of byte counts (allocations positive, frees negative) in time order: times and the sum after
+    each."""
     times, sums, total = [], [], 0
-    for t, nbytes in deltas:
+    for t, nbytes in sorted(changes):
         total += nbytes
         times.append(t)
         sums.append(total)
     return times, sums
 
 
-def peak_of(events: Any) -> int:
-    """The highest running sum of memory events' byte counts (see ``timeline``)."""
-    return max(timeline(events)[1], default=0)
+def read(result: Any) -> tuple[list[Allocation], list[tuple[str, int, int]]]:
+    """A profiler's CPU allocations (each with its collective owner's end) and its marked regions (name, start,
+    end), from its event tree."""
+    allocations: list[Allocation] = []
+    marks: list[tuple[str, int, int]] = []
+    stack = [(event, None) for event in result.experimental_event_tree()]
+    while stack:
+        event, owner = stack.pop()
+        name = event.name
+        if type(event.extra_fields).__name__ == "_ExtraFields_Allocation":
+            fields = event.extra_fields
+            if fields.device.type == "cpu":
+                allocations.append(Allocation(event.start_time_ns, fields.ptr, fields.alloc_size,
+                                              owner.end_time_ns if owner is not None else None))
+            continue
+        if name.startswith(PREFIX):
+            marks.append((name, event.start_time_ns, event.end_time_ns))
+        if owner is None and name.startswith(COLLECTIVES):
+            owner = event  # the outermost collective op: what is made below it is the collective's
+        stack.extend((child, owner) for child in event.children)
+    return allocations, marks
 
 
-def ranges(events: Any, times: list[int], sums: list[int]) -> dict[str, tuple[int, int, int]]:
+def held_storages(stage: Any) -> set[int]:
+    """The addresses of the storages a stage's parameters, gradients, optimizer state and buffers hold now."""
+    tensors: list[torch.Tensor] = []
+    for _, p in stage.params():
+        tensors += [p, *([p.grad] if p.grad is not None else [])]
+    if stage.optimizer is not None:
+        tensors += [v for state in stage.optimizer.state.values() for v in state.values()
+                    if isinstance(v, torch.Tensor)]
+    for index in stage.owned:
+        tensors += list(stage.layers[index].module.buffers())
+    return {local_tensor(t).untyped_storage().data_ptr() for t in tensors if not t.is_meta}
+
+
+def ranges(marks: Iterable[tuple[str, int, int]], times: list[int],
+           sums: list[int]) -> dict[str, tuple[int, int, int]]:
     """Each marked region's (bytes at its start, its peak, at its end), relative to the iteration's start; a region
     seen several times (micro-batches) keeps its largest transient."""
     out = Largest()
-    marked = [e for e in events if e.name().startswith(PREFIX)]
-    for e in sorted(marked, key=lambda e: e.start_ns()):  # in time order: a layer's first backward comes first
-        name = e.name()
-        lo = bisect.bisect_left(times, e.start_ns())
-        hi = bisect.bisect_right(times, e.end_ns())
+    for name, begin, end in sorted(marks, key=lambda m: m[1]):  # in time order: a layer's first backward comes first
+        lo = bisect.bisect_left(times, begin)
+        hi = bisect.bisect_right(times, end)
         start = sums[lo - 1] if lo > 0 else 0
         inside = sums[lo:hi]
         out.add(name[len(PREFIX):], (start, max([start, *inside]), inside[-1] if inside else start))
@@ -249,10 +323,10 @@ class PeakMeter:
             profiler.__exit__(None, None, None)
             if discard:
                 return None
-            events = profiler.profiler.kineto_results.events()
-            times, sums = timeline(events)
+            allocations, marks = read(profiler.profiler.kineto_results)
+            times, sums = timeline(deltas(allocations, held_storages(stage) if stage is not None else ()))
             peak = self._base + max(sums, default=0)
-            found = ranges(events, times, sums)
+            found = ranges(marks, times, sums)
         if discard:
             return None
         if found:

@@ -107,8 +107,9 @@ class Shards:
         self.busy_s = 0.0  # wall seconds spent in the collectives so far (a profiling iteration's timer leaves it out)
         self.whole_peak = 0  # the most whole parameters and gradients held at once since ``reset_peak``
         # unit -> the most bytes one of FSDP's own collectives made whole inside the unit's forward or backward (its
-        # gathered parameters, or its gradients' reduce-scatter input): the allocator's meter measured them as the
-        # layer's working set, which the cost model prices apart (``allocator.note`` takes them off)
+        # gathered parameters; or, where its hook reduces, the whole gradients the backward made with their
+        # reduce-scatter input): the allocator's meter measured them as the layer's working set, which the cost
+        # model prices apart (``allocator.note`` takes them off)
         self.inside: dict[int, int] = {}
         self._explicit = 0  # inside the executor's own gather, reduce or reshard (not a layer's)
 
@@ -148,7 +149,9 @@ class Shards:
                 return call(*args, **kwargs)
             if not self._explicit:  # FSDP's own hook, inside a layer's forward or backward
                 index = self._index.get(id(module), -1)
-                made = _group_bytes(group, grads=kind == "reduce_scatter")
+                made = _group_bytes(group)
+                if kind == "reduce_scatter":  # the whole gradients it reduces were made in this backward too
+                    made *= 2
                 self.inside[index] = max(self.inside.get(index, 0), made)
             start, wall = self.clock() if self.clock is not None else 0.0, time.perf_counter()
             out = call(*args, **kwargs)
@@ -381,8 +384,8 @@ class Shards:
                 self._forget(i)
 
 
-def _group_bytes(group: Any, grads: bool) -> int:
-    """The bytes one FSDP group holds whole: its parameters gathered (or, ``grads``, their whole gradients)."""
+def _group_bytes(group: Any) -> int:
+    """The bytes one FSDP group holds whole: its parameters gathered (and as many in their whole gradients)."""
     total = 0
     for fsdp_param in group.fsdp_params:
         numel = 1
