@@ -135,6 +135,7 @@ class _Tally:
     def __init__(self, p: StageProblem) -> None:
         self.p, self.policies, self.freed, self.rho, self.sigma = p, [_K] * len(p.activation), 0, 0.0, 0
         self.rebuilt: Counter[int] = Counter()
+        self.top = 0  # max(rebuilt): the rebuild held, kept current (the greedy asks for it at every layer it weighs)
 
     def frees(self, i: int, policy: Policy) -> int:
         """Bytes layer i frees under ``policy``."""
@@ -143,26 +144,35 @@ class _Tally:
     def set(self, i: int, policy: Policy) -> None:
         p, old = self.p, self.policies[i]
         self.freed += self.frees(i, policy) - self.frees(i, old)
+        a = p.activation[i]
         if old is _R:
-            self.rebuilt[p.activation[i]] -= 1
-            if not self.rebuilt[p.activation[i]]:
-                del self.rebuilt[p.activation[i]]
+            self.rebuilt[a] -= 1
+            if not self.rebuilt[a]:
+                del self.rebuilt[a]
+                if a == self.top:
+                    self.top = max(self.rebuilt, default=0)
         if policy is _R:
-            self.rebuilt[p.activation[i]] += 1
+            self.rebuilt[a] += 1
+            self.top = max(self.top, a)
         self.rho += p.forward_s[i] * ((policy is _R) - (old is _R))
         self.sigma += p.activation[i] * ((policy is _S) - (old is _S))
         self.policies[i] = policy
 
     def excess(self) -> int:
-        return self.p.need_bytes - self.freed + max(self.rebuilt, default=0)
+        return self.p.need_bytes - self.freed + self.top
 
     def excess_with(self, i: int, policy: Policy) -> int:
         """``excess()`` were layer i to take ``policy``; nothing changes."""
         old = self.policies[i]
-        self.set(i, policy)
-        left = self.excess()
-        self.set(i, old)
-        return left
+        if policy is old:
+            return self.excess()
+        a = self.p.activation[i]
+        top = self.top
+        if old is _R and a == top and self.rebuilt[a] == 1:  # its rebuild was the one held: the next largest is
+            top = max((x for x in self.rebuilt if x != a), default=0)
+        if policy is _R:
+            top = max(top, a)
+        return self.p.need_bytes - (self.freed - self.frees(i, old) + self.frees(i, policy)) + top
 
 
 def greedy(p: StageProblem) -> StageSolution | None:
