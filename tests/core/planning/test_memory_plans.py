@@ -99,3 +99,29 @@ def test_cutoff_and_node_limit() -> None:
     assert exact(StageProblem.of(CostModel(profile, Cluster(1, 10**12, 1e3, 1e9), 4, "gpipe"), 0, 0, 12)) == \
         greedy(StageProblem.of(CostModel(profile, Cluster(1, 10**12, 1e3, 1e9), 4, "gpipe"), 0, 0, 12))
     assert Plan((0, 12), best.policies, 4, "gpipe").validate()
+
+
+@settings(max_examples=100, deadline=None)
+@given(stage_problems(), st.lists(st.tuples(st.integers(0, 6), st.sampled_from(list(Policy))), max_size=12))
+def test_the_rule_s_tally_prices_a_layer_s_alternative_as_setting_it_would(case: tuple[CostModel, StageProblem],
+                                                                           moves: list[tuple[int, Policy]]) -> None:
+    """``excess_with`` (the greedy asks it for every layer it weighs) answers without changing the tally, and equals
+    what setting the policy and reading ``excess`` gives, whatever was set before (the largest rebuild held moving)."""
+    from vpipe_lab.core.planning.memory_plans import _Tally
+
+    _, p = case
+    n = len(p.activation)
+    tally = _Tally(p)
+    for i, policy in moves:
+        i %= n
+        for j in range(n):
+            for choice in Policy:
+                before = (tally.excess(), list(tally.policies))
+                asked = tally.excess_with(j, choice)
+                assert (tally.excess(), tally.policies) == before
+                old = tally.policies[j]
+                tally.set(j, choice)
+                assert asked == tally.excess()
+                tally.set(j, old)
+        tally.set(i, policy)
+        assert tally.top == max(tally.rebuilt, default=0)
