@@ -142,15 +142,13 @@ class _Tally:
         return self.p.swap_save[i] if policy is _S else self.p.rec_most[i] if policy is _R else 0
 
     def set(self, i: int, policy: Policy) -> None:
-        p, old = self.p, self.policies[i]
+        p, old, a = self.p, self.policies[i], self.p.activation[i]
         self.freed += self.frees(i, policy) - self.frees(i, old)
-        a = p.activation[i]
         if old is _R:
             self.rebuilt[a] -= 1
             if not self.rebuilt[a]:
                 del self.rebuilt[a]
-                if a == self.top:
-                    self.top = max(self.rebuilt, default=0)
+                self.top = max(self.rebuilt, default=0) if a == self.top else self.top
         if policy is _R:
             self.rebuilt[a] += 1
             self.top = max(self.top, a)
@@ -163,15 +161,10 @@ class _Tally:
 
     def excess_with(self, i: int, policy: Policy) -> int:
         """``excess()`` were layer i to take ``policy``; nothing changes."""
-        old = self.policies[i]
-        if policy is old:
-            return self.excess()
-        a = self.p.activation[i]
-        top = self.top
+        old, a, top = self.policies[i], self.p.activation[i], self.top
         if old is _R and a == top and self.rebuilt[a] == 1:  # its rebuild was the one held: the next largest is
             top = max((x for x in self.rebuilt if x != a), default=0)
-        if policy is _R:
-            top = max(top, a)
+        top = max(top, a) if policy is _R else top
         return self.p.need_bytes - (self.freed - self.frees(i, old) + self.frees(i, policy)) + top
 
 

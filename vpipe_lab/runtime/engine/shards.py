@@ -106,10 +106,9 @@ class Shards:
         self.spans: list[tuple[str, int, float, float]] = []  # (kind, unit, start, end) since the executor drained
         self.busy_s = 0.0  # wall seconds spent in the collectives so far (a profiling iteration's timer leaves it out)
         self.whole_peak = 0  # the most whole parameters and gradients held at once since ``reset_peak``
-        # unit -> the most bytes one of FSDP's own collectives made whole inside the unit's forward or backward (its
-        # gathered parameters; or, where its hook reduces, the whole gradients the backward made with their
-        # reduce-scatter input): the allocator's meter measured them as the layer's working set, which the cost
-        # model prices apart (``allocator.note`` takes them off)
+        # unit -> the most bytes FSDP's own hooks made whole inside its forward or backward (gathered parameters; a
+        # reduce: the whole gradients with their reduce-scatter input): the allocator's meter saw them in the layer's
+        # working set, which the cost model prices apart (``allocator.note`` takes them off)
         self.inside: dict[int, int] = {}
         self._explicit = 0  # inside the executor's own gather, reduce or reshard (not a layer's)
 
@@ -149,9 +148,8 @@ class Shards:
                 return call(*args, **kwargs)
             if not self._explicit:  # FSDP's own hook, inside a layer's forward or backward
                 index = self._index.get(id(module), -1)
-                made = _group_bytes(group)
-                if kind == "reduce_scatter":  # the whole gradients it reduces were made in this backward too
-                    made *= 2
+                # a reduce in a backward: the whole gradients it reduces were made in that backward too
+                made = _group_bytes(group) * (2 if kind == "reduce_scatter" else 1)
                 self.inside[index] = max(self.inside.get(index, 0), made)
             start, wall = self.clock() if self.clock is not None else 0.0, time.perf_counter()
             out = call(*args, **kwargs)
