@@ -1,9 +1,25 @@
 // Pure logic of the partition editor: boundaries, policies, geometry, formatting. No DOM here.
 
-import { POLICIES as PYTHON_POLICIES } from "./vocabulary";
+import { POLICIES as PYTHON_POLICIES, SHARDINGS as PYTHON_SHARDINGS } from "./vocabulary";
 
 export type Policy = (typeof PYTHON_POLICIES)[number];
 export const POLICIES: readonly Policy[] = PYTHON_POLICIES; // Python's words (src/vocabulary.ts is generated)
+export type Sharding = (typeof PYTHON_SHARDINGS)[number];
+export const SHARDINGS: readonly Sharding[] = PYTHON_SHARDINGS;
+
+/** What each sharding does, for its chip's hover title (core/sharding.py says it at length). */
+export const SHARDING_HELP: Record<Sharding, string> = {
+  hold: "gather the parameters once, reduce the gradients once per iteration (the most memory; torchtitan's PP layout)",
+  regather: "gather each unit before every forward and backward, reduce once per iteration",
+  scatter: "gather once, reduce-scatter the gradients after every micro-batch",
+  stream: "gather and reduce every micro-batch (the least memory, the most collectives)",
+};
+
+/** hold -> regather -> scatter -> stream -> hold (anything unknown starts over at hold). */
+export function cycleSharding(m: string): Sharding {
+  const i = SHARDINGS.indexOf(m as Sharding);
+  return SHARDINGS[(i + 1) % SHARDINGS.length] ?? "hold";
+}
 
 /** keep -> swap -> recompute -> keep (anything unknown starts over at keep). */
 export function cyclePolicy(p: string): Policy {

@@ -2,11 +2,16 @@
 // TypeScript derives the message types from it (json-schema-to-ts); `npm run bundle` writes it next to the bundle as
 // vpipe_lab/jupyter/static/editor_messages.schema.json, which Python validates every incoming message against.
 import type { FromSchema } from "json-schema-to-ts";
-import { POLICIES } from "./vocabulary";
+import { POLICIES, SHARDINGS } from "./vocabulary";
 
 const boundaries = { type: "array", items: { type: "integer", minimum: 0 }, minItems: 2, maxItems: 4096 } as const;
 const policies = {
   type: "array", items: { type: "string", enum: POLICIES }, maxItems: 4096,
+} as const;
+// A sharded job's stages: when each one's shards gather and reduce. Absent: the draft's as Python holds it.
+const sharding = {
+  description: "each stage's sharding (a sharded job only: one per stage)",
+  type: "array", items: { type: "string", enum: SHARDINGS }, minItems: 1, maxItems: 4096,
 } as const;
 // Any schedule the Python process registered (its own names included), so a name, not the built-in list.
 const schedule = {
@@ -28,16 +33,16 @@ export const EDITOR_MESSAGES = {
   title: "vpipe_lab partition editor message",
   oneOf: [
     {
-      description: "the user changed the draft (a boundary dropped after a drag, a policy clicked, Reset)",
+      description: "the user changed the draft (a boundary dropped after a drag, a policy or a sharding clicked, Reset)",
       type: "object",
-      properties: { kind: { const: "draft" }, boundaries, policies, schedule },
+      properties: { kind: { const: "draft" }, boundaries, policies, schedule, sharding },
       required: ["kind", "boundaries", "policies"],
       additionalProperties: false,
     },
     {
       description: "apply this draft to the running session (live migration at the next iteration boundary)",
       type: "object",
-      properties: { kind: { const: "apply" }, boundaries, policies, schedule, shown_s },
+      properties: { kind: { const: "apply" }, boundaries, policies, schedule, sharding, shown_s },
       required: ["kind", "boundaries", "policies"],
       additionalProperties: false,
     },

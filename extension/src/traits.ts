@@ -3,11 +3,15 @@
 // the declared type, not `unknown`; `npm run bundle` writes it to vpipe_lab/jupyter/static/widget_traits.schema.json,
 // and Python's tests check that each widget's synced traits are exactly these, with values that validate.
 import type { FromSchema } from "json-schema-to-ts";
-import { POLICIES } from "./vocabulary";
+import { POLICIES, SHARDINGS } from "./vocabulary";
 
 const ints = { type: "array", items: { type: "integer", minimum: 0 } } as const;
 const numbers = { type: "array", items: { type: "number" } } as const;
 const policies = { type: "array", items: { type: "string", enum: POLICIES } } as const;
+const sharding = {
+  description: "each stage's sharding (when its shards gather and reduce, core/sharding.py); empty: whole devices",
+  type: "array", items: { type: "string", enum: SHARDINGS },
+} as const;
 const estimate = {
   type: "object",
   properties: {
@@ -70,6 +74,8 @@ export const EDITOR_TRAITS = {
       description: "the stage of each of the draft's chunks (its schedule's placement)",
       type: "array", items: { type: "integer", minimum: 0 },
     },
+    sharding,
+    draft_sharding: sharding,
     preview: {
       type: "object",
       properties: {
@@ -91,7 +97,7 @@ export const EDITOR_TRAITS = {
     },
   },
   required: ["layers", "boundaries", "stages", "policies", "schedule", "schedules", "draft_boundaries", "draft_policies",
-    "draft_schedule", "draft_placement", "preview", "status"],
+    "draft_schedule", "draft_placement", "sharding", "draft_sharding", "preview", "status"],
   additionalProperties: false,
 } as const;
 

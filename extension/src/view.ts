@@ -1,9 +1,9 @@
 // The partition editor's view: layers as blocks coloured by stage, draggable boundaries (committed on release),
-// click a layer to cycle keep/swap/recompute, choose the schedule (the Python registry's names), a what-if preview
-// from the simulator, Apply with pending -> applied.
+// click a layer to cycle keep/swap/recompute (a sharded job: a stage's chip to cycle its sharding), choose the
+// schedule (the Python registry's names), a what-if preview from the simulator, Apply with pending -> applied.
 import {
-  cyclePolicy, formatBytes, formatSeconds, layerEdges, moveBoundary, nearestEdge, sameList, stageColor, stageOf,
-  type Policy,
+  SHARDING_HELP, cyclePolicy, cycleSharding, formatBytes, formatSeconds, layerEdges, moveBoundary, nearestEdge,
+  sameList, stageColor, stageOf, type Policy, type Sharding,
 } from "./logic";
 import type { EditorMessage } from "./messages";
 import type { EditorTraits, TypedModel } from "./traits";
@@ -47,9 +47,12 @@ const CSS = `
 .vpipe-grid pre { font: 11px/1.3 ui-monospace, monospace; margin: 2px 0; max-height: 320px; overflow: auto;
   background: #f7f7f7; padding: 4px 6px; border-radius: 3px; }
 .vpipe-grid a { font-size: 11px; margin-left: 8px; }
+.vpipe-editor button.vpipe-sharding { padding: 0 6px; margin-left: 6px; font-size: 11px; }
+.vpipe-sharding.changed { outline: 2px dashed #222; outline-offset: 1px; }
 `;
 
-type ListTrait = "layers" | "boundaries" | "policies" | "draft_boundaries" | "draft_policies";
+type ListTrait = "layers" | "boundaries" | "policies" | "draft_boundaries" | "draft_policies" | "sharding" |
+  "draft_sharding";
 
 /** A list trait, or an empty one before the first sync. */
 function list<K extends ListTrait>(model: Model, name: K): EditorTraits[K] {
@@ -94,7 +97,9 @@ export class PartitionView {
   private readonly blocks: HTMLDivElement[] = [];
   private readonly handles: HTMLDivElement[] = [];
   // The draft just sent to Python, shown until Python's draft traits echo it (no flicker back to the old one).
-  private local: { boundaries: number[]; policies: Policy[]; schedule?: string | undefined } | null = null;
+  private local: {
+    boundaries: number[]; policies: Policy[]; schedule?: string | undefined; sharding?: Sharding[] | undefined;
+  } | null = null;
   private pending = false; // Apply clicked; cleared when Python reports a status
   private readonly listeners: [string, () => void][] = [];
 
@@ -143,7 +148,8 @@ export class PartitionView {
     this.bar.addEventListener("pointercancel", () => { this.dragging = null; this.draw(); });
     this.bar.addEventListener("lostpointercapture", () => { if (this.dragging) { this.dragging = null; this.draw(); } });
     for (const name of ["layers", "boundaries", "policies", "stages", "placement", "schedule", "schedules",
-      "draft_boundaries", "draft_policies", "draft_schedule", "draft_placement", "preview", "status"]) {
+      "draft_boundaries", "draft_policies", "draft_schedule", "draft_placement", "sharding", "draft_sharding",
+      "preview", "status"]) {
       const cb = (): void => {
         if (name.startsWith("draft_")) this.local = null;
         if (name === "status") this.pending = false;
@@ -176,6 +182,18 @@ export class PartitionView {
     return this.local?.policies ?? list(this.model, "draft_policies");
   }
 
+  /** Each stage's sharding in the draft (a sharded job; empty for whole devices). */
+  private draftSharding(): Sharding[] {
+    return this.local?.sharding ?? list(this.model, "draft_sharding");
+  }
+
+  /** What every message carries besides the partition: the schedule, and a sharded job's stages. */
+  private rest(schedule = this.draftSchedule(), sharding = this.draftSharding()): {
+    schedule: string; sharding?: Sharding[];
+  } {
+    return sharding.length ? { schedule, sharding } : { schedule };
+  }
+
   private draftSchedule(): string {
     return this.local?.schedule ?? this.model.get("draft_schedule") ?? this.model.get("schedule") ?? "";
   }
@@ -186,7 +204,10 @@ export class PartitionView {
 
   private send(message: EditorMessage): void {
     if (message.kind === "draft") {
-      this.local = { boundaries: message.boundaries, policies: message.policies, schedule: message.schedule };
+      this.local = {
+        boundaries: message.boundaries, policies: message.policies, schedule: message.schedule,
+        sharding: message.sharding,
+      };
     }
     this.model.send(message);
   }
@@ -321,6 +342,8 @@ export class PartitionView {
       const over = budget > 0 && peak > budget;
       cell.textContent = `stage ${s}: ${formatSeconds(shown.stage_s[s] ?? NaN)}/mb, ${formatBytes(peak)}` +
         (budget > 0 ? ` of ${formatBytes(budget)}` : "");
+      const mode = this.draftSharding()[s];
+      if (mode !== undefined) cell.append(this.shardingChip(s, mode));
       const track = document.createElement("div");
       track.className = "vpipe-mem";
       const fill = document.createElement("div");
@@ -330,6 +353,19 @@ export class PartitionView {
       cell.append(track);
       this.stages.append(cell);
     });
+  }
+
+  /** Stage ``s``'s sharding in the draft: click to cycle it (a sharded job's stages only). */
+  private shardingChip(s: number, mode: Sharding): HTMLButtonElement {
+    const chip = document.createElement("button");
+    chip.className = "vpipe-sharding";
+    chip.dataset.testid = `sharding-${s}`;
+    chip.textContent = mode;
+    chip.classList.toggle("changed", mode !== list(this.model, "sharding")[s]);
+    chip.disabled = this.ended();
+    chip.title = `stage ${s}'s shards: ${SHARDING_HELP[mode]} (click: hold -> regather -> scatter -> stream)`;
+    chip.addEventListener("click", () => this.onSharding(s));
+    return chip;
   }
 
   /** The running plan's grid, and the draft's beside it while there is one: text to read, CSV to download. */
@@ -380,12 +416,14 @@ export class PartitionView {
   private awaiting(): boolean {
     return this.local !== null && !(sameList(this.local.boundaries, list(this.model, "draft_boundaries")) &&
       sameList(this.local.policies, list(this.model, "draft_policies")) &&
+      (this.local.sharding === undefined || sameList(this.local.sharding, list(this.model, "draft_sharding"))) &&
       (this.local.schedule === undefined || this.local.schedule === (this.model.get("draft_schedule") ?? "")));
   }
 
   isDirty(): boolean {
     return !sameList(this.draftBounds(), list(this.model, "boundaries")) ||
       !sameList(this.draftPolicies(), list(this.model, "policies")) ||
+      !sameList(this.draftSharding(), list(this.model, "sharding")) ||
       this.draftSchedule() !== (this.model.get("schedule") ?? this.draftSchedule());
   }
 
@@ -419,7 +457,7 @@ export class PartitionView {
     this.dragging = null;
     // Commit on release only: one message per drag, not one per pixel.
     if (!sameList(bounds, this.draftBounds())) {
-      this.send({ kind: "draft", boundaries: bounds, policies: this.draftPolicies(), schedule: this.draftSchedule() });
+      this.send({ kind: "draft", boundaries: bounds, policies: this.draftPolicies(), ...this.rest() });
     }
     this.draw();
   }
@@ -428,14 +466,23 @@ export class PartitionView {
     if (this.dragging || this.ended()) return;
     const policies = this.draftPolicies().slice();
     policies[layer] = cyclePolicy(policies[layer] ?? "keep");
-    this.send({ kind: "draft", boundaries: this.draftBounds(), policies, schedule: this.draftSchedule() });
+    this.send({ kind: "draft", boundaries: this.draftBounds(), policies, ...this.rest() });
+    this.draw();
+  }
+
+  private onSharding(stage: number): void {
+    if (this.dragging || this.ended()) return;
+    const sharding = this.draftSharding().slice();
+    sharding[stage] = cycleSharding(sharding[stage] ?? "hold");
+    this.send({ kind: "draft", boundaries: this.draftBounds(), policies: this.draftPolicies(),
+      ...this.rest(undefined, sharding) });
     this.draw();
   }
 
   private onApply(): void {
     const shown = this.shownWhatIf();
     this.send({
-      kind: "apply", boundaries: this.draftBounds(), policies: this.draftPolicies(), schedule: this.draftSchedule(),
+      kind: "apply", boundaries: this.draftBounds(), policies: this.draftPolicies(), ...this.rest(),
       ...(shown === undefined ? {} : { shown_s: shown }),
     });
     this.pending = true;
@@ -445,7 +492,8 @@ export class PartitionView {
   private onReset(): void {
     this.send({
       kind: "draft", boundaries: list(this.model, "boundaries").slice(),
-      policies: list(this.model, "policies").slice(), schedule: this.model.get("schedule") ?? this.draftSchedule(),
+      policies: list(this.model, "policies").slice(),
+      ...this.rest(this.model.get("schedule") ?? this.draftSchedule(), list(this.model, "sharding").slice()),
     });
     this.draw();
   }
@@ -454,7 +502,7 @@ export class PartitionView {
   private onSchedule(): void {
     if (this.ended()) return;
     this.send({
-      kind: "draft", boundaries: this.draftBounds(), policies: this.draftPolicies(), schedule: this.schedule.value,
+      kind: "draft", boundaries: this.draftBounds(), policies: this.draftPolicies(), ...this.rest(this.schedule.value),
     });
     this.draw();
   }

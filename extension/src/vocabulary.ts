@@ -2,3 +2,4 @@
 
 export const POLICIES = ["keep", "swap", "recompute"] as const;
 export const SCHEDULES = ["gpipe", "1f1b", "eager-1f1b", "zb-h1", "interleaved-1f1b", "zbv", "dualpipev", "pipedream"] as const;
+export const SHARDINGS = ["hold", "regather", "scatter", "stream"] as const;

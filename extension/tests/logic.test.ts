@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import {
-  boundaryRange, cyclePolicy, formatBytes, formatSeconds, layerEdges, moveBoundary, nearestEdge, sameList, stageColor,
+  SHARDINGS, SHARDING_HELP, boundaryRange, cyclePolicy, cycleSharding, formatBytes, formatSeconds, layerEdges, moveBoundary, nearestEdge, sameList, stageColor,
   stageOf,
 } from "../src/logic";
 
@@ -10,6 +10,14 @@ describe("policies", () => {
     expect(cyclePolicy("swap")).toBe("recompute");
     expect(cyclePolicy("recompute")).toBe("keep");
     expect(cyclePolicy("bogus")).toBe("keep");
+  });
+});
+
+describe("shardings", () => {
+  it("cycles hold -> regather -> scatter -> stream -> hold, each with its hover help", () => {
+    expect(["hold", "regather", "scatter", "stream", "bogus"].map(cycleSharding))
+      .toEqual(["regather", "scatter", "stream", "hold", "hold"]);
+    expect(SHARDINGS.every((m) => SHARDING_HELP[m].length > 20)).toBe(true);
   });
 });
 

@@ -31,6 +31,7 @@ class FakeModel implements Model {
       this.set("draft_boundaries", last.boundaries);
       this.set("draft_policies", last.policies);
       if (last.schedule !== undefined) this.set("draft_schedule", last.schedule);
+      if (last.sharding !== undefined) this.set("draft_sharding", last.sharding);
     }
   }
   on(event: string, cb: () => void): void {
@@ -220,6 +221,32 @@ describe("PartitionView", () => {
     expect(q("grid-running").querySelector("pre")?.textContent).toBe("a");
   });
 
+  it("shows a sharded job's stages with their sharding: a click cycles one, sent with the draft and its Apply", () => {
+    expect(el.querySelector(".vpipe-sharding")).toBeNull(); // whole devices: nothing to shard
+    m.set("sharding", ["hold", "hold"]);
+    m.set("draft_sharding", ["hold", "hold"]);
+    expect(q("sharding-0").textContent).toBe("hold");
+    expect(q("sharding-1").title).toContain("stage 1's shards: gather the parameters once");
+    q("sharding-1").click();
+    expect(m.sent[0]).toEqual({ kind: "draft", boundaries: [0, 5, 10], policies: Array(10).fill("keep"),
+      schedule: "1f1b", sharding: ["hold", "regather"] });
+    expect(q("summary").textContent).toContain("measuring"); // until Python answers with the draft
+    m.echo();
+    expect(q("sharding-1").textContent).toBe("regather");
+    expect(q("sharding-1").className).toContain("changed");
+    expect((q("apply") as HTMLButtonElement).disabled).toBe(false); // a sharding alone is a change to apply
+    q("layer-0").click(); // a policy clicked keeps the draft's sharding
+    expect(m.sent[1]?.sharding).toEqual(["hold", "regather"]);
+    m.echo();
+    q("apply").click();
+    expect(m.sent[2]).toMatchObject({ kind: "apply", sharding: ["hold", "regather"] });
+    m.set("sharding", ["hold", "regather"]); // applied: the running plan's now
+    q("sharding-1").click();
+    q("sharding-1").click();
+    q("sharding-1").click(); // regather -> scatter -> stream -> hold (each click drafts from the newest)
+    expect(m.sent.map((x) => x.sharding?.[1])).toEqual(["regather", "regather", "regather", "scatter", "stream", "hold"]);
+  });
+
   it("applies with the what-if the page showed for the draft", () => {
     const est = { iteration_s: 0.1, stage_s: [0.02, 0.01], peak_bytes: [3e6, 1e6], budget_bytes: [4e6, 4e6],
       feasible: true };
@@ -255,7 +282,7 @@ describe("PartitionView", () => {
     expect(q("boundary-1").style.left).toBe("500px");
     const before = m.listeners();
     view.destroy();
-    expect(m.listeners()).toBe(before - 13);
+    expect(m.listeners()).toBe(before - 15);
     expect(el.children).toHaveLength(0);
   });
 

@@ -299,6 +299,45 @@ print(json.dumps({{"bounds": list(session.plan.boundaries), "owned": owned, "sch
         kc.stop_channels()
 
 
+def test_a_sharded_stage_s_sharding_is_clicked_in_the_editor_and_applied(lab: Lab) -> None:
+    """The editor over a 2 x 2 sharded plan (no workers: its what-if and Apply only): each stage's chip shows its
+    sharding; a click cycles stage 1's, the what-if prices the draft, and Apply hands the kernel that plan."""
+    cells = ["from vpipe_lab import Plan\n"
+             "from vpipe_lab.core.profile import Cluster\n"
+             "from vpipe_lab.core.workloads import random_chain\n"
+             "from vpipe_lab.jupyter.partition_widget import PartitionEditor\n"
+             "applied = []\n"
+             "ed = PartitionEditor(plan=Plan.from_counts([4, 4], 4).with_mesh(shards=2), profile=random_chain(8, seed=4),"
+             " cluster=Cluster(2, 10**12, 1e9, 1e9), on_apply=lambda p: applied.append(p) or 3)\n"
+             "ed"]
+    write_notebook(lab.root / "sharding.ipynb", cells)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with chromium(1400, 900) as page:
+        open_notebook(page, lab, "sharding.ipynb")
+        run_cells(page)
+        chip = page.locator('[data-testid="sharding-1"]')
+        chip.wait_for(state="visible", timeout=120_000)
+        assert chip.text_content() == "hold" and page.locator('[data-testid="sharding-0"]').text_content() == "hold"
+        assert "stage 1's shards: gather the parameters once" in (chip.get_attribute("title") or "")
+        chip.click()
+        page.wait_for_function("document.querySelector('[data-testid=\"sharding-1\"]')?.textContent === 'regather'"
+                               " && /what-if: [\\d.]+ ms/.test(document.querySelector('[data-testid=\"summary\"]')"
+                               ".textContent)", timeout=60_000)
+        assert "changed" in (chip.get_attribute("class") or "")
+        page.locator('[data-testid="apply"]').click()
+        page.wait_for_function("document.querySelector('[data-testid=\"status\"]').textContent === 'applied'",
+                               timeout=60_000)
+        box, cell = chip.bounding_box(), page.locator('[data-testid="sharding-1"]').locator("xpath=..").bounding_box()
+        assert box and cell and box["x"] + box["width"] <= cell["x"] + cell["width"] + 1  # drawn inside its stage
+        page.screenshot(path=str(ARTIFACTS / "sharding.png"), full_page=True)
+    kc = kernel_client(lab, "sharding.ipynb")
+    try:
+        said = ask(kc, "print([p.describe() for p in applied], ed.sharding)")
+        assert "'1f1b 2x2x1 hold/regather M=4" in said and "['hold', 'regather']" in said, said
+    finally:
+        kc.stop_channels()
+
+
 def test_the_history_panel_reverts_and_compares(lab: Lab) -> None:
     """%vpipe history in a notebook: the table lists the plans that ran, choosing entry 0 and clicking Revert brings
     its plan back (a new "revert" row; the workers hold its layers), and the comparison draws both entries' last

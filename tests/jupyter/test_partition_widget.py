@@ -310,3 +310,42 @@ def test_apply_records_the_what_if_the_page_showed_not_a_newer_one_still_on_its_
     finally:
         ed.session = None
         ed.close()
+
+
+def test_a_sharded_job_s_stages_take_their_sharding_from_the_editor_priced_and_applied() -> None:
+    """A sharded plan's stages show their sharding; a draft that sets one is priced as estimate() prices that plan
+    (a stage that streams holds less than one that holds) and Apply hands it on; a pipeline of whole devices shows
+    none, and a message that sets one anyway gets the plan's own refusal, changing nothing."""
+    import dataclasses
+
+    from vpipe_lab.core.cost.costmodel import estimate
+
+    profile = dataclasses.replace(random_chain(8, seed=4), microbatch_size=8)
+    cluster = Cluster(2, 10**12, 1e9, 1e9)
+    plan = Plan.from_counts([4, 4], 4).with_mesh(shards=2)
+    applied: list[Plan] = []
+    ed = PartitionEditor(plan=plan, profile=profile, cluster=cluster, on_apply=lambda p: applied.append(p) or 7)
+    try:
+        wait_for(lambda: "current" in ed.preview)
+        assert ed.sharding == ed.draft_sharding == ["hold", "hold"]
+        ed.receive({**draft([0, 4, 8], ["keep"] * 8), "sharding": ["hold", "stream"]})
+        wait_for(lambda: ed.draft_sharding == ["hold", "stream"])
+        streamed = plan.with_mesh(sharding=("hold", "stream"))
+        assert ed.draft() == streamed
+        assert ed.preview["draft"]["peak_bytes"] == list(estimate(streamed, profile, cluster).peak_bytes)
+        assert ed.preview["draft"]["peak_bytes"][1] < ed.preview["current"]["peak_bytes"][1]
+        ed.receive({**draft([0, 4, 8], ["keep"] * 8, kind="apply"), "sharding": ["hold", "stream"]})
+        wait_for(lambda: ed.status.get("state") == "applied")
+        assert applied == [streamed] and ed.sharding == ["hold", "stream"]
+    finally:
+        ed.close()
+    whole, nothing = editor()
+    try:
+        wait_for(lambda: "current" in whole.preview)
+        assert whole.sharding == whole.draft_sharding == []
+        whole.receive({**draft([0, 4, 8], ["keep"] * 8), "sharding": ["stream", "stream"]})
+        wait_for(lambda: "error" in whole.preview)
+        assert "this job runs shards=1" in whole.preview["error"] and whole.draft_sharding == []
+    finally:
+        whole.close()
+    assert nothing == []

@@ -99,6 +99,11 @@ class Plan:
         """When ``stage`` gathers and reduces (``hold`` unless the plan says otherwise; meaningless at one shard)."""
         return self.sharding[stage] if self.sharding else Sharding.HOLD
 
+    @property
+    def stage_sharding(self) -> tuple[Sharding, ...]:
+        """Every stage's ``sharding_of``, the default spelled out."""
+        return tuple(self.sharding_of(s) for s in range(self.stages))
+
     def with_mesh(self, *, shards: int | None = None, replicas: int | None = None,
                   sharding: Sequence[Sharding | str] | None = None) -> Plan:
         """A copy on another mesh: ``shards`` per stage, ``replicas`` pipelines, each stage's ``sharding``."""
@@ -331,7 +336,7 @@ class Plan:
         if self.shards > 1 or self.replicas > 1:
             mesh = f" {self.stages}x{self.shards}x{self.replicas}"
             if self.shards > 1:
-                mesh += " " + "/".join(self.sharding_of(s).value for s in range(self.stages))
+                mesh += " " + "/".join(m.value for m in self.stage_sharding)
         return f"{self.schedule}{virtual}{mesh} M={self.microbatches} " + " ".join(parts)
 
 

@@ -1,4 +1,5 @@
-"""The words the front end shares with Python (memory policies, schedule names), written as the TypeScript it imports.
+"""The words the front end shares with Python (memory policies, schedule names, shardings), written as the TypeScript
+it imports.
 
 ``python -m vpipe_lab.core.vocabulary extension/src/vocabulary.ts`` writes them; ``.ci/run`` does so before the
 widgets are built and fails when the committed file differs, so the editor's policies and schedules are Python's.
@@ -11,11 +12,14 @@ from pathlib import Path
 
 from vpipe_lab.core.policy import Policy
 from vpipe_lab.core.schedules.registry import BUILT_IN
+from vpipe_lab.core.sharding import Sharding
 
 
 def words() -> dict[str, list[str]]:
-    """The shared vocabularies: the policies in their cycling order, the built-in schedules in the registry's."""
-    return {"POLICIES": [p.value for p in Policy], "SCHEDULES": [k.name for k in BUILT_IN]}
+    """The shared vocabularies: the policies and a sharded stage's choices in their cycling order, the built-in
+    schedules in the registry's."""
+    return {"POLICIES": [p.value for p in Policy], "SCHEDULES": [k.name for k in BUILT_IN],
+            "SHARDINGS": [s.value for s in Sharding]}
 
 
 def typescript() -> str:

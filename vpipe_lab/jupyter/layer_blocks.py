@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from vpipe_lab.core.profile import ModelProfile
+
 EASE = 0.35  # how far one re-measure moves a block's width toward its new share
 
 
@@ -14,3 +18,14 @@ def steady_weights(previous: list[float] | None, measured: list[float]) -> list[
     if previous is None or len(previous) != len(shares):
         return shares
     return [p + EASE * (s - p) for p, s in zip(previous, shares)]
+
+
+def block_docs(profile: ModelProfile, previous: list[float] | None) -> tuple[list[dict[str, Any]], list[float]]:
+    """Each layer's block as the editor's ``layers`` trait holds it, and the shares drawn: by measured time (by
+    parameters before anything was measured), eased from ``previous`` (``steady_weights``)."""
+    measured = [x.forward_s + x.backward_s for x in profile.layers]
+    if not any(measured):  # nothing measured yet: size blocks by parameters instead of time
+        measured = [float(x.param_bytes) for x in profile.layers]
+    weights = steady_weights(previous, measured)
+    return [{"name": x.name, "weight": w, "forward_ms": 1e3 * x.forward_s, "backward_ms": 1e3 * x.backward_s,
+             "activation_bytes": float(x.activation_bytes)} for x, w in zip(profile.layers, weights)], weights

@@ -1,9 +1,10 @@
 """The partition editor: an anywidget (front end in extension/, bundled into static/partition.js).
 
-Layers are blocks coloured by stage; dragging a boundary (committed on release) or clicking a layer (keep -> swap ->
-recompute) edits a draft; the simulator previews the draft's iteration time and per-stage memory against the budget;
-Apply hands the draft to ``Session.change`` and the widget shows pending, then "applied at iteration N", or the error.
-When the session ends the editor stays on screen, frozen, saying so.
+Layers are blocks coloured by stage; dragging a boundary (committed on release), clicking a layer (keep -> swap ->
+recompute) or, in a sharded job, a stage's sharding (hold -> regather -> scatter -> stream) edits a draft; the
+simulator previews the draft's iteration time and per-stage memory against the budget; Apply hands the draft to
+``Session.change`` and the widget shows pending, then "applied at iteration N", or the error. When the session ends
+the editor stays on screen, frozen, saying so.
 
 The browser tells Python what the user did with anywidget custom messages, whose contract is written once, as a JSON
 schema in ``extension/src/messages.ts`` (TypeScript derives its types from it; the build writes it to
@@ -38,7 +39,7 @@ from vpipe_lab.core.cost.calibration import Calibration
 from vpipe_lab.core.errors import VpipeError
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import Cluster, ModelProfile
-from vpipe_lab.jupyter.layer_blocks import steady_weights
+from vpipe_lab.jupyter.layer_blocks import block_docs
 from vpipe_lab.jupyter.previews import Previews, Shown, calibrated
 from vpipe_lab.jupyter.what_if import WhatIf
 
@@ -65,6 +66,8 @@ class PartitionEditor(anywidget.AnyWidget):
     draft_policies = traitlets.List(traitlets.Unicode()).tag(sync=True)
     draft_schedule = traitlets.Unicode().tag(sync=True)
     draft_placement = traitlets.List(traitlets.Int()).tag(sync=True)  # each draft chunk's stage
+    sharding = traitlets.List(traitlets.Unicode()).tag(sync=True)  # each stage's (a sharded job's; else empty)
+    draft_sharding = traitlets.List(traitlets.Unicode()).tag(sync=True)
     preview = traitlets.Dict().tag(sync=True)
     status = traitlets.Dict({"state": "idle", "message": ""}).tag(sync=True)
 
@@ -74,8 +77,7 @@ class PartitionEditor(anywidget.AnyWidget):
         super().__init__(**kwargs)
         if session is None and (plan is None or profile is None or cluster is None):
             raise ValueError("PartitionEditor needs a session, or a plan with a profile and a cluster to preview")
-        self.session = session
-        self.on_apply = on_apply
+        self.session, self.on_apply = session, on_apply
         self.applied: list[int] = []
         self._plan = plan if plan is not None else session.plan  # type: ignore[union-attr]
         self._profile = profile
@@ -119,6 +121,7 @@ class PartitionEditor(anywidget.AnyWidget):
         self.placement = list(plan.placement)
         self.policies = [p.value for p in plan.policies]
         self.schedule = plan.schedule
+        self.sharding = [m.value for m in plan.stage_sharding] if plan.shards > 1 else []  # whole devices: none
         self.schedules = list(schedules.names())  # a schedule registered since shows at the next refresh
 
     def _show_draft(self, plan: Plan) -> None:
@@ -126,16 +129,14 @@ class PartitionEditor(anywidget.AnyWidget):
         self.draft_policies = [p.value for p in plan.policies]
         self.draft_schedule = plan.schedule
         self.draft_placement = list(plan.placement)
+        self.draft_sharding = [m.value for m in plan.stage_sharding] if plan.shards > 1 else []
 
     def _layer_docs(self, profile: ModelProfile) -> list[dict[str, Any]]:
-        measured = [x.forward_s + x.backward_s for x in profile.layers]
-        if not any(measured):  # nothing measured yet: size blocks by parameters instead of time
-            measured = [float(x.param_bytes) for x in profile.layers]
         names = [x.name for x in profile.layers]
         previous = self._weights if names == self._names else None  # another model (set_model): start over
-        self._weights, self._names = steady_weights(previous, measured), names
-        return [{"name": x.name, "weight": w, "forward_ms": 1e3 * x.forward_s, "backward_ms": 1e3 * x.backward_s,
-                 "activation_bytes": float(x.activation_bytes)} for x, w in zip(profile.layers, self._weights)]
+        docs, self._weights = block_docs(profile, previous)
+        self._names = names
+        return docs
 
     def draft(self) -> Plan:
         return self.draft_change().on(self._plan)
@@ -143,8 +144,9 @@ class PartitionEditor(anywidget.AnyWidget):
     def draft_change(self) -> Change:
         """The draft as the change it asks of the running plan."""
         schedule = self.draft_schedule if self.draft_schedule != self._plan.schedule else None
+        sharding = self.draft_sharding if self.draft_sharding != self.sharding else None
         return Change.of(boundaries=self.draft_boundaries, policies=self.draft_policies, schedule=schedule,
-                         source="editor")
+                         source="editor", sharding=sharding)
 
     # --- messages from the browser: on whatever thread delivers them; they only queue work ------------------------
     def receive(self, message: Any) -> None:
@@ -160,8 +162,10 @@ class PartitionEditor(anywidget.AnyWidget):
         # Another schedule than the draft's: Python cuts the layers into its chunks (Change.on) unless they fit.
         boundaries = message["boundaries"] if schedule == self.draft_schedule else None
         try:
+            sharding = message.get("sharding")  # a sharded job's stages, hold -> regather -> scatter -> stream
             change = Change.of(boundaries=boundaries, policies=message["policies"], source="editor",
-                               schedule=schedule if schedule != self._plan.schedule else None)
+                               schedule=schedule if schedule != self._plan.schedule else None,
+                               sharding=sharding if sharding and sharding != self.sharding else None)
         except VpipeError as exc:  # e.g. an unknown policy: the same words the magics and the API get
             self.status = {"state": "error", "message": f"{type(exc).__name__}: {exc}"}
             return

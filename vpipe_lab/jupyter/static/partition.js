@@ -2,9 +2,21 @@
 
 // src/vocabulary.ts
 var POLICIES = ["keep", "swap", "recompute"];
+var SHARDINGS = ["hold", "regather", "scatter", "stream"];
 
 // src/logic.ts
 var POLICIES2 = POLICIES;
+var SHARDINGS2 = SHARDINGS;
+var SHARDING_HELP = {
+  hold: "gather the parameters once, reduce the gradients once per iteration (the most memory; torchtitan's PP layout)",
+  regather: "gather each unit before every forward and backward, reduce once per iteration",
+  scatter: "gather once, reduce-scatter the gradients after every micro-batch",
+  stream: "gather and reduce every micro-batch (the least memory, the most collectives)"
+};
+function cycleSharding(m) {
+  const i = SHARDINGS2.indexOf(m);
+  return SHARDINGS2[(i + 1) % SHARDINGS2.length] ?? "hold";
+}
 function cyclePolicy(p) {
   const i = POLICIES2.indexOf(p);
   return POLICIES2[(i + 1) % POLICIES2.length] ?? "keep";
@@ -95,6 +107,8 @@ var CSS = `
 .vpipe-grid pre { font: 11px/1.3 ui-monospace, monospace; margin: 2px 0; max-height: 320px; overflow: auto;
   background: #f7f7f7; padding: 4px 6px; border-radius: 3px; }
 .vpipe-grid a { font-size: 11px; margin-left: 8px; }
+.vpipe-editor button.vpipe-sharding { padding: 0 6px; margin-left: 6px; font-size: 11px; }
+.vpipe-sharding.changed { outline: 2px dashed #222; outline-offset: 1px; }
 `;
 function list(model, name) {
   const v = model.get(name);
@@ -194,6 +208,8 @@ var PartitionView = class {
       "draft_policies",
       "draft_schedule",
       "draft_placement",
+      "sharding",
+      "draft_sharding",
       "preview",
       "status"
     ]) {
@@ -223,6 +239,14 @@ var PartitionView = class {
   draftPolicies() {
     return this.local?.policies ?? list(this.model, "draft_policies");
   }
+  /** Each stage's sharding in the draft (a sharded job; empty for whole devices). */
+  draftSharding() {
+    return this.local?.sharding ?? list(this.model, "draft_sharding");
+  }
+  /** What every message carries besides the partition: the schedule, and a sharded job's stages. */
+  rest(schedule = this.draftSchedule(), sharding = this.draftSharding()) {
+    return sharding.length ? { schedule, sharding } : { schedule };
+  }
   draftSchedule() {
     return this.local?.schedule ?? this.model.get("draft_schedule") ?? this.model.get("schedule") ?? "";
   }
@@ -231,7 +255,12 @@ var PartitionView = class {
   }
   send(message) {
     if (message.kind === "draft") {
-      this.local = { boundaries: message.boundaries, policies: message.policies, schedule: message.schedule };
+      this.local = {
+        boundaries: message.boundaries,
+        policies: message.policies,
+        schedule: message.schedule,
+        sharding: message.sharding
+      };
     }
     this.model.send(message);
   }
@@ -342,6 +371,8 @@ var PartitionView = class {
       cell.className = "vpipe-stage";
       const over = budget > 0 && peak > budget;
       cell.textContent = `stage ${s}: ${formatSeconds(shown.stage_s[s] ?? NaN)}/mb, ${formatBytes(peak)}` + (budget > 0 ? ` of ${formatBytes(budget)}` : "");
+      const mode = this.draftSharding()[s];
+      if (mode !== void 0) cell.append(this.shardingChip(s, mode));
       const track = document.createElement("div");
       track.className = "vpipe-mem";
       const fill = document.createElement("div");
@@ -351,6 +382,18 @@ var PartitionView = class {
       cell.append(track);
       this.stages.append(cell);
     });
+  }
+  /** Stage ``s``'s sharding in the draft: click to cycle it (a sharded job's stages only). */
+  shardingChip(s, mode) {
+    const chip = document.createElement("button");
+    chip.className = "vpipe-sharding";
+    chip.dataset.testid = `sharding-${s}`;
+    chip.textContent = mode;
+    chip.classList.toggle("changed", mode !== list(this.model, "sharding")[s]);
+    chip.disabled = this.ended();
+    chip.title = `stage ${s}'s shards: ${SHARDING_HELP[mode]} (click: hold -> regather -> scatter -> stream)`;
+    chip.addEventListener("click", () => this.onSharding(s));
+    return chip;
   }
   /** The running plan's grid, and the draft's beside it while there is one: text to read, CSV to download. */
   drawGrids(preview, dirty) {
@@ -394,10 +437,10 @@ var PartitionView = class {
   /** A draft was sent and Python has not answered with it yet (it answers with the draft traits and their preview
    * together; a draft equal to the one it holds needs no answer). */
   awaiting() {
-    return this.local !== null && !(sameList(this.local.boundaries, list(this.model, "draft_boundaries")) && sameList(this.local.policies, list(this.model, "draft_policies")) && (this.local.schedule === void 0 || this.local.schedule === (this.model.get("draft_schedule") ?? "")));
+    return this.local !== null && !(sameList(this.local.boundaries, list(this.model, "draft_boundaries")) && sameList(this.local.policies, list(this.model, "draft_policies")) && (this.local.sharding === void 0 || sameList(this.local.sharding, list(this.model, "draft_sharding"))) && (this.local.schedule === void 0 || this.local.schedule === (this.model.get("draft_schedule") ?? "")));
   }
   isDirty() {
-    return !sameList(this.draftBounds(), list(this.model, "boundaries")) || !sameList(this.draftPolicies(), list(this.model, "policies")) || this.draftSchedule() !== (this.model.get("schedule") ?? this.draftSchedule());
+    return !sameList(this.draftBounds(), list(this.model, "boundaries")) || !sameList(this.draftPolicies(), list(this.model, "policies")) || !sameList(this.draftSharding(), list(this.model, "sharding")) || this.draftSchedule() !== (this.model.get("schedule") ?? this.draftSchedule());
   }
   x(e) {
     return e.clientX - this.bar.getBoundingClientRect().left;
@@ -428,7 +471,7 @@ var PartitionView = class {
     const bounds = this.dragging.bounds;
     this.dragging = null;
     if (!sameList(bounds, this.draftBounds())) {
-      this.send({ kind: "draft", boundaries: bounds, policies: this.draftPolicies(), schedule: this.draftSchedule() });
+      this.send({ kind: "draft", boundaries: bounds, policies: this.draftPolicies(), ...this.rest() });
     }
     this.draw();
   }
@@ -436,7 +479,19 @@ var PartitionView = class {
     if (this.dragging || this.ended()) return;
     const policies = this.draftPolicies().slice();
     policies[layer] = cyclePolicy(policies[layer] ?? "keep");
-    this.send({ kind: "draft", boundaries: this.draftBounds(), policies, schedule: this.draftSchedule() });
+    this.send({ kind: "draft", boundaries: this.draftBounds(), policies, ...this.rest() });
+    this.draw();
+  }
+  onSharding(stage) {
+    if (this.dragging || this.ended()) return;
+    const sharding = this.draftSharding().slice();
+    sharding[stage] = cycleSharding(sharding[stage] ?? "hold");
+    this.send({
+      kind: "draft",
+      boundaries: this.draftBounds(),
+      policies: this.draftPolicies(),
+      ...this.rest(void 0, sharding)
+    });
     this.draw();
   }
   onApply() {
@@ -445,7 +500,7 @@ var PartitionView = class {
       kind: "apply",
       boundaries: this.draftBounds(),
       policies: this.draftPolicies(),
-      schedule: this.draftSchedule(),
+      ...this.rest(),
       ...shown === void 0 ? {} : { shown_s: shown }
     });
     this.pending = true;
@@ -456,7 +511,7 @@ var PartitionView = class {
       kind: "draft",
       boundaries: list(this.model, "boundaries").slice(),
       policies: list(this.model, "policies").slice(),
-      schedule: this.model.get("schedule") ?? this.draftSchedule()
+      ...this.rest(this.model.get("schedule") ?? this.draftSchedule(), list(this.model, "sharding").slice())
     });
     this.draw();
   }
@@ -467,7 +522,7 @@ var PartitionView = class {
       kind: "draft",
       boundaries: this.draftBounds(),
       policies: this.draftPolicies(),
-      schedule: this.schedule.value
+      ...this.rest(this.schedule.value)
     });
     this.draw();
   }
