@@ -321,8 +321,8 @@ def test_a_sharded_stage_s_sharding_is_clicked_in_the_editor_and_applied(lab: La
         assert "stage 1's shards: gather the parameters once" in (chip.get_attribute("title") or "")
         chip.click()
         page.wait_for_function("document.querySelector('[data-testid=\"sharding-1\"]')?.textContent === 'regather'"
-                               " && /what-if: [\\d.]+ ms/.test(document.querySelector('[data-testid=\"summary\"]')"
-                               ".textContent)", timeout=60_000)
+                               " && /what-if: [\\d.]+ m?s per iteration/.test(document.querySelector("
+                               "'[data-testid=\"summary\"]').textContent)", timeout=60_000)
         assert "changed" in (chip.get_attribute("class") or "")
         page.locator('[data-testid="apply"]').click()
         page.wait_for_function("document.querySelector('[data-testid=\"status\"]').textContent === 'applied'",
