@@ -99,7 +99,7 @@ def launch(model: Any, data: Any = None, *, loss: Any = None, optimizer: Any = N
     spec.save(spec_path)
     launcher = Launcher(session_id, job_dir)
     session = Session(spec, hub, launcher, job_dir, model=model)
-    hub.set_handler(session._receive)
+    hub.set_handler(session._lifecycle.receive)
     try:
         session._logger.sink = sinks.open_sink(settings.log)
     except Exception:
@@ -107,7 +107,7 @@ def launch(model: Any, data: Any = None, *, loss: Any = None, optimizer: Any = N
         raise
     _start_workers(session, launcher, spec_path, model_key, settings.start_timeout)
     if settings.max_restarts:
-        session._restart_on_failure(settings.max_restarts, settings.start_timeout)
+        session._lifecycle.restart_on_failure(settings.max_restarts, settings.start_timeout)
     if manifest is not None:
         session._state.plan_version = manifest.plan_version
     if settings.auto_replan:
@@ -233,7 +233,7 @@ def _start_workers(session: Session, launcher: Launcher, spec_path: Path, model_
     try:
         launcher.start_rank(0, spec_path)
         if spec.scout:
-            session._starting(lambda: session._state.units is not None, start_timeout,
+            session._lifecycle.starting(lambda: session._state.units is not None, start_timeout,
                              lambda: (0, "rank 0 did not report the model's partition units"))
             if session._state.refused:
                 raise SettingError(session._state.refused)
@@ -246,10 +246,10 @@ def _start_workers(session: Session, launcher: Launcher, spec_path: Path, model_
         session.stop(timeout=2.0)  # nothing trains yet: rank 0 at most waits for the others to join
         raise
     def late() -> tuple[int, str]:
-        missing = sorted(set(range(session._workers)) - set(session._state.ready))
+        missing = sorted(set(range(session._ranks.workers)) - set(session._state.ready))
         return (missing or [0])[0], f"ranks {missing} did not start"
 
-    session._starting(lambda: len(session._state.ready) >= session._workers, start_timeout, late)
+    session._lifecycle.starting(lambda: len(session._state.ready) >= session._ranks.workers, start_timeout, late)
     session._state.adopt([], None)
     unit_preview.remember(model_key, session.names)
 
@@ -272,11 +272,11 @@ def attach(address: str, *, key: str | None = None, key_file: str | Path | None 
     welcome = client.welcome
     assert welcome is not None  # Client() returns only once it was welcomed
     session = Session(welcome.job.to_spec(key, address), client, launcher=None, job_dir=None)
-    if len(welcome.ready) < session._workers:
+    if len(welcome.ready) < session._ranks.workers:
         session.detach()
-        raise TimeoutError(f"only {len(welcome.ready)} of {session._workers} ranks are ready yet; attach again "
+        raise TimeoutError(f"only {len(welcome.ready)} of {session._ranks.workers} ranks are ready yet; attach again "
                            "shortly")
     session._state.adopt(welcome.ready, welcome.current)
     client.wait_replay(min(timeout, 10.0))
-    client.set_handler(session._receive)  # the replayed recent iterations fill the metrics first
+    client.set_handler(session._lifecycle.receive)  # the replayed recent iterations fill the metrics first
     return session

@@ -1,19 +1,30 @@
 """The Session's worker processes: as the user sees them (``session.processes``: their ids, what is left of them,
-their exit codes, the restarts that replaced them) and the restart wiring between the Session's collaborators."""
+their exit codes, the restarts that replaced them), how many there are (``Ranks``) and the wiring between the
+Session's collaborators that starts and restarts them (``Lifecycle``)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
+from vpipe_lab.control.changes.profiles import Profiles
 from vpipe_lab.control.errors import WorkerError
+from vpipe_lab.control.requests import Requests
 from vpipe_lab.control.state import JobState
+from vpipe_lab.control.subscriptions import Events
+from vpipe_lab.control.workers.monitor import FailureMonitor
 from vpipe_lab.control.workers.processes import Launcher
 from vpipe_lab.control.workers.restarts import Restart, Restarter
 from vpipe_lab.core.cost.breakdown import breakdown
+from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.planning.fewer import spread
 from vpipe_lab.telemetry.metrics import Metrics
+from vpipe_lab.telemetry.sinks import Logger
 from vpipe_lab.wire import protocol as P
+from vpipe_lab.wire.jobspec import JobSpec
 
 
 class Processes:
@@ -57,76 +68,102 @@ class Processes:
         return self._metrics.restart_records()
 
 
-class Lifecycle:
-    """The Session's wiring to its processes: the messages in, the wait while they start, and restarts. A mixin,
-    because these are wired between the Session's own collaborators (failure monitor, intake, requests, launcher),
-    which only the Session holds; none of it is a user's, so its names are underscored, and ``control/launch.py``,
-    which builds the Session, is the one caller outside the class."""
+@dataclass
+class Ranks:
+    """How many stages the job runs now and how many data-parallel pipelines each has (shards x replicas: each shard
+    of a stage reports as one); a restart that plans a stage away lowers ``stages``."""
 
-    _spec: Any
-    _state: Any
-    metrics: Any
-    _logger: Any
-    stop: Callable[..., None]  # the Session's
-    _launcher: Any
-    _job_dir: Any
-    _monitor: Any
-    _intake: Any
-    _requests: Any
-    _events: Any
-    _cond: Any
-    _profiles: Any
-    plan: Any
-    _stages: int
-    _workers: int
-    _replicas: int
+    stages: int
+    replicas: int
+
+    @property
+    def workers(self) -> int:
+        """Worker processes (ranks)."""
+        return self.stages * self.replicas
+
+
+class Inbox(Protocol):
+    """What the wiring needs of the Session's intake (``control/intake.py``, a sibling it may not import)."""
+
+    on_replay: Callable[[int, float | None, float | None], None] | None
+
+    def receive(self, msg: P.Message) -> None:
+        """File one message from a worker."""
+
+    def forget_partial(self, stages: int | None = None) -> None:
+        """The workers were replaced: drop what the ended ones reported of unfinished iterations."""
+
+
+class LifecycleHost(Protocol):
+    """What the wiring needs of the Session it serves."""
+
+    @property
+    def plan(self) -> Plan:
+        """The plan in force."""
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the workers and release everything."""
+
+
+class Lifecycle:
+    """The Session's wiring to its processes: the messages in, the wait while they start, and restarts. It is wired
+    between the Session's own collaborators (failure monitor, intake, requests, launcher); none of it is a user's,
+    and ``control/launch.py``, which builds the Session, is its one caller outside the Session."""
+
+    def __init__(self, host: LifecycleHost, ranks: Ranks, spec: JobSpec, job_dir: Path | None,
+                 launcher: Launcher | None, state: JobState, cond: threading.Condition, intake: Inbox,
+                 requests: Requests, monitor: FailureMonitor, profiles: Profiles, metrics: Metrics, logger: Logger,
+                 events: Events) -> None:
+        self.host, self.ranks, self.spec, self.job_dir, self.launcher = host, ranks, spec, job_dir, launcher
+        self.state, self.cond, self.intake, self.requests, self.monitor = state, cond, intake, requests, monitor
+        self.profiles, self.metrics, self.logger, self.events = profiles, metrics, logger, events
 
     # --- wiring (launch, attach) ------------------------------------------------------------------------------------
-    def _receive(self, msg: P.Message) -> None:
+    def receive(self, msg: P.Message) -> None:
         """Take one message from a worker (the channel's handler; it runs on the channel's thread)."""
-        self._intake.receive(msg)
+        self.intake.receive(msg)
 
-    def _starting(self, done: Callable[[], bool], timeout: float, late: Callable[[], tuple[int, str]]) -> None:
+    def starting(self, done: Callable[[], bool], timeout: float, late: Callable[[], tuple[int, str]]) -> None:
         """Wait for ``done()`` while workers start (``launch``); on a failure, or a timeout (``late()`` says which
         rank missed what), stop the workers and raise."""
         try:
-            self._requests.until(done, timeout, "the workers did not start")
+            self.requests.until(done, timeout, "the workers did not start")
         except TimeoutError:
             rank, what = late()
-            self._monitor.fail(WorkerError(rank % self._stages, f"{what} within {timeout:.0f} s"))
+            self.monitor.fail(WorkerError(rank % self.ranks.stages, f"{what} within {timeout:.0f} s"))
         except WorkerError:
             pass
-        if (err := self._monitor.fatal) is not None:
-            self.stop(timeout=2.0)  # nothing trains yet
+        if (err := self.monitor.fatal) is not None:
+            self.host.stop(timeout=2.0)  # nothing trains yet
             raise err
 
-    def _restart_on_failure(self, limit: int, start_timeout: float) -> None:
+    def restart_on_failure(self, limit: int, start_timeout: float) -> None:
         """From now on a failed worker is replaced and training goes back to the newest snapshot, ``limit`` times
         at most (``control/workers/restarts.py``); launch() calls this for ``max_restarts``."""
-        if self._launcher is None or self._job_dir is None:
+        if self.launcher is None or self.job_dir is None:
             raise RuntimeError("only a session that started its workers restarts them; a torchrun job restarts "
                                "through torchrun's own --max-restarts")
-        restarter = Restarter(limit, self._spec, self._job_dir, self._launcher, self._state, self._requests, self._cond,
-                              start_timeout, self._intake.forget_partial, self._restarted, self._layer_times)
-        self._intake.on_replay = restarter.replayed
-        self._monitor.recover = restarter.recover
+        restarter = Restarter(limit, self.spec, self.job_dir, self.launcher, self.state, self.requests, self.cond,
+                              start_timeout, self.intake.forget_partial, self._restarted, self._layer_times)
+        self.intake.on_replay = restarter.replayed
+        self.monitor.recover = restarter.recover
 
     def _layer_times(self) -> list[float] | None:
         """What each layer costs, for re-planning onto fewer stages: the newest profile's, else each stage's measured
         compute over the last iterations shared by its layers, else None (an even split)."""
-        newest = self._profiles.newest
-        if newest is not None and len(newest) == self.plan.num_layers:
+        newest, plan = self.profiles.newest, self.host.plan
+        if newest is not None and len(newest) == plan.num_layers:
             return [layer.compute_s for layer in newest.layers]
         times = {t.stage: t.seconds("compute") for t in breakdown(self.metrics.timeline(10))}
-        if sorted(times) != list(range(self.plan.stages)):
+        if sorted(times) != list(range(plan.stages)):
             return None
-        return spread(self.plan, [times[s] for s in range(self.plan.stages)])
+        return spread(plan, [times[s] for s in range(plan.stages)])
 
     def _restarted(self, restart: Restart) -> None:
-        if restart.stages and restart.stages != self._stages:  # it went on without a stage that could not come back
-            self._stages, self._workers = restart.stages, restart.stages * self._replicas
+        if restart.stages and restart.stages != self.ranks.stages:  # it went on without a stage that could not come back
+            self.ranks.stages = restart.stages
         self.metrics.add_restart(restart)
-        self._logger.event(restart.snapshot, "restart", f"restart {restart.number}: stage {restart.stage} failed "
+        self.logger.event(restart.snapshot, "restart", f"restart {restart.number}: stage {restart.stage} failed "
                           f"({restart.cause}); back to iteration {restart.snapshot}, {restart.replayed} replayed"
                           + (f"; {restart.note}" if restart.note else ""))
-        self._events.publish({"type": "restarted", **restart.to_dict()})
+        self.events.publish({"type": "restarted", **restart.to_dict()})

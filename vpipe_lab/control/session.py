@@ -4,8 +4,9 @@ It holds no tensors and needs no torch: workers talk to each other directly (tor
 authenticated ZeroMQ channel (``wire/channel.py``). A small public object over collaborators: ``Intake`` files
 incoming messages (hub thread), ``Requests`` sends commands and waits for answers, ``FailureMonitor`` names the root
 cause of a failure (monitor thread, which also delivers ``Events``), ``Live`` carries out plan, model and checkpoint
-changes, ``MemoryTable`` sets each worker's predicted memory beside its measured. ``launch()`` and ``attach()``
-(``control/launch.py``) build it; docs/architecture.md has the threads and the message flow."""
+changes, ``MemoryTable`` sets each worker's predicted memory beside its measured, ``Lifecycle`` wires the workers'
+start and restarts. ``launch()`` and ``attach()`` (``control/launch.py``) build it; docs/architecture.md has the
+threads and the message flow."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from vpipe_lab.control.errors import WorkerError
 from vpipe_lab.control.evaluation import evaluate
 from vpipe_lab.control.history import History
 from vpipe_lab.control.intake import Intake
-from vpipe_lab.control.lifecycle import Lifecycle, Processes
+from vpipe_lab.control.lifecycle import Lifecycle, Processes, Ranks
 from vpipe_lab.control.memory_view import MemoryTable
 from vpipe_lab.control.outward import Outward
 from vpipe_lab.control.record import Record
@@ -51,7 +52,7 @@ from vpipe_lab.wire.jobspec import JobSpec
 log = logging.getLogger(__name__)
 
 
-class Session(Lifecycle):
+class Session:
     """A running pipeline. Every method is safe to call while training goes on in the background. Beside what a user
     does with a running job, it hands out ``metrics`` (what the workers measured), ``record`` (every plan that ran:
     history, compare, revert) and ``processes`` (worker pids, exit codes, restarts)."""
@@ -59,9 +60,9 @@ class Session(Lifecycle):
     # Public before; kept one release, warning (issue #59): the public face is the documented one.
     spec = Deprecated("_spec", "session.settings (the job's settings) and session.plan")
     model = Deprecated("_model", "the model you passed to launch()")
-    stages = Deprecated("_stages", "session.plan.stages")
-    replicas = Deprecated("_replicas", "session.plan.replicas (and session.plan.shards)")
-    workers = Deprecated("_workers", "session.processes (its pids) or session.plan.devices")
+    stages = Deprecated("_ranks.stages", "session.plan.stages")
+    replicas = Deprecated("_ranks.replicas", "session.plan.replicas (and session.plan.shards)")
+    workers = Deprecated("_ranks.workers", "session.processes (its pids) or session.plan.devices")
     logger = Deprecated("_logger", "launch(log=...)")
     state = Deprecated("_state", "session.iteration, session.plan, session.status")
 
@@ -70,8 +71,7 @@ class Session(Lifecycle):
         self._spec = spec
         self._model = model  # what builds the trained model (factory, instance or bundled name): export() uses it
         # replicas: the data-parallel pipelines that report (shards x replicas: each shard of a stage runs one)
-        self._stages, self._replicas = spec.settings.stages, spec.settings.data_parallel
-        self._workers = self._stages * self._replicas  # worker processes (ranks)
+        self._ranks = ranks = Ranks(spec.settings.stages, spec.settings.data_parallel)
         self.metrics = Metrics()
         self._logger = Logger(None)  # launch(log=...) sets the sink (telemetry/sinks.py)
         self._state = JobState(iteration=spec.start_iteration, target=spec.start_iteration)
@@ -80,21 +80,24 @@ class Session(Lifecycle):
         self._events = Events()
         self._monitor = FailureMonitor(launcher, job_dir, self._state, self._events, cond)
         self._requests = Requests(hub, spec.settings.timeout, cond, lambda: self._monitor.fatal)
-        self._intake = Intake(self._stages, self._replicas, self._state, self.metrics, self._requests, self._monitor,
+        self._intake = Intake(ranks.stages, ranks.replicas, self._state, self.metrics, self._requests, self._monitor,
                               self._events, self._logger, cond)
         self._runlog: RunLog | None = None
         if spec.settings.run_dir and launcher is not None:  # vpipe-lab run --run-dir: metrics.jsonl as it trains
-            self._runlog = RunLog(Path(spec.settings.run_dir), self._stages, spec.start_iteration, replicas=self._replicas)
+            self._runlog = RunLog(Path(spec.settings.run_dir), ranks.stages, spec.start_iteration, replicas=ranks.replicas)
             self._intake.observer = self._runlog.observe
         self._profiles = Profiles()
         self._history = History(self._state, self.metrics, cond)  # session.record (control/record.py)
         self._events.subscribe(self._history.observe)
-        self.record = Record(self._history, self.change, lambda: self._stages)
+        self.record = Record(self._history, self.change, lambda: ranks.stages)
         self.processes = Processes(launcher, self.metrics, self._state, self._layers_by_stage)
         self._memory = MemoryTable(self, self._profiles)
         self._outward = Outward(self, self._requests, self._state, self.metrics, self._monitor, spec)
         self._live = Live(spec, job_dir, self._state, self._requests, self._monitor, self._events, self._profiles, self)
         self._autoplan: AutoReplanner | None = None
+        self._lifecycle = Lifecycle(self, ranks, spec, job_dir, launcher, self._state, cond, self._intake,
+                                    self._requests, self._monitor, self._profiles, self.metrics, self._logger,
+                                    self._events)
         self._monitor.start()
         register(self)  # the %vpipe magics act on the newest session, however it was started
 
@@ -102,7 +105,7 @@ class Session(Lifecycle):
     @property
     def settings(self) -> Settings:
         """The job's settings (``core/settings.py``) as validated; after a stage was planned away, with fewer stages."""
-        return self._spec.settings  # type: ignore[no-any-return]
+        return self._spec.settings
 
     @property
     def iteration(self) -> int:
@@ -178,7 +181,7 @@ class Session(Lifecycle):
     def cluster(self) -> Cluster:
         """The running hardware as the planners see it: budgets, bandwidths, time per step (``JobState.cluster``)."""
         m = self.metrics
-        return self._state.cluster(self._stages, self.settings.budgets, m.timeline(20).step_overhead_s(),
+        return self._state.cluster(self._ranks.stages, self.settings.budgets, m.timeline(20).step_overhead_s(),
                                   m.iteration_gap_s())
 
     def on_event(self, callback: EventCallback) -> Callable[[], None]:
@@ -210,7 +213,10 @@ class Session(Lifecycle):
         if goal is None:
             raise ValueError("run() was asked to train until stopped: give wait() an iteration to wait for")
         self._check()
-        why = lambda: self._state.unreachable(goal, self._paused)
+
+        def why() -> str | None:  # why the goal cannot be reached now (None: it still can)
+            return self._state.unreachable(goal, self._paused)
+
         self._requests.until(lambda: self._state.iteration >= goal or self.closed or self._monitor.paused_reported()
                              or why() is not None, timeout, lambda: f"iteration {goal} not reached (at {self.iteration})")
         self._check()
@@ -240,7 +246,7 @@ class Session(Lifecycle):
     # --- what the workers know -----------------------------------------------------------------------------------
     def _layers(self, reset: bool, timeout: float | None = None) -> list[Layers]:
         self._check()
-        return self._requests.gather(Profile(reset=reset), Layers, self._stages, timeout)
+        return self._requests.gather(Profile(reset=reset), Layers, self._ranks.stages, timeout)
 
     def profile(self, reset: bool = False, timeout: float | None = None) -> ModelProfile:
         """Every layer's measured costs per micro-batch (medians over the profiling iterations since the last reset)."""
@@ -274,7 +280,7 @@ class Session(Lifecycle):
 
     def _microbatch_size(self) -> int:
         """Samples per micro-batch in the latest iteration (0 before the first): what a profile is measured at."""
-        return self.metrics.microbatch_size(self._replicas)
+        return self.metrics.microbatch_size(self._ranks.replicas)
 
     def evaluate(self, data: Any = None, batches: int = 1, timeout: float | None = None) -> float:
         """The mean loss of a forward-only pass over ``batches`` batches of ``data`` (like ``launch``'s data: a
@@ -419,5 +425,5 @@ class Session(Lifecycle):
     def __repr__(self) -> str:
         plan = self._state.plan.describe() if self._state.plan else "?"
         eager = f", {len(self.eager)} units run in part eagerly" if self.eager else ""
-        return (f"<vpipe_lab.Session {self.status}: {self._stages} stages, iteration {self._state.iteration}, "
+        return (f"<vpipe_lab.Session {self.status}: {self._ranks.stages} stages, iteration {self._state.iteration}, "
                 f"plan {plan}{eager}>")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,7 @@ class JobState:
         self.target = None if current.running else self.iteration
         self.paused = current.paused
 
-    def cluster(self, stages: int, memory_budget: list[int] | None, step_overhead_s: float = 0.0,
+    def cluster(self, stages: int, memory_budget: Sequence[int] | None, step_overhead_s: float = 0.0,
                 iteration_overhead_s: float = 0.0) -> Cluster:
         """The hardware the ranks reported at start as the planners see it: ``memory_budget`` per stage (or this
         machine's memory split evenly), the slowest measured host-copy and stage-to-stage bandwidths, and the

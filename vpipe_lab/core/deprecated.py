@@ -3,12 +3,14 @@ DeprecationWarning naming what to use."""
 
 from __future__ import annotations
 
+import operator
 import warnings
 from typing import Any
 
 
 class Deprecated:
-    """A read-only class attribute aliasing the instance's private ``attribute``; ``instead`` says what to use."""
+    """A read-only class attribute aliasing the instance's private ``attribute`` (a dotted path reaches into a
+    collaborator); ``instead`` says what to use."""
 
     def __init__(self, attribute: str, instead: str) -> None:
         self.attribute, self.instead = attribute, instead
@@ -22,4 +24,4 @@ class Deprecated:
             return self
         warnings.warn(f"{type(obj).__name__}.{self.name} is deprecated and goes in the next release: use {self.instead}",
                       DeprecationWarning, stacklevel=2)
-        return getattr(obj, self.attribute)
+        return operator.attrgetter(self.attribute)(obj)
