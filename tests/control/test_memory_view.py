@@ -40,3 +40,9 @@ def test_each_rank_s_peak_is_predicted_within_10_percent_under_every_sharding() 
             for _, stage in rows.groupby("stage"):
                 first, second = stage["allocated_peak"]
                 assert second == pytest.approx(first, rel=0.01), (mode, rows)
+        session.apply(session.plan.with_mesh(sharding=("hold", "hold")))
+        session.run(3)
+        session.wait(timeout=180)
+    # measured again since the table last asked, and the workers gone: the prediction from the layers in hand
+    after = session.memory()
+    assert after["predicted_peak"].notna().all() and (after["allocated_at"] > changed).all(), after

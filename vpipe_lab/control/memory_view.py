@@ -50,6 +50,10 @@ class MemoryHost(Protocol):
     def profile(self) -> ModelProfile:
         """A profile measured now (the workers asked)."""
 
+    @property
+    def closed(self) -> bool:
+        """The workers are gone: nothing can be asked of them."""
+
     def cluster(self) -> Cluster:
         """The running hardware as the planners see it."""
 
@@ -69,7 +73,7 @@ class MemoryTable:
         plan, cluster = session.plan, session.cluster()
         rows_now = {(r["stage"], r.get("replica", 0)): r for r in session.metrics.latest_memory()}
         measured = max((int(r.get("allocated_at") or -1) for r in rows_now.values()), default=-1)
-        if ask and measured > self._profiled_after:
+        if ask and measured > self._profiled_after and not session.closed:
             # the workers measured the allocator since the profile in hand (a change remeasures it): the layers'
             # working sets they noted then (engine/allocator.py) belong to the plan in force, so ask for them
             profile: ModelProfile | None = session.profile()
