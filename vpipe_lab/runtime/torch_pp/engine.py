@@ -94,7 +94,7 @@ class _Held:
         self.tensor = tensor
 
 
-class TorchWorker(TorchState, WorkerCommands):
+class TorchWorker(WorkerCommands):
     """One rank of a pipeline that torch.distributed.pipelining runs (see the module docstring)."""
 
     def __init__(self, spec: JobSpec, rank: int, world: int, link: Link, local_rank: int, local_world: int) -> None:
@@ -123,13 +123,15 @@ class TorchWorker(TorchState, WorkerCommands):
         self.model_version, self.samples = 0, 0
         self.stats: dict[int, dict[str, list[float]]] = {}  # torch stage -> action letter -> seconds (and "held")
         self._dir = Path(tempfile.mkdtemp(prefix=f"vpipe-torch-{spec.session_id}-r{rank}-"))
+        self.torch_state = state = TorchState(self)  # checkpoints, reshards, tensors, profiles
+        self.save = state.save  # what WorkerCommands' save and the run directory's checkpoints call
         self.commands = {C.Run: self._run, C.Pause: self._run_state, C.Resume: self._run_state,
-                         C.Stop: self._run_state, C.Ping: self.ack, C.Profile: self._profile, C.State: self._state,
-                         C.Telemetry: self._telemetry, C.Evaluate: self._evaluate, C.Save: self._save,
-                         C.Apply: self._apply_plan, C.SetModel: self._set_model}
-        self._build(self.plan)
+                         C.Stop: self._run_state, C.Ping: self.ack, C.Profile: state.profile, C.State: state.answer_state,
+                         C.Telemetry: state.telemetry, C.Evaluate: state.evaluate, C.Save: self._save,
+                         C.Apply: state.apply_plan, C.SetModel: state.set_model}
+        self.build(self.plan)
         if spec.resume_path:
-            self.load(Path(spec.resume_path))
+            state.load(Path(spec.resume_path))
 
     def _units(self, rank: int, world: int) -> tuple[Any, Any]:
         """The model cut into the lab's units (their names, modules and output structure; on the meta device where
@@ -181,7 +183,7 @@ class TorchWorker(TorchState, WorkerCommands):
                                                  "W": "weight gradient"}.get(letter, letter)
         return self.ctl.iteration, mb, f"{what} of torch's stage {stage}"
 
-    def _build(self, plan: Plan) -> None:
+    def build(self, plan: Plan) -> None:
         """This rank's stages of ``plan`` from a fresh build of the model, with a new optimizer and scheduler."""
         bundle = make(plan, self.units)
         path = write_bundle(self._dir / f"bundle-v{self.ctl.plan_version}", bundle)
@@ -197,7 +199,7 @@ class TorchWorker(TorchState, WorkerCommands):
         if self.scheduler_fn is not None and self.optimizer is not None:
             self.scheduler = self.scheduler_fn(self.optimizer)
         self._no_targets = False
-        self._unit_of = self._map_units()
+        self.unit_of = self._map_units()
         self._measured_from = self.ctl.iteration  # a new plan: its activations are counted anew
 
     def _map_units(self) -> dict[str, int]:

@@ -1,6 +1,6 @@
 """The torch engine's answers about its state: checkpoints (DCP, as the lab's engine writes them), the reshard a plan
-change is, the model's tensors, and a profile apportioned from each stage's measured times (mixed into
-``runtime/torch_pp/engine.TorchWorker``, whose docstring says why a plan change is a reshard here)."""
+change is, the model's tensors, and a profile apportioned from each stage's measured times (``TorchState``, a
+collaborator of ``runtime/torch_pp/engine.TorchWorker``, whose docstring says why a plan change is a reshard here)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -19,182 +19,213 @@ from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import LayerCost
 from vpipe_lab.runtime.disk import dcp_state
 from vpipe_lab.runtime.disk.checkpoints import check_files, write_version
+from vpipe_lab.runtime.engine.comm import Peer
+from vpipe_lab.runtime.engine.device import Placement
 from vpipe_lab.runtime.model.callables import agreed_plan, job_dir
+from vpipe_lab.runtime.model.capture import Chain
+from vpipe_lab.runtime.progress import Control
+from vpipe_lab.runtime.torch_pp.pipeline import TorchPipeline
+from vpipe_lab.runtime.training.place import Place
 from vpipe_lab.wire import commands as C
 from vpipe_lab.wire import events as E
 from vpipe_lab.wire.checkpoint import Manifest, is_foreign, resolve
+from vpipe_lab.wire.codec import Body
+from vpipe_lab.wire.jobspec import JobSpec
 from vpipe_lab.wire.tensors import encode
 
 log = logging.getLogger("vpipe_lab.torch_engine")
 
 
-class TorchState:
-    """Checkpoints, reshards, tensors and profiles of a ``TorchWorker`` (which holds the attributes named here)."""
+class TorchHost(Protocol):
+    """What ``TorchState`` reads of its ``TorchWorker``: the job, this rank's place, and the stages the plan in force
+    built (replaced at every reshard, so read when asked)."""
 
-    spec: Any
-    peer: Any
-    place: Any
+    spec: JobSpec
+    peer: Peer
+    place: Place
     index: int
     world: int
     leader: bool
-    ctl: Any
+    ctl: Control
     plan: Plan
-    chain: Any
+    chain: Chain
     names: list[str]
     num_layers: int
     model_version: int
-    pp: Any
+    samples: int
+    pp: TorchPipeline
     named: dict[str, torch.nn.Parameter]
-    optimizer: Any
-    scheduler: Any
-    placement: Any
+    optimizer: torch.optim.Optimizer | None
+    scheduler: Any  # the user's LR scheduler (torch's LRScheduler or their own), or None
+    placement: Placement
     record_spans: bool
     stats: dict[int, dict[str, list[float]]]
-    _unit_of: dict[str, int]
+    unit_of: dict[str, int]
 
-    ack: Any
-    send: Any
-    current: Any
-    _build: Any
+    def ack(self, cmd: C.Command, **extra: Any) -> None:
+        """Acknowledge ``cmd`` (rank 0)."""
+
+    def send(self, body: Body) -> None:
+        """Send ``body`` to the controller."""
+
+    def current(self) -> None:
+        """Tell the controller the job as it is now (rank 0)."""
+
+    def build(self, plan: Plan) -> None:
+        """Build this rank's stages of ``plan`` from a fresh model, with a new optimizer and scheduler."""
+
+
+class TorchState:
+    """Checkpoints, reshards, tensors and profiles of one ``TorchWorker`` (its ``host``)."""
+
+    def __init__(self, host: TorchHost) -> None:
+        self.host = host
 
     # --- checkpoints ----------------------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """This rank's part of the job as a DCP state dict: its tensors under the model's own ``state_dict()`` names,
         its optimizer flattened by parameter name, the step (``runtime/disk/dcp_state.py``'s layout)."""
-        optimizer = dcp_state.flatten_optimizer(self.named, self.optimizer) if self.optimizer is not None else {}
-        return {**self.pp.tensors(), dcp_state.OPTIMIZER: optimizer,  # a sharded stage's: DCP writes its shards
-                dcp_state.TRAIN: {"step": torch.tensor(self.ctl.iteration, dtype=torch.int64)}}
+        h = self.host
+        optimizer = dcp_state.flatten_optimizer(h.named, h.optimizer) if h.optimizer is not None else {}
+        return {**h.pp.tensors(), dcp_state.OPTIMIZER: optimizer,  # a sharded stage's: DCP writes its shards
+                dcp_state.TRAIN: {"step": torch.tensor(h.ctl.iteration, dtype=torch.int64)}}
 
     def save(self, root: Path, name: str | None = None, keep: int | None = None) -> str | None:
         """A new checkpoint version under ``root``, as ``session.save`` describes it; None, or why it failed."""
-        version = root / (name or f"ckpt-{self.ctl.iteration:08d}-{self.ctl.plan_version}-{self.model_version}")
-        place = self.place  # the first replica's every shard writes: writer shard x stages + stage, its global rank
+        h = self.host
+        version = root / (name or f"ckpt-{h.ctl.iteration:08d}-{h.ctl.plan_version}-{h.model_version}")
+        place = h.place  # the first replica's every shard writes: writer shard x stages + stage, its global rank
         state = self.state() if place.replica == 0 else {}
-        return write_version(self.peer, place.shard * self.world + self.index, self.world * place.shards,
-                             place.replica, self.leader, version, state, lambda: Manifest(
-            self.ctl.iteration, self.plan.to_dict(), self.num_layers, self.names, self.spec.settings.seed,
-            self.ctl.plan_version,
-            self.model_version, format="dcp", units=self.chain.infos(),
-            extra={"microbatch_size": self.samples // self.plan.microbatches if self.samples else None}),
-            keep, self.ctl.iteration)
+        return write_version(h.peer, place.shard * h.world + h.index, h.world * place.shards, place.replica, h.leader,
+                             version, state, lambda: Manifest(
+            h.ctl.iteration, h.plan.to_dict(), h.num_layers, h.names, h.spec.settings.seed, h.ctl.plan_version,
+            h.model_version, format="dcp", units=h.chain.infos(),
+            extra={"microbatch_size": h.samples // h.plan.microbatches if h.samples else None}), keep, h.ctl.iteration)
 
     def load(self, path: Path) -> None:
         """Read this rank's tensors and optimizer state by name from a DCP checkpoint (the lab's or torch's)."""
+        h = self.host
         listed: set[str] | None = None  # torch's own checkpoint: plain file names inside it
         if not is_foreign(path):
             manifest = Manifest.read(path)
             if manifest.format != "dcp":
                 raise ValueError(f"checkpoint {path} is in the per-layer format of earlier releases: resume it with "
                                  "engine='lab' and save it again (as a DCP checkpoint) to use it here")
-            check_files(self.peer, self.place.shard * self.world + self.index, self.world * self.place.shards,
-                        self.place.replica, manifest)
+            check_files(h.peer, h.place.shard * h.world + h.index, h.world * h.place.shards,
+                        h.place.replica, manifest)
             listed = set(manifest.files)
         reader = dcp_state.SafeReader(str(resolve(path)), listed)
-        wanted = [([key], tensor) for key, tensor in self.pp.tensors().items()]  # read in place (DTensors: a slice)
-        template, missing = dcp_state.template(wanted, set(self.named), reader.read_metadata(), self.named)
+        wanted = [([key], tensor) for key, tensor in h.pp.tensors().items()]  # read in place (DTensors: a slice)
+        template, missing = dcp_state.template(wanted, set(h.named), reader.read_metadata(), h.named)
         if missing:
             raise ValueError(f"checkpoint {path} has no {', '.join(missing[:3])}: it was saved from another model")
         with torch.no_grad():
             dcp.load(template, storage_reader=reader, planner=dcp_state.SafeLoadPlanner(), no_dist=True)
-        if self.optimizer is not None:
-            dcp_state.load_optimizer(self.named, self.optimizer, template.get(dcp_state.OPTIMIZER) or {},
-                                     self.placement.device)
+        if h.optimizer is not None:
+            dcp_state.load_optimizer(h.named, h.optimizer, template.get(dcp_state.OPTIMIZER) or {},
+                                     h.placement.device)
             self._continue_schedule()
 
     def _continue_schedule(self) -> None:
         """A scheduler built for restored groups goes on at this iteration from each group's restored rate."""
-        if self.scheduler is None or self.ctl.iteration == 0:
+        h = self.host
+        if h.scheduler is None or h.optimizer is None or h.ctl.iteration == 0:
             return
-        lrs = [g["lr"] for g in self.optimizer.param_groups]
-        self.scheduler.last_epoch = self.ctl.iteration
-        self.scheduler._step_count = self.ctl.iteration + 1
-        self.scheduler._last_lr = list(lrs)
+        lrs = [g["lr"] for g in h.optimizer.param_groups]
+        h.scheduler.last_epoch = h.ctl.iteration
+        h.scheduler._step_count = h.ctl.iteration + 1
+        h.scheduler._last_lr = list(lrs)
 
     # --- a plan change: a reshard -------------------------------------------------------------------------------
-    def _apply_plan(self, cmd: C.Apply) -> None:
+    def apply_plan(self, cmd: C.Apply) -> None:
         """Save, rebuild the new plan's stages from a fresh model, load them back by name (every rank at once)."""
-        plan = agreed_plan(cmd.plan, cmd.schedules, self.num_layers, self.world, self.peer.all_max, job_dir(self.spec))
+        h = self.host
+        plan = agreed_plan(cmd.plan, cmd.schedules, h.num_layers, h.world, h.peer.all_max, job_dir(h.spec))
         if isinstance(plan, str):
-            return self.ack(cmd, ok=False, error=plan)
-        version = cmd.version if cmd.version is not None else self.ctl.plan_version + 1
+            return h.ack(cmd, ok=False, error=plan)
+        version = cmd.version if cmd.version is not None else h.ctl.plan_version + 1
         start = time.perf_counter()
-        shared = Path(tempfile.gettempdir()) / f"vpipe-torch-{self.spec.session_id}-reshard-v{version}"
+        shared = Path(tempfile.gettempdir()) / f"vpipe-torch-{h.spec.session_id}-reshard-v{version}"
         root = Path(cmd.checkpoint) if cmd.checkpoint else shared  # the apply's own checkpoint doubles as the snapshot
         problem = self.save(root)
         if problem is not None:
-            return self.ack(cmd, ok=False, error=f"the snapshot before the reshard failed ({problem}); nothing changed")
-        before = {n: self.plan.stage_of(u) for n, u in self._unit_of.items() if u >= 0}
-        self.plan, self.ctl.plan_version = plan, version
-        self._build(plan)
+            return h.ack(cmd, ok=False, error=f"the snapshot before the reshard failed ({problem}); nothing changed")
+        before = {n: h.plan.stage_of(u) for n, u in h.unit_of.items() if u >= 0}
+        h.plan, h.ctl.plan_version = plan, version
+        h.build(plan)
         self.load(root)
-        moved = sum(p.numel() * p.element_size() for n, p in self.named.items()
-                    if self._unit_of.get(n, -1) >= 0 and before.get(n, self.index) != self.index)
-        moved = int(self.peer.all_sum([float(moved)])[0])
+        moved = sum(p.numel() * p.element_size() for n, p in h.named.items()
+                    if h.unit_of.get(n, -1) >= 0 and before.get(n, h.index) != h.index)
+        moved = int(h.peer.all_sum([float(moved)])[0])
         if not cmd.checkpoint:
-            self.peer.barrier()
-            if self.leader:
+            h.peer.barrier()
+            if h.leader:
                 shutil.rmtree(shared, ignore_errors=True)
-        self.stats.clear()
-        self.current()
-        self.ack(cmd, ok=True, moved_bytes=moved, pause_s=time.perf_counter() - start)
+        h.stats.clear()
+        h.current()
+        h.ack(cmd, ok=True, moved_bytes=moved, pause_s=time.perf_counter() - start)
 
-    def _set_model(self, cmd: C.SetModel) -> None:
-        self.ack(cmd, ok=False, error="engine='torch' trains one model: switching models (set_model) needs the lab's "
-                                      "engine")
+    def set_model(self, cmd: C.SetModel) -> None:
+        self.host.ack(cmd, ok=False, error="engine='torch' trains one model: switching models (set_model) needs the "
+                                           "lab's engine")
 
     # --- what the controller asks ---------------------------------------------------------------------------------
-    def _state(self, cmd: C.State) -> None:
-        if self.place.dp != 0 and self.place.shards == 1:
+    def answer_state(self, cmd: C.State) -> None:
+        h = self.host
+        if h.place.dp != 0 and h.place.shards == 1:
             return  # the replicas hold the first one's state; a sharded stage's shards gather it together
-        place = {key: i for i, key in enumerate(self.chain.state_keys)}
+        place = {key: i for i, key in enumerate(h.chain.state_keys)}
         meta, buffers = [], []
-        for key, tensor in self.pp.state_dict().items():
+        for key, tensor in h.pp.state_dict().items():
             m, b = encode(key, tensor)
             m.aliases = [(key, place.get(key, len(place)))]
             meta.append(m)
             buffers.append(b)
-        if self.place.dp == 0:
-            self.send(E.Tensors(cmd.id, self.index, meta, buffers))
+        if h.place.dp == 0:
+            h.send(E.Tensors(cmd.id, h.index, meta, buffers))
 
-    def _telemetry(self, cmd: C.Telemetry) -> None:
-        self.record_spans = cmd.spans
-        self.ack(cmd)
+    def telemetry(self, cmd: C.Telemetry) -> None:
+        self.host.record_spans = cmd.spans
+        self.host.ack(cmd)
 
-    def _evaluate(self, cmd: C.Evaluate) -> None:
-        if self.leader:
-            self.send(E.Evaluated(self.index, cmd.id, self.ctl.iteration,
-                                  error="evaluation passes run on the lab's engine (engine='lab')"))
+    def evaluate(self, cmd: C.Evaluate) -> None:
+        h = self.host
+        if h.leader:
+            h.send(E.Evaluated(h.index, cmd.id, h.ctl.iteration,
+                               error="evaluation passes run on the lab's engine (engine='lab')"))
 
-    def _profile(self, cmd: C.Profile) -> None:
+    def profile(self, cmd: C.Profile) -> None:
         """Each unit's costs here: its stage's median forward, backward and weight-step times and its activations,
         spread over the stage's units by their parameter bytes (torch times stages, not layers); parameters and
         optimizer state exact."""
+        h = self.host
         layers = []
-        if self.place.dp != 0:  # every data-parallel pipeline measures the same layers; the first one answers
+        if h.place.dp != 0:  # every data-parallel pipeline measures the same layers; the first one answers
             return
-        for spec in self.pp.bundle.stages_of(self.index):
-            times = self.stats.get(spec.stage, {})
+        for spec in h.pp.bundle.stages_of(h.index):
+            times = h.stats.get(spec.stage, {})
             units = list(spec.units)
-            own = {u: [p for n, p in self.named.items() if self._unit_of.get(n) == u] for u in units}
+            own = {u: [p for n, p in h.named.items() if h.unit_of.get(n) == u] for u in units}
             size = {u: sum(p.numel() * p.element_size() for p in own[u]) for u in units}
             total = sum(size.values())
             for u in units:
                 share = size[u] / total if total else 1 / len(units)
                 optim = sum(v.numel() * v.element_size() for p in own[u] for v in
-                            (self.optimizer.state.get(p, {}).values() if self.optimizer else ())
+                            (h.optimizer.state.get(p, {}).values() if h.optimizer else ())
                             if isinstance(v, torch.Tensor))
                 f, b, w = (statistics.median(times[k]) if times.get(k) else 0.0 for k in ("F", "B", "W"))
-                cost = LayerCost(self.names[u], f * share, (b + w) * share,
+                cost = LayerCost(h.names[u], f * share, (b + w) * share,
                                  int(self.activations_per_mb(spec.stage) * share), 0, 0, size[u], optim, (),
                                  w * share if w else None)
                 layers.append(E.LayerMeasure(u, cost, len(times.get("F", []))))
-        self.send(E.Layers(cmd.id, self.index, layers))
+        h.send(E.Layers(cmd.id, h.index, layers))
         if cmd.reset:
-            self.stats.clear()
+            h.stats.clear()
 
     def activations_per_mb(self, stage: int) -> float:
         """What one micro-batch of ``stage`` saves for backward: the rank's measured peak over the most micro-batches
         it held at once, shared among its stages."""
-        held = self.stats.get(stage, {}).get("held", [])
-        peak = self.stats.get(-1, {}).get("peak", [0.0])
-        return max(peak) / max(1.0, max(held, default=1.0)) / max(1, len(self.pp.bundle.stages_of(self.index)))
+        h = self.host
+        held = h.stats.get(stage, {}).get("held", [])
+        peak = h.stats.get(-1, {}).get("peak", [0.0])
+        return max(peak) / max(1.0, max(held, default=1.0)) / max(1, len(h.pp.bundle.stages_of(h.index)))
