@@ -1,6 +1,6 @@
-"""How a worker ends an iteration, mixed into ``runtime/worker.py``'s ``Worker``: the optimizer step (or the
-iteration dropped on every rank), the report to the controller, and the pauses with nothing changed: a bad batch
-before it runs, a stage over its memory budget, and a NaN or infinite loss.
+"""How a worker ends an iteration (``IterationEnd``, a collaborator of ``runtime/worker.py``'s ``Worker``): the
+optimizer step (or the iteration dropped on every rank), the report to the controller, and the pauses with nothing
+changed: a bad batch before it runs, a stage over its memory budget, and a NaN or infinite loss.
 
 A non-finite loss is found on the stage that computes the loss; under ``nonfinite="pause"`` (the default) or
 ``"skip"`` every rank learns it in the boundary's all-reduce before any stage steps (so no stage steps early, as it
@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
+from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.timeline import KINDS
-from vpipe_lab.runtime.engine.executor import IterationResult
+from vpipe_lab.runtime.engine.allocator import PeakMeter
+from vpipe_lab.runtime.engine.iteration import IterationResult
 from vpipe_lab.runtime.engine.stage import Stage
 from vpipe_lab.runtime.model import experts
 from vpipe_lab.runtime.model.data_checks import BadBatch
@@ -47,8 +49,9 @@ def unattended_stop(iteration: int, microbatch: int, losses: Sequence[float]) ->
                               "such steps")
 
 
-class IterationEnd:
-    """The end of an iteration on one rank of a ``Worker`` (which owns the state named below)."""
+class EndHost(Protocol):
+    """What ``IterationEnd`` reads of its ``Worker``: the job, this rank, its stage and optimizer step, and the plan
+    in force (replaced by a change, so read when asked)."""
 
     spec: JobSpec
     index: int
@@ -60,38 +63,51 @@ class IterationEnd:
     stepper: Stepper
     shapes: ShapeEpochs
     samples: int | None
-    meter: Any
-    plan: Any
-    # the Worker's own methods, named as attributes: a stub method here would shadow WorkerCommands.current in the MRO
-    send: Callable[[Any], None]
-    current: Callable[[], None]
+    meter: PeakMeter
+    plan: Plan
+
+    def send(self, body: Any) -> None:
+        """Send ``body`` to the controller."""
+
+    def current(self) -> None:
+        """Tell the controller the job as it is now (rank 0)."""
+
+
+class IterationEnd:
+    """The end of an iteration on one rank of a ``Worker`` (its ``host``)."""
+
+    def __init__(self, host: EndHost) -> None:
+        self.host = host
 
     def steps_early(self) -> bool:
         """Whether each stage steps as soon as its own backward is done (the last stage while the first still runs
         its last backward), as plain pipelines do: only when no rank can veto the step at the boundary (no memory
         budget, and non-finite losses trained on)."""
-        return self.spec.settings.memory_budget is None and self.spec.settings.nonfinite == "continue"
+        h = self.host
+        return h.spec.settings.memory_budget is None and h.spec.settings.nonfinite == "continue"
 
     def loss_verdict(self, result: IterationResult) -> int:
         """This rank's word for the boundary's all-reduce: 1 + the first micro-batch whose loss is not finite, 0 when
         every loss is (or the job trains on whatever the loss)."""
+        h = self.host
         mb, value = first_nonfinite(result.losses)
         if mb < 0:
             return 0
         log.warning("the loss of iteration %d, micro-batch %d is %s", result.iteration, mb, value)
-        return 0 if self.spec.settings.nonfinite == "continue" else mb + 1
+        return 0 if h.spec.settings.nonfinite == "continue" else mb + 1
 
     def refuse_batch(self, exc: BadBatch) -> None:
         """Every rank: the coming batch is bad data. Pause with nothing changed (the controller raises DataError);
         a resume reads and checks that batch again."""
-        if self.spec.settings.iterations is not None:  # an unattended job has nobody to resume it: it fails with the cause
+        h = self.host
+        if h.spec.settings.iterations is not None:  # an unattended job has nobody to resume it: it fails with the cause
             raise exc
-        self.ctl.paused = True
-        self.shapes.start()
-        log.error("iteration %d's batch is bad data: %s; paused", self.ctl.iteration, exc)
-        if self.leader:
-            self.send(E.Failure("data", self.index, self.global_rank, self.replica, self.ctl.iteration, cause=str(exc)))
-            self.current()
+        h.ctl.paused = True
+        h.shapes.start()
+        log.error("iteration %d's batch is bad data: %s; paused", h.ctl.iteration, exc)
+        if h.leader:
+            h.send(E.Failure("data", h.index, h.global_rank, h.replica, h.ctl.iteration, cause=str(exc)))
+            h.current()
 
     def finish(self, result: IterationResult, failed: bool, memory: dict[str, Any], stepped: StepReport | None,
                bad_loss: int = 0) -> bool:
@@ -99,39 +115,41 @@ class IterationEnd:
         budget or a loss was not finite under "pause" (PipeDream, whose updates are made, takes it and pauses);
         under "skip" a non-finite loss counts the iteration without its step. Whether it was taken without failing.
         ``bad_loss`` is the boundary's agreed 1 + micro-batch of a non-finite loss (0: none)."""
+        h = self.host
         # PipeDream's stages updated their weights during the iteration: it cannot be undone, so it counts
-        applied = self.stage.stash.on
-        pause_loss = bad_loss > 0 and self.spec.settings.nonfinite == "pause"
-        if pause_loss and self.spec.settings.iterations is not None:  # an unattended job has nobody to resume it
+        applied = h.stage.stash.on
+        pause_loss = bad_loss > 0 and h.spec.settings.nonfinite == "pause"
+        if pause_loss and h.spec.settings.iterations is not None:  # an unattended job has nobody to resume it
             raise unattended_stop(result.iteration, bad_loss - 1, result.losses)
         dropped = failed or pause_loss
         if dropped and not applied:
             # No parameter or optimizer state changes; the same iteration runs again after resume.
-            self.stage.discard()
+            h.stage.discard()
             experts.take()  # nor do its experts' counts: they come again with the iteration
         if not dropped or applied:
             if stepped is None:
-                stepped = self.stepper.step(result.iteration, skip=bad_loss > 0)
-            self.ctl.iteration += 1
+                stepped = h.stepper.step(result.iteration, skip=bad_loss > 0)
+            h.ctl.iteration += 1
             self.report(result, memory, stepped)
         if dropped:
-            self.ctl.paused = True
+            h.ctl.paused = True
             if result.violation is not None:
                 v = result.violation
-                self.send(E.Failure("budget", self.index, self.global_rank, self.replica, result.iteration,
+                h.send(E.Failure("budget", h.index, h.global_rank, h.replica, result.iteration,
                                     used=v.used_bytes, budget=v.budget_bytes, layers=[list(x) for x in v.layers],
                                     memory=memory, taken=applied))
             mb, value = first_nonfinite(result.losses)
             if pause_loss and mb >= 0:  # the stage that computed it names it
-                self.send(E.Failure("loss", self.index, self.global_rank, self.replica, result.iteration,
+                h.send(E.Failure("loss", h.index, h.global_rank, h.replica, result.iteration,
                                     cause=value, microbatch=mb, taken=applied))
         return not dropped
 
     def report(self, result: IterationResult, memory: dict[str, Any], step: StepReport) -> None:
-        self.meter.stop(self.stage)  # the allocator's peak over the iteration and its step, where measured
-        memory = {**memory, **self.meter.report()}
+        h = self.host
+        h.meter.stop(h.stage)  # the allocator's peak over the iteration and its step, where measured
+        memory = {**memory, **h.meter.report()}
         spans = [(KINDS.index(k), mb, -1 if layer is None else layer, s, e, c) for k, mb, layer, s, e, c in result.spans]
-        self.send(E.IterationReport(
-            result.iteration, self.index, result.start_s, result.end_s, result.losses, memory, spans,
-            self.plan.microbatches, self.ctl.plan_version, self.replica, self.samples, result.sizes,
+        h.send(E.IterationReport(
+            result.iteration, h.index, result.start_s, result.end_s, result.losses, memory, spans,
+            h.plan.microbatches, h.ctl.plan_version, h.replica, h.samples, result.sizes,
             step.grad_norm, step.lr, step.loss_scale, step.skipped, result.loss_sum, experts.take() or None))

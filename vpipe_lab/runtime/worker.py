@@ -23,7 +23,8 @@ from vpipe_lab.runtime.engine import allocator, profiler, wgrad
 from vpipe_lab.runtime.engine.bandwidth import probe_bandwidth, probe_shards, probe_update
 from vpipe_lab.runtime.engine.comm import TAG_TARGET, Peer
 from vpipe_lab.runtime.engine.device import Clock, select
-from vpipe_lab.runtime.engine.executor import Executor, IterationResult, default_loss
+from vpipe_lab.runtime.engine.executor import Executor, default_loss
+from vpipe_lab.runtime.engine.iteration import IterationResult
 from vpipe_lab.runtime.engine.shards import Shards
 from vpipe_lab.runtime.engine.stage import Stage
 from vpipe_lab.runtime.heap import Trimmer
@@ -65,7 +66,7 @@ def _shell(model_fn: Any, seed: int) -> torch.nn.Module | None:
         return None
 
 
-class Worker(IterationEnd, WorkerCommands):
+class Worker(WorkerCommands):
     """One rank of the pipeline: builds its stage, runs the control loop and answers the controller's commands."""
 
     def __init__(self, spec: JobSpec, rank: int, world: int, link: Link, local_rank: int, local_world: int) -> None:
@@ -81,7 +82,8 @@ class Worker(IterationEnd, WorkerCommands):
         index, world = self.place.stage, stages
         self.spec, self.index, self.world, self.link = spec, index, world, link
         self.placement = select(spec.settings.device, local_rank, local_world, spec.devices)
-        self.clock, self.samples = Clock(0.0), None  # samples: the last batch's, on rank 0 (for reports and saves)
+        self.clock = Clock(0.0)
+        self.samples: int | None = None  # the last batch's, on rank 0 (for reports and saves)
         # Unattended (``vpipe-lab worker --iterations N``): train until iteration N without waiting for a client.
         self.ctl = Control(iteration=spec.start_iteration, target=spec.settings.iterations or 0)
         fns = load_callables(spec)
@@ -124,6 +126,7 @@ class Worker(IterationEnd, WorkerCommands):
         self.phase = "starting"  # what the control loop is doing outside an iteration's actions (``where``)
         self.heap = Trimmer()
         self.meter = allocator.PeakMeter(self.placement.device)  # what the allocator held at its most
+        self.ending = IterationEnd(self)  # the step or the dropped iteration, the report, the pauses
         # the first replica's every shard writes checkpoints: writer shard x stages + stage, which is its global rank
         self.checkpoints = Checkpoints(self.peer, self.stage, self.place.shard * world + index, world * shards,
                                        self.place.replica, self.leader, self.placement.device,
@@ -303,7 +306,7 @@ class Worker(IterationEnd, WorkerCommands):
                                                        result is not None, verdict)
             if result is not None:
                 self.phase = "the optimizer step"
-                if self.finish(result, failed, memory, stepped, bad_loss):
+                if self.ending.finish(result, failed, memory, stepped, bad_loss):
                     self.phase = "after the iteration (evaluation, checkpoint)"
                     self.after_iteration()
                 self.heap.maybe(self.ctl.iteration)  # return freed memory to the system now and then (runtime/heap.py)
@@ -325,15 +328,15 @@ class Worker(IterationEnd, WorkerCommands):
                     try:
                         self.agree_shapes()
                     except BadBatch as exc:  # every rank learns it from rank 0 at once: pause, nothing changed
-                        self.refuse_batch(exc)
+                        self.ending.refuse_batch(exc)
                         continue
                 self.executor.loss_multiplier = self.scale.scale
                 result = self.iteration()
                 self.snapshots.observe(result.end_s - result.start_s)
                 memory = self.executor.memory()
                 self.phase = "the optimizer step"
-                verdict = self.loss_verdict(result)
-                stepped = self.stepper.step(result.iteration) if self.steps_early() else None
+                verdict = self.ending.loss_verdict(result)
+                stepped = self.stepper.step(result.iteration) if self.ending.steps_early() else None
 
     def finish_unattended(self) -> None:
         """An unattended job that is done saves a last checkpoint, so its last iterations are not lost to a restart."""
