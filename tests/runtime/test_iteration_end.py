@@ -79,14 +79,3 @@ def test_skip_steps_over_the_iteration_on_every_stage_and_continue_trains_on_it(
 def test_an_unknown_choice_is_refused_before_anything_starts() -> None:
     with pytest.raises(ValueError, match=r"unknown nonfinite 'ignore': use one of pause, skip, continue"):
         vpipe_lab.launch("mlp", stages=2, microbatches=4, nonfinite="ignore")
-
-
-def test_the_mixin_names_the_worker_s_methods_without_shadowing_them() -> None:
-    """A stub `def current(self): ...` in the mixin came first in the MRO and silenced WorkerCommands.current: an
-    attached client (torchrun) stopped seeing plan changes."""
-    from vpipe_lab.runtime.iteration_end import IterationEnd
-    from vpipe_lab.runtime.worker import Worker
-    from vpipe_lab.runtime.worker_commands import WorkerCommands
-
-    assert Worker.current is WorkerCommands.current and Worker.send is Worker.__dict__["send"]
-    assert not {"current", "send"} & set(vars(IterationEnd))

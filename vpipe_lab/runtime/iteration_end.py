@@ -26,6 +26,7 @@ from vpipe_lab.runtime.model.data_checks import BadBatch
 from vpipe_lab.runtime.progress import Control
 from vpipe_lab.runtime.shape_epochs import ShapeEpochs
 from vpipe_lab.runtime.training.step import Stepper, StepReport
+from vpipe_lab.runtime.worker_commands import Replies
 from vpipe_lab.wire import events as E
 from vpipe_lab.wire.jobspec import JobSpec
 
@@ -66,11 +67,10 @@ class EndHost(Protocol):
     meter: PeakMeter
     plan: Plan
 
+    replies: Replies  # acknowledgements and the job as it is now (rank 0's to send)
+
     def send(self, body: Any) -> None:
         """Send ``body`` to the controller."""
-
-    def current(self) -> None:
-        """Tell the controller the job as it is now (rank 0)."""
 
 
 class IterationEnd:
@@ -107,7 +107,7 @@ class IterationEnd:
         log.error("iteration %d's batch is bad data: %s; paused", h.ctl.iteration, exc)
         if h.leader:
             h.send(E.Failure("data", h.index, h.global_rank, h.replica, h.ctl.iteration, cause=str(exc)))
-            h.current()
+            h.replies.current()
 
     def finish(self, result: IterationResult, failed: bool, memory: dict[str, Any], stepped: StepReport | None,
                bad_loss: int = 0) -> bool:

@@ -44,7 +44,7 @@ from vpipe_lab.runtime.training.precision import LossScale, autocast
 from vpipe_lab.runtime.training.replicas import DataParallel, shard
 from vpipe_lab.runtime.training.step import Stepper, StepReport
 from vpipe_lab.runtime.training.ties import Ties
-from vpipe_lab.runtime.worker_commands import WorkerCommands
+from vpipe_lab.runtime.worker_commands import Replies, WorkerCommands
 from vpipe_lab.wire import commands as C
 from vpipe_lab.wire import events as E
 from vpipe_lab.wire.channel import Link
@@ -66,7 +66,7 @@ def _shell(model_fn: Any, seed: int) -> torch.nn.Module | None:
         return None
 
 
-class Worker(WorkerCommands):
+class Worker:
     """One rank of the pipeline: builds its stage, runs the control loop and answers the controller's commands."""
 
     def __init__(self, spec: JobSpec, rank: int, world: int, link: Link, local_rank: int, local_world: int) -> None:
@@ -132,13 +132,8 @@ class Worker(WorkerCommands):
                                        self.place.replica, self.leader, self.placement.device,
                                        lambda: (self.chain.aliases, self.chain.non_persistent))
         self.migration = Migration(self)
-        # The one command table: what each controller command does on every rank (see wire/commands.py).
-        self.commands: dict[type[Body], Callable[[Any], None]] = {
-            C.Run: self._run, C.Pause: self._run_state, C.Resume: self._run_state, C.Stop: self._run_state,
-            C.Ping: self.ack,
-            C.Profile: self._profile, C.State: self._state, C.Telemetry: self._telemetry, C.Evaluate: self._evaluate,
-            C.Save: self._save, C.Apply: self._apply_plan, C.SetModel: self._set_model,
-        }
+        self.replies = Replies(self)  # acknowledgements, the job as it is now, run/pause/stop/save
+        self.commands: dict[type[Body], Callable[[Any], None]] = WorkerCommands(self, self.replies).table()
         self.snapshots = Snapshots(spec.snapshot_dir, index, world, self.replica, spec.settings.snapshot_every)
         if spec.resume_path:
             self.restore(Path(spec.resume_path))
@@ -146,6 +141,12 @@ class Worker(WorkerCommands):
             meta = self.snapshots.restore(Path(spec.restore_snapshot), self.checkpoints.load_directory)
             self.scale.load(meta.loss_scale)
             self.ctl.plan_version, self.model_version = meta.plan_version, meta.model_version
+
+    def dispatch(self, cmd: C.Command) -> None:
+        handler = self.commands.get(type(cmd))
+        if handler is None:
+            raise ValueError(f"stage {self.index} got {type(cmd).__name__} ({cmd.TYPE!r}), which is not a command")
+        handler(cmd)
 
     def _mesh(self) -> DataParallel:
         """The job's mesh (collective: every rank makes it); a sharded stage's units then arrive sharded over its
@@ -216,7 +217,7 @@ class Worker(WorkerCommands):
             except Exception:
                 changed = 1.0
         if self.leader:
-            cmds = self._pending(0.0 if self.ctl.active else 0.2)
+            cmds = self.replies.pending(0.0 if self.ctl.active else 0.2)
             blob = json.dumps(cmds).encode() if cmds else b""
         flag, size, changed, bad, busy, ratio = self.peer.all_max([1.0 if violated else 0.0, float(len(blob)), changed,
                                                                    float(verdict), *self.snapshots.wish()])

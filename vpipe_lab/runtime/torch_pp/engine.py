@@ -1,7 +1,7 @@
 """``engine="torch"``: a rank that trains the planned job on torch.distributed.pipelining's own runtime, from the
 plan's export bundle, with the lab around it.
 
-The rank speaks the lab's protocol (``WorkerCommands``: run, pause, stop, apply, save, state, profile) so the
+The rank speaks the lab's protocol (``Replies``: run, pause, stop, save; ``TorchState``: apply, state, profile) so the
 Session, the dashboard and the editor work unchanged; what differs is the engine underneath. Every rank builds the
 whole model (torch's ``pipeline()`` traces it whole), writes the plan's bundle into a directory of its own and takes
 its stages from ``runtime/torch_pp/pipeline.py``; an iteration is torch's ``schedule.step``, timed action by action
@@ -23,6 +23,7 @@ import logging
 import tempfile
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ from vpipe_lab.runtime.torch_pp.engine_state import TorchState
 from vpipe_lab.runtime.torch_pp.pipeline import TorchPipeline, torch_pipeline
 from vpipe_lab.runtime.training.place import Place
 from vpipe_lab.runtime.training.replicas import shard
-from vpipe_lab.runtime.worker_commands import WorkerCommands
+from vpipe_lab.runtime.worker_commands import Replies
 from vpipe_lab.wire import commands as C
 from vpipe_lab.wire import events as E
 from vpipe_lab.wire.bundle_files import write as write_bundle
@@ -94,7 +95,7 @@ class _Held:
         self.tensor = tensor
 
 
-class TorchWorker(WorkerCommands):
+class TorchWorker:
     """One rank of a pipeline that torch.distributed.pipelining runs (see the module docstring)."""
 
     def __init__(self, spec: JobSpec, rank: int, world: int, link: Link, local_rank: int, local_world: int) -> None:
@@ -124,11 +125,12 @@ class TorchWorker(WorkerCommands):
         self.stats: dict[int, dict[str, list[float]]] = {}  # torch stage -> action letter -> seconds (and "held")
         self._dir = Path(tempfile.mkdtemp(prefix=f"vpipe-torch-{spec.session_id}-r{rank}-"))
         self.torch_state = state = TorchState(self)  # checkpoints, reshards, tensors, profiles
-        self.save = state.save  # what WorkerCommands' save and the run directory's checkpoints call
-        self.commands = {C.Run: self._run, C.Pause: self._run_state, C.Resume: self._run_state,
-                         C.Stop: self._run_state, C.Ping: self.ack, C.Profile: state.profile, C.State: state.answer_state,
-                         C.Telemetry: state.telemetry, C.Evaluate: state.evaluate, C.Save: self._save,
-                         C.Apply: state.apply_plan, C.SetModel: state.set_model}
+        self.save = state.save  # what a Save command and the run directory's checkpoints call
+        self.replies = r = Replies(self)  # acknowledgements, the job as it is now, run/pause/stop/save
+        self.commands: dict[type[Body], Callable[[Any], None]] = {
+            C.Run: r.run, C.Pause: r.run_state, C.Resume: r.run_state, C.Stop: r.run_state, C.Ping: r.ack,
+            C.Profile: state.profile, C.State: state.answer_state, C.Telemetry: state.telemetry,
+            C.Evaluate: state.evaluate, C.Save: r.save, C.Apply: state.apply_plan, C.SetModel: state.set_model}
         self.build(self.plan)
         if spec.resume_path:
             state.load(Path(spec.resume_path))
@@ -236,7 +238,7 @@ class TorchWorker(WorkerCommands):
             except Exception:  # past the data's end, say: its shapes are read again when it runs
                 coming = 0.0
         if self.leader:
-            cmds = self._pending(0.0 if self.ctl.active else 0.2)
+            cmds = self.replies.pending(0.0 if self.ctl.active else 0.2)
             blob = json.dumps(cmds).encode() if cmds else b""
         size, coming = self.peer.all_max([float(len(blob)), coming if self.index == 0 else -1e18])
         self.samples, self._no_targets = int(abs(coming)), coming < 0

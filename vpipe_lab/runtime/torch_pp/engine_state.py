@@ -26,6 +26,7 @@ from vpipe_lab.runtime.model.capture import Chain
 from vpipe_lab.runtime.progress import Control
 from vpipe_lab.runtime.torch_pp.pipeline import TorchPipeline
 from vpipe_lab.runtime.training.place import Place
+from vpipe_lab.runtime.worker_commands import Replies
 from vpipe_lab.wire import commands as C
 from vpipe_lab.wire import events as E
 from vpipe_lab.wire.checkpoint import Manifest, is_foreign, resolve
@@ -62,14 +63,10 @@ class TorchHost(Protocol):
     stats: dict[int, dict[str, list[float]]]
     unit_of: dict[str, int]
 
-    def ack(self, cmd: C.Command, **extra: Any) -> None:
-        """Acknowledge ``cmd`` (rank 0)."""
+    replies: Replies  # acknowledgements and the job as it is now (rank 0's to send)
 
     def send(self, body: Body) -> None:
         """Send ``body`` to the controller."""
-
-    def current(self) -> None:
-        """Tell the controller the job as it is now (rank 0)."""
 
     def build(self, plan: Plan) -> None:
         """Build this rank's stages of ``plan`` from a fresh model, with a new optimizer and scheduler."""
@@ -142,14 +139,14 @@ class TorchState:
         h = self.host
         plan = agreed_plan(cmd.plan, cmd.schedules, h.num_layers, h.world, h.peer.all_max, job_dir(h.spec))
         if isinstance(plan, str):
-            return h.ack(cmd, ok=False, error=plan)
+            return h.replies.ack(cmd, ok=False, error=plan)
         version = cmd.version if cmd.version is not None else h.ctl.plan_version + 1
         start = time.perf_counter()
         shared = Path(tempfile.gettempdir()) / f"vpipe-torch-{h.spec.session_id}-reshard-v{version}"
         root = Path(cmd.checkpoint) if cmd.checkpoint else shared  # the apply's own checkpoint doubles as the snapshot
         problem = self.save(root)
         if problem is not None:
-            return h.ack(cmd, ok=False, error=f"the snapshot before the reshard failed ({problem}); nothing changed")
+            return h.replies.ack(cmd, ok=False, error=f"the snapshot before the reshard failed ({problem}); nothing changed")
         before = {n: h.plan.stage_of(u) for n, u in h.unit_of.items() if u >= 0}
         h.plan, h.ctl.plan_version = plan, version
         h.build(plan)
@@ -162,11 +159,11 @@ class TorchState:
             if h.leader:
                 shutil.rmtree(shared, ignore_errors=True)
         h.stats.clear()
-        h.current()
-        h.ack(cmd, ok=True, moved_bytes=moved, pause_s=time.perf_counter() - start)
+        h.replies.current()
+        h.replies.ack(cmd, ok=True, moved_bytes=moved, pause_s=time.perf_counter() - start)
 
     def set_model(self, cmd: C.SetModel) -> None:
-        self.host.ack(cmd, ok=False, error="engine='torch' trains one model: switching models (set_model) needs the "
+        self.host.replies.ack(cmd, ok=False, error="engine='torch' trains one model: switching models (set_model) needs the "
                                            "lab's engine")
 
     # --- what the controller asks ---------------------------------------------------------------------------------
@@ -186,7 +183,7 @@ class TorchState:
 
     def telemetry(self, cmd: C.Telemetry) -> None:
         self.host.record_spans = cmd.spans
-        self.host.ack(cmd)
+        self.host.replies.ack(cmd)
 
     def evaluate(self, cmd: C.Evaluate) -> None:
         h = self.host
