@@ -27,10 +27,10 @@ import bisect
 import logging
 from collections.abc import Container, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+from torch._C._profiler import _ExtraFields_Allocation
 from torch.utils import _pytree as pytree
 
 from vpipe_lab.runtime.memory.ledger import local_tensor, module_param_bytes, tensor_bytes
@@ -83,8 +83,7 @@ def data_bytes(batch: Any) -> int:
 COLLECTIVES = ("FSDP::", "c10d::", "gloo:", "nccl:", "record_param_comms")  # ops that hand buffers to a comm thread
 
 
-@dataclass(frozen=True)
-class Allocation:
+class Allocation(NamedTuple):
     """One memory event the profiler saw: ``nbytes`` made (a free: negative) at ``at`` (ns) at address ``ptr``;
     ``owner_end``: where it was made inside a collective, the end of the outermost such op (the last moment its
     caller holds it), else None."""
@@ -139,21 +138,23 @@ def read(result: Any) -> tuple[list[Allocation], list[tuple[str, int, int]]]:
     end), from its event tree."""
     allocations: list[Allocation] = []
     marks: list[tuple[str, int, int]] = []
-    stack = [(event, None) for event in result.experimental_event_tree()]
+    # each attribute read builds a Python object: read the fewest (the measured iteration waits for this walk). The
+    # meter reads CPU jobs only, so every allocation is the CPU allocator's
+    stack: list[tuple[Any, int | None]] = [(event, None) for event in result.experimental_event_tree()]
     while stack:
-        event, owner = stack.pop()
-        name = event.name
-        if type(event.extra_fields).__name__ == "_ExtraFields_Allocation":
-            fields = event.extra_fields
-            if fields.device.type == "cpu":
-                allocations.append(Allocation(event.start_time_ns, fields.ptr, fields.alloc_size,
-                                              owner.end_time_ns if owner is not None else None))
+        event, owner_end = stack.pop()
+        fields = event.extra_fields
+        if isinstance(fields, _ExtraFields_Allocation):
+            allocations.append(Allocation(event.start_time_ns, fields.ptr, fields.alloc_size, owner_end))
             continue
+        name = event.name
         if name.startswith(PREFIX):
             marks.append((name, event.start_time_ns, event.end_time_ns))
-        if owner is None and name.startswith(COLLECTIVES):
-            owner = event  # the outermost collective op: what is made below it is the collective's
-        stack.extend((child, owner) for child in event.children)
+        if owner_end is None and name.startswith(COLLECTIVES):
+            owner_end = event.end_time_ns  # the outermost collective op: what is made below it is the collective's
+        children = event.children
+        if children:
+            stack.extend([(child, owner_end) for child in children])
     return allocations, marks
 
 
