@@ -8,9 +8,9 @@ instead. On CUDA: ``torch.cuda.max_memory_allocated`` (every iteration; it costs
 keeps no statistics: torch.profiler's memory events (every allocation and free through torch's CPU allocator) over a
 measured iteration, whose running sum peaks at what the iteration added at its most, on top of what the stage held when
 it began (its parameters, gradients, optimizer state and buffers, read off the tensors). The profiler sees no free made
-on a thread it does not watch (gloo's workers drop a collective's buffers there): those are supplied (``deltas``).
-The profiler slows the iterations it watches, so on CPU only profiling iterations are measured: the first (warm) one
-after start-up or a plan change, then one in ``every``; their figure is carried until the next.
+on a thread it does not watch (gloo's workers drop FSDP's collective buffers there): a sharded stage's are supplied
+(``deltas``). The profiler slows the iterations it watches, so on CPU only profiling iterations are measured: the
+first (warm) one after start-up or a plan change, then one in ``every``; their figure is carried until the next.
 
 A measured iteration also says what each layer allocates beyond what the cost model holds for it (``regions``: the
 stage marks each layer's forward, loss, rebuild and backward, and the optimizer step): a forward's or a rebuild's peak
@@ -131,6 +131,20 @@ def timeline(changes: Iterable[tuple[int, int]]) -> tuple[list[int], list[int]]:
         times.append(t)
         sums.append(total)
     return times, sums
+
+
+def listed(events: Any) -> tuple[list[tuple[int, int]], list[tuple[str, int, int]]]:
+    """(time, bytes) of the allocator events and the marked regions (name, start, end) as the profiler's event list
+    has them: no addresses, so a free made on an unwatched thread stays unseen (``read`` supplies those)."""
+    changes: list[tuple[int, int]] = []
+    marks: list[tuple[str, int, int]] = []
+    for e in events:
+        name = e.name()
+        if name == "[memory]":
+            changes.append((e.start_ns(), e.nbytes()))
+        elif name.startswith(PREFIX):
+            marks.append((name, e.start_ns(), e.end_ns()))
+    return changes, marks
 
 
 def read(result: Any) -> tuple[list[Allocation], list[tuple[str, int, int]]]:
@@ -324,8 +338,14 @@ class PeakMeter:
             profiler.__exit__(None, None, None)
             if discard:
                 return None
-            allocations, marks = read(profiler.profiler.kineto_results)
-            times, sums = timeline(deltas(allocations, held_storages(stage) if stage is not None else ()))
+            kineto = profiler.profiler.kineto_results
+            if stage is not None and getattr(stage, "shards", None) is not None:
+                # FSDP's collective buffers are dropped on gloo's threads: the frees the profiler misses, supplied
+                allocations, marks = read(kineto)
+                changes = deltas(allocations, held_storages(stage))
+            else:  # a whole stage's own thread frees what it made: the event list (a third of the walk's time)
+                changes, marks = listed(kineto.events())
+            times, sums = timeline(changes)
             peak = self._base + max(sums, default=0)
             found = ranges(marks, times, sums)
         if discard:
