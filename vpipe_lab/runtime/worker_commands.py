@@ -100,34 +100,32 @@ class Replies:
         self.ack(cmd, path=cmd.path, ok=problem is None, error=problem)
 
 
-class CommandHost(Protocol):
-    """What the lab engine's handlers read of its ``Worker``: the job, this rank's place, the model, its stage and
-    the plan in force (replaced by a change, so read when asked)."""
+class RankHost(ReplyHost, Protocol):
+    """What a rank's handlers read of a worker of either engine beyond its replies: the job, this rank's place in
+    it, its peers and the model as it stands (``TorchState`` reads it too)."""
 
     spec: JobSpec
     index: int
     world: int
-    replica: int
     place: Place
-    leader: bool
-    ctl: Control
-    plan: Plan
-    chain: Chain
-    names: list[str]
     num_layers: int
     model_version: int
+    peer: Peer
+
+
+class CommandHost(RankHost, Protocol):
+    """What the lab engine's handlers read of its ``Worker``: beside a rank's, the user's model and data, its stage
+    and executor (the plan in force is replaced by a change, so read when asked)."""
+
+    replica: int
     model_fn: Any  # the user's model: a factory, an instance or a bundled name
     split: Any  # the user's split function, or None
     train_data: Any  # the user's data: a callable of the iteration or an iterable
     eval_data: Any
     stage: Stage
-    peer: Peer
     executor: Executor
     shapes: ShapeEpochs
     migration: Migration
-
-    def send(self, body: Body) -> None:
-        """Send ``body`` to the controller."""
 
     def profile_soon(self) -> None:
         """Measure the next iterations' layers afresh."""

@@ -19,40 +19,22 @@ from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import LayerCost
 from vpipe_lab.runtime.disk import dcp_state
 from vpipe_lab.runtime.disk.checkpoints import check_files, write_version
-from vpipe_lab.runtime.engine.comm import Peer
 from vpipe_lab.runtime.engine.device import Placement
 from vpipe_lab.runtime.model.callables import agreed_plan, job_dir
-from vpipe_lab.runtime.model.capture import Chain
-from vpipe_lab.runtime.progress import Control
 from vpipe_lab.runtime.torch_pp.pipeline import TorchPipeline
-from vpipe_lab.runtime.training.place import Place
-from vpipe_lab.runtime.worker_commands import Replies
+from vpipe_lab.runtime.worker_commands import RankHost, Replies
 from vpipe_lab.wire import commands as C
 from vpipe_lab.wire import events as E
 from vpipe_lab.wire.checkpoint import Manifest, is_foreign, resolve
-from vpipe_lab.wire.codec import Body
-from vpipe_lab.wire.jobspec import JobSpec
 from vpipe_lab.wire.tensors import encode
 
 log = logging.getLogger("vpipe_lab.torch_engine")
 
 
-class TorchHost(Protocol):
-    """What ``TorchState`` reads of its ``TorchWorker``: the job, this rank's place, and the stages the plan in force
-    built (replaced at every reshard, so read when asked)."""
+class TorchHost(RankHost, Protocol):
+    """What ``TorchState`` reads of its ``TorchWorker``: beside a rank's (``worker_commands.RankHost``), the stages
+    the plan in force built (replaced at every reshard, so read when asked)."""
 
-    spec: JobSpec
-    peer: Peer
-    place: Place
-    index: int
-    world: int
-    leader: bool
-    ctl: Control
-    plan: Plan
-    chain: Chain
-    names: list[str]
-    num_layers: int
-    model_version: int
     samples: int
     pp: TorchPipeline
     named: dict[str, torch.nn.Parameter]
@@ -62,11 +44,7 @@ class TorchHost(Protocol):
     record_spans: bool
     stats: dict[int, dict[str, list[float]]]
     unit_of: dict[str, int]
-
     replies: Replies  # acknowledgements and the job as it is now (rank 0's to send)
-
-    def send(self, body: Body) -> None:
-        """Send ``body`` to the controller."""
 
     def build(self, plan: Plan) -> None:
         """Build this rank's stages of ``plan`` from a fresh model, with a new optimizer and scheduler."""
