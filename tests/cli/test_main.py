@@ -51,11 +51,13 @@ def test_bad_input_is_one_line_not_a_traceback(args: list[str], needle: str, cap
 
 def test_bad_profile_file_names_the_field(tmp_path: Path) -> None:
     path = tmp_path / "p.json"
-    path.write_text(json.dumps({"kind": "profile", "layers": [{"name": "a", "forward_s": -1}]}))
+    layer = {"name": "a", "forward_s": -1, "backward_s": 0, "activation_bytes": 0, "input_bytes": 0, "output_bytes": 0,
+             "param_bytes": 0}
+    path.write_text(json.dumps({"kind": "profile", "layers": [layer]}))
     proc = subprocess.run([sys.executable, "-m", "vpipe_lab.cli", "plan", str(path), "-k", "1", "-m", "1"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
-    assert "layers[0].forward_s must be finite and >= 0" in proc.stderr and "Traceback" not in proc.stderr
+    assert "layers[0]: layer 'a'.forward_s must be finite and >= 0" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_plan_chooses_the_microbatch_count_for_a_batch(capsys: pytest.CaptureFixture[str]) -> None:

@@ -67,7 +67,7 @@ def test_a_malformed_message_is_dropped_with_its_field_named(caplog: Any) -> Non
     intake.receive(P.Message(P.ACK, "rank0", {"id": 4, "type": "pause", "iteration": 3}))  # the field is "command"
     assert metrics.latest() is None and seen == [] and state.iteration == 0
     text = caplog.text
-    assert "'iteration.stage' should be int, got 'first'" in text
+    assert "iteration.stage must be a whole number, got 'first'" in text
 
 
 def test_after_a_restart_replayed_iterations_are_recorded_once_and_compared() -> None:

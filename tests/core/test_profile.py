@@ -78,8 +78,8 @@ def test_a_shared_tensor_round_trips_and_names_units_the_profile_has() -> None:
         SharedTensor("w", (1, 1), param_bytes=4)
     doc = profile.to_dict()
     doc["shared"][0]["units"] = "0,2"
-    with pytest.raises(ProfileError, match=r"shared\[0\]\.units must be a list of unit indices"):
+    with pytest.raises(ProfileError, match=r"shared\[0\]\.units must be a list of whole numbers"):
         ModelProfile.from_dict(doc)
     doc["shared"] = {"w": 1}
-    with pytest.raises(ProfileError, match=r"profile\.shared a list"):
+    with pytest.raises(ProfileError, match=r"profile\.shared must be a list of SharedTensor objects"):
         ModelProfile.from_dict(doc)

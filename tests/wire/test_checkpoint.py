@@ -88,10 +88,12 @@ def test_a_single_version_directory_reads_too(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("field", "value", "said"), [
-    ("iteration", "7", "iteration is '7'"), ("iteration", -1, "iteration is -1"), ("num_layers", 0, "num_layers is 0"),
-    ("names", [1, 2], "names is [1, 2]"), ("files", ["../x"], "files is ['../x']"), ("format", "pickle", "format is"),
-    ("plan", [[[[[[[[[[1]]]]]]]]]], "plan is [[[[[["), ("units", [3], "units is [3]"), ("extra", None, "extra is None"),
-    ("seed", True, "seed is True"), ("evil", 1, "unknown fields ['evil']"),
+    ("iteration", "7", "manifest.iteration must be a whole number, got '7'"), ("iteration", -1, "iteration is -1"),
+    ("num_layers", 0, "num_layers is 0"), ("names", [1, 2], "manifest.names[0] must be a string, got 1"),
+    ("files", ["../x"], "manifest.files must be an object of strings, got ['../x']"), ("format", "pickle", "format is"),
+    ("plan", [[[[[[[[[[1]]]]]]]]]], "manifest.plan must be an object, got [[[[...]]]]"),
+    ("units", [3], "manifest.units[0] must be an object, got 3"), ("extra", None, "manifest.extra must be an object"),
+    ("seed", True, "manifest.seed must be a whole number, got True"), ("evil", 1, "unknown field(s) ['evil']"),
 ])
 def test_a_forged_manifest_is_refused_naming_the_field_before_anything_uses_it(tmp_path: Path, field: str,
                                                                                 value: object, said: str) -> None:

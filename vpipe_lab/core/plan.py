@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vpipe_lab.core import checks
+from vpipe_lab.core import checks, documents
+from vpipe_lab.core.documents import sparse
 from vpipe_lab.core.errors import PlanError, ProfileError
 from vpipe_lab.core.policy import Policy as Policy  # re-exported: a plan is read with its policies
 from vpipe_lab.core.profile import SCHEMA_VERSION, check_kind, load_doc
@@ -75,10 +76,10 @@ class Plan:
     policies: tuple[Policy, ...]
     microbatches: int
     schedule: str = "1f1b"
-    virtual_stages: int = 1
+    virtual_stages: int = sparse(1)
     shards: int = 1
     replicas: int = 1
-    sharding: tuple[Sharding, ...] = ()  # one per stage when shards > 1 (empty: ``hold`` on every stage)
+    sharding: tuple[Sharding, ...] = sparse(())  # one per stage when shards > 1 (empty: ``hold`` on every stage)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "boundaries", tuple(int(b) for b in self.boundaries))
@@ -273,51 +274,24 @@ class Plan:
         return cls(tuple(bounds), (Policy.parse(policy),) * bounds[-1], microbatches, schedule)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": "plan",
-            "version": SCHEMA_VERSION,
-            "boundaries": list(self.boundaries),
-            "policies": [p.value for p in self.policies],
-            "microbatches": self.microbatches,
-            "schedule": self.schedule,
-            **({"virtual_stages": self.virtual_stages} if self.virtual_stages != 1 else {}),
-            "stages": self.stages, "shards": self.shards, "replicas": self.replicas,  # the mesh it runs on
-            **({"sharding": [m.value for m in self.sharding]} if self.sharding else {}),
-        }
+        return {"kind": "plan", "version": SCHEMA_VERSION, **documents.dump(self), "stages": self.stages}
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
     @classmethod
     def from_dict(cls, doc: Any) -> Plan:
+        """A plan document read back: its fields checked (``core/documents.py``), then the plan's own rules, and the
+        stage count it states against the one its boundaries give."""
         doc = check_kind(doc, "plan")
-        for key in ("boundaries", "policies", "microbatches"):
-            if key not in doc:
-                raise ProfileError(f"plan.{key} is missing")
-        bounds, policies = doc["boundaries"], doc["policies"]
-        if not isinstance(bounds, list) or not all(isinstance(b, int) and not isinstance(b, bool) for b in bounds):
-            raise ProfileError(f"plan.boundaries must be a list of whole numbers, got {bounds!r}")
-        if not isinstance(policies, list):
-            raise ProfileError(f"plan.policies must be a list of 'keep'/'swap'/'recompute', got {policies!r}")
-        sharding = doc.get("sharding", [])
-        if not isinstance(sharding, list):
-            raise ProfileError(f"plan.sharding must be a list of 'hold'/'regather'/'scatter'/'stream', got {sharding!r}")
-        for key in ("shards", "replicas", "stages"):
-            value = doc.get(key, 1)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ProfileError(f"plan.{key} must be a whole number, got {value!r}")
-        try:
-            plan = cls(tuple(bounds), tuple(Policy.parse(p) for p in policies), doc["microbatches"],
-                       str(doc.get("schedule", "1f1b")), doc.get("virtual_stages", 1), doc.get("shards", 1),
-                       doc.get("replicas", 1), tuple(Sharding.parse(m) for m in sharding))
-        except PlanError as exc:
-            raise ProfileError(f"plan: {exc}") from None
+        plan = documents.load_fields(cls, doc, "plan", ProfileError, extra="ignore")
         try:
             plan.validate()
         except PlanError as exc:
             raise ProfileError(f"plan: {exc}") from None
         if "stages" in doc and doc["stages"] != plan.stages:
-            raise ProfileError(f"plan: stages is {doc['stages']} but its boundaries give {plan.stages} stages")
+            raise ProfileError(f"plan: stages is {documents.short(doc['stages'])} but its boundaries give {plan.stages} "
+                               "stages")
         return plan
 
     @classmethod
@@ -370,4 +344,4 @@ class Estimate:
         return tuple(max(0, p - b) for p, b in zip(self.peak_bytes, self.budget_bytes))
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+        return documents.dump(self)  # type: ignore[no-any-return]

@@ -5,32 +5,15 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vpipe_lab.core import checks
+from vpipe_lab.core import checks, documents
+from vpipe_lab.core.documents import sparse
 from vpipe_lab.core.errors import ProfileError
 
 SCHEMA_VERSION = 1
-
-
-def _number(doc: Mapping[str, Any], key: str, where: str, *, integer: bool = False, default: Any = None) -> Any:
-    """Read a finite non-negative number from ``doc[key]``; errors name the field path and the fix."""
-    if key not in doc:
-        if default is not None:
-            return default
-        raise ProfileError(f"{where}.{key} is missing: add it as a non-negative number")
-    value = doc[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ProfileError(f"{where}.{key} must be a number, got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise ProfileError(f"{where}.{key} must be finite and >= 0, got {value!r}")
-    if integer:
-        if int(value) != value:
-            raise ProfileError(f"{where}.{key} counts bytes and must be a whole number, got {value!r}")
-        return int(value)
-    return float(value)
 
 
 def _check_nonneg(owner: str, **values: float) -> None:
@@ -62,10 +45,10 @@ class LayerCost:
     output_bytes: int
     param_bytes: int
     optimizer_bytes: int = 0
-    times: tuple[tuple[int, float, float], ...] = ()
-    weight_grad_s: float | None = None
-    transient_bytes: int = 0
-    step_bytes: int = 0
+    times: tuple[tuple[int, float, float], ...] = sparse(())
+    weight_grad_s: float | None = sparse(None)
+    transient_bytes: int = sparse(0)
+    step_bytes: int = sparse(0)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "times", tuple(sorted((int(b), float(f), float(w)) for b, f, w in self.times)))
@@ -107,49 +90,11 @@ class LayerCost:
         return 2 * self.param_bytes + self.optimizer_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "forward_s": self.forward_s,
-            "backward_s": self.backward_s,
-            "activation_bytes": self.activation_bytes,
-            "input_bytes": self.input_bytes,
-            "output_bytes": self.output_bytes,
-            "param_bytes": self.param_bytes,
-            "optimizer_bytes": self.optimizer_bytes,
-            **({"times": [list(t) for t in self.times]} if self.times else {}),
-            **({"weight_grad_s": self.weight_grad_s} if self.weight_grad_s is not None else {}),
-            **({"transient_bytes": self.transient_bytes} if self.transient_bytes else {}),
-            **({"step_bytes": self.step_bytes} if self.step_bytes else {}),
-        }
+        return documents.dump(self)  # type: ignore[no-any-return]
 
     @classmethod
     def from_dict(cls, doc: Any, where: str = "layer") -> LayerCost:
-        if not isinstance(doc, Mapping):
-            raise ProfileError(f"{where} must be an object with forward_s, backward_s, ... fields, got {doc!r}")
-        name = doc.get("name", where)
-        if not isinstance(name, str):
-            raise ProfileError(f"{where}.name must be a string, got {name!r}")
-        return cls(
-            name=name,
-            forward_s=_number(doc, "forward_s", where),
-            backward_s=_number(doc, "backward_s", where),
-            activation_bytes=_number(doc, "activation_bytes", where, integer=True),
-            input_bytes=_number(doc, "input_bytes", where, integer=True),
-            output_bytes=_number(doc, "output_bytes", where, integer=True),
-            param_bytes=_number(doc, "param_bytes", where, integer=True),
-            optimizer_bytes=_number(doc, "optimizer_bytes", where, integer=True, default=0),
-            times=_times(doc.get("times", ()), where),
-            weight_grad_s=_number(doc, "weight_grad_s", where) if doc.get("weight_grad_s") is not None else None,
-            transient_bytes=_number(doc, "transient_bytes", where, integer=True, default=0),
-            step_bytes=_number(doc, "step_bytes", where, integer=True, default=0),
-        )
-
-
-def _times(value: Any, where: str) -> tuple[tuple[int, float, float], ...]:
-    if not isinstance(value, (list, tuple)) or not all(
-            isinstance(t, (list, tuple)) and len(t) == 3 and all(isinstance(v, (int, float)) for v in t) for t in value):
-        raise ProfileError(f"{where}.times must be a list of [micro-batch size, forward_s, backward_s], got {value!r}")
-    return tuple((int(t[0]), float(t[1]), float(t[2])) for t in value)
+        return documents.load_fields(cls, doc, where, ProfileError, extra="ignore")
 
 
 def load_doc(text_or_path: str | Path, what: str) -> Any:
@@ -208,13 +153,7 @@ class SharedTensor:
 
     @classmethod
     def from_dict(cls, doc: Any, where: str = "shared") -> SharedTensor:
-        if not isinstance(doc, Mapping) or not isinstance(doc.get("name"), str):
-            raise ProfileError(f"{where} must be an object with a string name, units, param_bytes, got {doc!r}")
-        units = doc.get("units")
-        if not isinstance(units, (list, tuple)) or not all(isinstance(u, int) and not isinstance(u, bool) for u in units):
-            raise ProfileError(f"{where}.units must be a list of unit indices, got {units!r}")
-        return cls(doc["name"], tuple(units), _number(doc, "param_bytes", where, integer=True),
-                   _number(doc, "optimizer_bytes", where, integer=True, default=0))
+        return documents.load_fields(cls, doc, where, ProfileError, extra="ignore")
 
 
 @dataclass(frozen=True)
@@ -226,15 +165,16 @@ class ModelProfile:
 
     layers: tuple[LayerCost, ...]
     name: str = ""
-    microbatch_size: int = 0
-    source: str = ""
-    shared: tuple[SharedTensor, ...] = ()
+    microbatch_size: int = sparse(0)
+    source: str = sparse("")
+    shared: tuple[SharedTensor, ...] = sparse(())
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
         object.__setattr__(self, "shared", tuple(self.shared))
         if not self.layers:
             raise ProfileError("a profile needs at least one layer: 'layers' is empty")
+        _check_nonneg("profile", microbatch_size=self.microbatch_size)
         for tensor in self.shared:
             if tensor.units[-1] >= len(self.layers):
                 raise ProfileError(f"shared tensor {tensor.name!r} names unit {tensor.units[-1]} but the profile has "
@@ -248,32 +188,14 @@ class ModelProfile:
         return tuple(layer.name for layer in self.layers)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": "profile",
-            "version": SCHEMA_VERSION,
-            "name": self.name,
-            **({"microbatch_size": self.microbatch_size} if self.microbatch_size else {}),
-            **({"source": self.source} if self.source else {}),
-            "layers": [layer.to_dict() for layer in self.layers],
-            **({"shared": [asdict(t) for t in self.shared]} if self.shared else {}),
-        }
+        return {"kind": "profile", "version": SCHEMA_VERSION, **documents.dump(self)}
 
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
     @classmethod
     def from_dict(cls, doc: Any) -> ModelProfile:
-        doc = check_kind(doc, "profile")
-        layers, shared = doc.get("layers"), doc.get("shared", [])
-        if not isinstance(layers, list) or not layers or not isinstance(shared, (list, tuple)):
-            raise ProfileError("profile.layers must be a non-empty list of layer objects (and profile.shared a list)")
-        return cls(
-            layers=tuple(LayerCost.from_dict(item, f"layers[{i}]") for i, item in enumerate(layers)),
-            name=str(doc.get("name", "")),
-            microbatch_size=_number(doc, "microbatch_size", "profile", integer=True, default=0),
-            source=str(doc.get("source", "")),
-            shared=tuple(SharedTensor.from_dict(item, f"shared[{i}]") for i, item in enumerate(shared)),
-        )
+        return documents.load_fields(cls, check_kind(doc, "profile"), "profile", ProfileError, extra="ignore")
 
     @classmethod
     def from_json(cls, text_or_path: str | Path) -> ModelProfile:
@@ -313,7 +235,7 @@ class Cluster:
     update_s_per_byte: float = 0.0
     copy_s_per_byte: float = 0.0
     iteration_overhead_s: float = 0.0
-    shard_bandwidth: float = 0.0  # bytes/s of a sharded stage's all-gathers and reduce-scatters (0: link_bandwidth)
+    shard_bandwidth: float = sparse(0.0)  # bytes/s of a sharded stage's all-gathers and reduce-scatters (0: link_bandwidth)
     budgets: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -343,56 +265,14 @@ class Cluster:
                       iteration_overhead_s=self.iteration_overhead_s, shard_bandwidth=self.shard_bandwidth)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": "cluster",
-            "version": SCHEMA_VERSION,
-            "name": self.name,
-            "stages": self.stages,
-            "memory_bytes": list(self.memory_bytes) if isinstance(self.memory_bytes, tuple) else self.memory_bytes,
-            "swap_bandwidth": self.swap_bandwidth,
-            "link_bandwidth": self.link_bandwidth,
-            "link_latency_s": self.link_latency_s,
-            "shared_link": self.shared_link,
-            "step_overhead_s": self.step_overhead_s,
-            "swap_overlaps": self.swap_overlaps,
-            "update_s_per_byte": self.update_s_per_byte,
-            "copy_s_per_byte": self.copy_s_per_byte,
-            "iteration_overhead_s": self.iteration_overhead_s,
-            **({"shard_bandwidth": self.shard_bandwidth} if self.shard_bandwidth else {}),
-        }
+        return {"kind": "cluster", "version": SCHEMA_VERSION, **documents.dump(self)}
 
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
     @classmethod
     def from_dict(cls, doc: Any) -> Cluster:
-        doc = check_kind(doc, "cluster")
-        stages = doc.get("stages")
-        if isinstance(stages, bool) or not isinstance(stages, int):
-            raise ProfileError(f"cluster.stages must be a whole number, got {stages!r}")
-        memory = doc.get("memory_bytes")
-        if isinstance(memory, list):
-            mem: int | tuple[int, ...] = tuple(
-                _number({"memory_bytes": m}, "memory_bytes", f"cluster.memory_bytes[{i}]", integer=True)
-                for i, m in enumerate(memory)
-            )
-        else:
-            mem = _number(doc, "memory_bytes", "cluster", integer=True)
-        return cls(
-            stages=stages,
-            memory_bytes=mem,
-            swap_bandwidth=_number(doc, "swap_bandwidth", "cluster"),
-            link_bandwidth=_number(doc, "link_bandwidth", "cluster"),
-            link_latency_s=_number(doc, "link_latency_s", "cluster", default=0.0),
-            shared_link=bool(doc.get("shared_link", False)),
-            name=str(doc.get("name", "")),
-            step_overhead_s=_number(doc, "step_overhead_s", "cluster", default=0.0),
-            swap_overlaps=bool(doc.get("swap_overlaps", True)),
-            update_s_per_byte=_number(doc, "update_s_per_byte", "cluster", default=0.0),
-            copy_s_per_byte=_number(doc, "copy_s_per_byte", "cluster", default=0.0),
-            iteration_overhead_s=_number(doc, "iteration_overhead_s", "cluster", default=0.0),
-            shard_bandwidth=_number(doc, "shard_bandwidth", "cluster", default=0.0),
-        )
+        return documents.load_fields(cls, check_kind(doc, "cluster"), "cluster", ProfileError, extra="ignore")
 
     @classmethod
     def from_json(cls, text_or_path: str | Path) -> Cluster:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from typing import Any
 
-from vpipe_lab.core import checks, schedules
+from vpipe_lab.core import checks, documents, schedules
 from vpipe_lab.core.plan import MAX_MICROBATCHES, default_virtual_stages
 
 # The ways a job is started: the Python API (launch), the notebook's %vpipe start, the shell's `vpipe-lab run` and a
@@ -244,16 +244,12 @@ class Settings:
 
     def to_json(self) -> dict[str, Any]:
         """The settings as the job file holds them (a logging function stays with the controller that opened it)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["log"] = out["log"] if isinstance(out["log"], str) else None
-        out["memory_budget"] = list(out["memory_budget"]) if isinstance(out["memory_budget"], tuple) else \
-            out["memory_budget"]
-        return out
+        return {**documents.dump(self), "log": self.log if isinstance(self.log, str) else None}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Settings:
-        budget = data.get("memory_budget")
-        return cls(**{**data, "memory_budget": tuple(budget) if isinstance(budget, list) else budget})
+        """Settings from ``to_json``'s document, each field checked against its type (``core/documents.py``)."""
+        return documents.load_fields(cls, data, "settings", ValueError)
 
     @classmethod
     def of(cls, door: str, **options: Any) -> Settings:

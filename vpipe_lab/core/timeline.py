@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from vpipe_lab.core import documents
 from vpipe_lab.core.errors import ProfileError
 
 # Appended, never reordered: a worker's iteration report sends a span's kind as its index here.
@@ -151,7 +152,7 @@ class Timeline:
 
     # --- export -------------------------------------------------------------------------------------------------
     def to_records(self) -> list[dict[str, Any]]:
-        return [asdict(s) for s in self.spans]
+        return [documents.dump(s) for s in self.spans]
 
     def to_pandas(self) -> Any:
         """A DataFrame with one row per span (needs pandas)."""
@@ -167,10 +168,7 @@ class Timeline:
 
     @classmethod
     def from_records(cls, records: Sequence[dict[str, Any]]) -> Timeline:
-        try:
-            return cls(tuple(Span(**r) for r in records))
-        except TypeError as exc:
-            raise ProfileError(f"a timeline record has the wrong fields: {exc}") from None
+        return cls(tuple(documents.load_fields(Span, r, f"spans[{i}]", ProfileError) for i, r in enumerate(records)))
 
     @classmethod
     def from_json(cls, text: str) -> Timeline:

@@ -21,10 +21,11 @@ import os
 import re
 import reprlib
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vpipe_lab.core import documents
 from vpipe_lab.core.errors import ProfileError
 from vpipe_lab.wire import small_file
 
@@ -90,10 +91,20 @@ class Manifest:
     files: dict[str, str] = field(default_factory=dict)  # file name -> SHA-256
     format: str = "layers"  # "dcp" (torch.distributed.checkpoint) or "layers" (one file per layer, before DCP)
     units: list[dict[str, Any]] = field(default_factory=list)  # the units' descriptions (core.interop.bundle.UnitInfo)
-    directory: Path | None = field(default=None, compare=False)  # where it was read from (not written)
+    directory: Path | None = field(default=None, compare=False,  # where it was read from (not written)
+                                   metadata={"document": False})
+
+    def __post_init__(self) -> None:
+        # A checkpoint is a file from someone else: a count out of range or an unknown format failed a worker later,
+        # in its own logging or arithmetic, far from the cause (the types are checked as it is read).
+        for key in ("iteration", "num_layers", "seed", "plan_version", "model_version"):
+            if getattr(self, key) < (1 if key == "num_layers" else 0):
+                raise ProfileError(f"{key} is {getattr(self, key)!r}, not what a vpipe_lab manifest holds there")
+        if self.format not in ("dcp", "layers"):
+            raise ProfileError(f"format is {reprlib.repr(self.format)}, not 'dcp' or 'layers'")
 
     def write(self, version: Path) -> None:
-        doc = {k: v for k, v in asdict(self).items() if k != "directory"}
+        doc = documents.dump(self)
         target = version / MANIFEST
         tmp = target.with_suffix(".tmp")
         write_synced(tmp, json.dumps({"kind": "vpipe_lab-checkpoint", "version": 2, **doc}, indent=1).encode())
@@ -118,8 +129,11 @@ class Manifest:
             raise ProfileError(f"{target} is not a vpipe_lab checkpoint manifest")
         doc.pop("kind")
         doc.pop("version", None)
-        _check_fields(doc, target)
-        manifest = cls(**doc, directory=version)
+        try:
+            manifest = documents.load_fields(cls, doc, "manifest", ProfileError)
+        except ProfileError as exc:
+            raise ProfileError(f"{target}: {exc}; the manifest is corrupt or forged, and nothing of it is used") from None
+        manifest.directory = version
         allowed = _DCP if manifest.format == "dcp" else _LAYER
         outside = [name for name in manifest.files if not allowed.match(name)]
         if outside:
@@ -154,37 +168,6 @@ class Manifest:
             raise ProfileError(f"checkpoint file {path} does not match its checksum (corrupted or truncated); resume "
                                "from another checkpoint version")
         return data
-
-
-# What each manifest field must hold: a checkpoint is a file from someone else, and a worker that trusted a wrong type
-# failed later in its own logging or arithmetic, far from the cause.
-_FIELDS: dict[str, tuple[type, ...]] = {
-    "iteration": (int,), "plan": (dict,), "num_layers": (int,), "names": (list,), "seed": (int,),
-    "plan_version": (int,), "model_version": (int,), "extra": (dict,), "files": (dict,), "format": (str,),
-    "units": (list,)}
-
-
-def _check_fields(doc: dict[str, Any], target: Path) -> None:
-    """Refuse (ProfileError naming the field) a manifest whose fields are unknown, missing or of the wrong type."""
-    unknown = sorted(set(doc) - set(_FIELDS))
-    missing = [k for k in ("iteration", "plan", "num_layers", "names", "seed") if k not in doc]
-    if unknown or missing:
-        raise ProfileError(f"{target} is not a manifest this lab wrote: " + (f"unknown fields {unknown[:5]}" if unknown
-                           else f"it lacks {missing}"))
-    for key, value in doc.items():
-        wrong = isinstance(value, bool) or not isinstance(value, _FIELDS[key])
-        if not wrong and isinstance(value, int) and value < (1 if key == "num_layers" else 0):
-            wrong = True
-        if key in ("names", "files") and not wrong:
-            items = value.items() if isinstance(value, dict) else [(v, v) for v in value]
-            wrong = not all(isinstance(a, str) and isinstance(b, str) for a, b in items)
-        if key == "format" and value not in ("dcp", "layers"):
-            wrong = True
-        if key == "units" and not wrong:
-            wrong = not all(isinstance(u, dict) for u in value)
-        if wrong:
-            raise ProfileError(f"{target}: {key} is {reprlib.repr(value)}, not what a vpipe_lab manifest holds "
-                               "there; the manifest is corrupt or forged, and nothing of it is used")
 
 
 def is_foreign(path: str | Path) -> bool:

@@ -9,11 +9,9 @@ from typing import Any
 from vpipe_lab.core.profile import LayerCost
 from vpipe_lab.core.settings import Settings
 from vpipe_lab.wire import protocol as P
-from vpipe_lab.wire.codec import Body, register
+from vpipe_lab.wire.codec import RAW, Body, register
 from vpipe_lab.wire.jobspec import JobSpec
 from vpipe_lab.wire.tensors import TensorMeta
-
-RAW = {"wire": False}  # a field that travels as the message's binary frames
 
 
 @register

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vpipe_lab.core import documents
 from vpipe_lab.core.settings import Settings
 from vpipe_lab.wire.private import write_private
 
@@ -35,11 +36,9 @@ class JobSpec:
     devices: list[int] | None = None  # each rank's GPU index (None: rank r takes GPU r); a job that lost one skips it
 
     def save(self, path: Path) -> None:
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
-        data["settings"] = self.settings.to_json()
+        data = {**documents.dump(self), "settings": self.settings.to_json()}
         write_private(path, json.dumps(data, indent=1).encode())  # it holds the session key
 
     @classmethod
     def load(cls, path: Path) -> JobSpec:
-        data = json.loads(path.read_text())
-        return cls(**{**data, "settings": Settings.from_json(data["settings"])})
+        return documents.load_fields(cls, json.loads(path.read_text()), f"job file {path}", ValueError)

@@ -21,9 +21,11 @@ import json
 import os
 import re
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from vpipe_lab.core import documents
 
 _NAME = re.compile(r"^it-(\d{10})-v(\d+)-m(\d+)$")
 BATCHES = "batches"
@@ -48,11 +50,12 @@ class SnapshotMeta:
 
     @classmethod
     def read(cls, directory: Path) -> SnapshotMeta:
-        return cls(**json.loads((directory / "meta.json").read_text()))
+        return documents.load_fields(cls, json.loads((directory / "meta.json").read_text()), f"{directory}/meta.json",
+                                     ValueError)
 
     def write(self, directory: Path) -> None:
         tmp = directory / ".meta.json.tmp"
-        tmp.write_text(json.dumps(asdict(self)))
+        tmp.write_text(json.dumps(documents.dump(self)))
         os.replace(tmp, directory / "meta.json")  # whole or absent: a reader never sees half of it
 
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+from vpipe_lab.core import documents
 from vpipe_lab.core.cost.costmodel import estimate
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import Cluster
@@ -119,4 +120,4 @@ class AutoReplanner:
         self.decisions.append(decision)
         log.info("auto replan at iteration %d (%s): %s", it, reason, decision.note)
         if self.publish is not None:
-            self.publish({"type": "replan", **asdict(decision)})
+            self.publish({"type": "replan", **documents.dump(decision)})

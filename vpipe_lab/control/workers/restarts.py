@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from vpipe_lab.control.errors import WorkerError
 from vpipe_lab.control.requests import Requests
 from vpipe_lab.control.state import JobState
 from vpipe_lab.control.workers.processes import Launcher
+from vpipe_lab.core import documents
 from vpipe_lab.core.change import Applied
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.planning.fewer import fewer_stages
@@ -57,7 +58,7 @@ class Restart:
     note: str = ""  # how the job went on without a stage, in words
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return documents.dump(self)  # type: ignore[no-any-return]
 
 
 class NotBack(RuntimeError):

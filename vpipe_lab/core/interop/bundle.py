@@ -12,13 +12,13 @@ lab's order, or None; ``schedule_csv`` is that order, which always runs (``core/
 
 from __future__ import annotations
 
-import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vpipe_lab.core import checks
+from vpipe_lab.core import checks, documents
+from vpipe_lab.core.documents import sparse
 from vpipe_lab.core.errors import PlanError, ProfileError
 from vpipe_lab.core.interop import torch_schedules
 from vpipe_lab.core.plan import Plan, Policy
@@ -29,13 +29,6 @@ KIND = "vpipe_lab-pipeline"
 # wire/bundle_files.py validates each pipeline.json it reads and writes against it; from_dict repeats the checks the lab
 # itself relies on, so a reader without jsonschema is as safe.
 SCHEMA_FILE = Path(__file__).with_name("pipeline.schema.json")
-_SHORT = reprlib.Repr()  # keyword arguments only from Python 3.12
-_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdict = 3, 60, 60, 6, 6
-
-
-def _short(value: Any) -> str:
-    """A value for an error line: a crafted document's values are cut short (depth and length), never printed whole."""
-    return _SHORT.repr(value)
 
 
 @dataclass(frozen=True)
@@ -48,19 +41,20 @@ class MoeInfo:
     top_k: int = 1
     capacity: int | None = None
 
+    def __post_init__(self) -> None:
+        for key in ("experts", "top_k", "capacity"):
+            value = getattr(self, key)
+            if (value is not None or key == "experts") and (isinstance(value, bool) or not isinstance(value, int)
+                                                            or value < 1):
+                raise ProfileError(f"moe layer {self.module!r}: {key} must be a whole number >= 1, "
+                                   f"got {documents.short(value)}")
+
     def to_dict(self) -> dict[str, Any]:
-        return {"module": self.module, "experts": self.experts, "top_k": self.top_k, "capacity": self.capacity}
+        return documents.dump(self)  # type: ignore[no-any-return]
 
     @classmethod
     def from_dict(cls, doc: Any, where: str = "moe") -> MoeInfo:
-        if not isinstance(doc, Mapping) or not isinstance(doc.get("module"), str):
-            raise ProfileError(f"{where} must be an object with a 'module', got {_short(doc)}")
-        counts = {k: doc.get(k, d) for k, d in (("experts", None), ("top_k", 1), ("capacity", None))}
-        for key, value in counts.items():
-            if (value is not None or key == "experts") and (isinstance(value, bool) or not isinstance(value, int)
-                                                            or value < 1):
-                raise ProfileError(f"{where}.{key} must be a whole number >= 1, got {_short(value)}")
-        return cls(doc["module"], counts["experts"], counts["top_k"], counts["capacity"])
+        return documents.load_fields(cls, doc, where, ProfileError, extra="ignore")
 
 
 @dataclass(frozen=True)
@@ -74,8 +68,8 @@ class UnitInfo:
     modules: tuple[str, ...] = ()
     kind: str = "block"
     tensors: tuple[str, ...] = ()
-    moe: tuple[MoeInfo, ...] = ()
-    eager: tuple[str, ...] = ()
+    moe: tuple[MoeInfo, ...] = sparse(())
+    eager: tuple[str, ...] = sparse(())
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modules", tuple(self.modules))
@@ -89,29 +83,16 @@ class UnitInfo:
         return self.kind.partition(":")[2] or None if self.kind.startswith("block") else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "modules": list(self.modules), "kind": self.kind, "tensors": list(self.tensors),
-                **({"moe": [m.to_dict() for m in self.moe]} if self.moe else {}),
-                **({"eager": list(self.eager)} if self.eager else {})}
+        return documents.dump(self)  # type: ignore[no-any-return]
 
     @classmethod
     def from_dict(cls, doc: Any, where: str = "unit") -> UnitInfo:
-        if not isinstance(doc, Mapping) or not isinstance(doc.get("name"), str):
-            raise ProfileError(f"{where} must be an object with a 'name', got {_short(doc)}")
-        moe = doc.get("moe", [])
-        if not isinstance(moe, list):
-            raise ProfileError(f"{where}.moe must be a list of MoE layers, got {_short(moe)}")
-        kind = doc.get("kind", "block")
-        if not isinstance(kind, str):
-            raise ProfileError(f"{where}.kind must be 'pre', 'block:<class>' or 'post', got {_short(kind)}")
-        return cls(doc["name"], tuple(_strings(doc.get("modules", []), f"{where}.modules")), kind,
-                   tuple(_strings(doc.get("tensors", []), f"{where}.tensors")),
-                   tuple(MoeInfo.from_dict(m, f"{where}.moe[{i}]") for i, m in enumerate(moe)),
-                   tuple(_strings(doc.get("eager", []), f"{where}.eager")))
+        return documents.load_fields(cls, doc, where, ProfileError, extra="ignore")
 
 
 def _strings(value: Any, where: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ProfileError(f"{where} must be a list of strings, got {_short(value)}")
+        raise ProfileError(f"{where} must be a list of strings, got {documents.short(value)}")
     return value
 
 
@@ -129,27 +110,11 @@ class StageSpec:
     tensors: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"stage": self.stage, "rank": self.rank, "split_at": self.split_at, "modules": list(self.modules),
-                "recompute": list(self.recompute), "offload": list(self.offload), "units": list(self.units),
-                "tensors": list(self.tensors)}
+        return documents.dump(self)  # type: ignore[no-any-return]
 
     @classmethod
     def from_dict(cls, doc: Any, where: str) -> StageSpec:
-        if not isinstance(doc, Mapping):
-            raise ProfileError(f"{where} must be an object, got {_short(doc)}")
-        for key in ("stage", "rank"):
-            if not isinstance(doc.get(key), int) or isinstance(doc.get(key), bool):
-                raise ProfileError(f"{where}.{key} must be a whole number, got {_short(doc.get(key))}")
-        split_at = doc.get("split_at")
-        if split_at is not None and not isinstance(split_at, str):
-            raise ProfileError(f"{where}.split_at must be a module name or null, got {_short(split_at)}")
-        units = doc.get("units", [])
-        if not isinstance(units, list) or not all(isinstance(u, int) for u in units):
-            raise ProfileError(f"{where}.units must be a list of unit indices, got {_short(units)}")
-        return cls(doc["stage"], doc["rank"], split_at, tuple(_strings(doc.get("modules"), f"{where}.modules")),
-                   tuple(_strings(doc.get("recompute", []), f"{where}.recompute")),
-                   tuple(_strings(doc.get("offload", []), f"{where}.offload")), tuple(units),
-                   tuple(_strings(doc.get("tensors", []), f"{where}.tensors")))
+        return documents.load_fields(cls, doc, where, ProfileError, extra="ignore")
 
 
 @dataclass(frozen=True)
@@ -197,10 +162,10 @@ class Bundle:
         """Read a ``pipeline.json`` document back, checked: the stages must be the lab plan's chunks."""
         if not isinstance(doc, Mapping) or doc.get("kind", KIND) != KIND:
             found = doc.get("kind") if isinstance(doc, Mapping) else type(doc).__name__
-            raise ProfileError(f"not a vpipe_lab pipeline.json document (kind {_short(found)})")
+            raise ProfileError(f"not a vpipe_lab pipeline.json document (kind {documents.short(found)})")
         if doc.get("format") != FORMAT:
-            raise ProfileError(f"pipeline.json format {_short(doc.get('format'))} is not supported: this vpipe_lab reads "
-                               f"format {FORMAT}")
+            raise ProfileError(f"pipeline.json format {documents.short(doc.get('format'))} is not supported: this "
+                               f"vpipe_lab reads format {FORMAT}")
         lab = doc.get("vpipe_lab")
         if not isinstance(lab, Mapping):
             raise ProfileError("pipeline.json has no 'vpipe_lab' section: it was not written by vpipe_lab export")
@@ -211,7 +176,7 @@ class Bundle:
         size, schedule = doc.get("microbatch_size"), doc.get("schedule")
         checks.count(size, "microbatch_size", optional=True, error=ProfileError)
         if schedule is not None and not isinstance(schedule, str):
-            raise ProfileError(f"schedule must be a torch schedule class name or null, got {_short(schedule)}")
+            raise ProfileError(f"schedule must be a torch schedule class name or null, got {documents.short(schedule)}")
         bundle = cls(plan, units, stages, schedule, size, csv_name(doc.get("schedule_csv", "schedule.csv")),
                      _float(lab.get("predicted_s")), _float(lab.get("measured_s")),
                      tuple(_strings(lab.get("notes", []), "vpipe_lab.notes")))
@@ -224,7 +189,7 @@ class Bundle:
 
 def _list(value: Any, where: str) -> list[Any]:
     if not isinstance(value, list):
-        raise ProfileError(f"{where} must be a list, got {_short(value)}")
+        raise ProfileError(f"{where} must be a list, got {documents.short(value)}")
     return value
 
 
@@ -233,7 +198,7 @@ def csv_name(value: Any) -> str:
     if (not isinstance(value, str) or not value.endswith(".csv") or value.startswith(".") or "/" in value
             or "\\" in value or "\0" in value or len(value) > 132):
         raise ProfileError(f"schedule_csv must be a plain file name ending in .csv inside the bundle directory, "
-                           f"got {_short(value)}")
+                           f"got {documents.short(value)}")
     return value
 
 

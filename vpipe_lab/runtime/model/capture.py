@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from vpipe_lab.core.interop.bundle import MoeInfo, UnitInfo
 from vpipe_lab.runtime.model import experts as moe
 from vpipe_lab.runtime.model.cuts import (
     SplitSpec,
@@ -123,10 +124,9 @@ class Chain:
                 names = self.aliases.get(canonical, [canonical])
                 if not any(n == m or n.startswith(m + ".") for n in names for m in modules):
                     outside.append(canonical)
-            out.append({"name": name, "modules": list(modules), "kind": self.kinds[i] if i < len(self.kinds) else "block",
-                        "tensors": list(dict.fromkeys(outside)),
-                        "moe": [layer.to_dict() for layer in self.experts if layer.unit == i],
-                        **({"eager": list(self.eager[i])} if i in self.eager else {})})
+            moe = tuple(MoeInfo(e.module, e.experts, e.top_k, e.capacity) for e in self.experts if e.unit == i)
+            out.append(UnitInfo(name, tuple(modules), self.kinds[i] if i < len(self.kinds) else "block",
+                                tuple(dict.fromkeys(outside)), moe, tuple(self.eager.get(i, ()))).to_dict())
         return out
 
     def shared_params(self) -> set[str]:

@@ -37,9 +37,6 @@ class MoeLayer:
     capacity: int | None = None
     unit: int = -1  # the partition unit it runs in (``instrument`` sets it)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"module": self.module, "experts": self.experts, "top_k": self.top_k, "capacity": self.capacity}
-
 
 def _expert_count(experts: nn.Module) -> int | None:
     count = getattr(experts, "num_experts", None)
