@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from vpipe_lab.core.errors import PlanError, ProfileError, ScheduleError
 from vpipe_lab.core.plan import Plan, Policy
-from vpipe_lab.core.schedule import Action, Schedule
+from vpipe_lab.core.schedules.actions import Action, Schedule
 from vpipe_lab.wire import commands, events  # noqa: F401  (their body classes fill the codec's registry)
 from vpipe_lab.wire.protocol import ProtocolError, ReplayGuard, decode, encode, new_key
 

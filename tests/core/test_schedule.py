@@ -2,7 +2,7 @@ import pytest
 
 from vpipe_lab.core.errors import ScheduleError
 from vpipe_lab.core.plan import Plan
-from vpipe_lab.core.schedule import Action, Op, Schedule
+from vpipe_lab.core.schedules.actions import Action, Op, Schedule
 from vpipe_lab.core.schedules.builders import for_plan, gpipe, one_f_one_b
 
 

@@ -11,8 +11,8 @@ import vpipe_lab
 from tests.runtime import reference
 from vpipe_lab.core import schedules
 from vpipe_lab.core.plan import Plan
-from vpipe_lab.core.schedule import Op
 from vpipe_lab.core.schedules import ScheduleKind, Step
+from vpipe_lab.core.schedules.actions import Op
 from vpipe_lab.core.workloads import cluster, workload
 from vpipe_lab.examples import mlp
 

@@ -9,7 +9,7 @@ from vpipe_lab.core.cost.simulator import compute_bound_s, period_s, run_schedul
 from vpipe_lab.core.errors import ScheduleError
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
-from vpipe_lab.core.schedule import Schedule
+from vpipe_lab.core.schedules.actions import Schedule
 from vpipe_lab.core.schedules.builders import for_plan, gpipe, one_f_one_b, zb_h1
 from vpipe_lab.core.timeline import Span, Timeline
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from vpipe_lab.core import schedules
 from vpipe_lab.core.plan import Plan
-from vpipe_lab.core.schedule import Op
 from vpipe_lab.core.schedules import builders
+from vpipe_lab.core.schedules.actions import Op
 
 
 def test_each_builder_is_its_kinds_build_and_for_plan_follows_the_plan() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vpipe_lab.core import schedules
-from vpipe_lab.core.schedule import Op, run_schedule
+from vpipe_lab.core.schedules.actions import Op, run_schedule
 
 
 def test_every_stage_runs_each_micro_batch_once_per_chunk_with_each_w_after_its_b() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vpipe_lab.core.plan import Plan
-from vpipe_lab.core.schedule import Op
+from vpipe_lab.core.schedules.actions import Op
 from vpipe_lab.core.schedules.expand import expand
 
 

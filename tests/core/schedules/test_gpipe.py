@@ -1,7 +1,7 @@
 """GPipe's kind: its order, its in-flight count and its closed-form iteration, and torch's class for it."""
 
 from vpipe_lab.core import schedules
-from vpipe_lab.core.schedule import Op
+from vpipe_lab.core.schedules.actions import Op
 
 
 def test_gpipe() -> None:

@@ -6,8 +6,8 @@ import pytest
 
 from vpipe_lab.core import schedules
 from vpipe_lab.core.errors import PlanError
-from vpipe_lab.core.schedule import Op
 from vpipe_lab.core.schedules import ScheduleKind
+from vpipe_lab.core.schedules.actions import Op
 
 SHAPES = [(k, m) for k in (2, 3, 4) for m in (1, 2, 4, 8)]
 

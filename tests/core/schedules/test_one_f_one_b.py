@@ -1,7 +1,7 @@
 """1F1B and eager 1F1B: warm-up forwards, in-flight counts, and which torch class runs them exactly."""
 
 from vpipe_lab.core import schedules
-from vpipe_lab.core.schedule import Op
+from vpipe_lab.core.schedules.actions import Op
 
 
 def test_one_f_one_b_and_its_eager_variant() -> None:

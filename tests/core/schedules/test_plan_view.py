@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from vpipe_lab.core import schedules
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.policy import Policy
-from vpipe_lab.core.schedule import Op
+from vpipe_lab.core.schedules.actions import Op
 from vpipe_lab.core.schedules.plan_view import PlanView
 
 

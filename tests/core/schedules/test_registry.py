@@ -7,8 +7,8 @@ import pytest
 from vpipe_lab.core import schedules
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.plan import Plan
-from vpipe_lab.core.schedule import Op
 from vpipe_lab.core.schedules import ScheduleKind, Step
+from vpipe_lab.core.schedules.actions import Op
 
 
 class Forwards(ScheduleKind):

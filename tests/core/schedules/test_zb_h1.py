@@ -2,7 +2,7 @@
 
 from vpipe_lab.core import schedules
 from vpipe_lab.core.plan import Plan
-from vpipe_lab.core.schedule import Op
+from vpipe_lab.core.schedules.actions import Op
 
 
 def test_zb_h1() -> None:

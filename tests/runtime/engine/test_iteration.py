@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vpipe_lab.core.plan import Plan
-from vpipe_lab.core.schedule import Op
+from vpipe_lab.core.schedules.actions import Op
 from vpipe_lab.runtime.engine.comm import TAG_BACKWARD, TAG_FORWARD
 from vpipe_lab.runtime.engine.iteration import COMM, StageIteration, chunk_tag, tag_into
 

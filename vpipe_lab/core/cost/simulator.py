@@ -16,7 +16,7 @@ from vpipe_lab.core.cost.costmodel import CostModel
 from vpipe_lab.core.cost.sharded import ShardCost
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.profile import Cluster, ModelProfile
-from vpipe_lab.core.schedule import Action, Op, Schedule, chunk_indices, run_schedule
+from vpipe_lab.core.schedules.actions import Action, Op, Schedule, chunk_indices, run_schedule
 from vpipe_lab.core.schedules.builders import for_plan
 from vpipe_lab.core.timeline import Timeline
 

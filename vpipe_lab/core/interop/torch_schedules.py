@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from vpipe_lab.core import schedules
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.plan import Plan
-from vpipe_lab.core.schedule import Op
 from vpipe_lab.core.schedules import TorchSchedule
+from vpipe_lab.core.schedules.actions import Op
 from vpipe_lab.core.schedules.builders import for_plan
 
 

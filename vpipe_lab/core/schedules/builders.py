@@ -1,4 +1,4 @@
-"""The schedules vpipe_lab runs, built in the IR of ``core/schedule.py`` by their kinds (``core/schedules/``):
+"""The schedules vpipe_lab runs, built in the IR of ``core/schedules/actions.py`` by their kinds (``core/schedules/``):
 ``for_plan`` gives a plan's; the named builders are each kind's ``build`` for callers that know which they want."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from vpipe_lab.core import schedules
-from vpipe_lab.core.schedule import Schedule
+from vpipe_lab.core.schedules.actions import Schedule
 from vpipe_lab.core.schedules.plan_view import PlanView as Plan
 
 

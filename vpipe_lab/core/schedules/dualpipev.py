@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 
-from vpipe_lab.core.schedule import Op
+from vpipe_lab.core.schedules.actions import Op
 from vpipe_lab.core.schedules.kind import ScheduleKind, Step, TorchSchedule
 from vpipe_lab.core.schedules.plan_view import PlanView as Plan
 from vpipe_lab.core.schedules.zbv import ZBV

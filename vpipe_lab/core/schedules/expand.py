@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vpipe_lab.core.policy import Policy
-from vpipe_lab.core.schedule import Action, Op
+from vpipe_lab.core.schedules.actions import Action, Op
 from vpipe_lab.core.schedules.plan_view import PlanView as Plan
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from vpipe_lab.core.schedule import Action, Op, Schedule, run_schedule
+from vpipe_lab.core.schedules.actions import Action, Op, Schedule, run_schedule
 from vpipe_lab.core.schedules.expand import expand
 from vpipe_lab.core.schedules.orders import held as held_states
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from vpipe_lab.core.schedule import one_f_one_b_order
 from vpipe_lab.core.schedules import pipeline_time
+from vpipe_lab.core.schedules.actions import one_f_one_b_order
 from vpipe_lab.core.schedules.kind import ScheduleKind, Step, TorchSchedule
 from vpipe_lab.core.schedules.plan_view import PlanView as Plan
 

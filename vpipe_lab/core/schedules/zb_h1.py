@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from vpipe_lab.core.policy import Policy
-from vpipe_lab.core.schedule import Op
 from vpipe_lab.core.schedules import pipeline_time
+from vpipe_lab.core.schedules.actions import Op
 from vpipe_lab.core.schedules.kind import ScheduleKind, Step, TorchSchedule
 from vpipe_lab.core.schedules.orders import zero_bubble
 from vpipe_lab.core.schedules.plan_view import PlanView as Plan

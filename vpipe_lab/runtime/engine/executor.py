@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from vpipe_lab.core.plan import Plan
-from vpipe_lab.core.schedule import KIND, Action, Op, Schedule
+from vpipe_lab.core.schedules.actions import KIND, Action, Op, Schedule
 from vpipe_lab.core.schedules.builders import for_plan
 from vpipe_lab.runtime.engine import faults
 from vpipe_lab.runtime.engine.comm import TAG_EVAL, Peer

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from vpipe_lab.core.plan import Plan
-from vpipe_lab.core.schedule import KIND, Action, Op, Schedule, chunk_indices
+from vpipe_lab.core.schedules.actions import KIND, Action, Op, Schedule, chunk_indices
 from vpipe_lab.runtime.engine import faults
 from vpipe_lab.runtime.engine.allocator import region
 from vpipe_lab.runtime.engine.comm import TAG_BACKWARD, TAG_FORWARD, Incoming, Peer

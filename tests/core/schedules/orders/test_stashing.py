@@ -6,7 +6,7 @@ from vpipe_lab.core.errors import InfeasiblePlan
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.planning.planner import search
 from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
-from vpipe_lab.core.schedule import Op
+from vpipe_lab.core.schedules.actions import Op
 from vpipe_lab.core.schedules.builders import for_plan
 from vpipe_lab.core.schedules.orders.stashing import copies, stashed_versions, version_of
 

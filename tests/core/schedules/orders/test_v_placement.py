@@ -14,7 +14,7 @@ from vpipe_lab.core.errors import PlanError, ScheduleError
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.planning.migration import layer_moves
 from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
-from vpipe_lab.core.schedule import Op, Schedule, run_schedule
+from vpipe_lab.core.schedules.actions import Op, Schedule, run_schedule
 from vpipe_lab.core.schedules.builders import zbv_schedule
 from vpipe_lab.core.schedules.orders import v_placement
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vpipe_lab.core.plan import Plan
-from vpipe_lab.core.schedule import Op, run_schedule
+from vpipe_lab.core.schedules.actions import Op, run_schedule
 from vpipe_lab.core.schedules.builders import one_f_one_b, zb_h1
 from vpipe_lab.core.schedules.orders import zero_bubble
 

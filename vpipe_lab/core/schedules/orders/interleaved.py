@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 
 from vpipe_lab.core.errors import ScheduleError
-from vpipe_lab.core.schedule import one_f_one_b_order
+from vpipe_lab.core.schedules.actions import one_f_one_b_order
 from vpipe_lab.core.schedules.orders.held import states
 
 Step = tuple[str, int, int]  # ("F" | "B", chunk, micro-batch)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 
-from vpipe_lab.core.schedule import Op, one_f_one_b_order
+from vpipe_lab.core.schedules.actions import Op, one_f_one_b_order
 
 
 def warmup(stages: int, stage: int, microbatches: int) -> int:
