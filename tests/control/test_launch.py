@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from vpipe_lab.control.launch import _free_port, job_settings, launch
@@ -56,3 +58,38 @@ def test_restart_settings_are_checked_before_anything_starts() -> None:
         launch("mlp", stages=2, microbatches=4, max_restarts=1, engine="torch", device="cpu")
     with pytest.raises(ValueError, match="snapshot_every=5: snapshots are for restarts"):
         launch("mlp", stages=2, microbatches=4, snapshot_every=5, device="cpu")
+
+
+def test_launch_and_attach_build_the_session_without_reaching_into_it() -> None:
+    """How a Session opens (its workers started, restarts wired, a resumed plan version; or a torchrun job's ranks
+    taken over) is the Session's own (``Opening``/``Joining`` for its Lifecycle): launch.py sets no private member."""
+    import ast
+
+    import vpipe_lab.control.launch as launch_module
+
+    tree = ast.parse(Path(launch_module.__file__).read_text())
+    reached = sorted({f"{node.value.id}.{node.attr}" for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                      and isinstance(node.value, ast.Name) and node.value.id == "session" and node.attr.startswith("_")})
+    assert reached == []
+
+
+def test_attaching_before_every_rank_is_ready_lets_go_and_says_so() -> None:
+    import threading
+    from types import SimpleNamespace
+
+    from vpipe_lab.control.lifecycle import Joining, Lifecycle, Ranks
+    from vpipe_lab.control.state import JobState
+
+    class Host:
+        detached = False
+
+        def detach(self) -> None:
+            self.detached = True
+
+    host, state = Host(), JobState()
+    wiring = Lifecycle(host, Ranks(2, 1), None, None, None, state, threading.Condition(), None, None,  # type: ignore[arg-type]
+                       None, None, None, None, None)  # type: ignore[arg-type]
+    welcome = SimpleNamespace(ready=[{}], current=None)  # rank 0 is ready, rank 1 not yet
+    with pytest.raises(TimeoutError, match="only 1 of 2 ranks are ready yet; attach again shortly"):
+        wiring.join(Joining(None, welcome, 1.0))  # type: ignore[arg-type]
+    assert host.detached and state.ready == {}

@@ -13,6 +13,7 @@ from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import Any
 
+from vpipe_lab.control.lifecycle import Joining, Opening
 from vpipe_lab.control.session import Session
 from vpipe_lab.control.workers import unit_preview
 from vpipe_lab.control.workers.processes import JOB_DIR_PREFIX, Launcher, reap_stale
@@ -20,7 +21,7 @@ from vpipe_lab.core import schedules
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.planning.partition import uniform
-from vpipe_lab.core.settings import SettingError, Settings
+from vpipe_lab.core.settings import Settings
 from vpipe_lab.wire import protocol as P
 from vpipe_lab.wire.channel import Client, Hub
 from vpipe_lab.wire.checkpoint import Manifest, is_foreign
@@ -69,8 +70,6 @@ def launch(model: Any, data: Any = None, *, loss: Any = None, optimizer: Any = N
     ``engine="torch"`` trains on torch.distributed.pipelining's runtime with the lab around it
     (``runtime/torch_pp/engine.py``); ``max_restarts=N`` replaces a worker that dies, raises or hangs and replays from
     the newest snapshot (``control/workers/restarts.py``); ``auto_replan`` turns on vPipe's online replanning."""
-    from vpipe_lab.telemetry import sinks
-
     settings = job_settings(settings, options, plan)
     plan, manifest = _plan_to_run(plan, resume, settings)
     named, imported, user = _roles(settings.stages, model=model, data=data, loss=loss, optimizer=optimizer,
@@ -98,18 +97,9 @@ def launch(model: Any, data: Any = None, *, loss: Any = None, optimizer: Any = N
     spec_path = job_dir / "job.json"
     spec.save(spec_path)
     launcher = Launcher(session_id, job_dir)
-    session = Session(spec, hub, launcher, job_dir, model=model)
-    hub.set_handler(session._lifecycle.receive)
-    try:
-        session._logger.sink = sinks.open_sink(settings.log)
-    except Exception:
-        session.stop()
-        raise
-    _start_workers(session, launcher, spec_path, model_key, settings.start_timeout)
-    if settings.max_restarts:
-        session._lifecycle.restart_on_failure(settings.max_restarts, settings.start_timeout)
-    if manifest is not None:
-        session._state.plan_version = manifest.plan_version
+    opening = Opening(launcher, spec_path, model_key, settings.log, settings.max_restarts,
+                      manifest.plan_version if manifest is not None else 0)
+    session = Session(spec, hub, launcher, job_dir, model=model, opening=opening)
     if settings.auto_replan:
         replan = settings.auto_replan
         session.auto_replan(**(replan if isinstance(replan, dict) else {}))
@@ -225,35 +215,6 @@ def _write_callables(job_dir: Path, user: dict[str, Any]) -> tuple[Path | None, 
     return path, blob
 
 
-def _start_workers(session: Session, launcher: Launcher, spec_path: Path, model_key: str,
-                   start_timeout: float) -> None:
-    """Spawn rank 0 (alone first when it scouts the model's units), then the rest; wait until every rank is
-    ready. A failure stops whatever started and raises."""
-    spec = session._spec
-    try:
-        launcher.start_rank(0, spec_path)
-        if spec.scout:
-            session._lifecycle.starting(lambda: session._state.units is not None, start_timeout,
-                             lambda: (0, "rank 0 did not report the model's partition units"))
-            if session._state.refused:
-                raise SettingError(session._state.refused)
-            names = list(session._state.units or [])
-            unit_preview.remember(model_key, names)
-            unit_preview.check(spec.settings.stages, names)
-        for rank in range(1, spec.settings.workers):
-            launcher.start_rank(rank, spec_path)
-    except Exception:
-        session.stop(timeout=2.0)  # nothing trains yet: rank 0 at most waits for the others to join
-        raise
-    def late() -> tuple[int, str]:
-        missing = sorted(set(range(session._ranks.workers)) - set(session._state.ready))
-        return (missing or [0])[0], f"ranks {missing} did not start"
-
-    session._lifecycle.starting(lambda: len(session._state.ready) >= session._ranks.workers, start_timeout, late)
-    session._state.adopt([], None)
-    unit_preview.remember(model_key, session.names)
-
-
 def attach(address: str, *, key: str | None = None, key_file: str | Path | None = None,
            timeout: float = 30.0) -> Session:
     """The Session of a running job whose rank 0 serves ``address`` (a torchrun job: ``vpipe-lab worker``).
@@ -271,12 +232,5 @@ def attach(address: str, *, key: str | None = None, key_file: str | Path | None 
     client = Client(address, key, timeout=timeout)
     welcome = client.welcome
     assert welcome is not None  # Client() returns only once it was welcomed
-    session = Session(welcome.job.to_spec(key, address), client, launcher=None, job_dir=None)
-    if len(welcome.ready) < session._ranks.workers:
-        session.detach()
-        raise TimeoutError(f"only {len(welcome.ready)} of {session._ranks.workers} ranks are ready yet; attach again "
-                           "shortly")
-    session._state.adopt(welcome.ready, welcome.current)
-    client.wait_replay(min(timeout, 10.0))
-    client.set_handler(session._lifecycle.receive)  # the replayed recent iterations fill the metrics first
-    return session
+    return Session(welcome.job.to_spec(key, address), client, launcher=None, job_dir=None,
+                   joining=Joining(client, welcome, timeout))

@@ -15,15 +15,20 @@ from vpipe_lab.control.errors import WorkerError
 from vpipe_lab.control.requests import Requests
 from vpipe_lab.control.state import JobState
 from vpipe_lab.control.subscriptions import Events
+from vpipe_lab.control.workers import unit_preview
 from vpipe_lab.control.workers.monitor import FailureMonitor
 from vpipe_lab.control.workers.processes import Launcher
 from vpipe_lab.control.workers.restarts import Restart, Restarter
 from vpipe_lab.core.cost.breakdown import breakdown
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.planning.fewer import spread
+from vpipe_lab.core.settings import SettingError
+from vpipe_lab.telemetry import sinks
 from vpipe_lab.telemetry.metrics import Metrics
 from vpipe_lab.telemetry.sinks import Logger
 from vpipe_lab.wire import protocol as P
+from vpipe_lab.wire.channel import Client, Endpoint
+from vpipe_lab.wire.events import Welcome
 from vpipe_lab.wire.jobspec import JobSpec
 
 
@@ -82,6 +87,30 @@ class Ranks:
         return self.stages * self.replicas
 
 
+@dataclass(frozen=True)
+class Opening:
+    """How a launched Session starts its workers (``launch`` builds it): the job file they read, the launcher that
+    spawns them, the model's fingerprint (its units are remembered under it), the metrics sink, the restarts allowed
+    and the plan version a resumed job goes on from."""
+
+    launcher: Launcher
+    spec_path: Path
+    model_key: str
+    log: Any = None
+    max_restarts: int = 0
+    plan_version: int = 0
+
+
+@dataclass(frozen=True)
+class Joining:
+    """How an attached Session takes over a running torchrun job (``attach`` builds it): the client its rank 0
+    welcomed, what that welcome said, and how long to wait for the recent iterations it replays."""
+
+    client: Client
+    welcome: Welcome
+    timeout: float
+
+
 class Inbox(Protocol):
     """What the wiring needs of the Session's intake (``control/intake.py``, a sibling it may not import)."""
 
@@ -101,14 +130,21 @@ class LifecycleHost(Protocol):
     def plan(self) -> Plan:
         """The plan in force."""
 
+    @property
+    def names(self) -> list[str]:
+        """The partition units' names, in order."""
+
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the workers and release everything."""
+
+    def detach(self) -> None:
+        """Let go of a job this Session attached to, which trains on."""
 
 
 class Lifecycle:
     """The Session's wiring to its processes: the messages in, the wait while they start, and restarts. It is wired
-    between the Session's own collaborators (failure monitor, intake, requests, launcher); none of it is a user's,
-    and ``control/launch.py``, which builds the Session, is its one caller outside the Session."""
+    between the Session's own collaborators (failure monitor, intake, requests, launcher); none of it is a user's.
+    The Session opens with it: ``open`` for a launched job, ``join`` for an attached one."""
 
     def __init__(self, host: LifecycleHost, ranks: Ranks, spec: JobSpec, job_dir: Path | None,
                  launcher: Launcher | None, state: JobState, cond: threading.Condition, intake: Inbox,
@@ -119,6 +155,56 @@ class Lifecycle:
         self.profiles, self.metrics, self.logger, self.events = profiles, metrics, logger, events
 
     # --- wiring (launch, attach) ------------------------------------------------------------------------------------
+    def open(self, hub: Endpoint, opening: Opening) -> None:
+        """Start a launched job: take the hub's messages, open the metrics sink, spawn rank 0 (alone first when it
+        scouts the model's units), then the rest, and wait until every rank is ready; then restarts, if allowed. A
+        failure stops whatever started and raises."""
+        hub.set_handler(self.receive)
+        try:
+            self.logger.sink = sinks.open_sink(opening.log)
+        except Exception:
+            self.host.stop()
+            raise
+        spec, state, launcher = self.spec, self.state, opening.launcher
+        try:
+            launcher.start_rank(0, opening.spec_path)
+            if spec.scout:
+                self.starting(lambda: state.units is not None, spec.settings.start_timeout,
+                              lambda: (0, "rank 0 did not report the model's partition units"))
+                if state.refused:
+                    raise SettingError(state.refused)
+                names = list(state.units or [])
+                unit_preview.remember(opening.model_key, names)
+                unit_preview.check(spec.settings.stages, names)
+            for rank in range(1, spec.settings.workers):
+                launcher.start_rank(rank, opening.spec_path)
+        except Exception:
+            self.host.stop(timeout=2.0)  # nothing trains yet: rank 0 at most waits for the others to join
+            raise
+
+        def late() -> tuple[int, str]:
+            missing = sorted(set(range(self.ranks.workers)) - set(state.ready))
+            return (missing or [0])[0], f"ranks {missing} did not start"
+
+        self.starting(lambda: len(state.ready) >= self.ranks.workers, spec.settings.start_timeout, late)
+        state.adopt([], None)
+        unit_preview.remember(opening.model_key, self.host.names)
+        if opening.max_restarts:
+            self.restart_on_failure(opening.max_restarts, spec.settings.start_timeout)
+        state.plan_version = opening.plan_version
+
+    def join(self, joining: Joining) -> None:
+        """Take over an attached job once every rank is ready (else let go and raise TimeoutError): what its ranks
+        reported, then the recent iterations rank 0 replays, then its messages."""
+        welcome = joining.welcome
+        if len(welcome.ready) < self.ranks.workers:
+            self.host.detach()
+            raise TimeoutError(f"only {len(welcome.ready)} of {self.ranks.workers} ranks are ready yet; attach again "
+                               "shortly")
+        self.state.adopt(welcome.ready, welcome.current)
+        joining.client.wait_replay(min(joining.timeout, 10.0))
+        joining.client.set_handler(self.receive)  # the replayed recent iterations fill the metrics first
+
     def receive(self, msg: P.Message) -> None:
         """Take one message from a worker (the channel's handler; it runs on the channel's thread)."""
         self.intake.receive(msg)
@@ -139,7 +225,7 @@ class Lifecycle:
 
     def restart_on_failure(self, limit: int, start_timeout: float) -> None:
         """From now on a failed worker is replaced and training goes back to the newest snapshot, ``limit`` times
-        at most (``control/workers/restarts.py``); launch() calls this for ``max_restarts``."""
+        at most (``control/workers/restarts.py``); ``open`` calls this for ``max_restarts``."""
         if self.launcher is None or self.job_dir is None:
             raise RuntimeError("only a session that started its workers restarts them; a torchrun job restarts "
                                "through torchrun's own --max-restarts")

@@ -23,7 +23,7 @@ from vpipe_lab.control.errors import WorkerError
 from vpipe_lab.control.evaluation import evaluate
 from vpipe_lab.control.history import History
 from vpipe_lab.control.intake import Intake
-from vpipe_lab.control.lifecycle import Lifecycle, Processes, Ranks
+from vpipe_lab.control.lifecycle import Joining, Lifecycle, Opening, Processes, Ranks
 from vpipe_lab.control.memory_view import MemoryTable
 from vpipe_lab.control.outward import Outward
 from vpipe_lab.control.record import Record
@@ -67,7 +67,7 @@ class Session:
     state = Deprecated("_state", "session.iteration, session.plan, session.status")
 
     def __init__(self, spec: JobSpec, hub: Endpoint, launcher: Launcher | None, job_dir: Path | None,
-                 model: Any = None) -> None:
+                 model: Any = None, *, opening: Opening | None = None, joining: Joining | None = None) -> None:
         self._spec = spec
         self._model = model  # what builds the trained model (factory, instance or bundled name): export() uses it
         # replicas: the data-parallel pipelines that report (shards x replicas: each shard of a stage runs one)
@@ -100,6 +100,10 @@ class Session:
                                     self._events)
         self._monitor.start()
         register(self)  # the %vpipe magics act on the newest session, however it was started
+        if opening is not None:  # launch(): start the workers and wait until every rank is ready
+            self._lifecycle.open(hub, opening)
+        elif joining is not None:  # attach(): take over a torchrun job's ranks
+            self._lifecycle.join(joining)
 
     # --- state ---------------------------------------------------------------------------------------------------
     @property
