@@ -59,11 +59,10 @@ class StageProblem:
         # the exact search's bound); ``_Search`` tracks the largest rebuild for the exact figure.
         # A swapped layer's save of its input stays on the device where it begins a run of swapped layers (the
         # stage holds the run's input anyway: costmodel.py); taken as staying for every one, so savings add up.
-        object.__setattr__(self, "swap_save", tuple((n - swap_buffers(n)) * (a - min(a, x))
-                                                    for a, x in zip(self.activation, self.inputs)))
-        object.__setattr__(self, "rec_save", tuple(
-            max(0, n * (a - x) - a) for a, x in zip(self.activation, self.inputs)))
-        object.__setattr__(self, "rec_most", tuple(max(0, n * (a - x)) for a, x in zip(self.activation, self.inputs)))
+        rate, pairs = n - swap_buffers(n), list(zip(self.activation, self.inputs))
+        object.__setattr__(self, "swap_save", tuple([rate * (a - x) if a > x else 0 for a, x in pairs]))
+        object.__setattr__(self, "rec_save", tuple([n * (a - x) - a if n * (a - x) > a else 0 for a, x in pairs]))
+        object.__setattr__(self, "rec_most", tuple([n * (a - x) if a > x else 0 for a, x in pairs]))
 
     @classmethod
     def of(cls, cm: CostModel, stage: int, lo: int, hi: int) -> StageProblem:
@@ -211,9 +210,8 @@ def greedy(p: StageProblem) -> StageSolution | None:
     # Still over: move layers to whichever option frees the most (now at the price of exposed transfers or
     # recompute), biggest gains first.
     def gain(i: int) -> tuple[int, Policy]:
-        now = tally.excess()
-        best = min((_S, _R), key=lambda x: tally.excess_with(i, x))
-        return now - tally.excess_with(i, best), best
+        swapped, recomputed = tally.excess_with(i, _S), tally.excess_with(i, _R)
+        return (tally.excess() - swapped, _S) if swapped <= recomputed else (tally.excess() - recomputed, _R)
 
     for i in sorted(range(n), key=lambda i: -gain(i)[0]):
         if tally.excess() <= 0:
@@ -393,8 +391,23 @@ def _taken_back(p: StageProblem, found: StageSolution) -> StageSolution:
     if p.fits is None:
         return found
     policies = list(found.policies)
+    # The relaxation the exact search bounds by (``_Search``: what a choice frees, never understated) answers first:
+    # where even it leaves bytes over the budget, the estimate's peak cannot fit, and is not asked.
+    w = p.weight
+    rate = w - swap_buffers(w)
+
+    def frees(i: int, x: Policy) -> int:
+        a = p.activation[i]
+        return rate * a if x is _S else w * max(0, a - p.inputs[i]) if x is _R else 0
+
+    freed = sum(frees(i, x) for i, x in enumerate(policies))
     for i in sorted((i for i, x in enumerate(policies) if x is not _K), key=lambda i: -p.forward_s[i]):
-        old, policies[i] = policies[i], _K
-        if not p.fits(tuple(policies)):
+        old = policies[i]
+        if p.relaxed_need > freed - frees(i, old):
+            continue
+        policies[i] = _K
+        if p.fits(tuple(policies)):
+            freed -= frees(i, old)
+        else:
             policies[i] = old
     return _solution(p, policies, found.proven)
