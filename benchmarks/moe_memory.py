@@ -33,7 +33,8 @@ import vpipe_lab
 from vpipe_lab import Plan, search
 from vpipe_lab.core.cost.costmodel import CostModel, estimate
 from vpipe_lab.core.plan import Policy
-from vpipe_lab.core.planning.memory_plans import StageProblem, exact
+from vpipe_lab.core.planning.memory_plans import StageProblem
+from vpipe_lab.core.planning.memory_search import exact
 from vpipe_lab.core.planning.partition import uniform
 from vpipe_lab.core.report import human_bytes, human_time
 

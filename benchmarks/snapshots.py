@@ -23,7 +23,7 @@ from typing import Any
 from fused_wgrad import adamw, gpt2, gpt2_data, lm_loss
 
 import vpipe_lab
-from vpipe_lab.wire import snapshot
+from vpipe_lab.wire import snapshot_format
 
 JOBS: dict[str, dict[str, Any]] = {
     "mlp (bundled)": {"model": "mlp", "microbatches": 4},
@@ -53,7 +53,7 @@ def measure(job: dict[str, Any], blocks: int, iterations: int) -> dict[str, Any]
         for _ in range(blocks):
             times["plain"].append(block(plain, iterations))
             times["snapshots"].append(block(snapped, iterations))
-            found = snapshot.newest(root, snapped.stages)
+            found = snapshot_format.newest(root, snapped.stages)
             behind.append(snapped.iteration - (found[1].iteration if found else 0))
         snapped.run(None)
         snapped.wait(snapped.iteration + 3, timeout=120)

@@ -69,7 +69,7 @@ def test_your_own_model_headless_resumed_onto_three_stages_equal_to_one_process(
     from vpipe_lab.core.plan import Plan
     from vpipe_lab.core.profile import ModelProfile
     from vpipe_lab.wire import bundle_files as files
-    from vpipe_lab.wire.checkpoint import Manifest, resolve
+    from vpipe_lab.wire.checkpoint_format import Manifest, resolve
 
     (tmp_path / "shelljob_models.py").write_text(Path(user_parts.__file__).read_text())
     monkeypatch.chdir(tmp_path)  # the workers import the user's module from here, as python -m would

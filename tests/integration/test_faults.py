@@ -15,7 +15,7 @@ import vpipe_lab
 from tests.conftest import worker_processes
 from vpipe_lab.control.errors import WorkerError
 from vpipe_lab.core.errors import ProfileError
-from vpipe_lab.wire.checkpoint import resolve
+from vpipe_lab.wire.checkpoint_format import resolve
 
 pytestmark = pytest.mark.slow
 

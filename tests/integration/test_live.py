@@ -13,7 +13,7 @@ from vpipe_lab import InfeasiblePlan, Plan, PlanError
 from vpipe_lab.control.errors import WorkerError
 from vpipe_lab.core import schedules
 from vpipe_lab.examples import mlp
-from vpipe_lab.wire.checkpoint import resolve
+from vpipe_lab.wire.checkpoint_format import resolve
 
 pytestmark = pytest.mark.slow
 

@@ -87,7 +87,7 @@ def test_resuming_a_checkpoint_whose_metadata_points_outside_it_is_refused_befor
     import os
 
     from vpipe_lab.runtime.disk.dcp_state import SafeReader
-    from vpipe_lab.wire.checkpoint import resolve, sha256
+    from vpipe_lab.wire.checkpoint_format import resolve, sha256
 
     with vpipe_lab.launch("mlp", stages=2, microbatches=2, device="cpu", timeout=30) as s:
         s.run(1)

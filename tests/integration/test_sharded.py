@@ -139,7 +139,7 @@ def _resumed(model: torch.nn.Module, path) -> torch.optim.Optimizer:  # type: ig
         set_optimizer_state_dict,
     )
 
-    from vpipe_lab.wire.checkpoint import resolve
+    from vpipe_lab.wire.checkpoint_format import resolve
 
     version = str(resolve(path))
     weights = model.state_dict()

@@ -117,7 +117,7 @@ def test_a_torchrun_job_trains_your_own_parts_cut_where_split_says(tmp_path: Pat
     the split says (the checkpoint's manifest names them) and the losses equal plain training of the same model."""
     from tests.integration import user_parts
     from tests.runtime.reference import train
-    from vpipe_lab.wire.checkpoint import Manifest
+    from vpipe_lab.wire.checkpoint_format import Manifest
 
     parts = [f"--{role}=tests.integration.user_parts:{attr}"
              for role, attr in (("model", "build"), ("data", "data"), ("loss", "loss"), ("optimizer", "sgd"))]

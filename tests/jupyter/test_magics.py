@@ -139,7 +139,7 @@ def test_a_session_driven_from_magics(ip, tmp_path: Path, capsys: pytest.Capture
     ip.run_line_magic("vpipe", f"start mlp --stages 3 --microbatches 4 --device cpu --resume {tmp_path / 'ckpt'} "
                       "--name again")
     again = ip.user_ns["again"]
-    from vpipe_lab.wire.checkpoint import Manifest
+    from vpipe_lab.wire.checkpoint_format import Manifest
 
     assert again.iteration == Manifest.read(saved).iteration == 6 and again.plan.stages == 3
     ip.run_line_magic("vpipe", "stop")

@@ -113,8 +113,8 @@ def test_snapshots_go_in_the_run_directory_unless_turned_off_and_bad_values_are_
 def test_a_restart_resumes_from_the_newest_of_its_snapshots_and_checkpoints(tmp_path: Path) -> None:
     from vpipe_lab.core.plan import Plan
     from vpipe_lab.runtime.torchrun import _resume_point
-    from vpipe_lab.wire import snapshot
-    from vpipe_lab.wire.snapshot import SnapshotMeta
+    from vpipe_lab.wire import snapshot_format
+    from vpipe_lab.wire.snapshot_format import SnapshotMeta
 
     snaps = tmp_path / "snapshots"
     assert _resume_point(tmp_path, 2, str(snaps)) is None  # a first start
@@ -122,16 +122,16 @@ def test_a_restart_resumes_from_the_newest_of_its_snapshots_and_checkpoints(tmp_
 
     def take(iteration: int, stages_done: int, model_version: int = 0) -> None:
         key = (iteration, 0, model_version)
-        where = snapshot.directory(snaps, key)
+        where = snapshot_format.directory(snaps, key)
         where.mkdir(parents=True)
         SnapshotMeta(iteration, plan.to_dict(), 0, model_version).write(where)
         for stage in range(stages_done):
-            snapshot.mark_done(snaps, key, stage)
+            snapshot_format.mark_done(snaps, key, stage)
 
     take(6, 2)
     take(9, 1)  # stage 1 had not written its part: not complete
     found = _resume_point(tmp_path, 2, str(snaps))
-    assert found is not None and found["snapshot"].endswith(snapshot.directory(snaps, (6, 0, 0)).name)
+    assert found is not None and found["snapshot"].endswith(snapshot_format.directory(snaps, (6, 0, 0)).name)
     assert found["iteration"] == 6 and found["note"] == "resumed from the snapshot of iteration 6" and "path" not in found
     shrunk = _resume_point(tmp_path, 1, str(snaps))  # a node left: the same layers on one stage
     assert shrunk is not None and Plan.from_dict(shrunk["plan"]).stages == 1

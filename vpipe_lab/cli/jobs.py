@@ -68,7 +68,7 @@ def profile_and_plan(parts: dict[str, Any], settings: Settings) -> Plan:
 def _checked(args: argparse.Namespace, settings: Settings) -> Plan | None:
     """Every file the command line names, read or refused before a worker starts: the plan, the checkpoint to
     resume, the run directory (a file there is not one)."""
-    from vpipe_lab.wire.checkpoint import Manifest, is_foreign
+    from vpipe_lab.wire.checkpoint_format import Manifest, is_foreign
 
     if args.resume is not None:
         if not Path(args.resume).exists():

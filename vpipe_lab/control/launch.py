@@ -24,7 +24,7 @@ from vpipe_lab.core.planning.partition import uniform
 from vpipe_lab.core.settings import Settings
 from vpipe_lab.wire import protocol as P
 from vpipe_lab.wire.channel import Client, Hub
-from vpipe_lab.wire.checkpoint import Manifest, is_foreign
+from vpipe_lab.wire.checkpoint_format import Manifest, is_foreign
 from vpipe_lab.wire.jobspec import JobSpec
 from vpipe_lab.wire.private import DEFAULT_KEY_FILE, read_key, write_private
 

@@ -1,11 +1,18 @@
-"""A name kept for one release after it left the public face (the Session's stray attributes): it still answers, with a
-DeprecationWarning naming what to use."""
+"""A name kept for one release after it left the public face (the Session's stray attributes), or a module's old import
+path after it was renamed: it still answers, the attribute with a DeprecationWarning naming what to use."""
 
 from __future__ import annotations
 
 import operator
+import sys
 import warnings
+from types import ModuleType
 from typing import Any
+
+
+def moved(old: str, module: ModuleType) -> None:
+    """``import old`` answers with ``module`` (renamed for what it is: issue #59's names that repeat) for one release."""
+    sys.modules.setdefault(old, module)
 
 
 class Deprecated:

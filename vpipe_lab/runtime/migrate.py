@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import torch
 
 from vpipe_lab.core.plan import Plan, Policy
-from vpipe_lab.core.planning.migration import match_layers, owners
+from vpipe_lab.core.planning.layer_moves import match_layers, owners
 from vpipe_lab.core.planning.partition import uniform
 from vpipe_lab.runtime.engine import faults
 from vpipe_lab.runtime.engine.comm import TAG_MIGRATE, Peer

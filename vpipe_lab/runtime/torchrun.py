@@ -103,8 +103,8 @@ def _resume_point(run_dir: Path, stages: int, snapshots: str | None = None) -> d
     from vpipe_lab.core.errors import ProfileError
     from vpipe_lab.core.plan import Plan
     from vpipe_lab.core.planning.fewer import onto
-    from vpipe_lab.wire import snapshot
-    from vpipe_lab.wire.checkpoint import Manifest
+    from vpipe_lab.wire import snapshot_format
+    from vpipe_lab.wire.checkpoint_format import Manifest
 
     found: dict[str, Any] | None = None  # what the workers are told: path or snapshot, iteration, plan
     source = ""  # the directory it is read from, for the log
@@ -116,7 +116,7 @@ def _resume_point(run_dir: Path, stages: int, snapshots: str | None = None) -> d
             source = str(manifest.directory)
         except ProfileError as exc:
             log.warning("not resuming from %s: %s", root, exc)
-    newest = snapshot.newest(Path(snapshots)) if snapshots else None
+    newest = snapshot_format.newest(Path(snapshots)) if snapshots else None
     if newest is not None and newest[1].model_version != 0:
         log.warning("not resuming from %s: the model was changed with set_model, which a restarted worker cannot "
                     "rebuild", newest[0])

@@ -48,10 +48,10 @@ from vpipe_lab.runtime.worker_commands import Replies, WorkerCommands
 from vpipe_lab.wire import commands as C
 from vpipe_lab.wire import events as E
 from vpipe_lab.wire.channel import Link
-from vpipe_lab.wire.checkpoint import Manifest
+from vpipe_lab.wire.checkpoint_format import Manifest
 from vpipe_lab.wire.codec import Body, from_doc
 from vpipe_lab.wire.jobspec import JobSpec
-from vpipe_lab.wire.snapshot import SnapshotMeta
+from vpipe_lab.wire.snapshot_format import SnapshotMeta
 
 log = logging.getLogger("vpipe_lab.worker")
 

@@ -31,7 +31,7 @@ class JobSpec:
     start_iteration: int = 0
     resume_path: str | None = None
     scout: bool = False  # rank 0 starts alone and reports the model's units (protocol UNITS) before the others start
-    snapshot_dir: str | None = None  # restart snapshots and buffered batches (wire/snapshot.py); None: none taken
+    snapshot_dir: str | None = None  # restart snapshots and buffered batches (wire/snapshot_format.py); None: none taken
     restore_snapshot: str | None = None  # a restarted job: the snapshot directory every rank starts from
     devices: list[int] | None = None  # each rank's GPU index (None: rank r takes GPU r); a job that lost one skips it
 

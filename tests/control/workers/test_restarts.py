@@ -15,9 +15,9 @@ from vpipe_lab.control.workers.restarts import NotBack, Restart, Restarter
 from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.settings import Settings
-from vpipe_lab.wire import snapshot
+from vpipe_lab.wire import snapshot_format
 from vpipe_lab.wire.jobspec import JobSpec
-from vpipe_lab.wire.snapshot import SnapshotMeta
+from vpipe_lab.wire.snapshot_format import SnapshotMeta
 
 
 class Launcher:
@@ -45,11 +45,11 @@ def test_with_no_restart_left_the_failure_ends_the_job(tmp_path: Path) -> None:
 
 def test_a_job_whose_model_was_replaced_is_not_restarted(tmp_path: Path) -> None:
     r, launcher = restarter(tmp_path, 3)
-    where = snapshot.directory(tmp_path, (4, 1, 1))
+    where = snapshot_format.directory(tmp_path, (4, 1, 1))
     where.mkdir(parents=True)
     SnapshotMeta(4, {}, 1, 1).write(where)
     for stage in range(2):
-        snapshot.mark_done(tmp_path, (4, 1, 1), stage)
+        snapshot_format.mark_done(tmp_path, (4, 1, 1), stage)
     error = WorkerError(0, "killed")
     assert r.recover(error) is error and launcher.ended == 0  # set_model's factory is not what a new worker builds
 

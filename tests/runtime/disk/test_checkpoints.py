@@ -10,7 +10,7 @@ from tests.full_disk import small_filesystem
 from vpipe_lab.runtime.disk import checkpoints
 from vpipe_lab.runtime.disk.checkpoints import Checkpoints
 from vpipe_lab.runtime.engine.stage import Stage
-from vpipe_lab.wire.checkpoint import Manifest, resolve
+from vpipe_lab.wire.checkpoint_format import Manifest, resolve
 
 
 class OnePeer:

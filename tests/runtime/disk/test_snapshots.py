@@ -10,8 +10,8 @@ import torch.distributed.checkpoint as dcp
 
 from vpipe_lab.runtime.disk.snapshots import LONGEST, BatchBuffer, Snapshots, copy
 from vpipe_lab.runtime.model.batches import Source
-from vpipe_lab.wire import snapshot
-from vpipe_lab.wire.snapshot import SnapshotMeta
+from vpipe_lab.wire import snapshot_format
+from vpipe_lab.wire.snapshot_format import SnapshotMeta
 
 
 def test_due_the_first_boundary_on_a_change_and_every_k_iterations(tmp_path: Path) -> None:
@@ -41,8 +41,8 @@ def test_a_snapshot_is_a_copy_written_as_a_dcp_directory(tmp_path: Path) -> None
     w.add_(100)  # training goes on while the copy is written
     snaps.join()
     assert snaps.cost_s > 0 and not snaps.busy()
-    where = snapshot.directory(tmp_path, (5, 2, 0))
-    assert (where / "stage-1.done").exists() and not snapshot.is_complete(tmp_path, (5, 2, 0))
+    where = snapshot_format.directory(tmp_path, (5, 2, 0))
+    assert (where / "stage-1.done").exists() and not snapshot_format.is_complete(tmp_path, (5, 2, 0))
     back = {"layer.weight": torch.zeros(4), "optimizer": {"state.layer.weight.exp_avg": torch.zeros(4)}}
     dcp.load(back, checkpoint_id=str(where / "stage-1"), no_dist=True)
     assert torch.equal(back["layer.weight"], torch.arange(4.0))
@@ -52,7 +52,7 @@ def test_a_snapshot_is_a_copy_written_as_a_dcp_directory(tmp_path: Path) -> None
 def test_a_replica_writes_nothing_but_keeps_in_step(tmp_path: Path) -> None:
     snaps = Snapshots(str(tmp_path), 0, 2, 1, every=None)
     snaps.take(0, (0, 0), lambda: pytest.fail("a replica holds the first replica's state"), None)  # type: ignore[arg-type,return-value]
-    assert snaps.last == 0 and snapshot.keys(tmp_path) == []
+    assert snaps.last == 0 and snapshot_format.keys(tmp_path) == []
 
 
 def test_copy_leaves_nothing_shared() -> None:
@@ -97,7 +97,7 @@ def test_a_snapshot_that_meets_a_full_disk_is_one_line_and_leaves_nothing_half_w
         snaps = Snapshots(str(disk / "snaps"), 0, 1, 0, every=None)
         snaps.take(0, (0, 0), lambda: {"w": torch.ones(4)}, lambda: SnapshotMeta(0, {"boundaries": [0, 1]}, 0, 0))
         snaps.join()
-        assert snapshot.newest(disk / "snaps") is not None and snaps.failures == 0
+        assert snapshot_format.newest(disk / "snaps") is not None and snaps.failures == 0
         fill(disk, leave=8192)
         with caplog.at_level("ERROR"):
             snaps.take(1, (0, 0), lambda: {"w": torch.ones(64 * 1024)}, lambda: SnapshotMeta(1, {"boundaries": [0, 1]},
@@ -106,8 +106,8 @@ def test_a_snapshot_that_meets_a_full_disk_is_one_line_and_leaves_nothing_half_w
         assert snaps.failures == 1
         said = [r.getMessage() for r in caplog.records if "was not written" in r.getMessage()]
         assert len(said) == 1 and "no space left" in said[0] and "\n" not in said[0]
-        assert not (snapshot.directory(disk / "snaps", (1, 0, 0)) / "stage-0").exists()
-        newest = snapshot.newest(disk / "snaps")
+        assert not (snapshot_format.directory(disk / "snaps", (1, 0, 0)) / "stage-0").exists()
+        newest = snapshot_format.newest(disk / "snaps")
         assert newest is not None and newest[1].iteration == 0  # a restart still goes back to the whole one
         buffer = BatchBuffer(disk / "snaps")
         buffer.put(7, {"x": torch.ones(64 * 1024)})  # the batch buffer on the same full disk: said, not raised

@@ -15,13 +15,13 @@ from vpipe_lab.core.errors import PlanError
 from vpipe_lab.core.interop import megatron, torchtitan
 from vpipe_lab.core.interop.bundle import Bundle, UnitInfo, make, plan_from_parts
 from vpipe_lab.core.plan import Plan
+from vpipe_lab.core.planning.layer_moves import LayerMove
 from vpipe_lab.core.planning.mesh import search_sharded
-from vpipe_lab.core.planning.migration import LayerMove
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.report import human_time
 from vpipe_lab.wire import bundle_files as files
 from vpipe_lab.wire import small_file
-from vpipe_lab.wire.checkpoint import Manifest
+from vpipe_lab.wire.checkpoint_format import Manifest
 
 log = logging.getLogger(__name__)
 

@@ -29,11 +29,11 @@ from vpipe_lab.core.cost.costmodel import estimate
 from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.core.errors import InfeasiblePlan, PlanError
 from vpipe_lab.core.plan import AUTO, Plan, default_virtual_stages
+from vpipe_lab.core.planning.layer_moves import LayerMove, layer_moves, migration_time_s, moved_bytes
 from vpipe_lab.core.planning.mesh import search_sharded
-from vpipe_lab.core.planning.migration import LayerMove, layer_moves, migration_time_s, moved_bytes
 from vpipe_lab.core.profile import Cluster, ModelProfile
 from vpipe_lab.core.report import human_bytes
-from vpipe_lab.wire.checkpoint import Manifest
+from vpipe_lab.wire.checkpoint_format import Manifest
 from vpipe_lab.wire.commands import Apply, Save, SetModel
 from vpipe_lab.wire.events import Refusal
 from vpipe_lab.wire.jobspec import JobSpec

@@ -20,7 +20,7 @@ from vpipe_lab.control.requests import Requests
 from vpipe_lab.control.state import JobState
 from vpipe_lab.control.subscriptions import Events
 from vpipe_lab.control.workers.processes import Launcher
-from vpipe_lab.wire.checkpoint import LATEST
+from vpipe_lab.wire.checkpoint_format import LATEST
 from vpipe_lab.wire.events import Failure
 
 log = logging.getLogger(__name__)

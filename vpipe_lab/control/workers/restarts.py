@@ -3,7 +3,7 @@
 When a worker dies (killed, a segfault, out of memory), raises, or hangs (its neighbours give up waiting for it after
 the job's ``timeout``), the failure monitor names the root cause as before; with restarts left, the Restarter then
 replaces every worker (the survivors' process group is broken with the dead one: torch.distributed cannot take a new
-member into a gloo group), starts them from the newest complete snapshot (``wire/snapshot.py``, written by the
+member into a gloo group), starts them from the newest complete snapshot (``wire/snapshot_format.py``, written by the
 workers every few iterations) and asks them to train to the target the session had. The lost iterations run again
 on the same batches (``data(i)``, or the batches rank 0 buffered from an iterable) with the same seeds, so the
 parameters end equal to an undisturbed run; the session records each iteration once and checks the replayed
@@ -35,7 +35,7 @@ from vpipe_lab.core import documents
 from vpipe_lab.core.change import Applied
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.core.planning.fewer import fewer_stages
-from vpipe_lab.wire import snapshot
+from vpipe_lab.wire import snapshot_format
 from vpipe_lab.wire.commands import Run
 from vpipe_lab.wire.jobspec import JobSpec
 
@@ -101,7 +101,7 @@ class Restarter:
             if self.limit:
                 log.error("no restart left (max_restarts=%d): the job ends", self.limit)
             return error
-        found = snapshot.newest(self.root)
+        found = snapshot_format.newest(self.root)
         if found is not None and found[1].model_version != 0:
             log.error("not restarting: the model was changed with set_model, which a restarted worker cannot rebuild")
             return error

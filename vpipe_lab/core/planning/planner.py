@@ -15,9 +15,10 @@ from vpipe_lab.core.errors import InfeasiblePlan, PlanError
 from vpipe_lab.core.plan import AUTO, Estimate, Plan, Policy
 from vpipe_lab.core.planning import keep_all
 from vpipe_lab.core.planning.chunk_plans import fit_chunks
-from vpipe_lab.core.planning.memory_plans import StageProblem, exact
+from vpipe_lab.core.planning.layer_moves import LayerMove, layer_moves
+from vpipe_lab.core.planning.memory_plans import StageProblem
+from vpipe_lab.core.planning.memory_search import exact
 from vpipe_lab.core.planning.methods import get
-from vpipe_lab.core.planning.migration import LayerMove, layer_moves
 from vpipe_lab.core.planning.partition import Objective, balanced, check_fits, pareto_dp, uniform
 from vpipe_lab.core.planning.vpipe_search import vpipe_search
 from vpipe_lab.core.profile import Cluster, ModelProfile

@@ -5,7 +5,7 @@ paper's single-layer moves this also tries ripple moves, where the receiving nei
 direction, which lets a heavy stage shed load through a chain of stages in one step.
 
 Each stage's memory plan is vPipe's rule (``memory_plans.greedy``); where the rule finds nothing that fits, and on the
-stages of the partition found, the branch-and-bound on the estimate's own peak (``memory_plans.exact``, at most
+stages of the partition found, the branch-and-bound on the estimate's own peak (``memory_search.exact``, at most
 ``SETTLE_NODES`` nodes) settles it: the rule picks one layer at a time by a count and misses pairs of changes (swap
 one layer, keep another) and stages the count calls full that fit by the estimate the user is shown. On 155 small
 random chains under binding budgets this took vPipe from 5 missed plans and 0.8% over exhaustive search (geometric
@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 from vpipe_lab.core.cost.costmodel import CostModel
 from vpipe_lab.core.plan import Policy
-from vpipe_lab.core.planning.memory_plans import StageProblem, StageSolution, exact, greedy
+from vpipe_lab.core.planning.memory_plans import StageProblem, StageSolution, greedy
+from vpipe_lab.core.planning.memory_search import exact
 from vpipe_lab.core.planning.partition import Objective
 
 SETTLE_NODES = 1_000  # the branch-and-bound's nodes per stage when the found partition's memory plans are settled

@@ -2,8 +2,8 @@
 version, the leader completes it; a restore reads each stage's units by name from any such checkpoint.
 
 The on-disk format (DCP files, checksums per stage, a manifest, an atomic ``latest`` switch) is
-``wire/checkpoint.py``'s and the keys are ``runtime/disk/dcp_state.py``'s; this module is the workers' side of it. Replicas
-hold the same state, so only the first replica contributes tensors (every rank takes part in DCP's agreement and in
+``wire/checkpoint_format.py``'s and the keys are ``runtime/disk/dcp_state.py``'s; this module is the workers' side of it.
+Replicas hold the same state, so only the first replica contributes tensors (every rank takes part in DCP's agreement and in
 ours on whether the save succeeded). A restore reads DCP checkpoints the lab wrote under any partition, stage count
 or schedule, DCP checkpoints torch or torchtitan wrote of the same model, and the per-layer files of earlier releases.
 """
@@ -30,7 +30,7 @@ from vpipe_lab.runtime.disk import dcp_state
 from vpipe_lab.runtime.engine import faults
 from vpipe_lab.runtime.engine.comm import Peer
 from vpipe_lab.runtime.engine.stage import Stage
-from vpipe_lab.wire.checkpoint import (
+from vpipe_lab.wire.checkpoint_format import (
     DCP_METADATA,
     MANIFEST,
     Manifest,

@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 from vpipe_lab.runtime.engine.shards import like
 from vpipe_lab.runtime.engine.stage import Stage
 from vpipe_lab.runtime.memory.ledger import local_tensor
-from vpipe_lab.wire.checkpoint import DCP_METADATA
+from vpipe_lab.wire.checkpoint_format import DCP_METADATA
 
 OPTIMIZER, TRAIN = "optimizer", "train_state"
 GROUP_SKIP = ("params", "vpipe_unit")  # a parameter group's keys that are not options

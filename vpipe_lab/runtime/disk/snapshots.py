@@ -1,5 +1,5 @@
 """Snapshots a failed job restarts from: each stage's state copied at an iteration boundary and written to local disk
-by a background thread (``wire/snapshot.py`` says where), every K iterations, K chosen so they cost at most ~5%.
+by a background thread (``wire/snapshot_format.py`` says where), every K iterations, K chosen so they cost at most ~5%.
 
 Every rank decides the same way at the same boundary: whether any rank's writer is still busy and the largest cost
 ratio (copy + write time over iteration time) travel in the boundary's one all-reduce (``Worker.boundary``), so all
@@ -29,8 +29,8 @@ from torch.utils import _pytree as pytree
 from vpipe_lab.core.plan import Plan
 from vpipe_lab.runtime.disk.checkpoints import reason
 from vpipe_lab.runtime.engine import faults
-from vpipe_lab.wire import snapshot as layout
-from vpipe_lab.wire.snapshot import SnapshotMeta
+from vpipe_lab.wire import snapshot_format as layout
+from vpipe_lab.wire.snapshot_format import SnapshotMeta
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class Snapshots:
 
 class BatchBuffer:
     """Rank 0 keeps each batch read from an iterable on local disk until a newer snapshot is complete
-    (``wire/snapshot.prune``): a restart replays the batches the lost iterations read, as they were read."""
+    (``wire/snapshot_format.prune``): a restart replays the batches the lost iterations read, as they were read."""
 
     def __init__(self, root: Path) -> None:
         self.root = root

@@ -25,7 +25,7 @@ from vpipe_lab.runtime.torch_pp.pipeline import TorchPipeline
 from vpipe_lab.runtime.worker_commands import RankHost, Replies
 from vpipe_lab.wire import commands as C
 from vpipe_lab.wire import events as E
-from vpipe_lab.wire.checkpoint import Manifest, is_foreign, resolve
+from vpipe_lab.wire.checkpoint_format import Manifest, is_foreign, resolve
 from vpipe_lab.wire.tensors import encode
 
 log = logging.getLogger("vpipe_lab.torch_engine")

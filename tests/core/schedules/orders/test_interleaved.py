@@ -10,7 +10,7 @@ from vpipe_lab.core.cost.costmodel import estimate
 from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.core.errors import PlanError, ProfileError, ScheduleError
 from vpipe_lab.core.plan import Plan
-from vpipe_lab.core.planning.migration import layer_moves
+from vpipe_lab.core.planning.layer_moves import layer_moves
 from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
 from vpipe_lab.core.schedules.actions import Op, run_schedule
 from vpipe_lab.core.schedules.builders import interleaved_1f1b

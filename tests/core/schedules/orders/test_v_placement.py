@@ -12,7 +12,7 @@ from vpipe_lab.core.cost.costmodel import CostModel, estimate
 from vpipe_lab.core.cost.simulator import simulate
 from vpipe_lab.core.errors import PlanError, ScheduleError
 from vpipe_lab.core.plan import Plan
-from vpipe_lab.core.planning.migration import layer_moves
+from vpipe_lab.core.planning.layer_moves import layer_moves
 from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
 from vpipe_lab.core.schedules.actions import Op, Schedule, run_schedule
 from vpipe_lab.core.schedules.builders import zbv_schedule

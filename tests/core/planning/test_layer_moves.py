@@ -1,6 +1,6 @@
 import pytest
 
-from vpipe_lab.core.planning.migration import LayerMove, layer_moves, migration_time_s, moved_bytes, owners
+from vpipe_lab.core.planning.layer_moves import LayerMove, layer_moves, migration_time_s, moved_bytes, owners
 from vpipe_lab.core.profile import Cluster, LayerCost, ModelProfile
 
 
@@ -25,7 +25,7 @@ def test_bytes_and_time() -> None:
 
 
 def test_match_layers_follows_insertions_removals_and_replacements() -> None:
-    from vpipe_lab.core.planning.migration import match_layers
+    from vpipe_lab.core.planning.layer_moves import match_layers
 
     assert match_layers(["a", "b", "c"], ["a", "b", "c"]) == {0: 0, 1: 1, 2: 2}
     assert match_layers(["a", "b", "c"], ["a", "x", "b", "c"]) == {0: 0, 1: None, 2: 1, 3: 2}

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from vpipe_lab.core.errors import ProfileError
-from vpipe_lab.wire.checkpoint import (
+from vpipe_lab.wire.checkpoint_format import (
     LATEST,
     Manifest,
     complete,
