@@ -117,3 +117,25 @@ def test_history_revert_and_compare_on_a_session(capsys: pytest.CaptureFixture[s
     finally:
         ip.run_line_magic("vpipe", "stop")
     assert "entry 0's plan" in capsys.readouterr().out
+
+
+def test_a_handler_reads_only_what_its_host_offers(capsys: pytest.CaptureFixture[str]) -> None:
+    """The handlers are collaborators of the magic over ``MagicHost`` (the notebook's namespace, the views, the
+    session, a variable by name), not mixins re-declaring it: any host that offers those runs them."""
+    from types import SimpleNamespace
+
+    from vpipe_lab.core.plan import Plan
+    from vpipe_lab.jupyter.record_commands import RecordCommands
+
+    class Host:
+        def __init__(self) -> None:
+            self.shell, self.views = SimpleNamespace(user_ns={"p": Plan.from_counts([2, 2], 4)}), []
+
+        def need(self) -> object:
+            raise AssertionError("--plan needs no session")
+
+        def value(self, name: str, what: str) -> object:
+            return self.shell.user_ns[name]
+
+    text = RecordCommands(Host()).cmd_grid(build_parser().parse_args(["grid", "--plan", "p"]))
+    assert "Step 9: 0B3" in text and "1f1b M=4 [0:2]KK [2:4]KK: 10 steps" in capsys.readouterr().out

@@ -1,6 +1,6 @@
 """``%vpipe export`` and ``%vpipe import``: the running plan out to torch/torchtitan/Megatron-LM, a production config
-in as a plan to see, simulate and improve (mixed into ``magics.VpipeMagics``; the parser's sub-commands are added by
-``add_commands``)."""
+in as a plan to see, simulate and improve (``magics.VpipeMagics`` hands them its sub-commands; the parser's
+sub-commands are added by ``add_commands``)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from vpipe_lab.core import schedules
 from vpipe_lab.core.change import Change
 from vpipe_lab.core.cost.costmodel import estimate
 from vpipe_lab.core.report import human_time, plan_table
+from vpipe_lab.jupyter.magic_host import MagicHost
+from vpipe_lab.wire import bundle_files
 
 
 def add_commands(sub: Any) -> None:
@@ -35,40 +37,34 @@ def add_commands(sub: Any) -> None:
 
 
 class InteropCommands:
-    """The handlers; ``VpipeMagics`` provides ``shell``, ``views``, ``_need`` and ``_value``."""
+    """The handlers, over the magic that runs them (``MagicHost``)."""
 
-    shell: Any
-    views: list[Any]
-
-    def _need(self) -> Any:
-        raise NotImplementedError
-
-    def _value(self, name: str, what: str) -> Any:
-        raise NotImplementedError
+    def __init__(self, host: MagicHost) -> None:
+        self.host = host
 
     def cmd_export(self, args: argparse.Namespace) -> Path:
-        s = self._need()
-        plan = self._value(args.plan, "plan") if args.plan else None
+        s = self.host.need()
+        plan = self.host.value(args.plan, "plan") if args.plan else None
         path = s.export_plan(args.path, plan=plan)
-        found = interop.files.read(path)
+        found = bundle_files.read(path)
         runs = found.schedule or "schedule.csv (no torch class runs this exact order)"
         print(f"vpipe: {(plan or s.plan).describe()} exported to {path}: {len(found.stages)} torch stages over the "
               f"model's module names, run by {runs}; see its README.md")
-        return path
+        return Path(path)
 
     def cmd_import(self, args: argparse.Namespace) -> Any:
         from vpipe_lab.jupyter.partition_widget import PartitionEditor
 
-        s = self._need()
+        s = self.host.need()
         source: Any = args.source
-        if source in self.shell.user_ns and not Path(source).exists():
-            source = self.shell.user_ns[source]
+        if source in self.host.shell.user_ns and not Path(source).exists():
+            source = self.host.shell.user_ns[source]
         try:
             plan = s.import_plan(source, batch_size=args.batch_size, microbatches=args.microbatches,
                                  ranks=args.ranks, schedule=args.schedule)
         except (OSError, ValueError) as exc:
             raise UsageError(f"cannot import {args.source!r}: {exc}") from None
-        self.shell.user_ns[args.name] = plan
+        self.host.shell.user_ns[args.name] = plan
         profile, cluster = s.profile(), s.cluster()
         print(plan_table(plan, estimate(plan, profile, cluster), profile))
         now = estimate(s.plan, profile, cluster).iteration_s
@@ -78,6 +74,6 @@ class InteropCommands:
             print(f"vpipe: imported plan in effect from iteration {s.change(Change.to(plan, 'magic')).iteration}")
         # An editor over the imported plan: its what-if simulates the production plan; Apply migrates the session.
         editor = PartitionEditor(plan=plan, profile=profile, cluster=cluster, on_apply=s.apply)
-        self.views.append(editor)
+        self.host.views.append(editor)
         print(f"vpipe: bound to `{args.name}`; the editor below starts from it (Apply runs a draft on this session)")
         return editor

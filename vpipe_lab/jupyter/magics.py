@@ -36,15 +36,17 @@ log = logging.getLogger(__name__)
 
 
 @magics_class
-class VpipeMagics(InteropCommands, record_commands.RecordCommands, Magics):
+class VpipeMagics(Magics):
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
         self.parser = build_parser()
         self.session: Any = None
         self.views: list[Any] = []
+        # the sub-commands whose handlers live in modules of their own, over this magic (``MagicHost``)
+        self._handlers = (self, record_commands.RecordCommands(self), InteropCommands(self))
 
     # --- plumbing ---------------------------------------------------------------------------------------------
-    def _value(self, name: str, what: str) -> Any:
+    def value(self, name: str, what: str) -> Any:
         if name not in self.shell.user_ns:
             from vpipe_lab.examples import EXAMPLES
 
@@ -52,7 +54,7 @@ class VpipeMagics(InteropCommands, record_commands.RecordCommands, Magics):
                              f"holding the {what}: define it first, or give a bundled name")
         return self.shell.user_ns[name]
 
-    def _need(self) -> Any:
+    def need(self) -> Any:
         """The session to act on: the one this notebook named or started, else the newest running one (a session
         started from Python with launch() or attach() is as much the notebook's as one %vpipe started)."""
         from vpipe_lab.control.sessions import latest
@@ -90,8 +92,9 @@ class VpipeMagics(InteropCommands, record_commands.RecordCommands, Magics):
         if extra:
             unknown(self.parser, args.command, extra)
         command = args.command or "help"
+        handler = next(getattr(h, f"cmd_{command}") for h in self._handlers if hasattr(h, f"cmd_{command}"))
         try:
-            return getattr(self, f"cmd_{command}")(args)
+            return handler(args)
         except UsageError:
             raise
         except VpipeError as exc:
@@ -107,7 +110,7 @@ class VpipeMagics(InteropCommands, record_commands.RecordCommands, Magics):
     def cmd_use(self, args: argparse.Namespace) -> None:
         from vpipe_lab.control.session import Session
 
-        session = self._value(args.variable, "session")
+        session = self.value(args.variable, "session")
         if not isinstance(session, Session):
             raise UsageError(f"{args.variable!r} holds a {type(session).__name__}, not a vpipe_lab Session (what "
                              "launch() and attach() return)")
@@ -123,7 +126,7 @@ class VpipeMagics(InteropCommands, record_commands.RecordCommands, Magics):
             raise UsageError(f"--run {args.run!r}: give a number of iterations (>= 1) or 'forever'")
         settings = from_args(args, "magics")
         if isinstance(settings.log, str) and ":" not in settings.log:  # a notebook variable holding a function
-            settings = replace(settings, log=self._value(settings.log, "logging function"))
+            settings = replace(settings, log=self.value(settings.log, "logging function"))
         try:  # the settings are checked before anything else is looked up: a bad one is named, nothing started
             settings = settings.validated()
         except ValueError as exc:
@@ -133,7 +136,7 @@ class VpipeMagics(InteropCommands, record_commands.RecordCommands, Magics):
             session = launch(
                 part(args.model, "model"), self._data(args.data), settings=settings, loss=part(args.loss, "loss"),
                 optimizer=part(args.optimizer, "optimizer factory"), split=self._split(args.split),
-                plan=self._value(args.plan, "plan") if args.plan else None, resume=args.resume,
+                plan=self.value(args.plan, "plan") if args.plan else None, resume=args.resume,
                 lr_scheduler=part(args.lr_scheduler, "LR scheduler factory"), eval_data=self._data(args.eval_data),
             )
         except ValueError as exc:  # a stage count the model cannot fill, say: the reason, not a traceback
@@ -153,13 +156,13 @@ class VpipeMagics(InteropCommands, record_commands.RecordCommands, Magics):
         `vpipe-lab run` takes them; launch() checks them), else a notebook variable."""
         if name is None:
             return None
-        return name if name in EXAMPLES or ":" in name else self._value(name, what)
+        return name if name in EXAMPLES or ":" in name else self.value(name, what)
 
     def _data(self, name: str | None) -> Any:
         return self._part(name, "data")
 
     def cmd_eval(self, args: argparse.Namespace) -> float:
-        value = self._need().evaluate(self._data(args.data), batches=args.batches)
+        value = self.need().evaluate(self._data(args.data), batches=args.batches)
         print(f"vpipe: evaluation loss {value:.4f} over {args.batches} batch(es)")
         return value
 
@@ -171,24 +174,24 @@ class VpipeMagics(InteropCommands, record_commands.RecordCommands, Magics):
         return [name.strip() for name in text.split(",") if name.strip()]
 
     def cmd_status(self, args: argparse.Namespace) -> None:
-        s = self._need()
+        s = self.need()
         print(repr(s))
         last = s.metrics.latest()
         if last:
             print(f"last iteration {last['iteration']}: loss {last['loss']:.4f}, {human_time(last['time_s'])}")
 
     def cmd_run(self, args: argparse.Namespace) -> None:
-        target = self._need().run(args.iterations)
+        target = self.need().run(args.iterations)
         print(f"vpipe: training until iteration {target}" if target is not None else "vpipe: training until stopped")
 
     def cmd_wait(self, args: argparse.Namespace) -> int:
-        return int(self._need().wait(args.iteration, timeout=args.timeout))
+        return int(self.need().wait(args.iteration, timeout=args.timeout))
 
     def cmd_pause(self, args: argparse.Namespace) -> None:
-        print(f"vpipe: paused before iteration {self._need().pause()}")
+        print(f"vpipe: paused before iteration {self.need().pause()}")
 
     def cmd_resume(self, args: argparse.Namespace) -> None:
-        print(f"vpipe: resumed at iteration {self._need().resume()}")
+        print(f"vpipe: resumed at iteration {self.need().resume()}")
 
     def cmd_stop(self, args: argparse.Namespace) -> None:
         if self.session is None or self.session.closed:
@@ -205,7 +208,7 @@ class VpipeMagics(InteropCommands, record_commands.RecordCommands, Magics):
               f"vpipe: stopped, but processes {left} have not exited yet")
 
     def cmd_plan(self, args: argparse.Namespace) -> Any:
-        s = self._need()
+        s = self.need()
         if args.devices is not None:
             return plan_mesh(s, args)
         found = s.replan(args.method, apply=args.apply, choose_microbatches=args.choose_microbatches,
@@ -222,12 +225,12 @@ class VpipeMagics(InteropCommands, record_commands.RecordCommands, Magics):
         return found
 
     def _change(self, change: Change, force: bool = False) -> Applied:
-        done = self._need().change(change, force=force)
+        done = self.need().change(change, force=force)
         print(f"vpipe: {change.describe()}: {done.describe()}")
         return done
 
     def cmd_apply(self, args: argparse.Namespace) -> None:
-        self._change(Change.to(self._value(args.plan, 'plan'), "magic"), args.force)
+        self._change(Change.to(self.value(args.plan, 'plan'), "magic"), args.force)
 
     def cmd_partition(self, args: argparse.Namespace) -> None:
         self._change(Change.of(boundaries=args.boundaries, source="magic"))
@@ -242,21 +245,21 @@ class VpipeMagics(InteropCommands, record_commands.RecordCommands, Magics):
         self._change(Change.of(policies=changes, source="magic"))
 
     def cmd_trace(self, args: argparse.Namespace) -> None:
-        timeline = self._need().metrics.timeline(args.iterations)
+        timeline = self.need().metrics.timeline(args.iterations)
         timeline.save_chrome_trace(args.file)
         print(f"vpipe: {len(timeline)} spans written to {args.file} (open it in https://ui.perfetto.dev)")
 
     def cmd_dashboard(self, args: argparse.Namespace) -> Any:
         from vpipe_lab.jupyter.dashboard import Dashboard
 
-        board = Dashboard(self._need())
+        board = Dashboard(self.need())
         self.views.append(board)
         return board
 
     def cmd_editor(self, args: argparse.Namespace) -> Any:
         from vpipe_lab.jupyter.partition_widget import PartitionEditor
 
-        editor = PartitionEditor(self._need())
+        editor = PartitionEditor(self.need())
         self.views.append(editor)
         return editor
 

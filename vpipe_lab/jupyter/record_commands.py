@@ -1,6 +1,6 @@
 """``%vpipe history``, ``%vpipe revert N`` and ``%vpipe compare A B``: the session's record of plans in a notebook;
-``%vpipe grid``: a plan's schedule as each rank's actions by step (mixed into ``magics.VpipeMagics``; the parser's
-sub-commands are added by ``add_commands``)."""
+``%vpipe grid``: a plan's schedule as each rank's actions by step (``magics.VpipeMagics`` hands them its sub-commands;
+the parser's sub-commands are added by ``add_commands``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from IPython.core.error import UsageError
 
 from vpipe_lab.core.errors import VpipeError
 from vpipe_lab.core.interop import torch_grid
+from vpipe_lab.jupyter.magic_host import MagicHost
 
 
 def add_commands(sub: Any) -> None:
@@ -28,18 +29,13 @@ def add_commands(sub: Any) -> None:
 
 
 class RecordCommands:
-    """The handlers; ``VpipeMagics`` provides ``views`` and ``_need``."""
+    """The handlers, over the magic that runs them (``MagicHost``)."""
 
-    views: list[Any]
-
-    def _need(self) -> Any:
-        raise NotImplementedError
-
-    def _value(self, name: str, what: str) -> Any:
-        raise NotImplementedError
+    def __init__(self, host: MagicHost) -> None:
+        self.host = host
 
     def cmd_grid(self, args: argparse.Namespace) -> str:
-        plan = self._value(args.plan, "plan") if args.plan else self._need().plan
+        plan = self.host.value(args.plan, "plan") if args.plan else self.host.need().plan
         try:
             steps = torch_grid.grid(plan)
         except VpipeError as exc:
@@ -54,13 +50,13 @@ class RecordCommands:
     def cmd_history(self, args: argparse.Namespace) -> Any:
         from vpipe_lab.jupyter.history_panel import HistoryPanel
 
-        panel = HistoryPanel(self._need())
-        self.views.append(panel)
+        panel = HistoryPanel(self.host.need())
+        self.host.views.append(panel)
         return panel
 
     def cmd_revert(self, args: argparse.Namespace) -> None:
         try:
-            done = self._need().revert(args.entry)
+            done = self.host.need().revert(args.entry)
         except ValueError as exc:  # no such entry
             raise UsageError(str(exc)) from None
         print(f"vpipe: entry {args.entry}'s plan ({done.plan.describe()}) in force from iteration {done.iteration} "
@@ -69,7 +65,7 @@ class RecordCommands:
     def cmd_compare(self, args: argparse.Namespace) -> Any:
         from vpipe_lab.jupyter.history_panel import HistoryPanel
 
-        session = self._need()
+        session = self.host.need()
         try:
             session.compare(args.a, args.b)  # an entry that does not exist is refused here, by name
         except ValueError as exc:
@@ -77,5 +73,5 @@ class RecordCommands:
         panel = HistoryPanel(session)
         panel.a.value, panel.b.value = args.a, args.b
         panel._compare_chosen()
-        self.views.append(panel)
+        self.host.views.append(panel)
         return panel
