@@ -40,13 +40,13 @@ def test_a_restart_that_planned_a_stage_away_leaves_the_session_fewer_ranks_and_
     ranks, metrics, events = Ranks(3, 2), Metrics(), Events()
     wiring = Lifecycle(None, ranks, None, None, None, JobState(), threading.Condition(), None, None,  # type: ignore[arg-type]
                        None, None, metrics, Logger(None), events)  # type: ignore[arg-type]
-    wiring._restarted(Restart(1, 0.0, 2, "SIGKILL", 10, 3, 1.5, stages=2, note="stage 2's layers went to stage 1"))
+    wiring.restarted(Restart(1, 0.0, 2, "SIGKILL", 10, 3, 1.5, stages=2, note="stage 2's layers went to stage 1"))
     assert (ranks.stages, ranks.workers) == (2, 4)
     seen: list[dict] = []  # type: ignore[type-arg]
     events.subscribe(seen.append)
     events.deliver()  # what the monitor thread does
     assert list(metrics.restarts["stage"]) == [2] and [(e["type"], e["stages"]) for e in seen] == [("restarted", 2)]
-    wiring._restarted(Restart(2, 0.0, 0, "SIGKILL", 12, 0, 1.0))  # the same stages: nothing planned away
+    wiring.restarted(Restart(2, 0.0, 0, "SIGKILL", 12, 0, 1.0))  # the same stages: nothing planned away
     assert ranks.stages == 2 and len(metrics.restarts) == 2
 
 

@@ -230,11 +230,15 @@ class Lifecycle:
             raise RuntimeError("only a session that started its workers restarts them; a torchrun job restarts "
                                "through torchrun's own --max-restarts")
         restarter = Restarter(limit, self.spec, self.job_dir, self.launcher, self.state, self.requests, self.cond,
-                              start_timeout, self.intake.forget_partial, self._restarted, self._layer_times)
+                              start_timeout, self)
         self.intake.on_replay = restarter.replayed
         self.monitor.recover = restarter.recover
 
-    def _layer_times(self) -> list[float] | None:
+    def forget_partial(self, stages: int | None = None) -> None:
+        """The workers were replaced: the intake drops what the ended ones reported of unfinished iterations."""
+        self.intake.forget_partial(stages)
+
+    def layer_times(self) -> list[float] | None:
         """What each layer costs, for re-planning onto fewer stages: the newest profile's, else each stage's measured
         compute over the last iterations shared by its layers, else None (an even split)."""
         newest, plan = self.profiles.newest, self.host.plan
@@ -245,7 +249,8 @@ class Lifecycle:
             return None
         return spread(plan, [times[s] for s in range(plan.stages)])
 
-    def _restarted(self, restart: Restart) -> None:
+    def restarted(self, restart: Restart) -> None:
+        """A restart is done: the stages the job goes on with, the restart in the metrics, the log and the events."""
         if restart.stages and restart.stages != self.ranks.stages:  # it went on without a stage that could not come back
             self.ranks.stages = restart.stages
         self.metrics.add_restart(restart)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -31,9 +32,10 @@ class Launcher:
 def restarter(tmp_path: Path, limit: int) -> tuple[Restarter, Launcher]:
     spec = JobSpec("s", "k", "tcp://x:1", "127.0.0.1", 1, Settings(stages=2, microbatches=2), snapshot_dir=str(tmp_path))
     launcher = Launcher()
-    done: list[Any] = []
+    host = SimpleNamespace(forget_partial=lambda stages=None: None, restarted=lambda restart: None,
+                           layer_times=lambda: None)
     r = Restarter(limit, spec, tmp_path, launcher, JobState(), None, threading.Condition(), 5.0,  # type: ignore[arg-type]
-                  lambda: None, done.append)
+                  host)  # type: ignore[arg-type]
     return r, launcher
 
 

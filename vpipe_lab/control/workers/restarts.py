@@ -22,10 +22,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from vpipe_lab.control.errors import WorkerError
 from vpipe_lab.control.requests import Requests
@@ -69,16 +68,27 @@ class NotBack(RuntimeError):
         self.rank, self.why = rank, why
 
 
+class RestartHost(Protocol):
+    """What the restarts need of the session's wiring they serve (``control/lifecycle.py``'s ``Lifecycle``)."""
+
+    def forget_partial(self, stages: int | None = None) -> None:
+        """The workers were replaced: drop what the ended ones reported of unfinished iterations."""
+
+    def restarted(self, restart: Restart) -> None:
+        """A restart is done: record it, and the stages the job went on with."""
+
+    def layer_times(self) -> list[float] | None:
+        """What each layer costs, for re-planning onto fewer stages (None: an even split)."""
+
+
 class Restarter:
     """Owns the restarts of one launched session (the failure monitor's thread calls ``recover``)."""
 
     def __init__(self, limit: int, spec: JobSpec, job_dir: Path, launcher: Launcher, state: JobState,
-                 requests: Requests, cond: threading.Condition, start_timeout: float,
-                 forget_partial: Callable[[int], None], restarted: Callable[[Restart], None],
-                 layer_times: Callable[[], list[float] | None] = lambda: None) -> None:
+                 requests: Requests, cond: threading.Condition, start_timeout: float, host: RestartHost) -> None:
         self.limit, self.spec, self.job_dir, self.launcher = limit, spec, job_dir, launcher
         self.state, self.requests, self.cond, self.start_timeout = state, requests, cond, start_timeout
-        self.forget_partial, self.restarted, self.layer_times = forget_partial, restarted, layer_times
+        self.host = host
         self.done: list[Restart] = []
 
     @property
@@ -151,7 +161,7 @@ class Restarter:
                 self.state.plan, self.state.plan_version = Plan.from_dict(found[1].plan), found[1].plan_version
         self._resume_training(start)
         restart.seconds = time.monotonic() - began
-        self.restarted(restart)
+        self.host.restarted(restart)
         log.warning("restart %d of %d: stage %d %s, back at iteration %d, %d iteration(s) to replay, %.1f s",
                     number, self.limit, restart.stage,
                     f"planned away ({spec.settings.stages} stages now)" if note else "replaced",
@@ -165,7 +175,7 @@ class Restarter:
         workers = spec.settings.workers
         with self.cond:
             self.state.ready.clear()
-            self.forget_partial(spec.settings.stages)
+            self.host.forget_partial(spec.settings.stages)
         for rank in range(workers):
             self.launcher.start_rank(rank, path)
 
@@ -192,7 +202,7 @@ class Restarter:
         current = Plan.from_dict(spec.plan) if spec.plan else self.state.plan
         if current is None:
             raise RuntimeError(f"stage {stage} cannot come back ({lost.why}) and no plan is known to re-partition")
-        fewer = fewer_stages(current, stage, self.layer_times())  # PlanError when one stage is all there was
+        fewer = fewer_stages(current, stage, self.host.layer_times())  # PlanError when one stage is all there was
         keep = [s for s in range(spec.settings.stages) if s != stage]
         budget = spec.settings.budgets
         changes: dict[str, Any] = {
