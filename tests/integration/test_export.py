@@ -5,6 +5,7 @@ reading the bundle's ``torchtitan.toml`` included)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,13 @@ from vpipe_lab.core.interop import torch_schedules
 from vpipe_lab.wire import bundle_files
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True, scope="module")
+def fork_server() -> Iterator[None]:
+    """The torch ranks of every test here fork from one server (``torch_jobs.run``), ended with the module."""
+    yield
+    torch_jobs.stop_fork_server()
 
 # The issue's four plans, and DualPipeV, on the MLP (no dropout: torch and the lab seed dropout differently), 2 ranks,
 # 4 micro-batches.

@@ -153,7 +153,10 @@ def run(jobs: list[Job], tmp: Path, timeout: float = 300, world: int = 2) -> lis
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
+    # A fork server that imported torch and this module once: each later run forks its ranks from it in a moment,
+    # where spawning paid torch's imports again for every rank of every run (``stop_fork_server`` ends it).
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
     out = str(tmp / "torch-results")
     procs = [ctx.Process(target=_worker, args=(r, port, jobs, out, world)) for r in range(world)]
     for p in procs:
@@ -178,3 +181,10 @@ def run(jobs: list[Job], tmp: Path, timeout: float = 300, world: int = 2) -> lis
         state = {**ranks[0][j][1], **ranks[1][j][1]}
         results.append(Result(losses, state, {r: ranks[r][j][2] for r in range(world)}))
     return results
+
+
+def stop_fork_server() -> None:
+    """End the fork server ``run`` started (the test module that used it calls this when it is done with it)."""
+    from multiprocessing import forkserver
+
+    forkserver._forkserver._stop()  # what CPython's own tests call to end it
