@@ -101,6 +101,16 @@ class StageProblem:
         """Bytes recomputing layer i frees."""
         return self.rec_save[i]
 
+    def relaxed_frees(self) -> tuple[int, list[int], list[int]]:
+        """What each layer frees at most by the estimate's own peak (the relaxation ``relaxed_need`` is weighed
+        against): the bytes per swapped activation byte, and per layer swapped and recomputed. Each of the ``weight``
+        micro-batches in flight counts a layer once; a swapped layer's copies stay in the swap buffers
+        (``swap_buffers``) and free nothing there."""
+        w = self.weight
+        rate = w - swap_buffers(w)
+        return (rate, [rate * a for a in self.activation],
+                [w * max(0, a - x) for a, x in zip(self.activation, self.inputs)])
+
 
 @dataclass(frozen=True)
 class StageSolution:
@@ -113,7 +123,7 @@ class StageSolution:
     proven: bool = True
 
 
-def _solution(p: StageProblem, policies: list[Policy], proven: bool = True) -> StageSolution:
+def solution(p: StageProblem, policies: list[Policy], proven: bool = True) -> StageSolution:
     rho = sum(p.forward_s[i] for i, x in enumerate(policies) if x is _R)
     sigma = sum(p.activation[i] for i, x in enumerate(policies) if x is _S)
     extra = policy_overhead(rho, sigma, p.hide_s, p.bandwidth, p.overlaps)
@@ -223,26 +233,24 @@ def greedy(p: StageProblem) -> StageSolution | None:
     if tally.excess() > 0 and (p.fits is None or not p.fits(tuple(policies))):
         return None  # over the budget by the count, and by the estimate's own peak where the stage has one
     # Undo what turned out unnecessary, latest choice first (the costliest were added last), by the additive count,
-    # then by the estimate's own peak (``_taken_back``), which credits what the count cannot.
+    # then by the estimate's own peak (``taken_back``), which credits what the count cannot.
     for i in reversed(dict.fromkeys(chosen)):
         if policies[i] is not _K and tally.excess_with(i, _K) <= 0:
             tally.set(i, _K)
-    return _taken_back(p, _solution(p, policies))
+    return taken_back(p, solution(p, policies))
 
 
-def _taken_back(p: StageProblem, found: StageSolution) -> StageSolution:
+def taken_back(p: StageProblem, found: StageSolution) -> StageSolution:
     """``found`` with every choice the estimate's own peak shows was not needed kept instead, costliest first."""
     if p.fits is None:
         return found
     policies = list(found.policies)
-    # The relaxation the exact search bounds by (``_Search``: what a choice frees, never understated) answers first:
-    # where even it leaves bytes over the budget, the estimate's peak cannot fit, and is not asked.
-    w = p.weight
-    rate = w - swap_buffers(w)
+    # The relaxation the exact search bounds by (what a choice frees, never understated) answers first: where even it
+    # leaves bytes over the budget, the estimate's peak cannot fit, and is not asked.
+    _, swapped, recomputed = p.relaxed_frees()
 
     def frees(i: int, x: Policy) -> int:
-        a = p.activation[i]
-        return rate * a if x is _S else w * max(0, a - p.inputs[i]) if x is _R else 0
+        return swapped[i] if x is _S else recomputed[i] if x is _R else 0
 
     freed = sum(frees(i, x) for i, x in enumerate(policies))
     for i in sorted((i for i, x in enumerate(policies) if x is not _K), key=lambda i: -p.forward_s[i]):
@@ -254,4 +262,4 @@ def _taken_back(p: StageProblem, found: StageSolution) -> StageSolution:
             freed -= frees(i, old)
         else:
             policies[i] = old
-    return _solution(p, policies, found.proven)
+    return solution(p, policies, found.proven)

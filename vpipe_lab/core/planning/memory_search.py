@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from vpipe_lab.core.cost.costmodel import policy_overhead, swap_buffers
 from vpipe_lab.core.plan import Policy
-from vpipe_lab.core.planning.memory_plans import StageProblem, StageSolution, _solution, _taken_back, greedy, keep_all
+from vpipe_lab.core.planning.memory_plans import StageProblem, StageSolution, greedy, keep_all, solution, taken_back
 
 _K, _S, _R = Policy.KEEP, Policy.SWAP, Policy.RECOMPUTE
 
@@ -32,11 +32,7 @@ class _Search:
                 p.inflight - swap_buffers(p.inflight)
             self.need, self.rebuild = p.need_bytes, True
         else:
-            w = p.weight
-            # a swapped layer's copies stay in the swap buffers (``swap_buffers``) and free nothing there
-            self.swap_rate = w - swap_buffers(w)
-            self.swap_gain = [self.swap_rate * a for a in p.activation]
-            self.rec_gain = [w * max(0, a - x) for a, x in zip(p.activation, p.inputs)]
+            self.swap_rate, self.swap_gain, self.rec_gain = p.relaxed_frees()
             self.need, self.rebuild = p.relaxed_need, False
         key = [(p.activation[i], p.inputs[i], p.forward_s[i]) for i in range(n)]
         value = [max(self.swap_gain[i], self.rec_gain[i]) for i in range(n)]  # at most what each can free
@@ -156,7 +152,7 @@ def exact(p: StageProblem, *, cutoff: float = math.inf, node_limit: int = 200_00
         node_limit //= 2  # the node budget shared by the two searches
         counted = exact(replace(p, fits=None), cutoff=cutoff, node_limit=node_limit)
         if counted is not None and (start is None or counted.extra_s < start.extra_s):
-            start = _taken_back(p, counted)
+            start = taken_back(p, counted)
     incumbent = min(cutoff, start.extra_s if start is not None else math.inf)
     search = _Search(p, incumbent, node_limit)
     search.run(0, 0.0, 0, search.need, 0)
@@ -164,7 +160,7 @@ def exact(p: StageProblem, *, cutoff: float = math.inf, node_limit: int = 200_00
         policies = [_K] * len(p.activation)
         for j, i in enumerate(search.order):
             policies[i] = search.best_choice[j]
-        return _solution(p, policies, proven=not search.aborted)
+        return solution(p, policies, proven=not search.aborted)
     if start is not None and start.extra_s < cutoff:
         return StageSolution(start.policies, start.extra_s, start.recompute_s, start.swap_bytes, not search.aborted)
     return None
